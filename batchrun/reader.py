@@ -1,0 +1,207 @@
+"""Stream an OpenAI batch input file line by line and validate each line.
+
+The file is read in binary mode one line at a time, so memory stays bounded by the longest line
+(plus one small dict entry per custom_id, for the duplicate check) however large the file is.
+A bad line never stops the read: it comes out as a `LineError` with its 1-based line number.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from batchrun.errors import BatchrunError
+from batchrun.records import LineError, Request
+from batchrun.validation import (
+    InvalidLine,
+    check_body,
+    check_custom_id,
+    check_method,
+    check_url,
+    json_type,
+)
+
+BOM = b"\xef\xbb\xbf"
+# A large read buffer: line splitting happens in C over fewer, bigger reads.
+READ_BUFFER = 1 << 20
+HASH_BLOCK = 1 << 20
+# Bytes that make a line or a file "blank"; bytes.strip() uses the same set.
+WHITESPACE = b" \t\r\n\x0b\x0c"
+
+
+class _NonStandardNumber(ValueError):
+    """NaN / Infinity: Python's json accepts them, JSON (and the OpenAI API) does not."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise _NonStandardNumber(f"{name} is not a valid JSON number")
+
+
+# Built once: json.loads with any keyword argument constructs a new decoder on every call,
+# which costs about a third of the time a short line takes.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+# The decoder's own scanner (set in JSONDecoder.__init__ since Python 2.6; typeshed omits it).
+_SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
+JSON_WHITESPACE = " \t\r\n"
+
+
+def read_input(path: Path) -> Iterator[Request | LineError]:
+    """Yield a Request for each valid line of `path` and a LineError for each invalid one."""
+    seen: dict[str, int] = {}  # custom_id -> the line where it first appeared
+    file_url: str | None = None
+    url_line = 0
+    with path.open("rb", buffering=READ_BUFFER) as f:
+        for lineno, raw in enumerate(f, start=1):
+            if lineno == 1 and raw.startswith(BOM):
+                raw = raw[len(BOM) :]
+            if not raw.strip():
+                continue
+            obj: object
+            try:
+                # Strict decode: json.loads(bytes) would guess UTF-16/32 from the first bytes and
+                # let UTF-8-encoded surrogates through.
+                text = raw.decode("utf-8")
+                # The scanner alone, not JSONDecoder.decode: its two Python-level wrappers and
+                # regex calls cost over a tenth of a short line's time. It accepts no leading
+                # whitespace; such a line takes the full path below.
+                obj, end = _SCAN(text, 0)
+                if end != len(text) and text[end:].strip(JSON_WHITESPACE):
+                    raise ValueError("extra data")
+            except (ValueError, StopIteration, RecursionError):
+                # ValueError covers UnicodeDecodeError and JSONDecodeError.
+                obj = _parse_slow(raw)
+                if isinstance(obj, _Unparsable):
+                    yield LineError(lineno, None, "invalid_json", obj.message)
+                    continue
+            if not isinstance(obj, dict):
+                yield LineError(
+                    lineno,
+                    None,
+                    "invalid_request",
+                    f"line is a JSON {json_type(obj)}, expected an object "
+                    '{"custom_id", "method", "url", "body"}',
+                )
+                continue
+            custom_id: str | None = None
+            try:
+                custom_id = check_custom_id(obj)
+                first = seen.get(custom_id)
+                if first is not None:
+                    yield LineError(
+                        lineno,
+                        custom_id,
+                        "duplicate_custom_id",
+                        f"custom_id {custom_id!r} already appeared on line {first}; "
+                        "custom_id must be unique within the file",
+                    )
+                    continue
+                # Registered even if the rest of the line is bad: a custom_id names at most one
+                # line, so its error record and a later line's result can never be confused.
+                seen[custom_id] = lineno
+                check_method(obj)
+                url = check_url(obj)
+                if file_url is None:
+                    file_url, url_line = url, lineno
+                elif url != file_url:
+                    yield LineError(
+                        lineno,
+                        custom_id,
+                        "mixed_urls",
+                        f"url {url!r} differs from this file's url {file_url!r} (set by line "
+                        f"{url_line}); every line of a batch must use the same url",
+                    )
+                    continue
+                body = check_body(url, obj)
+            except InvalidLine as e:
+                yield LineError(lineno, custom_id, e.code, e.message)
+                continue
+            yield Request(custom_id, lineno, url, body)
+
+
+class _Unparsable:
+    """Why a line is not valid JSON (a class of its own: a JSON string is a str too)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _parse_slow(raw: bytes) -> object:
+    """Parse one line with the full decoder; an `_Unparsable` says why it is not valid JSON."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return _Unparsable(
+            f"line is not valid UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the "
+            "line); save the file as UTF-8"
+        )
+    try:
+        return _DECODER.decode(text)
+    except json.JSONDecodeError as e:
+        if e.pos >= len(text.rstrip()):
+            return _Unparsable(
+                f"line is not valid JSON: {e.msg} at the end of the line (is it cut off?)"
+            )
+        return _Unparsable(f"line is not valid JSON: {e.msg} at column {e.pos + 1}")
+    except _NonStandardNumber as e:
+        return _Unparsable(f"line is not valid JSON: {e}")
+    except RecursionError:
+        return _Unparsable("line is not valid JSON: it is nested too deeply to read")
+    except ValueError as e:
+        # e.g. an integer literal longer than Python's int/str conversion limit (4300 digits).
+        return _Unparsable(f"line is not valid JSON: {str(e)[:120]}")
+
+
+def hash_file(path: Path) -> str:
+    """The sha256 hex digest of the file at `path`, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb", buffering=0) as f:
+        while block := f.read(HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_input_file(path: Path) -> None:
+    """Raise BatchrunError if `path` is missing, not a regular file, unreadable or blank."""
+    if not path.exists():
+        raise BatchrunError(f"input file not found: {path}")
+    if path.is_dir():
+        raise BatchrunError(f"input path is a directory, not a file: {path}")
+    # The job re-reads and hashes the input (resume), which a pipe or device cannot give.
+    if not path.is_file():
+        raise BatchrunError(f"input must be a regular file (not a pipe or device): {path}")
+    try:
+        # Opening is the only reliable readability test (os.access is wrong for root, ACLs).
+        with path.open("rb") as f:
+            if not _has_content(f.read, READ_BUFFER):
+                raise BatchrunError(f"input file is empty: {path}")
+    except PermissionError:
+        raise BatchrunError(f"cannot read input file (permission denied): {path}") from None
+    except OSError as e:
+        raise BatchrunError(f"cannot read input file {path}: {e.strerror or e}") from None
+
+
+def _has_content(read: Callable[[int], bytes], block: int) -> bool:
+    """Whether the stream holds anything besides a leading BOM and whitespace."""
+    first = True
+    while chunk := read(block):
+        if first and chunk.startswith(BOM):
+            chunk = chunk[len(BOM) :]
+        first = False
+        if chunk.strip(WHITESPACE):
+            return True
+    return False
+
+
+def is_probably_not_jsonl(first_bytes: bytes) -> bool:
+    """Whether a file's first bytes look like something other than JSONL (binary, CSV, array)."""
+    if b"\x00" in first_bytes:
+        return True
+    head = first_bytes[len(BOM) :] if first_bytes.startswith(BOM) else first_bytes
+    head = head.lstrip(WHITESPACE)
+    # Every JSONL batch line is an object, so the first non-blank byte must open one.
+    return bool(head) and not head.startswith(b"{")

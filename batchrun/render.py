@@ -1,0 +1,83 @@
+"""Tables for people: the end-of-run summary, `status`, and the batch-size probes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from batchrun.runner import JobSummary
+
+
+def _fmt_rate(value: float | None, unit: str) -> str:
+    return f"{value:,.1f} {unit}" if value else "-"
+
+
+def print_summary(console: Console, summary: JobSummary, title: str) -> None:
+    """The table printed when submit, resume or retry-failed ends."""
+    m, st = summary.manifest, summary.state
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("job", f"{m['job_id']} ({m['status']})")
+    table.add_row("requests", f"{summary.total:,} ({m['requests']:,} valid, {st.invalid:,} invalid lines)")
+    table.add_row("succeeded", f"{st.succeeded:,}")
+    table.add_row("failed", f"{st.failed:,}")
+    pending = int(m["requests"]) - len(st.last)
+    if pending:
+        table.add_row("pending", f"{pending:,}")
+    table.add_row("tokens", f"{st.prompt_tokens:,} prompt, {st.completion_tokens:,} generated")
+    table.add_row("this run", f"{summary.run_outcomes:,} attempts in {summary.wall_s:,.1f}s")
+    wall = max(summary.wall_s, 1e-9)
+    table.add_row(
+        "throughput",
+        f"{summary.run_outcomes / wall:,.1f} req/s, {summary.run_completion_tokens / wall:,.1f} generated tok/s",
+    )
+    table.add_row("batch size", f"{m.get('batch_size')} ({m.get('batch_size_source')})")
+    table.add_row("job dir", str(summary.job_dir))
+    console.print(table)
+
+
+def print_status(console: Console, s: dict[str, Any]) -> None:
+    """The table of `batchrun status`."""
+    r = s["requests"]
+    table = Table(title=f"job {s['job_id']}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    state = s["status"] + (f" (pid {s['pid']})" if s.get("pid") else "")
+    table.add_row("status", state)
+    table.add_row("input", f"{s['input']} ({s['endpoint']})")
+    table.add_row("model", f"{s['model']} on {s['engine']}")
+    table.add_row("requests", f"{r['total']:,} total: {r['valid']:,} valid, {r['invalid']:,} invalid lines")
+    table.add_row("succeeded", f"{r['succeeded']:,}")
+    table.add_row("failed", f"{r['failed']:,}")
+    table.add_row("pending", f"{r['pending']:,}")
+    table.add_row("tokens", f"{s['tokens']['prompt']:,} prompt, {s['tokens']['completion']:,} generated")
+    t = s["throughput"]
+    table.add_row(
+        "throughput",
+        f"{_fmt_rate(t['requests_per_s'], 'req/s')}, {_fmt_rate(t['completion_tokens_per_s'], 'tok/s')}",
+    )
+    table.add_row("batch size", f"{s['batch_size']} ({s['batch_size_source']})")
+    table.add_row("runs", f"{s['runs']} ({s['wall_s']:,.1f}s in all)")
+    console.print(table)
+
+
+def print_probes(console: Console, probes: list[dict[str, Any]], chosen: int | None) -> None:
+    """The batch-size probe table."""
+    table = Table(title="batch-size probes", title_justify="left")
+    for col in ("size", "status", "requests", "time", "tok/s", "peak memory"):
+        table.add_column(col, justify="right")
+    for p in probes:
+        mark = " *" if p["size"] == chosen and p["ok"] else ""
+        mem = f"{p['peak_memory_mb']:,.0f} MiB" if p.get("peak_memory_mb") else "-"
+        table.add_row(
+            f"{p['size']}{mark}",
+            "ok" if p["ok"] else "OOM",
+            str(p["requests"]),
+            f"{p['seconds']:.1f}s",
+            f"{p['tokens_per_s']:,.1f}",
+            mem,
+        )
+    console.print(table)

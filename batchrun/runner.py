@@ -1,0 +1,369 @@
+"""The core of each command: submit, resume and retry-failed a job; the CLI only calls these."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from batchrun.config import EngineSettings
+from batchrun.devices import device_name, worker_envs
+from batchrun.errors import BatchrunError
+from batchrun.job import (
+    FAILED_RETRYABLE,
+    OK,
+    JobPaths,
+    JobState,
+    job_lock,
+    load_manifest,
+    new_job_id,
+    replay,
+    save_manifest,
+)
+from batchrun.journal import JournalWriter, invalid_record
+from batchrun.progress import ProgressReporter
+from batchrun.reader import check_input_file, hash_file, read_input
+from batchrun.records import LineError, Request
+from batchrun.scheduler import Scheduler
+from batchrun.sizing import Probe
+from batchrun.tuning import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MIN_BATCH,
+    cached_size,
+    remember_size,
+    search_batch_size,
+)
+
+
+@dataclass
+class RunOptions:
+    """How to run a job's engine workers (saved in the manifest so `resume` reuses them)."""
+
+    settings: EngineSettings = field(default_factory=EngineSettings)
+    max_attempts: int = 3
+    batch_size: int | None = None  # fixed by hand; None: search
+    min_batch: int = DEFAULT_MIN_BATCH
+    max_batch: int = DEFAULT_MAX_BATCH
+    gpus: list[str] | None = None
+    workers: int | None = None
+    progress: bool = True
+
+
+@dataclass
+class JobSummary:
+    """What a command did, for the summary table and the exit code."""
+
+    job_dir: Path
+    manifest: dict[str, Any]
+    state: JobState
+    wall_s: float
+    run_completion_tokens: int = 0
+    run_outcomes: int = 0
+
+    @property
+    def total(self) -> int:
+        """Valid requests plus invalid lines."""
+        return int(self.manifest["requests"]) + int(self.manifest["invalid"])
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every request succeeded, 1 otherwise."""
+        ok = self.state.succeeded == int(self.manifest["requests"]) and self.state.invalid == 0
+        return 0 if ok else 1
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def submit(input_path: Path, job_dir: Path, options: RunOptions) -> JobSummary:
+    """Validate the input, create the job directory, and run the job to the end."""
+    check_input_file(input_path)
+    paths = JobPaths(job_dir)
+    if paths.manifest.exists():
+        raise BatchrunError(
+            f"a job already exists in {job_dir}; continue it with "
+            f"`batchrun resume --job-dir {job_dir}`, or choose another --job-dir"
+        )
+    created = not job_dir.exists()
+    try:
+        job_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BatchrunError(f"cannot create the job directory {job_dir}: {e.strerror or e}") from e
+    with job_lock(paths):
+        try:
+            manifest = _validate_into_job(input_path, paths, options)
+        except BatchrunError:
+            if created:
+                shutil.rmtree(job_dir, ignore_errors=True)
+            else:
+                for p in (paths.journal, paths.lock):
+                    p.unlink(missing_ok=True)
+            raise
+        return _run(paths, manifest, options, mode="submit")
+
+
+def resume(job_dir: Path, *, progress: bool = True, force: bool = False) -> JobSummary:
+    """Continue a job: run only the requests with no finished attempt, then the retry passes."""
+    paths = JobPaths(job_dir)
+    manifest = load_manifest(paths)
+    with job_lock(paths):
+        _check_input_unchanged(manifest, force=force)
+        options = _options_from(manifest, progress)
+        return _run(paths, manifest, options, mode="resume")
+
+
+def retry_failed(job_dir: Path, *, progress: bool = True) -> JobSummary:
+    """Run one more pass over the requests whose last attempt failed."""
+    paths = JobPaths(job_dir)
+    manifest = load_manifest(paths)
+    with job_lock(paths):
+        _check_input_unchanged(manifest, force=False)
+        options = _options_from(manifest, progress)
+        return _run(paths, manifest, options, mode="retry")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _validate_into_job(input_path: Path, paths: JobPaths, options: RunOptions) -> dict[str, Any]:
+    """Stream-validate the input; invalid lines go to the journal as error records."""
+    valid = invalid = json_errors = 0
+    url: str | None = None
+    first_error: LineError | None = None
+    with JournalWriter(paths.journal, group=4096) as journal:
+        batch: list[dict[str, Any]] = []
+        for item in read_input(input_path):
+            if isinstance(item, Request):
+                valid += 1
+                url = url or item.url
+                continue
+            invalid += 1
+            if item.code == "invalid_json":
+                json_errors += 1
+            first_error = first_error or item
+            batch.append(invalid_record(item))
+            if len(batch) >= 1024:
+                journal.append(batch)
+                batch = []
+        journal.append(batch)
+    if valid == 0 and invalid > 0 and json_errors == invalid:
+        assert first_error is not None
+        raise BatchrunError(
+            f"{input_path} is not a JSONL file of requests (line {first_error.line}: "
+            f"{first_error.message})"
+        )
+    now = time.time()
+    manifest: dict[str, Any] = {
+        "format": 1,
+        "job_id": new_job_id(),
+        "created_at": now,
+        "input_path": str(input_path.resolve()),
+        "input_sha256": hash_file(input_path),
+        "input_bytes": input_path.stat().st_size,
+        "requests": valid,
+        "invalid": invalid,
+        "endpoint": url,
+        "model": options.settings.model_name,
+        "engine": options.settings.to_dict(),
+        "max_attempts": options.max_attempts,
+        "batch_size": options.batch_size,
+        "batch_size_source": "fixed" if options.batch_size else None,
+        "batch_bounds": [options.min_batch, options.max_batch],
+        "probes": [],
+        "gpus": options.gpus,
+        "workers": options.workers,
+        "status": "validated",
+        "counts": {"total": valid + invalid, "succeeded": 0, "failed": 0, "invalid": invalid},
+        "runs": [],
+    }
+    save_manifest(paths, manifest)
+    return manifest
+
+
+def _options_from(manifest: dict[str, Any], progress: bool) -> RunOptions:
+    bounds = manifest.get("batch_bounds") or [DEFAULT_MIN_BATCH, DEFAULT_MAX_BATCH]
+    return RunOptions(
+        settings=EngineSettings.from_dict(manifest["engine"]),
+        max_attempts=int(manifest.get("max_attempts", 3)),
+        batch_size=manifest.get("batch_size"),
+        min_batch=int(bounds[0]),
+        max_batch=int(bounds[1]),
+        gpus=manifest.get("gpus"),
+        workers=manifest.get("workers"),
+        progress=progress,
+    )
+
+
+def _check_input_unchanged(manifest: dict[str, Any], *, force: bool) -> None:
+    path = Path(manifest["input_path"])
+    if not path.is_file():
+        raise BatchrunError(
+            f"the job's input file {path} is gone; put it back to continue the job "
+            "(finished results can still be exported)"
+        )
+    if hash_file(path) != manifest["input_sha256"] and not force:
+        raise BatchrunError(
+            f"the input file {path} changed since the job was submitted (its sha256 differs); "
+            "restore the original, or pass --force to run the file as it is now "
+            "(requests already finished are kept and not run again)"
+        )
+
+
+def _requests(input_path: Path, want: Callable[[Request], bool]) -> Iterator[Request]:
+    for item in read_input(input_path):
+        if isinstance(item, Request) and want(item):
+            yield item
+
+
+def _run(paths: JobPaths, manifest: dict[str, Any], options: RunOptions, mode: str) -> JobSummary:
+    """Run the passes a command calls for, journaling every outcome; update the manifest."""
+    started = time.monotonic()
+    state = replay(paths)
+    input_path = Path(manifest["input_path"])
+    settings = options.settings
+    envs = worker_envs(settings.engine, options.gpus, settings.tensor_parallel_size, options.workers)
+    requests_total = int(manifest["requests"])
+    if mode == "retry":
+        failed_ids = {cid for cid, last in state.last.items() if last != OK}
+        total, initial = len(failed_ids), 0
+    else:
+        total, initial = requests_total, sum(1 for _ in state.last)
+    reporter = ProgressReporter(
+        total=total, initial=initial, desc="retry" if mode == "retry" else "requests",
+        enabled=options.progress,
+    )
+    manifest["status"] = "running"
+    run_info: dict[str, Any] = {"mode": mode, "started_at": time.time(), "pid": os.getpid()}
+    manifest.setdefault("runs", []).append(run_info)
+    save_manifest(paths, manifest)
+    scheduler: Scheduler | None = None
+    outcomes_before = sum(state.attempts.values())
+    tokens_before = state.completion_tokens
+    status = "failed"
+    try:
+        with JournalWriter(paths.journal) as journal:
+            scheduler = Scheduler(settings, envs, journal, state, reporter)
+            try:
+                if mode == "retry":
+                    reporter.event(f"retrying {len(failed_ids)} failed requests")
+                    _choose_size(scheduler, manifest, options, paths, iter(()), reporter)
+                    scheduler.run(_requests(input_path, lambda r: r.custom_id in failed_ids))
+                else:
+                    source = _requests(input_path, lambda r: not state.is_done(r.custom_id))
+                    _choose_size(scheduler, manifest, options, paths, source, reporter)
+                    scheduler.run(source)
+                    _retry_passes(scheduler, state, input_path, options.max_attempts, reporter)
+            finally:
+                scheduler.close()
+        status = "completed"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        reporter.close()
+        _finish_manifest(paths, manifest, state, status, run_info, started)
+    return JobSummary(
+        job_dir=paths.root,
+        manifest=manifest,
+        state=state,
+        wall_s=time.monotonic() - started,
+        run_completion_tokens=state.completion_tokens - tokens_before,
+        run_outcomes=sum(state.attempts.values()) - outcomes_before,
+    )
+
+
+def _choose_size(
+    scheduler: Scheduler,
+    manifest: dict[str, Any],
+    options: RunOptions,
+    paths: JobPaths,
+    source: Iterator[Request],
+    reporter: ProgressReporter,
+) -> None:
+    """Use the job's batch size, a fixed one, a cached one, or search for one on `source`."""
+    settings = options.settings
+    if manifest.get("batch_size"):
+        size = int(manifest["batch_size"])
+        how = manifest.get("batch_size_source") or "job"
+        reporter.event(f"batch size {size} ({how})")
+        scheduler.resize(size)
+        return
+    device = "echo" if settings.engine == "echo" else device_name()
+    size_cached = cached_size(settings, device)
+    if size_cached is not None:
+        reporter.event(f"batch size {size_cached} (found by an earlier job on this set-up)")
+        scheduler.resize(size_cached)
+        manifest.update(batch_size=size_cached, batch_size_source="cache")
+        save_manifest(paths, manifest)
+        return
+    reporter.event(
+        f"searching for the batch size between {options.min_batch} and {options.max_batch} "
+        "(the probes run this job's own requests)"
+    )
+    result = search_batch_size(scheduler, source, reporter, options.min_batch, options.max_batch)
+    reporter.event(f"batch size {result.size} chosen")
+    manifest.update(
+        batch_size=result.size,
+        batch_size_source="search",
+        probes=[p.to_dict() for p in result.probes],
+    )
+    save_manifest(paths, manifest)
+    # A search cut short by a small job measured too little to teach the next job anything.
+    if any(p.ok and p.requests >= 2 * p.size for p in result.probes):
+        remember_size(settings, device, result.size)
+
+
+def _retry_passes(
+    scheduler: Scheduler,
+    state: JobState,
+    input_path: Path,
+    max_attempts: int,
+    reporter: ProgressReporter,
+) -> None:
+    """Re-run retryable failures, a whole pass at a time, until `max_attempts` attempts in all."""
+    while True:
+        ids = {
+            cid
+            for cid, last in state.last.items()
+            if last == FAILED_RETRYABLE and state.attempts.get(cid, 0) < max_attempts
+        }
+        if not ids:
+            return
+        attempt = min(state.attempts[c] for c in ids) + 1
+        reporter.event(f"retry pass (attempt {attempt} of {max_attempts}): {len(ids)} failed requests")
+        reporter.bar.total += len(ids)
+        scheduler.run(_requests(input_path, lambda r: r.custom_id in ids))
+
+
+def _finish_manifest(
+    paths: JobPaths,
+    manifest: dict[str, Any],
+    state: JobState,
+    status: str,
+    run_info: dict[str, Any],
+    started: float,
+) -> None:
+    if status == "completed":
+        # "completed" only when every valid request has a finished attempt.
+        done = sum(1 for _ in state.last)
+        status = "completed" if done >= int(manifest["requests"]) else "incomplete"
+    manifest["status"] = status
+    manifest["counts"] = {
+        "total": int(manifest["requests"]) + state.invalid,
+        "succeeded": state.succeeded,
+        "failed": state.failed,
+        "invalid": state.invalid,
+        "pending": int(manifest["requests"]) - sum(1 for _ in state.last),
+    }
+    manifest["tokens"] = {"prompt": state.prompt_tokens, "completion": state.completion_tokens}
+    run_info.update(ended_at=time.time(), wall_s=round(time.monotonic() - started, 3), status=status)
+    with contextlib.suppress(BatchrunError):
+        save_manifest(paths, manifest)
+
+
+__all__ = ["JobSummary", "Probe", "RunOptions", "resume", "retry_failed", "submit"]

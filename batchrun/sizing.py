@@ -1,0 +1,122 @@
+"""Batch-size search and out-of-memory back-off: pure logic, no I/O.
+
+The search has two phases. First, a binary search over the powers of two between `lo` and `hi`
+(and `hi` itself) for the largest size that starts and runs without running out of memory; it tries
+`hi` first because on most set-ups it fits, which makes the common case one probe. Second, from that
+size downwards, halving while the measured throughput improves: past the knee a bigger batch only
+adds latency, so the best size is the fastest one seen, not the largest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# A smaller size must beat the larger one by this much to be preferred (measurements are noisy).
+IMPROVEMENT = 1.05
+
+
+@dataclass
+class Probe:
+    """One measured try of a batch size."""
+
+    size: int
+    ok: bool
+    requests: int = 0
+    seconds: float = 0.0
+    tokens_per_s: float = 0.0
+    peak_memory_mb: float | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready copy."""
+        return asdict(self)
+
+
+def candidate_sizes(lo: int, hi: int) -> list[int]:
+    """The sizes the search may try: powers of two in [lo, hi], plus lo and hi themselves."""
+    if lo < 1 or hi < lo:
+        raise ValueError(f"batch size bounds must satisfy 1 <= lo <= hi, got {lo}..{hi}")
+    sizes = {lo, hi}
+    p = 1
+    while p <= hi:
+        if p >= lo:
+            sizes.add(p)
+        p *= 2
+    return sorted(sizes)
+
+
+@dataclass
+class BatchSizeSearch:
+    """Decides which size to probe next from the results of earlier probes."""
+
+    lo: int
+    hi: int
+    probes: list[Probe] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.sizes = candidate_sizes(self.lo, self.hi)
+        self._ok_max: int | None = None  # index into sizes of the largest size that ran
+        self._bad_min: int | None = None  # index of the smallest size that ran out of memory
+
+    def report(self, probe: Probe) -> None:
+        """Record a probe's result."""
+        self.probes.append(probe)
+        idx = self.sizes.index(probe.size) if probe.size in self.sizes else None
+        if idx is None:
+            return
+        if probe.ok:
+            if self._ok_max is None or idx > self._ok_max:
+                self._ok_max = idx
+        elif self._bad_min is None or idx < self._bad_min:
+            self._bad_min = idx
+
+    def next_size(self) -> int | None:
+        """The next size to probe, or None when the search is over."""
+        if not self.probes:
+            return self.sizes[-1]
+        if self._ok_max is None and self._bad_min == 0:
+            return None  # even the smallest size runs out of memory
+        hi_bad = self._bad_min if self._bad_min is not None else len(self.sizes)
+        lo_ok = self._ok_max if self._ok_max is not None else -1
+        if hi_bad - lo_ok > 1:
+            # Phase 1: bisect between the largest good and the smallest bad size.
+            return self.sizes[(lo_ok + hi_bad) // 2] if lo_ok >= 0 else self.sizes[(hi_bad - 1) // 2]
+        # Phase 2: walk down from the largest good size while throughput improves.
+        tried = {p.size: p for p in self.probes if p.ok}
+        idx = lo_ok
+        while idx > 0 and self.sizes[idx] in tried:
+            below = self.sizes[idx - 1]
+            if below not in tried:
+                current = tried[self.sizes[idx]]
+                best_other = self.best()
+                if best_other is not None and best_other.size != current.size:
+                    return None  # a larger size already won; the knee is passed
+                return below
+            if tried[below].tokens_per_s < tried[self.sizes[idx]].tokens_per_s * IMPROVEMENT:
+                return None
+            idx -= 1
+        return None
+
+    def best(self) -> Probe | None:
+        """The fastest size that ran; the larger one on a near tie."""
+        ok = [p for p in self.probes if p.ok]
+        if not ok:
+            return None
+        best = ok[0]
+        for p in ok[1:]:
+            if p.tokens_per_s > best.tokens_per_s * IMPROVEMENT or (
+                p.tokens_per_s >= best.tokens_per_s / IMPROVEMENT and p.size > best.size
+            ):
+                best = p
+        return best
+
+    def largest_ok(self) -> int | None:
+        """The largest size that ran without running out of memory."""
+        return self.sizes[self._ok_max] if self._ok_max is not None else None
+
+
+def back_off(size: int) -> int | None:
+    """The size to retry with after an out-of-memory failure at `size`; None below 1."""
+    smaller = size // 2
+    return smaller if smaller >= 1 else None

@@ -1,0 +1,54 @@
+"""A job's status, derived from its manifest and its journal (the journal is the truth)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from batchrun.job import JobPaths, lock_holder, load_manifest, replay
+
+
+def job_status(job_dir: Path) -> dict[str, Any]:
+    """Everything `batchrun status` shows, as one JSON-ready object."""
+    paths = JobPaths(job_dir)
+    manifest = load_manifest(paths)
+    state = replay(paths)
+    holder = lock_holder(paths)
+    requests = int(manifest["requests"])
+    done = len(state.last)
+    status = manifest.get("status", "unknown")
+    if holder is not None:
+        status = "running"
+    elif status == "running":
+        status = "interrupted"  # the manifest says running but no process holds the lock
+    span = (state.last_time - state.first_time) if state.first_time and state.last_time else 0.0
+    runs = manifest.get("runs") or []
+    return {
+        "job_id": manifest["job_id"],
+        "job_dir": str(job_dir),
+        "status": status,
+        "pid": holder if holder and holder > 0 else None,
+        "input": manifest["input_path"],
+        "endpoint": manifest.get("endpoint"),
+        "model": manifest.get("model"),
+        "engine": manifest.get("engine", {}).get("engine"),
+        "batch_size": manifest.get("batch_size"),
+        "batch_size_source": manifest.get("batch_size_source"),
+        "requests": {
+            "total": requests + state.invalid,
+            "valid": requests,
+            "succeeded": state.succeeded,
+            "failed": state.failed,
+            "invalid": state.invalid,
+            "pending": requests - done,
+        },
+        "attempts": sum(state.attempts.values()),
+        "tokens": {"prompt": state.prompt_tokens, "completion": state.completion_tokens},
+        "throughput": {
+            "requests_per_s": round(done / span, 2) if span > 0 else None,
+            "completion_tokens_per_s": round(state.completion_tokens / span, 2) if span > 0 else None,
+        },
+        "runs": len(runs),
+        "wall_s": round(sum(float(r.get("wall_s") or 0.0) for r in runs), 3),
+        "probes": manifest.get("probes") or [],
+    }

@@ -1,0 +1,167 @@
+"""The parent's handle on one worker process: start it, feed it, hear from it, notice when it dies."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from batchrun.config import EngineSettings
+from batchrun.engines.worker import worker_main
+from batchrun.records import Outcome, Request
+
+
+@dataclass
+class WorkerDeath:
+    """Why a worker went away: its last words (if any) and whether it was an out-of-memory failure."""
+
+    oom: bool
+    message: str
+    during_start: bool
+
+
+@dataclass
+class Worker:
+    """One engine worker process and the requests it holds."""
+
+    index: int
+    settings: EngineSettings
+    env: dict[str, str]
+    process: Any = None
+    conn: Connection | None = None
+    ready: bool = False
+    pid: int | None = None
+    start_s: float = 0.0
+    started_at: float = 0.0
+    inflight: dict[str, Request] = field(default_factory=dict)
+    results: int = 0
+    death: WorkerDeath | None = None
+    generation: int = 0
+    peak_memory_mb: float | None = None
+    deaths_without_progress: int = 0
+    retired: bool = False
+
+    @property
+    def label(self) -> str:
+        """How the worker is named in messages."""
+        gpus = self.env.get("CUDA_VISIBLE_DEVICES")
+        return f"worker {self.index}" + (f" (GPU {gpus})" if gpus else "")
+
+    def start(self, inbox: queue.Queue[tuple[int, int, str, Any]]) -> None:
+        """Spawn the process; its messages arrive in `inbox` as (index, generation, kind, payload)."""
+        ctx = mp.get_context("spawn")
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        # Not a daemon: a vLLM engine with tensor parallelism starts children of its own.
+        self.process = ctx.Process(
+            target=worker_main,
+            args=(child_conn, self.settings.to_dict(), self.env, str(self.index)),
+            name=f"batchrun-worker-{self.index}",
+        )
+        self.process.start()
+        child_conn.close()
+        self.conn = parent_conn
+        self.pid = self.process.pid
+        self.ready = False
+        self.results = 0
+        self.death = None
+        self.started_at = time.monotonic()
+        self.generation += 1
+        # A reader thread drains the pipe continuously, so that neither side can block the other
+        # on a full pipe buffer.
+        threading.Thread(
+            target=_pump, args=(parent_conn, inbox, self.index, self.generation), daemon=True
+        ).start()
+
+    def send(self, requests: Sequence[Request]) -> None:
+        """Hand requests to the worker; they count as in flight until their outcome comes back."""
+        assert self.conn is not None
+        for r in requests:
+            self.inflight[r.custom_id] = r
+        try:
+            self.conn.send(("add", list(requests)))
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            pass  # the death is noticed on the next receive
+
+    def handle(self, kind: str, payload: Any) -> list[tuple[Outcome, Request]]:
+        """Apply one message from the worker; return the outcomes it carried with their requests."""
+        if kind == "results":
+            pairs: list[tuple[Outcome, Request]] = []
+            for o in payload:
+                request = self.inflight.pop(o.custom_id, None)
+                if request is not None:  # else a stale answer for a request already re-queued
+                    pairs.append((o, request))
+            self.results += len(pairs)
+            return pairs
+        if kind == "stats":
+            self.peak_memory_mb = payload.get("peak_memory_mb")
+        elif kind == "ready":
+            self.ready = True
+            self.start_s = float(payload.get("start_s", 0.0))
+        elif kind == "fatal":
+            self.death = WorkerDeath(
+                oom=bool(payload.get("oom")),
+                message=str(payload.get("message", "")),
+                during_start=not self.ready,
+            )
+        elif kind == "eof":
+            if self.process is not None:
+                self.process.join(timeout=10)
+            if self.death is None:
+                code = self.process.exitcode if self.process is not None else None
+                how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                self.death = WorkerDeath(
+                    oom=False, message=f"the worker process died ({how})", during_start=not self.ready
+                )
+        return []
+
+    def set_window(self, window: int) -> None:
+        """Change how many requests the worker keeps inside its engine at once."""
+        self.settings.window = window
+        assert self.conn is not None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):
+            self.conn.send(("window", window))
+
+    def take_inflight(self) -> list[Request]:
+        """Remove and return the requests the worker held (to go back to pending)."""
+        held = list(self.inflight.values())
+        self.inflight.clear()
+        return held
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the worker to stop; kill it if it does not."""
+        if self.process is None:
+            return
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                self.conn.send(("stop", None))
+        self.process.join(timeout=timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=5)
+        if self.conn is not None:
+            self.conn.close()
+        self.process = None
+        self.conn = None
+
+    def kill(self) -> None:
+        """Stop the worker at once."""
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()
+        self.stop(timeout=5)
+
+
+def _pump(conn: Connection, inbox: queue.Queue[tuple[int, int, str, Any]], index: int, gen: int) -> None:
+    """Forward every message of one worker to the scheduler's inbox, then an "eof"."""
+    try:
+        while True:
+            kind, payload = conn.recv()
+            inbox.put((index, gen, kind, payload))
+    except (EOFError, OSError):
+        pass
+    inbox.put((index, gen, "eof", None))

@@ -1,0 +1,112 @@
+"""Drive the batch-size search with probes made of the job's own requests (nothing is wasted)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from batchrun.config import EngineSettings
+from batchrun.errors import BatchrunError
+from batchrun.models import cache_root
+from batchrun.records import Request
+from batchrun.scheduler import Reporter, Scheduler
+from batchrun.sizing import BatchSizeSearch, Probe
+
+DEFAULT_MIN_BATCH = 8
+DEFAULT_MAX_BATCH = 256
+# A probe runs this many batches' worth of requests, so that it measures the steady state.
+PROBE_BATCHES = 2
+MIN_PROBE_REQUESTS = 16
+
+
+@dataclass
+class TuneResult:
+    """The chosen batch size and every probe behind it."""
+
+    size: int
+    probes: list[Probe] = field(default_factory=list)
+    source: str = "search"  # "search", "cache", "fixed" or "job"
+
+
+def search_batch_size(
+    scheduler: Scheduler,
+    source: Iterator[Request],
+    reporter: Reporter,
+    lo: int = DEFAULT_MIN_BATCH,
+    hi: int = DEFAULT_MAX_BATCH,
+) -> TuneResult:
+    """Binary-search the batch size on the job's own requests; what the probes finish is kept."""
+    search = BatchSizeSearch(lo, hi)
+    while (size := search.next_size()) is not None:
+        scheduler.resize(size)
+        limit = max(PROBE_BATCHES * size, MIN_PROBE_REQUESTS)
+        reporter.event(f"probing batch size {size} on {limit} requests")
+        stats = scheduler.run(source, limit=limit, stop_on_oom=True)
+        probe = Probe(
+            size=size,
+            ok=not stats.oom,
+            requests=stats.outcomes,
+            seconds=round(stats.seconds, 3),
+            tokens_per_s=round(stats.tokens_per_s, 2),
+            peak_memory_mb=scheduler.peak_memory_mb(),
+            note="out of memory" if stats.oom else "",
+        )
+        search.report(probe)
+        reporter.event(
+            f"probe size {size}: "
+            + ("out of memory" if stats.oom else f"{probe.tokens_per_s:.1f} tok/s on {stats.outcomes} requests")
+        )
+        if not stats.oom and stats.outcomes < limit:
+            break  # the job ran out of requests: measuring further would measure nothing
+    best = search.best()
+    if best is None:
+        raise BatchrunError(
+            f"out of memory at every batch size down to {lo}; lower --max-model-len or "
+            "--gpu-memory-utilization, or use a smaller model. Everything finished so far is saved"
+        )
+    scheduler.resize(best.size)
+    return TuneResult(size=best.size, probes=search.probes)
+
+
+def cache_key(settings: EngineSettings, device: str) -> str:
+    """What a cached batch size depends on: model, device, max model length, engine."""
+    return json.dumps(
+        [settings.engine, settings.model or "default", device, settings.max_model_len,
+         settings.tensor_parallel_size, settings.gpu_memory_utilization],
+        separators=(",", ":"),
+    )
+
+
+def _cache_file() -> Path:
+    return cache_root() / "batch_sizes.json"
+
+
+def cached_size(settings: EngineSettings, device: str) -> int | None:
+    """A batch size an earlier job found for this set-up, if any."""
+    try:
+        data = json.loads(_cache_file().read_text())
+        value = data.get(cache_key(settings, device))
+        return int(value) if isinstance(value, int) and value > 0 else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def remember_size(settings: EngineSettings, device: str, size: int) -> None:
+    """Record the chosen size so that the next job on this set-up starts at the answer."""
+    path = _cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            data: dict[str, Any] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        data[cache_key(settings, device)] = size
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a cache that cannot be written only costs a search next time

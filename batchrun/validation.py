@@ -1,0 +1,292 @@
+"""Per-line rules for OpenAI batch input: the envelope fields and the request body.
+
+Every check here is pure (no file, no state); the reader owns the stateful rules (duplicate
+custom_ids, one url per file). A broken rule raises `InvalidLine` with the error code and a
+message that names the field and what was expected. Exceptions keep the fast path (a valid line)
+free of result-tuple plumbing; they are only raised for bad lines.
+
+An explicit JSON ``null`` on an optional body field means "not set", as in the OpenAI API, so code
+that turns a body into engine parameters must treat ``None`` like an absent key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from batchrun.records import CHAT, COMPLETIONS, SUPPORTED_ENDPOINTS
+
+MAX_CUSTOM_ID_LEN = 512
+MAX_TOKENS_LIMIT = 1_000_000
+MAX_N = 128
+MAX_STOP_SEQUENCES = 4
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+_ROLE_SET = frozenset(CHAT_ROLES)
+# Echoed values are cut to this many characters so a message never carries a huge payload.
+SHOW_LIMIT = 80
+
+
+class InvalidLine(Exception):
+    """A line broke a rule: `code` is the error code, `message` says why in plain words."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def show(value: object) -> str:
+    """A short, human description of a JSON value for an error message."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, str):
+        # Slice before repr so a 50 MB string is never copied whole into a message.
+        if len(value) > SHOW_LIMIT:
+            return repr(value[:SHOW_LIMIT]) + f"... ({len(value)} characters)"
+        return repr(value)
+    if isinstance(value, (int, float)):
+        text = repr(value)
+        return text if len(text) <= SHOW_LIMIT else text[:SHOW_LIMIT] + "..."
+    if isinstance(value, list):
+        return f"an array of {len(value)} item{'' if len(value) == 1 else 's'}"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def json_type(value: object) -> str:
+    """The JSON type name of a parsed value ("array", "string", "null", ...)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def json_kind(value: object) -> str:
+    """The JSON type name of a parsed value with its article ("an array", "a string", "null")."""
+    name = json_type(value)
+    if name == "null":
+        return name
+    return ("an " if name[0] in "aeiou" else "a ") + name
+
+
+def _endpoints() -> str:
+    return ", ".join(repr(u) for u in SUPPORTED_ENDPOINTS)
+
+
+def check_custom_id(obj: dict[str, Any]) -> str:
+    """Return the line's custom_id, or raise if it is missing, not a string, empty or too long."""
+    if "custom_id" not in obj:
+        raise InvalidLine("missing_custom_id", "custom_id is missing; every line needs one")
+    cid = obj["custom_id"]
+    if not isinstance(cid, str):
+        raise InvalidLine(
+            "invalid_custom_id", f"custom_id must be a string, got {json_kind(cid)} {show(cid)}"
+        )
+    if not cid:
+        raise InvalidLine("invalid_custom_id", "custom_id must not be empty")
+    if len(cid) > MAX_CUSTOM_ID_LEN:
+        raise InvalidLine(
+            "invalid_custom_id",
+            f"custom_id is {len(cid)} characters long, the limit is {MAX_CUSTOM_ID_LEN}: "
+            f"{show(cid)}",
+        )
+    return cid
+
+
+def check_method(obj: dict[str, Any]) -> None:
+    """Raise unless the line's method is "POST"."""
+    if "method" not in obj:
+        raise InvalidLine("invalid_method", 'method is missing; expected "POST"')
+    method = obj["method"]
+    if method != "POST":
+        raise InvalidLine("invalid_method", f'method must be "POST", got {show(method)}')
+
+
+def check_url(obj: dict[str, Any]) -> str:
+    """Return the line's url, or raise unless it is one of the supported endpoints."""
+    if "url" not in obj:
+        raise InvalidLine("invalid_url", f"url is missing; expected one of {_endpoints()}")
+    url = obj["url"]
+    if not isinstance(url, str) or url not in SUPPORTED_ENDPOINTS:
+        raise InvalidLine("invalid_url", f"url must be one of {_endpoints()}, got {show(url)}")
+    return url
+
+
+def check_body(url: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """Return the line's body, or raise if it breaks a rule of the endpoint `url`."""
+    if "body" not in obj:
+        raise InvalidLine("invalid_body", "body is missing; expected a JSON object")
+    body = obj["body"]
+    if not isinstance(body, dict):
+        raise InvalidLine(
+            "invalid_body", f"body must be a JSON object, got {json_kind(body)} {show(body)}"
+        )
+    if url == CHAT:
+        _check_messages(body)
+    elif url == COMPLETIONS:
+        _check_prompt(body)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        _bad(f"body.model must be a string, got {json_kind(model)} {show(model)}")
+    # Only the keys present are looked at: a body usually has a few of the known fields.
+    for key, value in body.items():
+        check = _FIELD_CHECKS.get(key)
+        if check is not None and value is not None:
+            check(key, value)
+    return body
+
+
+def _bad(message: str) -> NoReturn:
+    raise InvalidLine("invalid_request", message)
+
+
+def _check_messages(body: dict[str, Any]) -> None:
+    if "messages" not in body:
+        _bad("body.messages is missing; a chat request needs a list of messages")
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        _bad(f"body.messages must be an array of messages, got {json_kind(messages)}")
+    if not messages:
+        _bad("body.messages must not be empty")
+    # This loop is hot (every message of every line): the common case, a known role and a
+    # plain string content, passes without building a field path or calling a helper.
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            _bad(
+                f"body.messages[{i}] must be an object with role and content, got {json_kind(msg)}"
+            )
+        role = msg.get("role")
+        # The type test first: an unhashable role (an array) would make `in` raise.
+        if type(role) is not str or role not in _ROLE_SET:
+            got = "it is missing" if "role" not in msg else f"got {show(role)}"
+            _bad(f"body.messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; {got}")
+        if type(msg.get("content")) is not str:
+            _check_content(f"body.messages[{i}]", role, msg)
+
+
+def _check_content(where: str, role: object, msg: dict[str, Any]) -> None:
+    content = msg.get("content")
+    if isinstance(content, str):
+        return
+    if content is None:
+        # An assistant turn that only calls tools has no content, as in the OpenAI API.
+        if role == "assistant" and (msg.get("tool_calls") or msg.get("function_call")):
+            return
+        got = "it is missing" if "content" not in msg else "got null"
+        _bad(f"{where}.content must be a string or an array of content parts; {got}")
+    if not isinstance(content, list):
+        _bad(
+            f"{where}.content must be a string or an array of content parts, "
+            f"got {json_kind(content)} {show(content)}"
+        )
+    if not content:
+        _bad(f"{where}.content must not be an empty array")
+    for j, part in enumerate(content):
+        pwhere = f"{where}.content[{j}]"
+        if not isinstance(part, dict):
+            _bad(f"{pwhere} must be an object with a type, got {json_kind(part)} {show(part)}")
+        ptype = part.get("type")
+        if not isinstance(ptype, str):
+            got = "it is missing" if "type" not in part else f"got {show(ptype)}"
+            _bad(f"{pwhere}.type must be a string such as 'text'; {got}")
+        if ptype == "text" and not isinstance(part.get("text"), str):
+            _bad(f"{pwhere}.text must be a string for a part of type 'text'")
+
+
+def _check_prompt(body: dict[str, Any]) -> None:
+    if "prompt" not in body:
+        _bad("body.prompt is missing; a completions request needs a prompt string")
+    prompt = body["prompt"]
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            _bad(
+                f"body.prompt must be a string or an array of exactly one string, got an array "
+                f"of {len(prompt)} items (batchrun runs one prompt per request)"
+            )
+        prompt = prompt[0]
+        where = "body.prompt[0]"
+    else:
+        where = "body.prompt"
+    if not isinstance(prompt, str):
+        _bad(f"{where} must be a string, got {json_kind(prompt)} {show(prompt)}")
+    if not prompt:
+        _bad(f"{where} must not be empty")
+
+
+def _int_in(low: int, high: int | None) -> Callable[[str, object], None]:
+    def check(key: str, value: object) -> None:
+        # Python's bool is an int subclass; JSON true/false must not pass as a number.
+        if isinstance(value, bool) or not isinstance(value, int):
+            _bad(f"body.{key} must be a whole number, got {json_kind(value)} {show(value)}")
+        if value < low or (high is not None and value > high):
+            limit = f"at least {low}" if high is None else f"between {low} and {high}"
+            _bad(f"body.{key} must be {limit}, got {show(value)}")
+
+    return check
+
+
+def _number_in(low: float, high: float, low_open: bool = False) -> Callable[[str, object], None]:
+    def check(key: str, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _bad(f"body.{key} must be a number, got {json_kind(value)} {show(value)}")
+        too_low = value <= low if low_open else value < low
+        if too_low or value > high:
+            lo = f"greater than {low:g}" if low_open else f"at least {low:g}"
+            _bad(f"body.{key} must be {lo} and at most {high:g}, got {show(value)}")
+
+    return check
+
+
+def _check_seed(key: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        _bad(f"body.{key} must be a whole number, got {json_kind(value)} {show(value)}")
+
+
+def _check_stop(key: str, value: object) -> None:
+    if isinstance(value, str):
+        return
+    if not isinstance(value, list):
+        _bad(
+            f"body.{key} must be a string or an array of up to {MAX_STOP_SEQUENCES} strings, "
+            f"got {json_kind(value)} {show(value)}"
+        )
+    if len(value) > MAX_STOP_SEQUENCES:
+        _bad(f"body.{key} may hold at most {MAX_STOP_SEQUENCES} strings, got {len(value)}")
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            _bad(f"body.{key}[{i}] must be a string, got {json_kind(item)} {show(item)}")
+
+
+def _check_stream(key: str, value: object) -> None:
+    if value is True:
+        _bad("stream is not supported in a batch; remove body.stream or set it to false")
+    if value is not False:
+        _bad(f"body.{key} must be true or false, got {show(value)}")
+
+
+_FIELD_CHECKS: dict[str, Callable[[str, object], None]] = {
+    "max_tokens": _int_in(1, MAX_TOKENS_LIMIT),
+    "max_completion_tokens": _int_in(1, MAX_TOKENS_LIMIT),
+    "temperature": _number_in(0, 2),
+    "top_p": _number_in(0, 1, low_open=True),
+    "n": _int_in(1, MAX_N),
+    "seed": _check_seed,
+    "stop": _check_stop,
+    "presence_penalty": _number_in(-2, 2),
+    "frequency_penalty": _number_in(-2, 2),
+    "stream": _check_stream,
+}

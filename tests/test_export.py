@@ -1,0 +1,322 @@
+"""Export: output.jsonl / errors.jsonl (OpenAI batch format) and results.parquet from a journal."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import openai.types
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from openai.types.chat import ChatCompletion
+
+from batchrun.errors import BatchrunError
+from batchrun.export import (
+    ERRORS_NAME,
+    OUTPUT_NAME,
+    PARQUET_NAME,
+    export_jsonl,
+    export_parquet,
+    latest_by_request,
+)
+from batchrun.journal import JournalWriter, invalid_record, result_record
+from batchrun.records import CHAT, COMPLETIONS, LineError, Outcome, Request
+from batchrun.responses import Choice, failure, success
+
+
+def chat(custom_id: str, line: int) -> Request:
+    return Request(
+        custom_id,
+        line,
+        CHAT,
+        {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}]},
+    )
+
+
+def completion(custom_id: str, line: int) -> Request:
+    return Request(custom_id, line, COMPLETIONS, {"model": "tiny-cmpl", "prompt": "once"})
+
+
+def ok(req: Request, text: str = "hello", n: int = 1) -> Outcome:
+    choices = [Choice(f"{text}{i or ''}", "stop", 3) for i in range(n)]
+    return success(req, choices, model="default-model", prompt_tokens=5, latency_s=0.25)
+
+
+def bad(req: Request, status: int = 500) -> Outcome:
+    return failure(
+        req, "engine_error", "worker died", status_code=status, retryable=True, latency_s=0.5
+    )
+
+
+def write_journal(path: Path, records: list[dict[str, Any]]) -> Path:
+    with JournalWriter(path) as w:
+        w.append(records)
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text("utf-8").splitlines()]
+
+
+@pytest.fixture
+def mixed(tmp_path: Path) -> Path:
+    """A journal with every case, written out of line order as a scheduler would."""
+    c1, c2, c3, c4 = chat("c1", 2), completion("c2", 3), chat("c3", 5), chat("c4", 6)
+    return write_journal(
+        tmp_path / "journal.jsonl",
+        [
+            invalid_record(LineError(4, None, "invalid_json", "line 4 is not JSON")),
+            result_record(ok(c3, "three"), 5, 1),
+            result_record(bad(c1), 2, 1),  # fails first ...
+            result_record(ok(c2, "two", n=2), 3, 1),
+            invalid_record(LineError(1, "c3", "duplicate_custom_id", "c3 appears twice")),
+            result_record(ok(c4, "four"), 6, 1),  # succeeds first ...
+            result_record(ok(c1, "one"), 2, 2),  # ... then succeeds on the retry
+            result_record(bad(c4, 400), 6, 2),  # ... then fails: export reports the last
+        ],
+    )
+
+
+def test_output_bodies_parse_with_the_openai_types(tmp_path: Path, mixed: Path) -> None:
+    out = tmp_path / "out"
+    summary = export_jsonl(tmp_path, mixed, out)
+    lines = read_jsonl(out / OUTPUT_NAME)
+    assert [x["custom_id"] for x in lines] == ["c1", "c2", "c3"]
+    chat1 = ChatCompletion.model_validate(lines[0]["response"]["body"])
+    assert chat1.choices[0].message.content == "one"
+    cmpl = openai.types.Completion.model_validate(lines[1]["response"]["body"])
+    assert [c.text for c in cmpl.choices] == ["two", "two1"]
+    for x in lines:
+        assert set(x) == {"id", "custom_id", "response", "error"}
+        assert x["id"].startswith("batch_req_")
+        assert x["error"] is None
+        assert x["response"]["status_code"] == 200
+        assert isinstance(x["response"]["request_id"], str) and x["response"]["request_id"]
+    assert len({x["id"] for x in lines}) == len(lines)
+    assert (summary.succeeded, summary.failed, summary.invalid) == (3, 1, 2)
+    assert summary.paths == (out / OUTPUT_NAME, out / ERRORS_NAME)
+
+
+def test_retry_that_succeeds_is_only_in_output(tmp_path: Path, mixed: Path) -> None:
+    export_jsonl(tmp_path, mixed, tmp_path)
+    assert "c1" in {x["custom_id"] for x in read_jsonl(tmp_path / OUTPUT_NAME)}
+    assert "c1" not in {x["custom_id"] for x in read_jsonl(tmp_path / ERRORS_NAME)}
+
+
+def test_success_then_failure_is_only_in_errors(tmp_path: Path, mixed: Path) -> None:
+    export_jsonl(tmp_path, mixed, tmp_path)
+    assert "c4" not in {x["custom_id"] for x in read_jsonl(tmp_path / OUTPUT_NAME)}
+    errors = read_jsonl(tmp_path / ERRORS_NAME)
+    (c4,) = [x for x in errors if x["custom_id"] == "c4"]
+    assert c4["response"]["status_code"] == 400
+    assert c4["response"]["body"] is None
+    assert c4["error"] == {"code": "engine_error", "message": "worker died", "line": 6}
+
+
+def test_invalid_lines_are_errors_with_line_numbers_in_line_order(
+    tmp_path: Path, mixed: Path
+) -> None:
+    export_jsonl(tmp_path, mixed, tmp_path)
+    errors = read_jsonl(tmp_path / ERRORS_NAME)
+    assert [x["error"]["line"] for x in errors] == [1, 4, 6]
+    dup, nojson = errors[0], errors[1]
+    # A duplicate line keeps the id it repeats, yet is its own error line, apart from c3's result.
+    assert dup["custom_id"] == "c3" and dup["response"] is None
+    assert dup["error"] == {"code": "duplicate_custom_id", "message": "c3 appears twice", "line": 1}
+    assert nojson["custom_id"] is None and nojson["response"] is None
+    assert nojson["error"]["code"] == "invalid_json"
+    assert "c3" in {x["custom_id"] for x in read_jsonl(tmp_path / OUTPUT_NAME)}
+
+
+def test_reexport_is_byte_identical(tmp_path: Path, mixed: Path) -> None:
+    export_jsonl(tmp_path, mixed, tmp_path / "a")
+    export_jsonl(tmp_path, mixed, tmp_path / "b")
+    for name in (OUTPUT_NAME, ERRORS_NAME):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_ids_differ_between_jobs_with_the_same_custom_ids(tmp_path: Path) -> None:
+    ids = []
+    for job in ("j1", "j2"):
+        (tmp_path / job).mkdir()
+        journal = write_journal(
+            tmp_path / job / "journal.jsonl", [result_record(ok(chat("a", 1)), 1, 1)]
+        )
+        export_jsonl(tmp_path / job, journal, tmp_path / job)
+        ids.append(read_jsonl(tmp_path / job / OUTPUT_NAME)[0]["id"])
+    assert ids[0] != ids[1]
+
+
+def test_torn_last_journal_line_is_ignored(tmp_path: Path, mixed: Path) -> None:
+    with mixed.open("ab") as f:
+        f.write(json.dumps(result_record(bad(chat("c3", 5)), 5, 2)).encode()[:40])
+    summary = export_jsonl(tmp_path, mixed, tmp_path)
+    assert (summary.succeeded, summary.failed, summary.invalid) == (3, 1, 2)
+    assert "c3" in {x["custom_id"] for x in read_jsonl(tmp_path / OUTPUT_NAME)}
+
+
+def test_corrupt_journal_line_is_a_clear_error(tmp_path: Path, mixed: Path) -> None:
+    lines = mixed.read_bytes().splitlines(keepends=True)
+    mixed.write_bytes(b"".join([*lines[:3], b"{not json\n", *lines[3:]]))
+    with pytest.raises(BatchrunError, match="corrupt at line 4"):
+        export_jsonl(tmp_path, mixed, tmp_path)
+
+
+def test_index_keeps_last_record_offset_and_attempts(mixed: Path) -> None:
+    index = latest_by_request(mixed)
+    entries = list(index)
+    assert [e.line for e in entries] == [1, 2, 3, 4, 5, 6]
+    assert [e.attempts for e in entries] == [0, 2, 1, 0, 1, 2]
+    with mixed.open("rb") as f:
+        f.seek(entries[1].offset)
+        last_c1 = json.loads(f.readline())
+    assert (last_c1["custom_id"], last_c1["attempt"], last_c1["ok"]) == ("c1", 2, True)
+
+
+def test_missing_or_empty_journal_exports_empty_files(tmp_path: Path) -> None:
+    summary = export_jsonl(tmp_path, tmp_path / "journal.jsonl", tmp_path)
+    assert summary.total == 0
+    assert (tmp_path / OUTPUT_NAME).read_bytes() == b""
+    assert (tmp_path / ERRORS_NAME).read_bytes() == b""
+    export_parquet(tmp_path / "journal.jsonl", tmp_path)
+    df = pd.read_parquet(tmp_path / PARQUET_NAME)
+    assert len(df) == 0 and "custom_id" in df.columns
+
+
+PARQUET_COLUMNS = [
+    "custom_id",
+    "line",
+    "status",
+    "status_code",
+    "content",
+    "finish_reason",
+    "n_choices",
+    "model",
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "error_code",
+    "error_message",
+    "attempts",
+    "latency_s",
+    "response_id",
+]
+
+
+def test_parquet_rows_columns_dtypes_and_values(tmp_path: Path, mixed: Path) -> None:
+    summary = export_parquet(mixed, tmp_path / "out")
+    df = pd.read_parquet(tmp_path / "out" / PARQUET_NAME)
+    assert summary.paths == (tmp_path / "out" / PARQUET_NAME,)
+    assert list(df.columns) == PARQUET_COLUMNS
+    assert len(df) == 6
+    assert df["line"].tolist() == [1, 2, 3, 4, 5, 6]
+    assert df["status"].tolist() == [
+        "invalid",
+        "succeeded",
+        "succeeded",
+        "invalid",
+        "succeeded",
+        "failed",
+    ]
+    for col in ("line", "prompt_tokens", "completion_tokens", "total_tokens"):
+        assert df[col].dtype == "int64", col
+    for col in ("n_choices", "attempts"):
+        assert df[col].dtype == "int32", col
+    assert df["status_code"].dtype == "Int32"
+    assert df["latency_s"].dtype == "float64"
+
+    rows = df.set_index("line")
+    c1 = rows.loc[2]
+    assert (c1["custom_id"], c1["attempts"], c1["status_code"]) == ("c1", 2, 200)
+    assert (c1["content"], c1["finish_reason"], c1["n_choices"]) == ("one", "stop", 1)
+    assert c1["model"] == "default-model"
+    assert (c1["prompt_tokens"], c1["completion_tokens"], c1["total_tokens"]) == (5, 3, 8)
+    assert c1["latency_s"] == 0.25
+    assert c1["response_id"].startswith("chatcmpl-")
+    assert pd.isna(c1["error_code"]) and pd.isna(c1["error_message"])
+    c2 = rows.loc[3]
+    assert (c2["content"], c2["n_choices"], c2["completion_tokens"]) == ("two", 2, 6)
+    assert c2["response_id"].startswith("cmpl-")
+    c4 = rows.loc[6]
+    assert (c4["custom_id"], c4["attempts"], c4["status_code"]) == ("c4", 2, 400)
+    assert (c4["error_code"], c4["error_message"]) == ("engine_error", "worker died")
+    assert pd.isna(c4["content"]) and pd.isna(c4["response_id"]) and c4["n_choices"] == 0
+    assert c4["latency_s"] == 0.5
+    nojson = rows.loc[4]
+    assert pd.isna(nojson["custom_id"]) and pd.isna(nojson["status_code"])
+    assert (nojson["error_code"], nojson["attempts"]) == ("invalid_json", 0)
+    assert pd.isna(nojson["latency_s"])
+    assert rows.loc[1, "custom_id"] == "c3"
+
+
+def test_parquet_status_code_dtype_is_stable_without_invalid_lines(tmp_path: Path) -> None:
+    journal = write_journal(tmp_path / "j.jsonl", [result_record(ok(chat("a", 1)), 1, 1)])
+    export_parquet(journal, tmp_path)
+    assert pd.read_parquet(tmp_path / PARQUET_NAME)["status_code"].dtype == "Int32"
+
+
+def test_parquet_is_written_in_row_groups(tmp_path: Path) -> None:
+    records = [result_record(ok(chat(f"r{i}", i)), i, 1) for i in range(1, 26)]
+    journal = write_journal(tmp_path / "j.jsonl", records)
+    summary = export_parquet(journal, tmp_path, row_group_size=10)
+    path = tmp_path / PARQUET_NAME
+    assert pq.ParquetFile(path).num_row_groups == 3
+    assert summary.succeeded == 25
+    df = pd.read_parquet(path)
+    assert df["custom_id"].tolist() == [f"r{i}" for i in range(1, 26)]
+
+
+def test_atomic_write_leaves_no_temp_files(tmp_path: Path, mixed: Path) -> None:
+    out = tmp_path / "out"
+    export_jsonl(tmp_path, mixed, out)
+    export_parquet(mixed, out)
+    assert sorted(p.name for p in out.iterdir()) == sorted([OUTPUT_NAME, ERRORS_NAME, PARQUET_NAME])
+
+
+def test_uncreatable_out_dir_is_a_clear_error(tmp_path: Path, mixed: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(BatchrunError, match="cannot create the output directory"):
+        export_jsonl(tmp_path, mixed, blocker / "out")
+    with pytest.raises(BatchrunError, match="cannot create the output directory"):
+        export_parquet(mixed, blocker / "out")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_unwritable_out_dir_is_a_clear_error(tmp_path: Path, mixed: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        with pytest.raises(BatchrunError, match="cannot write"):
+            export_jsonl(tmp_path, mixed, locked)
+        with pytest.raises(BatchrunError, match="cannot write"):
+            export_parquet(mixed, locked)
+    finally:
+        locked.chmod(stat.S_IRWXU)
+
+
+def test_failed_write_is_a_clear_error_and_keeps_the_old_file(
+    tmp_path: Path, mixed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    export_jsonl(tmp_path, mixed, tmp_path)
+    before = (tmp_path / OUTPUT_NAME).read_bytes()
+
+    def no_space(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("batchrun.export.os.fsync", no_space)
+    with pytest.raises(BatchrunError, match="No space left on device"):
+        export_jsonl(tmp_path, mixed, tmp_path)
+    with pytest.raises(BatchrunError, match="No space left on device"):
+        export_parquet(mixed, tmp_path)
+    monkeypatch.undo()
+    assert (tmp_path / OUTPUT_NAME).read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["journal.jsonl", OUTPUT_NAME, ERRORS_NAME]
+    )
