@@ -82,6 +82,22 @@ def _finish(summary: object, title: str) -> NoReturn:
     raise typer.Exit(summary.exit_code)
 
 
+def _resolve_model(model: str | None) -> tuple[str, str]:
+    """Resolve --model; convert the embedded default model first if needed, in a child process
+    so that this process (the journal's owner) never imports torch or transformers."""
+    import subprocess
+
+    from batchrun import models
+
+    if model is None and not models.default_model_ready():
+        err.print("converting the embedded default model once (about 20 s)...", highlight=False)
+        proc = subprocess.run([sys.executable, "-m", "batchrun.models"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
+            raise BatchrunError(f"could not prepare the default model: {last}")
+    return models.resolve_model(model)
+
+
 @app.command()
 def submit(
     input_file: Annotated[Path, typer.Argument(help="OpenAI batch input file (JSONL).", show_default=False)],
@@ -152,9 +168,7 @@ def submit(
             seed=seed,
         )
         if engine == "vllm":
-            from batchrun.models import resolve_model
-
-            settings.model, settings.model_name = resolve_model(model)
+            settings.model, settings.model_name = _resolve_model(model)
         elif model:
             settings.model_name = Path(model).name
         else:

@@ -96,6 +96,15 @@ def default_model_dir() -> Path:
     return target
 
 
+def default_model_ready() -> bool:
+    """Whether the default model is already converted (False also when its package is missing)."""
+    try:
+        gguf = packaged_gguf()
+    except BatchrunError:
+        return False
+    return _is_complete(cache_root() / "models" / DEFAULT_MODEL_NAME, _marker_content(gguf))
+
+
 def resolve_model(model: str | None) -> tuple[str, str]:
     """The Hugging Face directory to load and the model's display name (None: the default)."""
     if model is None:

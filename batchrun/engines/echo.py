@@ -10,6 +10,8 @@ environment, so failures are testable from the command line:
   many results.
 - ``BATCHRUN_ECHO_OOM_ABOVE``: starting with more than that many sequences (``max_num_seqs``), or
   running more than that many at once, raises an out-of-memory error shaped like PyTorch's.
+- ``BATCHRUN_ECHO_RECORD``: a file to which every custom_id the engine receives is appended, so
+  that tests can assert what the engine was (and was not) asked to run.
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ class EchoEngine:
         self.crash_after = _env_int("BATCHRUN_ECHO_CRASH_AFTER")
         self.oom_above = _env_int("BATCHRUN_ECHO_OOM_ABOVE")
         self.produced = 0
+        record = os.environ.get("BATCHRUN_ECHO_RECORD")
+        # Line-buffered: the record must survive the abrupt deaths this engine simulates.
+        self._record = open(record, "a", buffering=1, encoding="utf-8") if record else None  # noqa: SIM115
         if self.oom_above is not None and settings.max_num_seqs > self.oom_above:
             raise OutOfMemoryError(
                 "CUDA out of memory. Tried to allocate 2.00 GiB (simulated by the echo engine: "
@@ -81,6 +86,8 @@ class EchoEngine:
 
     def add(self, request: Request) -> Outcome | None:
         """Queue a request; it finishes `BATCHRUN_ECHO_DELAY_MS` later."""
+        if self._record is not None:
+            self._record.write(request.custom_id + "\n")
         now = time.monotonic()
         self._seq += 1
         heapq.heappush(self._running, (now + self.delay_s, self._seq, request, now))
@@ -143,5 +150,7 @@ class EchoEngine:
         return bool(self._running)
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Release the record file."""
         self._running.clear()
+        if self._record is not None:
+            self._record.close()

@@ -190,9 +190,10 @@ class VllmEngine:
                 f"has {prompt_tokens} tokens and {asked} were requested",
                 code="context_length_exceeded",
             )
+        n = _int_field(body, "n")
         try:
             return SamplingParams(
-                n=_int_field(body, "n") or 1,
+                n=n if n is not None else 1,
                 temperature=_float_field(body, "temperature", 1.0),
                 top_p=_float_field(body, "top_p", 1.0),
                 presence_penalty=_float_field(body, "presence_penalty", 0.0),

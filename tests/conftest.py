@@ -1,0 +1,84 @@
+"""Shared fixtures: an isolated cache, a CLI runner in real subprocesses, input-file builders."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """No test touches the user's cache: the default model is converted once per session here."""
+    cache = tmp_path_factory.mktemp("batchrun-cache")
+    saved = {k: os.environ.get(k) for k in ("BATCHRUN_CACHE_DIR",)}
+    os.environ["BATCHRUN_CACHE_DIR"] = str(cache)
+    for key in list(os.environ):
+        # A developer's own BATCHRUN_* settings must not leak into the tests.
+        if key.startswith("BATCHRUN_") and key != "BATCHRUN_CACHE_DIR":
+            del os.environ[key]
+    yield cache
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(autouse=True)
+def fresh_size_cache(isolated_cache: Path) -> None:
+    """Each test starts without a remembered batch size, so that searches are deterministic."""
+    (isolated_cache / "batch_sizes.json").unlink(missing_ok=True)
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run `python -m batchrun ARGS` in a real subprocess."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "batchrun", *args],
+        capture_output=True, text=True, env=full_env, cwd=ROOT, timeout=timeout,
+    )
+
+
+def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start `python -m batchrun ARGS` in its own process group (so it can be killed whole)."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.Popen(
+        [sys.executable, "-m", "batchrun", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT,
+        start_new_session=True,
+    )
+
+
+def chat_line(cid: str, text: str, **body: Any) -> dict[str, Any]:
+    """One chat request line."""
+    return {
+        "custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": "test-model", "messages": [{"role": "user", "content": text}], **body},
+    }
+
+
+def write_jsonl(path: Path, lines: list[Any]) -> Path:
+    """Write objects (or raw strings) as JSONL."""
+    with path.open("w", encoding="utf-8") as f:
+        for line in lines:
+            f.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Read a JSONL file."""
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+def journal_records(job_dir: Path) -> list[dict[str, Any]]:
+    """The job's journal records."""
+    return read_jsonl(job_dir / "journal.jsonl")

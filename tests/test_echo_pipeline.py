@@ -1,0 +1,185 @@
+"""The whole pipeline on the echo engine, through the real CLI in real subprocesses.
+
+The echo engine stands in for vLLM only where a test needs faults vLLM cannot be made to show on
+demand (failures, crashes, out-of-memory) or many fast requests; tests/test_vllm_e2e.py runs the
+real engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from conftest import chat_line, cli, journal_records, read_jsonl, start_cli, write_jsonl
+
+
+def make_input(tmp_path: Path, n: int, name: str = "in.jsonl") -> Path:
+    return write_jsonl(tmp_path / name, [chat_line(f"r{i}", f"message {i}", max_tokens=8) for i in range(n)])
+
+
+def test_submit_export_round_trip_with_a_bad_line(tmp_path: Path) -> None:
+    lines = [chat_line("a", "hello there"), "{not json", chat_line("b", "second one"), chat_line("a", "dup")]
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    job = tmp_path / "job"
+    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    assert r.returncode == 1, r.stderr  # finished, with invalid lines
+    assert "Traceback" not in r.stderr
+    r = cli("export", "--job-dir", str(job))
+    assert r.returncode == 0, r.stderr
+    out = read_jsonl(job / "output.jsonl")
+    assert [o["custom_id"] for o in out] == ["a", "b"]
+    assert out[0]["response"]["body"]["choices"][0]["message"]["content"] == "hello there"
+    errors = read_jsonl(job / "errors.jsonl")
+    assert [(e["custom_id"], e["error"]["line"], e["error"]["code"]) for e in errors] == [
+        (None, 2, "invalid_json"),
+        ("a", 4, "duplicate_custom_id"),
+    ]
+
+
+def test_retry_passes_then_retry_failed_after_the_fault_is_gone(tmp_path: Path) -> None:
+    src = make_input(tmp_path, 20)
+    job = tmp_path / "job"
+    env = {"BATCHRUN_ECHO_FAIL": "r3,r7"}
+    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--max-attempts", "2", "--no-progress", env=env)
+    assert r.returncode == 1
+    recs = [x for x in journal_records(job) if x["kind"] == "result"]
+    attempts = {}
+    for x in recs:
+        attempts.setdefault(x["custom_id"], []).append((x["attempt"], x["ok"]))
+    assert attempts["r3"] == [(1, False), (2, False)]
+    assert attempts["r0"] == [(1, True)]
+    # The fault is gone: one more pass fixes exactly the two failures and touches nothing else.
+    record = tmp_path / "received.txt"
+    r = cli("retry-failed", "--job-dir", str(job), "--no-progress", env={"BATCHRUN_ECHO_RECORD": str(record)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(record.read_text().split()) == ["r3", "r7"]
+    cli("export", "--job-dir", str(job))
+    assert len(read_jsonl(job / "output.jsonl")) == 20
+    assert read_jsonl(job / "errors.jsonl") == []
+    status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
+    assert status["requests"]["succeeded"] == 20 and status["requests"]["failed"] == 0
+    assert status["attempts"] == 20 + 2 + 2
+
+
+def test_worker_crashes_lose_nothing_and_the_job_finishes(tmp_path: Path) -> None:
+    src = make_input(tmp_path, 300)
+    job = tmp_path / "job"
+    env = {"BATCHRUN_ECHO_CRASH_AFTER": "70", "BATCHRUN_ECHO_DELAY_MS": "5"}
+    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "16", "--no-progress", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "died" in r.stderr and "go back to pending" in r.stderr
+    recs = journal_records(job)
+    ids = [x["custom_id"] for x in recs]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(300))  # each exactly once
+    assert all(x["attempt"] == 1 for x in recs)  # a worker death is not an attempt
+
+
+def test_simulated_oom_backs_off_and_finishes(tmp_path: Path) -> None:
+    src = make_input(tmp_path, 400)
+    job = tmp_path / "job"
+    env = {"BATCHRUN_ECHO_OOM_ABOVE": "40", "BATCHRUN_ECHO_DELAY_MS": "2"}
+    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "128", "--no-progress", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "ran out of memory at batch size 128" in r.stderr
+    assert "batch size 128 -> 64" in r.stderr and "batch size 64 -> 32" in r.stderr
+    assert len(journal_records(job)) == 400
+
+
+def test_batch_size_search_finds_the_largest_size_that_fits(tmp_path: Path) -> None:
+    src = make_input(tmp_path, 2000)
+    job = tmp_path / "job"
+    env = {"BATCHRUN_ECHO_OOM_ABOVE": "100", "BATCHRUN_ECHO_DELAY_MS": "20"}
+    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress", env=env)
+    assert r.returncode == 0, r.stderr
+    status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
+    probes = {p["size"]: p["ok"] for p in status["probes"]}
+    assert probes[256] is False and probes[128] is False and probes[64] is True
+    assert status["batch_size"] <= 64 and status["batch_size_source"] == "search"
+    assert status["requests"]["succeeded"] == 2000
+
+
+def test_kill_9_of_submit_then_resume_runs_only_what_is_left(tmp_path: Path) -> None:
+    src = make_input(tmp_path, 600)
+    job = tmp_path / "job"
+    record = tmp_path / "received.txt"
+    env = {"BATCHRUN_ECHO_DELAY_MS": "50", "BATCHRUN_ECHO_RECORD": str(record)}
+    p = start_cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "16", "--no-progress", env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if (job / "journal.jsonl").exists() and len(journal_records(job)) >= 100:
+            break
+        time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    done_before = {x["custom_id"] for x in journal_records(job)}
+    assert 100 <= len(done_before) < 600
+    record.unlink()
+    r = cli("resume", "--job-dir", str(job), "--no-progress", env={"BATCHRUN_ECHO_RECORD": str(record)})
+    assert r.returncode == 0, r.stderr
+    received = set(record.read_text().split())
+    assert not (received & done_before)  # the engine got none of the finished work
+    cli("export", "--job-dir", str(job))
+    out = read_jsonl(job / "output.jsonl")
+    assert sorted(o["custom_id"] for o in out) == sorted(f"r{i}" for i in range(600))
+
+
+def test_ctrl_c_flushes_and_exits_130_then_resume_finishes(tmp_path: Path) -> None:
+    src = make_input(tmp_path, 400)
+    job = tmp_path / "job"
+    p = start_cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "8", "--no-progress",
+                  env={"BATCHRUN_ECHO_DELAY_MS": "50"})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not ((job / "journal.jsonl").exists() and len(journal_records(job)) >= 20):
+        time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    _, stderr = p.communicate(timeout=60)
+    assert p.returncode == 130, stderr
+    assert "batchrun resume --job-dir" in stderr and "Traceback" not in stderr
+    status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
+    assert status["status"] == "interrupted"
+    assert 0 < status["requests"]["succeeded"] < 400
+    r = cli("resume", "--job-dir", str(job), "--no-progress")
+    assert r.returncode == 0
+    assert sorted(x["custom_id"] for x in journal_records(job)) == sorted(f"r{i}" for i in range(400))
+
+
+def test_a_second_resume_is_refused_while_one_runs(tmp_path: Path) -> None:
+    src = make_input(tmp_path, 200)
+    job = tmp_path / "job"
+    p = start_cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "4", "--no-progress",
+                  env={"BATCHRUN_ECHO_DELAY_MS": "100"})
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (job / "manifest.json").exists():
+            time.sleep(0.05)
+        r = cli("resume", "--job-dir", str(job), "--no-progress")
+        assert r.returncode == 1
+        assert f"already running in process {p.pid}" in r.stderr
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def test_resume_refuses_a_changed_input_file(tmp_path: Path) -> None:
+    src = make_input(tmp_path, 5)
+    job = tmp_path / "job"
+    assert cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress").returncode == 0
+    with src.open("a") as f:
+        f.write(json.dumps(chat_line("extra", "new")) + "\n")
+    r = cli("resume", "--job-dir", str(job), "--no-progress")
+    assert r.returncode == 1
+    assert "changed since the job was submitted" in r.stderr
+
+
+def test_several_workers_share_one_queue_and_one_journal(tmp_path: Path) -> None:
+    src = make_input(tmp_path, 500)
+    job = tmp_path / "job"
+    env = {"BATCHRUN_ECHO_DELAY_MS": "10"}
+    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--workers", "3", "--batch-size", "16", "--no-progress", env=env)
+    assert r.returncode == 0, r.stderr
+    for i in range(3):
+        assert f"worker {i} ready" in r.stderr
+    assert sorted(x["custom_id"] for x in journal_records(job)) == sorted(f"r{i}" for i in range(500))

@@ -1,0 +1,64 @@
+"""The batch-size search and the out-of-memory back-off (pure logic)."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchrun.sizing import BatchSizeSearch, Probe, back_off, candidate_sizes
+
+
+def run_search(lo: int, hi: int, fits: int, tput: dict[int, float] | None = None) -> tuple[int | None, list[int]]:
+    """Simulate a machine where sizes above `fits` run out of memory."""
+    search = BatchSizeSearch(lo, hi)
+    tried = []
+    while (size := search.next_size()) is not None:
+        tried.append(size)
+        assert len(tried) < 30, "the search must end"
+        ok = size <= fits
+        speed = (tput or {}).get(size, float(size)) if ok else 0.0
+        search.report(Probe(size=size, ok=ok, requests=2 * size, seconds=1.0, tokens_per_s=speed))
+    best = search.best()
+    return (best.size if best else None), tried
+
+
+def test_candidates_are_powers_of_two_within_bounds() -> None:
+    assert candidate_sizes(8, 256) == [8, 16, 32, 64, 128, 256]
+    assert candidate_sizes(3, 100) == [3, 4, 8, 16, 32, 64, 100]
+    with pytest.raises(ValueError):
+        candidate_sizes(0, 8)
+
+
+def test_everything_fits_one_probe_at_the_top_then_one_below() -> None:
+    chosen, tried = run_search(8, 256, fits=10_000)
+    assert chosen == 256
+    assert tried == [256, 128]  # 128 is slower, so the walk down stops at once
+
+
+def test_binary_search_finds_the_largest_size_that_fits() -> None:
+    chosen, tried = run_search(8, 256, fits=100)
+    assert chosen == 64
+    assert tried[0] == 256
+    assert 128 in tried and 64 in tried
+    assert len(tried) <= 5
+
+
+def test_smaller_size_wins_when_it_is_faster_past_the_knee() -> None:
+    chosen, _ = run_search(8, 256, fits=10_000, tput={256: 100.0, 128: 150.0, 64: 120.0})
+    assert chosen == 128
+
+
+def test_near_tie_prefers_the_larger_size() -> None:
+    chosen, _ = run_search(8, 256, fits=10_000, tput={256: 100.0, 128: 102.0})
+    assert chosen == 256
+
+
+def test_nothing_fits_gives_no_size() -> None:
+    chosen, tried = run_search(8, 256, fits=4)
+    assert chosen is None
+    assert tried[-1] == 8
+
+
+def test_back_off_halves_until_one() -> None:
+    assert back_off(64) == 32
+    assert back_off(3) == 1
+    assert back_off(1) is None
