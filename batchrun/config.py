@@ -24,7 +24,8 @@ class EngineSettings:
     # on CUDA, 0.4 on the CPU backend (its default is refused on a machine this size).
     gpu_memory_utilization: float | None = None
     tensor_parallel_size: int = 1
-    enforce_eager: bool = False
+    # None: eager on the CPU backend (compiling there costs more start-up than it saves), graphs on GPU.
+    enforce_eager: bool | None = None
     seed: int = 0
     # The number of sequences the engine runs at once (vLLM's max_num_seqs).
     max_num_seqs: int = 256

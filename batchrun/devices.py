@@ -19,7 +19,10 @@ def visible_gpus() -> list[str]:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=True,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
@@ -33,7 +36,10 @@ def device_name() -> str:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=True,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return "cpu"
@@ -41,7 +47,9 @@ def device_name() -> str:
     return f"cuda:{names[0]}" if names else "cpu"
 
 
-def worker_envs(engine: str, gpus: list[str] | None, tensor_parallel_size: int, workers: int | None) -> list[dict[str, str]]:
+def worker_envs(
+    engine: str, gpus: list[str] | None, tensor_parallel_size: int, workers: int | None
+) -> list[dict[str, str]]:
     """The environment of each worker: one per group of `tensor_parallel_size` GPUs.
 
     The echo engine needs no GPU: it starts `workers` workers (default 1). The vLLM engine on a

@@ -12,7 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -147,8 +147,8 @@ def export_jsonl(job_dir: Path, journal_path: Path, out_dir: Path) -> ExportSumm
     """
     if not job_dir.is_dir():
         raise BatchrunError(f"no job directory at {job_dir}; check --job-dir")
+    _prepare(out_dir)  # before the journal pass: a bad --output-dir fails at once
     index = latest_by_request(journal_path)
-    _prepare(out_dir)
     out_path, err_path = out_dir / OUTPUT_NAME, out_dir / ERRORS_NAME
 
     def write_output(f: IO[bytes]) -> None:
@@ -179,8 +179,8 @@ def export_parquet(
 
     if row_group_size < 1:
         raise ValueError("row_group_size must be at least 1")
-    index = latest_by_request(journal_path)
     _prepare(out_dir)
+    index = latest_by_request(journal_path)
     path = out_dir / PARQUET_NAME
     schema = _parquet_schema()
     names = schema.names
@@ -214,7 +214,8 @@ def export_parquet(
 
 def _parse(raw: bytes) -> dict[str, Any]:
     """A journal record; ValueError when the line is not one."""
-    rec = json.loads(raw)
+    # Decoding first skips json's per-call encoding sniffing; a bad byte is a ValueError too.
+    rec = json.loads(raw.decode("utf-8"))
     if not isinstance(rec, dict) or "kind" not in rec:
         raise ValueError("not a journal record")
     return rec
@@ -282,8 +283,12 @@ def _error_line(salt: bytes, rec: dict[str, Any], status: int) -> dict[str, Any]
     }
 
 
+# One encoder for every line: json.dumps with options builds a new encoder per call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def _dumps(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    return _ENCODER.encode(obj).encode("utf-8") + b"\n"
 
 
 def _parquet_row(entry: Entry, rec: dict[str, Any]) -> tuple[Any, ...]:
@@ -296,8 +301,9 @@ def _parquet_row(entry: Entry, rec: dict[str, Any]) -> tuple[Any, ...]:
     else:
         content = first.get("text")
     usage = (body.get("usage") if isinstance(body, dict) else None) or {}
-    prompt = int(usage.get("prompt_tokens", rec.get("prompt_tokens") or 0))
-    completion = int(usage.get("completion_tokens", rec.get("completion_tokens") or 0))
+    # The body's usage is what the user sees in output.jsonl; the record's counts back it up.
+    prompt = int(usage.get("prompt_tokens") or rec.get("prompt_tokens") or 0)
+    completion = int(usage.get("completion_tokens") or rec.get("completion_tokens") or 0)
     err = rec.get("error") or {}
     invalid = entry.status == INVALID
     return (
@@ -311,7 +317,7 @@ def _parquet_row(entry: Entry, rec: dict[str, Any]) -> tuple[Any, ...]:
         body.get("model") if isinstance(body, dict) else None,
         prompt,
         completion,
-        int(usage.get("total_tokens", prompt + completion)),
+        int(usage.get("total_tokens") or prompt + completion),
         err.get("code"),
         err.get("message"),
         entry.attempts,
@@ -390,7 +396,10 @@ def _atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     """Write `path` through a temp file in its directory: readers see the old file or the new."""
     tmp: str | None = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        tmp = str(path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"))
+        # Not mkstemp: its 0600 mode would make the results unreadable to the user's group;
+        # 0666 here is narrowed by the umask, like any file the user creates.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(fd, "wb", buffering=1 << 20) as f:
             write(f)
             f.flush()

@@ -87,7 +87,9 @@ def load_manifest(paths: JobPaths) -> dict[str, Any]:
                 f"the job at {paths.root} has a journal but no {MANIFEST_NAME}; "
                 "it cannot be resumed without it (the journal's results can still be exported)"
             )
-        raise BatchrunError(f"no job at {paths.root}: there is no {MANIFEST_NAME} (start one with submit)")
+        raise BatchrunError(
+            f"no job at {paths.root}: there is no {MANIFEST_NAME} (start one with submit)"
+        )
     try:
         data = json.loads(paths.manifest.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:

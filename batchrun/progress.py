@@ -14,7 +14,9 @@ from batchrun.records import Outcome
 class ProgressReporter:
     """A tqdm bar (requests done/total, requests/s, ETA) with generated tokens/s and failures."""
 
-    def __init__(self, total: int, initial: int = 0, desc: str = "requests", enabled: bool = True) -> None:
+    def __init__(
+        self, total: int, initial: int = 0, desc: str = "requests", enabled: bool = True
+    ) -> None:
         self.started = time.monotonic()
         self.tokens = 0
         self.failed = 0

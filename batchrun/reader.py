@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ BOM = b"\xef\xbb\xbf"
 # A large read buffer: line splitting happens in C over fewer, bigger reads.
 READ_BUFFER = 1 << 20
 HASH_BLOCK = 1 << 20
-# Bytes that make a line or a file "blank"; bytes.strip() uses the same set.
+# Bytes that make a line or a file "blank": the set bytes.isspace() and bytes.strip() use.
 WHITESPACE = b" \t\r\n\x0b\x0c"
 
 
@@ -177,12 +178,19 @@ def hash_file(path: Path) -> str:
 
 def check_input_file(path: Path) -> None:
     """Raise BatchrunError if `path` is missing, not a regular file, unreadable or blank."""
-    if not path.exists():
-        raise BatchrunError(f"input file not found: {path}")
-    if path.is_dir():
+    try:
+        st = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise BatchrunError(f"input file not found: {path}") from None
+    except PermissionError:
+        # A directory on the way that we may not enter: Path.exists() would raise here too.
+        raise BatchrunError(f"cannot read input file (permission denied): {path}") from None
+    except OSError as e:
+        raise BatchrunError(f"cannot read input file {path}: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
         raise BatchrunError(f"input path is a directory, not a file: {path}")
-    # The job re-reads and hashes the input (resume), which a pipe or device cannot give.
-    if not path.is_file():
+    # The job hashes the input and re-reads it on resume, which a pipe or device cannot give.
+    if not stat.S_ISREG(st.st_mode):
         raise BatchrunError(f"input must be a regular file (not a pipe or device): {path}")
     try:
         # Opening is the only reliable readability test (os.access is wrong for root, ACLs).

@@ -21,7 +21,9 @@ def print_summary(console: Console, summary: JobSummary, title: str) -> None:
     table.add_column(style="bold")
     table.add_column()
     table.add_row("job", f"{m['job_id']} ({m['status']})")
-    table.add_row("requests", f"{summary.total:,} ({m['requests']:,} valid, {st.invalid:,} invalid lines)")
+    table.add_row(
+        "requests", f"{summary.total:,} ({m['requests']:,} valid, {st.invalid:,} invalid lines)"
+    )
     table.add_row("succeeded", f"{st.succeeded:,}")
     table.add_row("failed", f"{st.failed:,}")
     pending = int(m["requests"]) - len(st.last)
@@ -49,11 +51,15 @@ def print_status(console: Console, s: dict[str, Any]) -> None:
     table.add_row("status", state)
     table.add_row("input", f"{s['input']} ({s['endpoint']})")
     table.add_row("model", f"{s['model']} on {s['engine']}")
-    table.add_row("requests", f"{r['total']:,} total: {r['valid']:,} valid, {r['invalid']:,} invalid lines")
+    table.add_row(
+        "requests", f"{r['total']:,} total: {r['valid']:,} valid, {r['invalid']:,} invalid lines"
+    )
     table.add_row("succeeded", f"{r['succeeded']:,}")
     table.add_row("failed", f"{r['failed']:,}")
     table.add_row("pending", f"{r['pending']:,}")
-    table.add_row("tokens", f"{s['tokens']['prompt']:,} prompt, {s['tokens']['completion']:,} generated")
+    table.add_row(
+        "tokens", f"{s['tokens']['prompt']:,} prompt, {s['tokens']['completion']:,} generated"
+    )
     t = s["throughput"]
     table.add_row(
         "throughput",

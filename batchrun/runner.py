@@ -220,13 +220,19 @@ def _requests(input_path: Path, want: Callable[[Request], bool]) -> Iterator[Req
             yield item
 
 
+def _requests_in(input_path: Path, ids: set[str]) -> Iterator[Request]:
+    return _requests(input_path, lambda r: r.custom_id in ids)
+
+
 def _run(paths: JobPaths, manifest: dict[str, Any], options: RunOptions, mode: str) -> JobSummary:
     """Run the passes a command calls for, journaling every outcome; update the manifest."""
     started = time.monotonic()
     state = replay(paths)
     input_path = Path(manifest["input_path"])
     settings = options.settings
-    envs = worker_envs(settings.engine, options.gpus, settings.tensor_parallel_size, options.workers)
+    envs = worker_envs(
+        settings.engine, options.gpus, settings.tensor_parallel_size, options.workers
+    )
     requests_total = int(manifest["requests"])
     if mode == "retry":
         failed_ids = {cid for cid, last in state.last.items() if last != OK}
@@ -234,7 +240,9 @@ def _run(paths: JobPaths, manifest: dict[str, Any], options: RunOptions, mode: s
     else:
         total, initial = requests_total, sum(1 for _ in state.last)
     reporter = ProgressReporter(
-        total=total, initial=initial, desc="retry" if mode == "retry" else "requests",
+        total=total,
+        initial=initial,
+        desc="retry" if mode == "retry" else "requests",
         enabled=options.progress,
     )
     manifest["status"] = "running"
@@ -252,7 +260,7 @@ def _run(paths: JobPaths, manifest: dict[str, Any], options: RunOptions, mode: s
                 if mode == "retry":
                     reporter.event(f"retrying {len(failed_ids)} failed requests")
                     _choose_size(scheduler, manifest, options, paths, iter(()), reporter)
-                    scheduler.run(_requests(input_path, lambda r: r.custom_id in failed_ids))
+                    scheduler.run(_requests_in(input_path, failed_ids))
                 else:
                     source = _requests(input_path, lambda r: not state.is_done(r.custom_id))
                     _choose_size(scheduler, manifest, options, paths, source, reporter)
@@ -335,9 +343,11 @@ def _retry_passes(
         if not ids:
             return
         attempt = min(state.attempts[c] for c in ids) + 1
-        reporter.event(f"retry pass (attempt {attempt} of {max_attempts}): {len(ids)} failed requests")
+        reporter.event(
+            f"retry pass (attempt {attempt} of {max_attempts}): {len(ids)} failed requests"
+        )
         reporter.bar.total += len(ids)
-        scheduler.run(_requests(input_path, lambda r: r.custom_id in ids))
+        scheduler.run(_requests_in(input_path, ids))
 
 
 def _finish_manifest(
@@ -361,7 +371,9 @@ def _finish_manifest(
         "pending": int(manifest["requests"]) - sum(1 for _ in state.last),
     }
     manifest["tokens"] = {"prompt": state.prompt_tokens, "completion": state.completion_tokens}
-    run_info.update(ended_at=time.time(), wall_s=round(time.monotonic() - started, 3), status=status)
+    run_info.update(
+        ended_at=time.time(), wall_s=round(time.monotonic() - started, 3), status=status
+    )
     with contextlib.suppress(BatchrunError):
         save_manifest(paths, manifest)
 

@@ -81,7 +81,9 @@ class BatchSizeSearch:
         lo_ok = self._ok_max if self._ok_max is not None else -1
         if hi_bad - lo_ok > 1:
             # Phase 1: bisect between the largest good and the smallest bad size.
-            return self.sizes[(lo_ok + hi_bad) // 2] if lo_ok >= 0 else self.sizes[(hi_bad - 1) // 2]
+            return (
+                self.sizes[(lo_ok + hi_bad) // 2] if lo_ok >= 0 else self.sizes[(hi_bad - 1) // 2]
+            )
         # Phase 2: walk down from the largest good size while throughput improves.
         tried = {p.size: p for p in self.probes if p.ok}
         idx = lo_ok

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from batchrun.job import JobPaths, lock_holder, load_manifest, replay
+from batchrun.job import JobPaths, load_manifest, lock_holder, replay
 
 
 def job_status(job_dir: Path) -> dict[str, Any]:
@@ -46,7 +46,9 @@ def job_status(job_dir: Path) -> dict[str, Any]:
         "tokens": {"prompt": state.prompt_tokens, "completion": state.completion_tokens},
         "throughput": {
             "requests_per_s": round(done / span, 2) if span > 0 else None,
-            "completion_tokens_per_s": round(state.completion_tokens / span, 2) if span > 0 else None,
+            "completion_tokens_per_s": round(state.completion_tokens / span, 2)
+            if span > 0
+            else None,
         },
         "runs": len(runs),
         "wall_s": round(sum(float(r.get("wall_s") or 0.0) for r in runs), 3),

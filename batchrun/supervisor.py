@@ -83,10 +83,9 @@ class Worker:
         assert self.conn is not None
         for r in requests:
             self.inflight[r.custom_id] = r
-        try:
+        # A dead worker's death is noticed through its pipe's end-of-file, not here.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):
             self.conn.send(("add", list(requests)))
-        except (BrokenPipeError, ConnectionResetError, EOFError):
-            pass  # the death is noticed on the next receive
 
     def handle(self, kind: str, payload: Any) -> list[tuple[Outcome, Request]]:
         """Apply one message from the worker; return the outcomes it carried with their requests."""
@@ -114,9 +113,15 @@ class Worker:
                 self.process.join(timeout=10)
             if self.death is None:
                 code = self.process.exitcode if self.process is not None else None
-                how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                how = (
+                    f"killed by signal {-code}"
+                    if code is not None and code < 0
+                    else f"exit code {code}"
+                )
                 self.death = WorkerDeath(
-                    oom=False, message=f"the worker process died ({how})", during_start=not self.ready
+                    oom=False,
+                    message=f"the worker process died ({how})",
+                    during_start=not self.ready,
                 )
         return []
 
@@ -156,7 +161,9 @@ class Worker:
         self.stop(timeout=5)
 
 
-def _pump(conn: Connection, inbox: queue.Queue[tuple[int, int, str, Any]], index: int, gen: int) -> None:
+def _pump(
+    conn: Connection, inbox: queue.Queue[tuple[int, int, str, Any]], index: int, gen: int
+) -> None:
     """Forward every message of one worker to the scheduler's inbox, then an "eof"."""
     try:
         while True:

@@ -58,7 +58,11 @@ def search_batch_size(
         search.report(probe)
         reporter.event(
             f"probe size {size}: "
-            + ("out of memory" if stats.oom else f"{probe.tokens_per_s:.1f} tok/s on {stats.outcomes} requests")
+            + (
+                "out of memory"
+                if stats.oom
+                else f"{probe.tokens_per_s:.1f} tok/s on {stats.outcomes} requests"
+            )
         )
         if not stats.oom and stats.outcomes < limit:
             break  # the job ran out of requests: measuring further would measure nothing
@@ -75,8 +79,14 @@ def search_batch_size(
 def cache_key(settings: EngineSettings, device: str) -> str:
     """What a cached batch size depends on: model, device, max model length, engine."""
     return json.dumps(
-        [settings.engine, settings.model or "default", device, settings.max_model_len,
-         settings.tensor_parallel_size, settings.gpu_memory_utilization],
+        [
+            settings.engine,
+            settings.model or "default",
+            device,
+            settings.max_model_len,
+            settings.tensor_parallel_size,
+            settings.gpu_memory_utilization,
+        ],
         separators=(",", ":"),
     )
 

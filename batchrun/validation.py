@@ -83,6 +83,13 @@ def json_kind(value: object) -> str:
     return ("an " if name[0] in "aeiou" else "a ") + name
 
 
+def describe(value: object) -> str:
+    """A value's JSON type and a short rendering of it: "a string 'x'", "null", "an object"."""
+    if value is None or isinstance(value, (list, dict)):
+        return show(value)  # already says what it is: "null", "an array of 3 items"
+    return f"{json_kind(value)} {show(value)}"
+
+
 def _endpoints() -> str:
     return ", ".join(repr(u) for u in SUPPORTED_ENDPOINTS)
 
@@ -93,9 +100,7 @@ def check_custom_id(obj: dict[str, Any]) -> str:
         raise InvalidLine("missing_custom_id", "custom_id is missing; every line needs one")
     cid = obj["custom_id"]
     if not isinstance(cid, str):
-        raise InvalidLine(
-            "invalid_custom_id", f"custom_id must be a string, got {json_kind(cid)} {show(cid)}"
-        )
+        raise InvalidLine("invalid_custom_id", f"custom_id must be a string, got {describe(cid)}")
     if not cid:
         raise InvalidLine("invalid_custom_id", "custom_id must not be empty")
     if len(cid) > MAX_CUSTOM_ID_LEN:
@@ -132,16 +137,14 @@ def check_body(url: str, obj: dict[str, Any]) -> dict[str, Any]:
         raise InvalidLine("invalid_body", "body is missing; expected a JSON object")
     body = obj["body"]
     if not isinstance(body, dict):
-        raise InvalidLine(
-            "invalid_body", f"body must be a JSON object, got {json_kind(body)} {show(body)}"
-        )
+        raise InvalidLine("invalid_body", f"body must be a JSON object, got {describe(body)}")
     if url == CHAT:
         _check_messages(body)
     elif url == COMPLETIONS:
         _check_prompt(body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        _bad(f"body.model must be a string, got {json_kind(model)} {show(model)}")
+        _bad(f"body.model must be a string, got {describe(model)}")
     # Only the keys present are looked at: a body usually has a few of the known fields.
     for key, value in body.items():
         check = _FIELD_CHECKS.get(key)
@@ -191,14 +194,14 @@ def _check_content(where: str, role: object, msg: dict[str, Any]) -> None:
     if not isinstance(content, list):
         _bad(
             f"{where}.content must be a string or an array of content parts, "
-            f"got {json_kind(content)} {show(content)}"
+            f"got {describe(content)}"
         )
     if not content:
         _bad(f"{where}.content must not be an empty array")
     for j, part in enumerate(content):
         pwhere = f"{where}.content[{j}]"
         if not isinstance(part, dict):
-            _bad(f"{pwhere} must be an object with a type, got {json_kind(part)} {show(part)}")
+            _bad(f"{pwhere} must be an object with a type, got {describe(part)}")
         ptype = part.get("type")
         if not isinstance(ptype, str):
             got = "it is missing" if "type" not in part else f"got {show(ptype)}"
@@ -222,7 +225,7 @@ def _check_prompt(body: dict[str, Any]) -> None:
     else:
         where = "body.prompt"
     if not isinstance(prompt, str):
-        _bad(f"{where} must be a string, got {json_kind(prompt)} {show(prompt)}")
+        _bad(f"{where} must be a string, got {describe(prompt)}")
     if not prompt:
         _bad(f"{where} must not be empty")
 
@@ -231,7 +234,7 @@ def _int_in(low: int, high: int | None) -> Callable[[str, object], None]:
     def check(key: str, value: object) -> None:
         # Python's bool is an int subclass; JSON true/false must not pass as a number.
         if isinstance(value, bool) or not isinstance(value, int):
-            _bad(f"body.{key} must be a whole number, got {json_kind(value)} {show(value)}")
+            _bad(f"body.{key} must be a whole number, got {describe(value)}")
         if value < low or (high is not None and value > high):
             limit = f"at least {low}" if high is None else f"between {low} and {high}"
             _bad(f"body.{key} must be {limit}, got {show(value)}")
@@ -242,7 +245,7 @@ def _int_in(low: int, high: int | None) -> Callable[[str, object], None]:
 def _number_in(low: float, high: float, low_open: bool = False) -> Callable[[str, object], None]:
     def check(key: str, value: object) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            _bad(f"body.{key} must be a number, got {json_kind(value)} {show(value)}")
+            _bad(f"body.{key} must be a number, got {describe(value)}")
         too_low = value <= low if low_open else value < low
         if too_low or value > high:
             lo = f"greater than {low:g}" if low_open else f"at least {low:g}"
@@ -253,7 +256,7 @@ def _number_in(low: float, high: float, low_open: bool = False) -> Callable[[str
 
 def _check_seed(key: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        _bad(f"body.{key} must be a whole number, got {json_kind(value)} {show(value)}")
+        _bad(f"body.{key} must be a whole number, got {describe(value)}")
 
 
 def _check_stop(key: str, value: object) -> None:
@@ -262,13 +265,13 @@ def _check_stop(key: str, value: object) -> None:
     if not isinstance(value, list):
         _bad(
             f"body.{key} must be a string or an array of up to {MAX_STOP_SEQUENCES} strings, "
-            f"got {json_kind(value)} {show(value)}"
+            f"got {describe(value)}"
         )
     if len(value) > MAX_STOP_SEQUENCES:
         _bad(f"body.{key} may hold at most {MAX_STOP_SEQUENCES} strings, got {len(value)}")
     for i, item in enumerate(value):
         if not isinstance(item, str):
-            _bad(f"body.{key}[{i}] must be a string, got {json_kind(item)} {show(item)}")
+            _bad(f"body.{key}[{i}] must be a string, got {describe(item)}")
 
 
 def _check_stream(key: str, value: object) -> None:

@@ -39,12 +39,18 @@ def fresh_size_cache(isolated_cache: Path) -> None:
     (isolated_cache / "batch_sizes.json").unlink(missing_ok=True)
 
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
     """Run `python -m batchrun ARGS` in a real subprocess."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "batchrun", *args],
-        capture_output=True, text=True, env=full_env, cwd=ROOT, timeout=timeout,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=ROOT,
+        timeout=timeout,
     )
 
 
@@ -53,7 +59,11 @@ def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen
     full_env = {**os.environ, **(env or {})}
     return subprocess.Popen(
         [sys.executable, "-m", "batchrun", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+        cwd=ROOT,
         start_new_session=True,
     )
 
@@ -61,7 +71,9 @@ def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen
 def chat_line(cid: str, text: str, **body: Any) -> dict[str, Any]:
     """One chat request line."""
     return {
-        "custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
+        "custom_id": cid,
+        "method": "POST",
+        "url": "/v1/chat/completions",
         "body": {"model": "test-model", "messages": [{"role": "user", "content": text}], **body},
     }
 

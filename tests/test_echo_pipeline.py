@@ -17,11 +17,18 @@ from conftest import chat_line, cli, journal_records, read_jsonl, start_cli, wri
 
 
 def make_input(tmp_path: Path, n: int, name: str = "in.jsonl") -> Path:
-    return write_jsonl(tmp_path / name, [chat_line(f"r{i}", f"message {i}", max_tokens=8) for i in range(n)])
+    return write_jsonl(
+        tmp_path / name, [chat_line(f"r{i}", f"message {i}", max_tokens=8) for i in range(n)]
+    )
 
 
 def test_submit_export_round_trip_with_a_bad_line(tmp_path: Path) -> None:
-    lines = [chat_line("a", "hello there"), "{not json", chat_line("b", "second one"), chat_line("a", "dup")]
+    lines = [
+        chat_line("a", "hello there"),
+        "{not json",
+        chat_line("b", "second one"),
+        chat_line("a", "dup"),
+    ]
     src = write_jsonl(tmp_path / "in.jsonl", lines)
     job = tmp_path / "job"
     r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
@@ -43,7 +50,18 @@ def test_retry_passes_then_retry_failed_after_the_fault_is_gone(tmp_path: Path) 
     src = make_input(tmp_path, 20)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_FAIL": "r3,r7"}
-    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--max-attempts", "2", "--no-progress", env=env)
+    r = cli(
+        "submit",
+        str(src),
+        "--job-dir",
+        str(job),
+        "--engine",
+        "echo",
+        "--max-attempts",
+        "2",
+        "--no-progress",
+        env=env,
+    )
     assert r.returncode == 1
     recs = [x for x in journal_records(job) if x["kind"] == "result"]
     attempts = {}
@@ -53,7 +71,13 @@ def test_retry_passes_then_retry_failed_after_the_fault_is_gone(tmp_path: Path) 
     assert attempts["r0"] == [(1, True)]
     # The fault is gone: one more pass fixes exactly the two failures and touches nothing else.
     record = tmp_path / "received.txt"
-    r = cli("retry-failed", "--job-dir", str(job), "--no-progress", env={"BATCHRUN_ECHO_RECORD": str(record)})
+    r = cli(
+        "retry-failed",
+        "--job-dir",
+        str(job),
+        "--no-progress",
+        env={"BATCHRUN_ECHO_RECORD": str(record)},
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(record.read_text().split()) == ["r3", "r7"]
     cli("export", "--job-dir", str(job))
@@ -68,7 +92,18 @@ def test_worker_crashes_lose_nothing_and_the_job_finishes(tmp_path: Path) -> Non
     src = make_input(tmp_path, 300)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_CRASH_AFTER": "70", "BATCHRUN_ECHO_DELAY_MS": "5"}
-    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "16", "--no-progress", env=env)
+    r = cli(
+        "submit",
+        str(src),
+        "--job-dir",
+        str(job),
+        "--engine",
+        "echo",
+        "--batch-size",
+        "16",
+        "--no-progress",
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert "died" in r.stderr and "go back to pending" in r.stderr
     recs = journal_records(job)
@@ -81,7 +116,18 @@ def test_simulated_oom_backs_off_and_finishes(tmp_path: Path) -> None:
     src = make_input(tmp_path, 400)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_OOM_ABOVE": "40", "BATCHRUN_ECHO_DELAY_MS": "2"}
-    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "128", "--no-progress", env=env)
+    r = cli(
+        "submit",
+        str(src),
+        "--job-dir",
+        str(job),
+        "--engine",
+        "echo",
+        "--batch-size",
+        "128",
+        "--no-progress",
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert "ran out of memory at batch size 128" in r.stderr
     assert "batch size 128 -> 64" in r.stderr and "batch size 64 -> 32" in r.stderr
@@ -106,7 +152,18 @@ def test_kill_9_of_submit_then_resume_runs_only_what_is_left(tmp_path: Path) -> 
     job = tmp_path / "job"
     record = tmp_path / "received.txt"
     env = {"BATCHRUN_ECHO_DELAY_MS": "50", "BATCHRUN_ECHO_RECORD": str(record)}
-    p = start_cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "16", "--no-progress", env=env)
+    p = start_cli(
+        "submit",
+        str(src),
+        "--job-dir",
+        str(job),
+        "--engine",
+        "echo",
+        "--batch-size",
+        "16",
+        "--no-progress",
+        env=env,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if (job / "journal.jsonl").exists() and len(journal_records(job)) >= 100:
@@ -117,7 +174,9 @@ def test_kill_9_of_submit_then_resume_runs_only_what_is_left(tmp_path: Path) -> 
     done_before = {x["custom_id"] for x in journal_records(job)}
     assert 100 <= len(done_before) < 600
     record.unlink()
-    r = cli("resume", "--job-dir", str(job), "--no-progress", env={"BATCHRUN_ECHO_RECORD": str(record)})
+    r = cli(
+        "resume", "--job-dir", str(job), "--no-progress", env={"BATCHRUN_ECHO_RECORD": str(record)}
+    )
     assert r.returncode == 0, r.stderr
     received = set(record.read_text().split())
     assert not (received & done_before)  # the engine got none of the finished work
@@ -129,10 +188,22 @@ def test_kill_9_of_submit_then_resume_runs_only_what_is_left(tmp_path: Path) -> 
 def test_ctrl_c_flushes_and_exits_130_then_resume_finishes(tmp_path: Path) -> None:
     src = make_input(tmp_path, 400)
     job = tmp_path / "job"
-    p = start_cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "8", "--no-progress",
-                  env={"BATCHRUN_ECHO_DELAY_MS": "50"})
+    p = start_cli(
+        "submit",
+        str(src),
+        "--job-dir",
+        str(job),
+        "--engine",
+        "echo",
+        "--batch-size",
+        "8",
+        "--no-progress",
+        env={"BATCHRUN_ECHO_DELAY_MS": "50"},
+    )
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not ((job / "journal.jsonl").exists() and len(journal_records(job)) >= 20):
+    while time.monotonic() < deadline and not (
+        (job / "journal.jsonl").exists() and len(journal_records(job)) >= 20
+    ):
         time.sleep(0.05)
     os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
     _, stderr = p.communicate(timeout=60)
@@ -143,14 +214,26 @@ def test_ctrl_c_flushes_and_exits_130_then_resume_finishes(tmp_path: Path) -> No
     assert 0 < status["requests"]["succeeded"] < 400
     r = cli("resume", "--job-dir", str(job), "--no-progress")
     assert r.returncode == 0
-    assert sorted(x["custom_id"] for x in journal_records(job)) == sorted(f"r{i}" for i in range(400))
+    assert sorted(x["custom_id"] for x in journal_records(job)) == sorted(
+        f"r{i}" for i in range(400)
+    )
 
 
 def test_a_second_resume_is_refused_while_one_runs(tmp_path: Path) -> None:
     src = make_input(tmp_path, 200)
     job = tmp_path / "job"
-    p = start_cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "4", "--no-progress",
-                  env={"BATCHRUN_ECHO_DELAY_MS": "100"})
+    p = start_cli(
+        "submit",
+        str(src),
+        "--job-dir",
+        str(job),
+        "--engine",
+        "echo",
+        "--batch-size",
+        "4",
+        "--no-progress",
+        env={"BATCHRUN_ECHO_DELAY_MS": "100"},
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not (job / "manifest.json").exists():
@@ -166,7 +249,12 @@ def test_a_second_resume_is_refused_while_one_runs(tmp_path: Path) -> None:
 def test_resume_refuses_a_changed_input_file(tmp_path: Path) -> None:
     src = make_input(tmp_path, 5)
     job = tmp_path / "job"
-    assert cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress").returncode == 0
+    assert (
+        cli(
+            "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress"
+        ).returncode
+        == 0
+    )
     with src.open("a") as f:
         f.write(json.dumps(chat_line("extra", "new")) + "\n")
     r = cli("resume", "--job-dir", str(job), "--no-progress")
@@ -178,8 +266,23 @@ def test_several_workers_share_one_queue_and_one_journal(tmp_path: Path) -> None
     src = make_input(tmp_path, 500)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_DELAY_MS": "10"}
-    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--workers", "3", "--batch-size", "16", "--no-progress", env=env)
+    r = cli(
+        "submit",
+        str(src),
+        "--job-dir",
+        str(job),
+        "--engine",
+        "echo",
+        "--workers",
+        "3",
+        "--batch-size",
+        "16",
+        "--no-progress",
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     for i in range(3):
         assert f"worker {i} ready" in r.stderr
-    assert sorted(x["custom_id"] for x in journal_records(job)) == sorted(f"r{i}" for i in range(500))
+    assert sorted(x["custom_id"] for x in journal_records(job)) == sorted(
+        f"r{i}" for i in range(500)
+    )

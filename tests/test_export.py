@@ -229,6 +229,8 @@ def test_parquet_rows_columns_dtypes_and_values(tmp_path: Path, mixed: Path) -> 
         assert df[col].dtype == "int32", col
     assert df["status_code"].dtype == "Int32"
     assert df["latency_s"].dtype == "float64"
+    for col in ("custom_id", "status", "content", "error_code", "response_id"):
+        assert pd.api.types.is_string_dtype(df[col]), col
 
     rows = df.set_index("line")
     c1 = rows.loc[2]
@@ -285,6 +287,8 @@ def test_uncreatable_out_dir_is_a_clear_error(tmp_path: Path, mixed: Path) -> No
         export_jsonl(tmp_path, mixed, blocker / "out")
     with pytest.raises(BatchrunError, match="cannot create the output directory"):
         export_parquet(mixed, blocker / "out")
+    with pytest.raises(BatchrunError, match="no job directory"):
+        export_jsonl(tmp_path / "nojob", mixed, tmp_path / "out")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
@@ -320,3 +324,14 @@ def test_failed_write_is_a_clear_error_and_keeps_the_old_file(
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["journal.jsonl", OUTPUT_NAME, ERRORS_NAME]
     )
+
+
+def test_exported_files_get_the_usual_permissions(tmp_path: Path, mixed: Path) -> None:
+    umask = os.umask(0o022)
+    try:
+        export_jsonl(tmp_path, mixed, tmp_path / "out")
+        export_parquet(mixed, tmp_path / "out")
+    finally:
+        os.umask(umask)
+    for name in (OUTPUT_NAME, ERRORS_NAME, PARQUET_NAME):
+        assert stat.S_IMODE((tmp_path / "out" / name).stat().st_mode) == 0o644, name

@@ -14,16 +14,28 @@ from batchrun.records import LineError, Outcome
 
 
 def outcome(cid: str, ok: bool = True) -> Outcome:
-    return Outcome(custom_id=cid, ok=ok, status_code=200 if ok else 500, body={"x": 1} if ok else None,
-                   error=None if ok else {"code": "engine_error", "message": "boom"}, retryable=not ok,
-                   prompt_tokens=3, completion_tokens=5)
+    return Outcome(
+        custom_id=cid,
+        ok=ok,
+        status_code=200 if ok else 500,
+        body={"x": 1} if ok else None,
+        error=None if ok else {"code": "engine_error", "message": "boom"},
+        retryable=not ok,
+        prompt_tokens=3,
+        completion_tokens=5,
+    )
 
 
 def test_records_round_trip_and_state(tmp_path: Path) -> None:
     paths = JobPaths(tmp_path)
     with JournalWriter(paths.journal) as j:
         j.append([result_record(outcome("a"), 1, 1), result_record(outcome("b", ok=False), 2, 1)])
-        j.append([invalid_record(LineError(3, None, "invalid_json", "bad")), result_record(outcome("b"), 2, 2)])
+        j.append(
+            [
+                invalid_record(LineError(3, None, "invalid_json", "bad")),
+                result_record(outcome("b"), 2, 2),
+            ]
+        )
     recs = list(read_records(paths.journal))
     assert [r["kind"] for r in recs] == ["result", "result", "invalid", "result"]
     state = replay(paths)

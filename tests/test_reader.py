@@ -277,9 +277,7 @@ def test_custom_id_not_a_string(tmp_path: Path) -> None:
 
 def test_custom_id_null(tmp_path: Path) -> None:
     err = only_error(write(tmp_path, chat(None)))
-    assert err == LineError(
-        1, None, "invalid_custom_id", "custom_id must be a string, got null null"
-    )
+    assert err == LineError(1, None, "invalid_custom_id", "custom_id must be a string, got null")
 
 
 def test_empty_custom_id(tmp_path: Path) -> None:
@@ -702,3 +700,30 @@ def test_binary_file_reads_as_errors_only(tmp_path: Path) -> None:
     out = read(path)
     assert out
     assert all(isinstance(r, LineError) and r.code == "invalid_json" for r in out)
+
+
+def test_check_input_file_under_a_file_is_not_found(tmp_path: Path) -> None:
+    parent = write(tmp_path, chat("a"))
+    path = parent / "x.jsonl"
+    with pytest.raises(BatchrunError) as e:
+        check_input_file(path)
+    assert str(e.value) == f"input file not found: {path}"
+
+
+def test_check_input_file_stat_denied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "locked" / "in.jsonl"
+
+    def deny(self: Path, *args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "stat", deny)
+    with pytest.raises(BatchrunError) as e:
+        check_input_file(path)
+    assert str(e.value) == f"cannot read input file (permission denied): {path}"
+
+
+def test_nested_array_is_described_once(tmp_path: Path) -> None:
+    err = only_error(write(tmp_path, completion("a", prompt=[["x"]])))
+    assert err == LineError(
+        1, "a", "invalid_request", "body.prompt[0] must be a string, got an array of 1 item"
+    )

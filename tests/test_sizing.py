@@ -7,7 +7,9 @@ import pytest
 from batchrun.sizing import BatchSizeSearch, Probe, back_off, candidate_sizes
 
 
-def run_search(lo: int, hi: int, fits: int, tput: dict[int, float] | None = None) -> tuple[int | None, list[int]]:
+def run_search(
+    lo: int, hi: int, fits: int, tput: dict[int, float] | None = None
+) -> tuple[int | None, list[int]]:
     """Simulate a machine where sizes above `fits` run out of memory."""
     search = BatchSizeSearch(lo, hi)
     tried = []

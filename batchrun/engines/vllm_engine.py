@@ -82,7 +82,12 @@ class VllmEngine:
             tokenizer=model_dir,
             dtype=dtype,
             tensor_parallel_size=settings.tensor_parallel_size,
-            enforce_eager=settings.enforce_eager,
+            # Unset: eager on the CPU backend, where compiling costs more start-up than it saves.
+            enforce_eager=(
+                settings.enforce_eager
+                if settings.enforce_eager is not None
+                else not torch.cuda.is_available()
+            ),
             seed=settings.seed,
             max_num_seqs=settings.max_num_seqs,
             # Periodic throughput lines on stderr are noise in a batch job; batchrun reports
@@ -212,8 +217,14 @@ class VllmEngine:
         from vllm.exceptions import VLLMClientError
         from vllm.inputs import TokensPrompt
 
+        prompt: Any = TokensPrompt(prompt_token_ids=prompt_ids)
         try:
-            self._engine.add_request(request_id, TokensPrompt(prompt_token_ids=prompt_ids), params)
+            # vLLM 0.32 deprecates raw prompts in add_request in favour of the renderer's output;
+            # older versions have no renderer and take the raw prompt.
+            renderer = getattr(self._engine, "renderer", None)
+            if renderer is not None and hasattr(renderer, "render_cmpl"):
+                prompt = renderer.render_cmpl([prompt])[0]
+            self._engine.add_request(request_id, prompt, params)
         except (ValueError, TypeError, VLLMClientError) as exc:
             raise _BadRequest(str(exc)) from exc
 

@@ -36,7 +36,9 @@ def _die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def worker_main(conn: Connection, settings_dict: dict[str, Any], env: dict[str, str], name: str) -> None:
+def worker_main(
+    conn: Connection, settings_dict: dict[str, Any], env: dict[str, str], name: str
+) -> None:
     """Entry point of the worker process (spawned, so no state is inherited by accident)."""
     _die_with_parent()
     # Ctrl-C reaches the whole process group; the parent decides how to stop, not the worker.
@@ -52,7 +54,7 @@ def worker_main(conn: Connection, settings_dict: dict[str, Any], env: dict[str, 
         from batchrun.engines.base import create_engine
 
         engine = create_engine(settings)
-    except BaseException as e:  # noqa: BLE001 - every start failure is reported, then we exit
+    except BaseException as e:
         _send_fatal(conn, e)
         os._exit(3)
     conn.send(("ready", {"pid": os.getpid(), "start_s": time.monotonic() - started}))
@@ -60,7 +62,7 @@ def worker_main(conn: Connection, settings_dict: dict[str, Any], env: dict[str, 
         _loop(conn, engine, settings.window)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent went away: nothing left to report to
-    except BaseException as e:  # noqa: BLE001
+    except BaseException as e:
         _send_fatal(conn, e)
         os._exit(4)
     finally:
@@ -75,7 +77,7 @@ def peak_memory_mb() -> float | None:
     try:
         if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
             return float(torch.cuda.max_memory_reserved()) / 2**20
-    except Exception:  # noqa: BLE001 - a statistic must never kill the worker
+    except Exception:
         pass
     import resource
 

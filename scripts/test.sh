@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Set up (idempotently) and run the checks: ruff, mypy, then the test suite on the real engine.
+#   bash scripts/test.sh [pytest args...]
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash scripts/setup.sh
+PY="${BATCHRUN_VENV:-$ROOT/.venv}/bin/python"
+echo "[test] ruff" >&2
+"$PY" -m ruff check batchrun tests scripts
+echo "[test] mypy" >&2
+"$PY" -m mypy
+echo "[test] pytest" >&2
+"$PY" -m pytest "$@"

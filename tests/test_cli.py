@@ -1,0 +1,144 @@
+"""The command line through Typer's CliRunner: user mistakes get one clear line and an exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import chat_line, write_jsonl
+from typer.testing import CliRunner
+
+from batchrun.cli import app
+
+runner = CliRunner()
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.output
+
+
+def test_help_is_instant_and_never_imports_vllm() -> None:
+    code = (
+        "import sys, batchrun.cli; assert 'vllm' not in sys.modules and 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "batchrun", "--help"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0
+    for command in ("submit", "resume", "retry-failed", "export", "status"):
+        assert command in proc.stdout
+
+
+def test_missing_input_file(tmp_path: Path) -> None:
+    code, output = run(
+        "submit", str(tmp_path / "nope.jsonl"), "--job-dir", str(tmp_path / "j"), "--engine", "echo"
+    )
+    assert code == 1
+    assert "error:" in output and "nope.jsonl" in output and "Traceback" not in output
+    assert not (tmp_path / "j").exists()
+
+
+def test_empty_input_file(tmp_path: Path) -> None:
+    src = tmp_path / "empty.jsonl"
+    src.write_text("\n  \n")
+    code, output = run("submit", str(src), "--job-dir", str(tmp_path / "j"), "--engine", "echo")
+    assert code == 1
+    assert "empty" in output
+
+
+def test_a_file_that_is_not_jsonl_at_all(tmp_path: Path) -> None:
+    src = tmp_path / "data.csv"
+    src.write_text("name,age\nalice,3\nbob,4\n")
+    code, output = run(
+        "submit", str(src), "--job-dir", str(tmp_path / "j"), "--engine", "echo", "--no-progress"
+    )
+    assert code == 1
+    assert "is not a JSONL file of requests" in output
+    assert not (tmp_path / "j").exists()  # nothing half-made is left behind
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--engine", "gpt"], "--engine must be one of vllm, echo"),
+        (["--max-attempts", "0"], "--max-attempts must be at least 1"),
+        (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--min-batch-size", "64", "--max-batch-size", "8"], "is below --min-batch-size"),
+        (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in (0, 1]"),
+    ],
+)
+def test_bad_options_are_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi")])
+    code, output = run("submit", str(src), "--job-dir", str(tmp_path / "j"), *args)
+    assert code == 2
+    assert message in output
+
+
+def test_model_that_is_not_a_directory(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi")])
+    code, output = run(
+        "submit", str(src), "--job-dir", str(tmp_path / "j"), "--model", str(tmp_path / "none")
+    )
+    assert code == 1
+    assert "not a directory" in output
+
+
+def test_commands_on_a_directory_that_is_not_a_job(tmp_path: Path) -> None:
+    for command in ("resume", "retry-failed", "status", "export"):
+        code, output = run(command, "--job-dir", str(tmp_path))
+        assert code == 1, command
+        assert f"no job at {tmp_path}" in output
+
+
+def test_submit_refuses_to_overwrite_a_job(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi")])
+    job = tmp_path / "j"
+    assert (
+        run("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")[0] == 0
+    )
+    code, output = run(
+        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress"
+    )
+    assert code == 1
+    assert "a job already exists" in output and "batchrun resume" in output
+
+
+def test_status_json_and_table(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi there"), chat_line("b", "yo")])
+    job = tmp_path / "j"
+    assert (
+        run("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")[0] == 0
+    )
+    code, output = run("status", "--job-dir", str(job), "--json")
+    assert code == 0
+    s = json.loads(output)
+    assert s["status"] == "completed"
+    assert s["requests"] == {
+        "total": 2,
+        "valid": 2,
+        "succeeded": 2,
+        "failed": 0,
+        "invalid": 0,
+        "pending": 0,
+    }
+    code, output = run("status", "--job-dir", str(job))
+    assert code == 0 and "succeeded" in output and "completed" in output
+
+
+def test_environment_variables_are_flag_twins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi")])
+    monkeypatch.setenv("BATCHRUN_ENGINE", "echo")
+    monkeypatch.setenv("BATCHRUN_JOB_DIR", str(tmp_path / "envjob"))
+    monkeypatch.setenv("BATCHRUN_BATCH_SIZE", "7")
+    code, _ = run("submit", str(src), "--no-progress")
+    assert code == 0
+    manifest = json.loads((tmp_path / "envjob" / "manifest.json").read_text())
+    assert manifest["engine"]["engine"] == "echo" and manifest["batch_size"] == 7
