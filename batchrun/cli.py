@@ -113,8 +113,15 @@ def _prepare_model(model: str | None) -> tuple[str | None, str]:
     return None, models.DEFAULT_MODEL_NAME
 
 
-@app.command()
+@app.command(
+    "tune",
+    help="Create a job from INPUT_FILE and only search for its batch size: prints the probe table "
+    "(size, status, time, throughput, memory). The probes' results are kept; "
+    "`batchrun resume --job-dir DIR` runs the rest at the size found.",
+)
+@app.command("submit")
 def submit(
+    ctx: typer.Context,
     input_file: Annotated[
         Path, typer.Argument(help="OpenAI batch input file (JSONL).", show_default=False)
     ],
@@ -271,11 +278,23 @@ def submit(
             progress=not no_progress,
         )
         err.print(f"[bold]job dir:[/] {job}", highlight=False)
-        summary = run_submit(input_file, job, options)
+        tune_only = ctx.info_name == "tune"
+        summary = run_submit(input_file, job, options, tune_only=tune_only)
     except BatchrunError as e:
         _fail(str(e), e.exit_code)
     except KeyboardInterrupt as e:
         _interrupted(job, e)
+    if tune_only:
+        from batchrun.render import print_probes
+
+        probes = summary.manifest.get("probes") or []
+        print_probes(out, probes, summary.manifest.get("batch_size"))
+        out.print(
+            f"batch size {summary.manifest.get('batch_size')}; run the rest with: "
+            f"batchrun resume --job-dir {job}",
+            highlight=False,
+        )
+        raise typer.Exit(0)
     _finish(summary, "submit")
 
 

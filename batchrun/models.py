@@ -71,9 +71,15 @@ def default_model_dir() -> Path:
         return target
     try:
         models.mkdir(parents=True, exist_ok=True)
+        lock_file = open(cache_root() / ".models.lock", "a+b")  # noqa: SIM115 -- closed below
     except OSError as exc:
-        raise BatchrunError(f"cannot create the model cache {models}: {exc}") from exc
-    with _locked(cache_root() / ".models.lock"):
+        raise BatchrunError(
+            f"cannot use the model cache {models}: {exc} (set BATCHRUN_CACHE_DIR to move it)"
+        ) from exc
+    # An exclusive flock serialises conversions across processes; the kernel drops it when the
+    # file is closed or the holder dies, so a killed conversion never leaves the cache locked.
+    with lock_file:
+        fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
         # Another process may have finished the conversion while this one waited for the lock.
         if _is_complete(target, expected):
             return target
@@ -137,6 +143,9 @@ def _write_marker(directory: Path, content: dict[str, Any]) -> None:
     """Write the marker last and fsync it, so its presence means the files before it are whole."""
     for item in directory.iterdir():
         if item.is_file():
+            # Some writers (safetensors) create files private to their owner; a shared cache must
+            # be readable by everyone who runs batchrun.
+            os.chmod(item, 0o644)
             _fsync_file(item)
     marker = directory / _MARKER
     marker.write_text(json.dumps(content), encoding="utf-8")
@@ -148,17 +157,6 @@ def _remove_stale_temp_dirs(models: Path) -> None:
     """Delete temp dirs of conversions that died midway (safe: the caller holds the lock)."""
     for stale in models.glob(f".{DEFAULT_MODEL_NAME}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on `lock_path`; the kernel releases it if this process dies."""
-    with open(lock_path, "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager

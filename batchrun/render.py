@@ -82,7 +82,7 @@ def print_probes(console: Console, probes: list[dict[str, Any]], chosen: int | N
             f"{p['size']}{mark}",
             "ok" if p["ok"] else "OOM",
             str(p["requests"]),
-            f"{p['seconds']:.1f}s",
+            f"{p['seconds']:.2f}s",
             f"{p['tokens_per_s']:,.1f}",
             mem,
         )

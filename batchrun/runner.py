@@ -80,8 +80,14 @@ class JobSummary:
 # ---------------------------------------------------------------------------------------------
 
 
-def submit(input_path: Path, job_dir: Path, options: RunOptions) -> JobSummary:
-    """Validate the input, create the job directory, and run the job to the end."""
+def submit(
+    input_path: Path, job_dir: Path, options: RunOptions, *, tune_only: bool = False
+) -> JobSummary:
+    """Validate the input, create the job directory, and run the job to the end.
+
+    With `tune_only`, stop after the batch-size search: the probes' results are kept in the
+    journal and `resume` continues the job at the size found.
+    """
     check_input_file(input_path)
     paths = JobPaths(job_dir)
     if paths.manifest.exists():
@@ -104,7 +110,7 @@ def submit(input_path: Path, job_dir: Path, options: RunOptions) -> JobSummary:
                 for p in (paths.journal, paths.lock):
                     p.unlink(missing_ok=True)
             raise
-        return _run(paths, manifest, options, mode="submit")
+        return _run(paths, manifest, options, mode="tune" if tune_only else "submit")
 
 
 def resume(job_dir: Path, *, progress: bool = True, force: bool = False) -> JobSummary:
@@ -263,9 +269,12 @@ def _run(paths: JobPaths, manifest: dict[str, Any], options: RunOptions, mode: s
                     scheduler.run(_requests_in(input_path, failed_ids))
                 else:
                     source = _requests(input_path, lambda r: not state.is_done(r.custom_id))
-                    _choose_size(scheduler, manifest, options, paths, source, reporter)
-                    scheduler.run(source)
-                    _retry_passes(scheduler, state, input_path, options.max_attempts, reporter)
+                    _choose_size(
+                        scheduler, manifest, options, paths, source, reporter, search=mode == "tune"
+                    )
+                    if mode != "tune":
+                        scheduler.run(source)
+                        _retry_passes(scheduler, state, input_path, options.max_attempts, reporter)
             finally:
                 scheduler.close()
         status = "completed"
@@ -292,18 +301,20 @@ def _choose_size(
     paths: JobPaths,
     source: Iterator[Request],
     reporter: ProgressReporter,
+    *,
+    search: bool = False,
 ) -> None:
     """Use the job's batch size, a fixed one, a cached one, or search for one on `source`."""
     settings = options.settings
-    if manifest.get("batch_size"):
+    device = "echo" if settings.engine == "echo" else device_name()
+    # `search` (from `tune`) measures afresh, whatever an earlier job found.
+    if not search and manifest.get("batch_size"):
         size = int(manifest["batch_size"])
         how = manifest.get("batch_size_source") or "job"
         reporter.event(f"batch size {size} ({how})")
         scheduler.resize(size)
         return
-    device = "echo" if settings.engine == "echo" else device_name()
-    size_cached = cached_size(settings, device)
-    if size_cached is not None:
+    if not search and (size_cached := cached_size(settings, device)) is not None:
         reporter.event(f"batch size {size_cached} (found by an earlier job on this set-up)")
         scheduler.resize(size_cached)
         manifest.update(batch_size=size_cached, batch_size_source="cache")

@@ -102,6 +102,7 @@ class Worker:
         elif kind == "ready":
             self.ready = True
             self.start_s = float(payload.get("start_s", 0.0))
+            self.peak_memory_mb = payload.get("peak_memory_mb")
         elif kind == "fatal":
             self.death = WorkerDeath(
                 oom=bool(payload.get("oom")),

@@ -286,3 +286,24 @@ def test_several_workers_share_one_queue_and_one_journal(tmp_path: Path) -> None
     assert sorted(x["custom_id"] for x in journal_records(job)) == sorted(
         f"r{i}" for i in range(500)
     )
+
+
+def test_tune_searches_keeps_probe_results_and_resume_uses_the_size(tmp_path: Path) -> None:
+    src = make_input(tmp_path, 1500)
+    job = tmp_path / "job"
+    env = {"BATCHRUN_ECHO_OOM_ABOVE": "100", "BATCHRUN_ECHO_DELAY_MS": "20"}
+    r = cli("tune", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "batch-size probes" in r.stdout and "OOM" in r.stdout
+    probed = len(journal_records(job))
+    assert probed > 0  # the probes' answers are kept, not thrown away
+    status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
+    size = status["batch_size"]
+    assert size <= 100 and status["requests"]["pending"] == 1500 - probed
+    r = cli("resume", "--job-dir", str(job), "--no-progress", env=env)
+    assert r.returncode == 0
+    assert f"batch size {size} (search)" in r.stderr
+    assert "probing" not in r.stderr  # resume does not search again
+    assert sorted(x["custom_id"] for x in journal_records(job)) == sorted(
+        f"r{i}" for i in range(1500)
+    )

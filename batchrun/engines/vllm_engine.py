@@ -129,11 +129,26 @@ class VllmEngine:
                 continue
             request, added = entry
             outcomes.append(self._outcome(request, output, now - added))
+        if self._in_flight and not self._engine.has_unfinished_requests():
+            # vLLM holds none of them any more yet never answered them: fail them (retryable)
+            # rather than let the caller step an idle engine forever.
+            for request, added in self._in_flight.values():
+                outcomes.append(
+                    failure(
+                        request,
+                        "engine_error",
+                        "vLLM dropped the request without an answer",
+                        status_code=500,
+                        retryable=True,
+                        latency_s=now - added,
+                    )
+                )
+            self._in_flight.clear()
         return outcomes
 
     def has_unfinished(self) -> bool:
         """Whether any added request has not finished yet."""
-        return bool(self._in_flight) or bool(self._engine.has_unfinished_requests())
+        return bool(self._in_flight)
 
     def close(self) -> None:
         """Shut the engine down and free its memory (idempotent)."""

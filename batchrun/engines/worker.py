@@ -57,7 +57,16 @@ def worker_main(
     except BaseException as e:
         _send_fatal(conn, e)
         os._exit(3)
-    conn.send(("ready", {"pid": os.getpid(), "start_s": time.monotonic() - started}))
+    conn.send(
+        (
+            "ready",
+            {
+                "pid": os.getpid(),
+                "start_s": time.monotonic() - started,
+                "peak_memory_mb": peak_memory_mb(),
+            },
+        )
+    )
     try:
         _loop(conn, engine, settings.window)
     except (EOFError, BrokenPipeError, ConnectionResetError):
