@@ -307,3 +307,81 @@ def test_tune_searches_keeps_probe_results_and_resume_uses_the_size(tmp_path: Pa
     assert sorted(x["custom_id"] for x in journal_records(job)) == sorted(
         f"r{i}" for i in range(1500)
     )
+
+
+def test_sigterm_flushes_and_exits_143(tmp_path: Path) -> None:
+    src = make_input(tmp_path, 300)
+    job = tmp_path / "job"
+    p = start_cli(
+        "submit",
+        str(src),
+        "--job-dir",
+        str(job),
+        "--engine",
+        "echo",
+        "--batch-size",
+        "8",
+        "--no-progress",
+        env={"BATCHRUN_ECHO_DELAY_MS": "50"},
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (
+        (job / "journal.jsonl").exists() and len(journal_records(job)) >= 10
+    ):
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)  # to batchrun alone, as a scheduler or `kill` would
+    _, stderr = p.communicate(timeout=60)
+    assert p.returncode == 143, stderr
+    assert "terminated" in stderr and "batchrun resume" in stderr
+    assert cli("resume", "--job-dir", str(job), "--no-progress").returncode == 0
+    assert sorted(x["custom_id"] for x in journal_records(job)) == sorted(
+        f"r{i}" for i in range(300)
+    )
+
+
+def test_a_full_disk_stops_the_job_clearly_and_resume_completes_it(tmp_path: Path) -> None:
+    import resource
+    import subprocess
+    import sys
+
+    src = make_input(tmp_path, 400)
+    job = tmp_path / "job"
+
+    def limit_file_size() -> None:
+        # Writes past 40 kB fail with EFBIG, as on a full disk (ENOSPC takes the same path).
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, 40_000))
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "batchrun",
+            "submit",
+            str(src),
+            "--job-dir",
+            str(job),
+            "--engine",
+            "echo",
+            "--batch-size",
+            "16",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit_file_size,
+        timeout=120,
+        env={**os.environ, "BATCHRUN_ECHO_DELAY_MS": "5"},
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "cannot write the journal" in proc.stderr and "Traceback" not in proc.stderr
+    from batchrun.journal import read_records
+
+    raw = (job / "journal.jsonl").read_bytes()
+    assert not raw.endswith(b"\n")  # the failed write left a torn last line...
+    partial = {x["custom_id"] for x in read_records(job / "journal.jsonl")}
+    assert 0 < len(partial) < 400  # ...and every whole line before it is kept
+    r = cli("resume", "--job-dir", str(job), "--no-progress")  # space is back
+    assert r.returncode == 0, r.stderr
+    ids = [x["custom_id"] for x in journal_records(job)]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(400))

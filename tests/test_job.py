@@ -1,0 +1,75 @@
+"""The job directory: manifest, lock, and what happens when its files are damaged."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from batchrun.errors import BatchrunError
+from batchrun.job import (
+    JobPaths,
+    job_lock,
+    load_manifest,
+    lock_holder,
+    save_manifest,
+    write_json_atomic,
+)
+
+
+def test_manifest_is_replaced_atomically_and_leaves_no_temp_file(tmp_path: Path) -> None:
+    paths = JobPaths(tmp_path)
+    save_manifest(paths, {"job_id": "j1", "n": 1})
+    save_manifest(paths, {"job_id": "j1", "n": 2})
+    assert load_manifest(paths)["n"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
+
+
+def test_missing_manifest_with_a_journal_says_what_is_wrong(tmp_path: Path) -> None:
+    paths = JobPaths(tmp_path)
+    paths.journal.write_text("")
+    with pytest.raises(BatchrunError, match=r"has a journal but no manifest\.json"):
+        load_manifest(paths)
+
+
+def test_manifest_that_is_not_json(tmp_path: Path) -> None:
+    paths = JobPaths(tmp_path)
+    paths.manifest.write_text("{garbage")
+    with pytest.raises(BatchrunError, match="cannot be read"):
+        load_manifest(paths)
+    write_json_atomic(paths.manifest, {"something": "else"})
+    with pytest.raises(BatchrunError, match="not a batchrun manifest"):
+        load_manifest(paths)
+
+
+def test_lock_refuses_a_second_holder_and_names_the_pid(tmp_path: Path) -> None:
+    paths = JobPaths(tmp_path)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from batchrun.job import JobPaths, job_lock\n"
+            "with job_lock(JobPaths(Path(sys.argv[1]))):\n    print('held', flush=True); time.sleep(60)",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert lock_holder(paths) == holder.pid
+        with (
+            pytest.raises(BatchrunError, match=f"already running in process {holder.pid}"),
+            job_lock(paths),
+        ):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    # The holder died without cleaning up: its pid is still in the file, but the lock is free.
+    assert paths.lock.read_text().strip() == str(holder.pid)
+    assert lock_holder(paths) is None
+    with job_lock(paths):
+        assert lock_holder(paths) is not None
