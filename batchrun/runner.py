@@ -212,12 +212,22 @@ def _check_input_unchanged(manifest: dict[str, Any], *, force: bool) -> None:
             f"the job's input file {path} is gone; put it back to continue the job "
             "(finished results can still be exported)"
         )
-    if hash_file(path) != manifest["input_sha256"] and not force:
-        raise BatchrunError(
-            f"the input file {path} changed since the job was submitted (its sha256 differs); "
-            "restore the original, or pass --force to run the file as it is now "
-            "(requests already finished are kept and not run again)"
-        )
+    digest = hash_file(path)
+    if digest == manifest["input_sha256"]:
+        return
+    if force:
+        # Take the file as it is now: count its valid requests afresh; finished custom_ids are
+        # skipped as always, so nothing finished runs twice.
+        manifest["requests"] = sum(1 for item in read_input(path) if isinstance(item, Request))
+        manifest["input_sha256"] = digest
+        manifest["input_bytes"] = path.stat().st_size
+        manifest.setdefault("forced", []).append(time.time())
+        return
+    raise BatchrunError(
+        f"the input file {path} changed since the job was submitted (its sha256 differs); "
+        "restore the original, or pass --force to run the file as it is now "
+        "(requests already finished are kept and not run again)"
+    )
 
 
 def _requests(input_path: Path, want: Callable[[Request], bool]) -> Iterator[Request]:

@@ -385,3 +385,29 @@ def test_a_full_disk_stops_the_job_clearly_and_resume_completes_it(tmp_path: Pat
     assert r.returncode == 0, r.stderr
     ids = [x["custom_id"] for x in journal_records(job)]
     assert sorted(ids) == sorted(f"r{i}" for i in range(400))
+
+
+def test_resume_force_runs_the_changed_file_without_rerunning_finished_work(tmp_path: Path) -> None:
+    src = make_input(tmp_path, 5)
+    job = tmp_path / "job"
+    assert (
+        cli(
+            "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress"
+        ).returncode
+        == 0
+    )
+    with src.open("a") as f:
+        f.write(json.dumps(chat_line("extra", "new")) + "\n")
+    record = tmp_path / "received.txt"
+    r = cli(
+        "resume",
+        "--job-dir",
+        str(job),
+        "--force",
+        "--no-progress",
+        env={"BATCHRUN_ECHO_RECORD": str(record)},
+    )
+    assert r.returncode == 0, r.stderr
+    assert record.read_text().split() == ["extra"]
+    status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
+    assert status["requests"]["valid"] == 6 and status["requests"]["succeeded"] == 6
