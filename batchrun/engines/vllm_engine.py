@@ -76,7 +76,7 @@ class VllmEngine:
             extra["max_model_len"] = settings.max_model_len
 
         # EngineArgs types dtype as a Literal; the value is validated by vLLM itself.
-        dtype: Any = settings.dtype
+        dtype: Any = resolve_dtype(settings.dtype, cuda=torch.cuda.is_available())
         args = EngineArgs(
             model=model_dir,
             tokenizer=model_dir,
@@ -325,6 +325,31 @@ def _chat_messages(messages: object) -> list[dict[str, str]]:
             raise _BadRequest(f"messages[{i}].content must be a string or a list of parts")
         result.append({"role": str(message["role"]), "content": text})
     return result
+
+
+def resolve_dtype(dtype: str, *, cuda: bool, cpuinfo: str | None = None) -> str:
+    """The dtype to load: "auto" becomes float32 on a CPU without native bf16 arithmetic.
+
+    vLLM's "auto" takes the checkpoint's bf16, which a CPU without AVX512-BF16 or AMX emulates
+    (oneDNN falls back to plain torch linear layers); float32 measured faster there. Anything the
+    user names is passed through untouched.
+    """
+    if dtype != "auto" or cuda:
+        return dtype
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return dtype
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+            break
+    if not flags:
+        return dtype
+    return dtype if {"avx512_bf16", "amx_bf16"} & flags else "float32"
 
 
 def _join_text_parts(parts: list[Any], index: int) -> str:
