@@ -44,6 +44,11 @@ def worker_main(
     # Ctrl-C reaches the whole process group; the parent decides how to stop, not the worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(env)
+    # The engine's log lines are for a person watching, not for a pipe reading the summary: send
+    # the worker's stdout to stderr, and keep vLLM to warnings unless the user asked otherwise.
+    with contextlib.suppress(OSError):
+        os.dup2(2, 1)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     with contextlib.suppress(ImportError):
         import setproctitle
 
