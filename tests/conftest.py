@@ -94,3 +94,20 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def journal_records(job_dir: Path) -> list[dict[str, Any]]:
     """The job's journal records."""
     return read_jsonl(job_dir / "journal.jsonl")
+
+
+def worker_pids(parent_pid: int) -> list[int]:
+    """The engine worker processes of a batchrun process (they are named batchrun-worker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent_pid and b"batchrun-worker" in cmdline:
+            found.append(int(entry.name))
+    return found

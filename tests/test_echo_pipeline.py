@@ -411,3 +411,35 @@ def test_resume_force_runs_the_changed_file_without_rerunning_finished_work(tmp_
     assert record.read_text().split() == ["extra"]
     status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
     assert status["requests"]["valid"] == 6 and status["requests"]["succeeded"] == 6
+
+
+def test_kill_9_of_the_worker_alone_loses_nothing(tmp_path: Path) -> None:
+    from conftest import worker_pids
+
+    src = make_input(tmp_path, 400)
+    job = tmp_path / "job"
+    p = start_cli(
+        "submit",
+        str(src),
+        "--job-dir",
+        str(job),
+        "--engine",
+        "echo",
+        "--batch-size",
+        "8",
+        "--no-progress",
+        env={"BATCHRUN_ECHO_DELAY_MS": "30"},
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (
+        (job / "journal.jsonl").exists() and len(journal_records(job)) >= 40
+    ):
+        time.sleep(0.05)
+    pids = worker_pids(p.pid)
+    assert len(pids) == 1
+    os.kill(pids[0], signal.SIGKILL)
+    _, stderr = p.communicate(timeout=120)
+    assert p.returncode == 0, stderr
+    assert "killed by signal 9" in stderr and "starting a fresh one" in stderr
+    recs = journal_records(job)
+    assert sorted(x["custom_id"] for x in recs) == sorted(f"r{i}" for i in range(400))

@@ -16,7 +16,16 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from conftest import ROOT, chat_line, cli, journal_records, read_jsonl, start_cli, write_jsonl
+from conftest import (
+    ROOT,
+    chat_line,
+    cli,
+    journal_records,
+    read_jsonl,
+    start_cli,
+    worker_pids,
+    write_jsonl,
+)
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
@@ -141,43 +150,46 @@ def test_completions_job(tmp_path: Path) -> None:
     assert "5" in bodies[1].choices[0].text
 
 
-def test_kill_9_in_the_middle_of_submit_then_resume(tmp_path: Path) -> None:
+def _wait_for_records(job: Path, count: int, proc: Any, timeout: float = 400) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (job / "journal.jsonl").exists() and len(journal_records(job)) >= count:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"batchrun ended too early: {proc.communicate()[1][-3000:]}")
+        time.sleep(0.2)
+    pytest.fail(f"no {count} results within {timeout}s")
+
+
+def test_kill_9_of_submit_then_of_the_worker_during_resume(tmp_path: Path) -> None:
+    """kill -9 of the whole submit, then of the engine worker alone during resume: nothing lost."""
     prompts = ["Tell me about the sea.", "Describe a forest.", "Explain rain.", "Write about cats."]
-    lines = [chat_line(f"k{i}", prompts[i % 4], max_tokens=48, temperature=0) for i in range(24)]
+    n = 32
+    lines = [chat_line(f"k{i}", prompts[i % 4], max_tokens=48, temperature=0) for i in range(n)]
     src = write_jsonl(tmp_path / "k.jsonl", lines)
     job = tmp_path / "job"
-    p = start_cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--max-model-len",
-        "512",
-        "--batch-size",
-        "4",
-        "--no-progress",
-    )
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline:
-        if (job / "journal.jsonl").exists() and len(journal_records(job)) >= 4:
-            break
-        if p.poll() is not None:
-            pytest.fail(f"submit ended before it could be killed: {p.communicate()[1][-3000:]}")
-        time.sleep(0.2)
+    args = ("--max-model-len", "512", "--batch-size", "4", "--no-progress")
+    p = start_cli("submit", str(src), "--job-dir", str(job), *args)
+    _wait_for_records(job, 4, p)
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
-    done_before = {r["custom_id"] for r in journal_records(job)}
-    assert 4 <= len(done_before) < 24
-    run = cli("resume", "--job-dir", str(job), "--no-progress")
-    assert run.returncode == 0, run.stderr[-3000:]
+    done_before = len(journal_records(job))
+    assert 4 <= done_before < n
+    p = start_cli("resume", "--job-dir", str(job), "--no-progress")
+    _wait_for_records(job, done_before + 4, p)
+    pids = worker_pids(p.pid)
+    assert len(pids) == 1
+    os.kill(pids[0], signal.SIGKILL)
+    _, stderr = p.communicate(timeout=600)
+    assert p.returncode == 0, stderr[-3000:]
+    assert "killed by signal 9" in stderr
     records = journal_records(job)
-    ids = [r["custom_id"] for r in records]
-    assert sorted(ids) == sorted(f"k{i}" for i in range(24))  # every request exactly once
+    assert sorted(r["custom_id"] for r in records) == sorted(f"k{i}" for i in range(n))
     assert cli("export", "--job-dir", str(job)).returncode == 0
     out = read_jsonl(job / "output.jsonl")
-    assert sorted(o["custom_id"] for o in out) == sorted(f"k{i}" for i in range(24))
+    assert sorted(o["custom_id"] for o in out) == sorted(f"k{i}" for i in range(n))
     status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
-    assert status["status"] == "completed" and status["requests"]["succeeded"] == 24
+    assert status["status"] == "completed" and status["requests"]["succeeded"] == n
 
 
 def test_sample_data_is_valid(tmp_path: Path) -> None:
