@@ -46,6 +46,15 @@ JobDir = Annotated[
         "--job-dir", "-j", envvar="BATCHRUN_JOB_DIR", help="The job directory.", show_default=False
     ),
 ]
+RayAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--ray",
+        envvar="BATCHRUN_RAY",
+        help="Run the engines as actors on this Ray cluster ('local' starts one here). Needs: pip install 'batchrun[ray]'.",
+        show_default=False,
+    ),
+]
 NoProgress = Annotated[
     bool,
     typer.Option("--no-progress", envvar="BATCHRUN_NO_PROGRESS", help="Hide the progress bar."),
@@ -225,6 +234,7 @@ def submit(
     seed: Annotated[
         int, typer.Option(envvar="BATCHRUN_SEED", help="Engine seed (requests may set their own).")
     ] = 0,
+    ray: RayAddress = None,
     no_progress: NoProgress = False,
 ) -> None:
     """Validate INPUT_FILE, create a job, and run it to the end, checkpointing every result."""
@@ -276,6 +286,7 @@ def submit(
             gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus else None,
             workers=workers,
             progress=not no_progress,
+            ray=ray,
         )
         err.print(f"[bold]job dir:[/] {job}", highlight=False)
         tune_only = ctx.info_name == "tune"
@@ -308,13 +319,14 @@ def resume(
             help="Run even if the input file changed since submit: its requests are read as they are now; those already finished are kept and not run again.",
         ),
     ] = False,
+    ray: RayAddress = None,
     no_progress: NoProgress = False,
 ) -> None:
     """Continue a job after a crash, a kill or Ctrl-C: runs only what is not done."""
     from batchrun.runner import resume as run_resume
 
     try:
-        summary = run_resume(job_dir, progress=not no_progress, force=force)
+        summary = run_resume(job_dir, progress=not no_progress, force=force, ray=ray)
     except BatchrunError as e:
         _fail(str(e), e.exit_code)
     except KeyboardInterrupt as e:
@@ -323,12 +335,12 @@ def resume(
 
 
 @app.command("retry-failed")
-def retry_failed(job_dir: JobDir, no_progress: NoProgress = False) -> None:
+def retry_failed(job_dir: JobDir, ray: RayAddress = None, no_progress: NoProgress = False) -> None:
     """Run one more pass over the requests whose last attempt failed."""
     from batchrun.runner import retry_failed as run_retry
 
     try:
-        summary = run_retry(job_dir, progress=not no_progress)
+        summary = run_retry(job_dir, progress=not no_progress, ray=ray)
     except BatchrunError as e:
         _fail(str(e), e.exit_code)
     except KeyboardInterrupt as e:
@@ -393,9 +405,11 @@ def status(
     if as_json:
         sys.stdout.write(json.dumps(s) + "\n")
         return
-    from batchrun.render import print_probes, print_status
+    from batchrun.render import print_probes, print_status, print_workers
 
     print_status(out, s)
+    if len(s["workers"]) > 1 or any(w.get("kind") == "ray" for w in s["workers"]):
+        print_workers(out, s["workers"])
     if s["probes"]:
         print_probes(out, s["probes"], s["batch_size"])
 

@@ -174,6 +174,8 @@ class JobState:
     completion_tokens: int = 0
     first_time: float | None = None
     last_time: float | None = None
+    # Per worker index: [attempts, completion tokens, first time, last time].
+    per_worker: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def succeeded(self) -> int:
@@ -205,7 +207,18 @@ class JobState:
         else:
             self.last[cid] = FAILED_RETRYABLE if rec.get("retryable") else FAILED_FINAL
         self.prompt_tokens += int(rec.get("prompt_tokens") or 0)
-        self.completion_tokens += int(rec.get("completion_tokens") or 0)
+        tokens = int(rec.get("completion_tokens") or 0)
+        self.completion_tokens += tokens
+        worker = rec.get("worker")
+        if worker is not None and isinstance(t, (int, float)):
+            stats = self.per_worker.get(str(worker))
+            if stats is None:
+                self.per_worker[str(worker)] = [1, tokens, t, t]
+            else:
+                stats[0] += 1
+                stats[1] += tokens
+                stats[2] = min(stats[2], t)
+                stats[3] = max(stats[3], t)
 
 
 def replay(paths: JobPaths) -> JobState:

@@ -87,3 +87,21 @@ def print_probes(console: Console, probes: list[dict[str, Any]], chosen: int | N
             mem,
         )
     console.print(table)
+
+
+def print_workers(console: Console, workers: list[dict[str, Any]]) -> None:
+    """Per-worker progress."""
+    table = Table(title="workers", title_justify="left")
+    for col in ("worker", "where", "GPU", "attempts", "generated", "tok/s"):
+        table.add_column(col, justify="right" if col in ("attempts", "generated", "tok/s") else "left")
+    for w in workers:
+        gpus = w.get("gpus")
+        table.add_row(
+            w["label"],
+            w.get("node") or ("this machine" if w.get("kind") != "ray" else "-"),
+            ",".join(gpus) if isinstance(gpus, list) else (gpus or "-"),
+            f"{w['requests']:,}",
+            f"{w['completion_tokens']:,}",
+            _fmt_rate(w.get("tokens_per_s"), ""),
+        )
+    console.print(table)

@@ -31,6 +31,7 @@ from batchrun.reader import check_input_file, hash_file, read_input
 from batchrun.records import LineError, Request
 from batchrun.scheduler import Scheduler
 from batchrun.sizing import Probe
+from batchrun.supervisor import Worker
 from batchrun.tuning import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MIN_BATCH,
@@ -52,6 +53,9 @@ class RunOptions:
     gpus: list[str] | None = None
     workers: int | None = None
     progress: bool = True
+    # A Ray cluster address ("local" starts one here); per run, not saved: a job started on Ray
+    # can be resumed without it and the other way round.
+    ray: str | None = None
 
 
 @dataclass
@@ -113,23 +117,27 @@ def submit(
         return _run(paths, manifest, options, mode="tune" if tune_only else "submit")
 
 
-def resume(job_dir: Path, *, progress: bool = True, force: bool = False) -> JobSummary:
+def resume(
+    job_dir: Path, *, progress: bool = True, force: bool = False, ray: str | None = None
+) -> JobSummary:
     """Continue a job: run only the requests with no finished attempt, then the retry passes."""
     paths = JobPaths(job_dir)
     manifest = load_manifest(paths)
     with job_lock(paths):
         _check_input_unchanged(manifest, force=force)
         options = _options_from(manifest, progress)
+        options.ray = ray
         return _run(paths, manifest, options, mode="resume")
 
 
-def retry_failed(job_dir: Path, *, progress: bool = True) -> JobSummary:
+def retry_failed(job_dir: Path, *, progress: bool = True, ray: str | None = None) -> JobSummary:
     """Run one more pass over the requests whose last attempt failed."""
     paths = JobPaths(job_dir)
     manifest = load_manifest(paths)
     with job_lock(paths):
         _check_input_unchanged(manifest, force=False)
         options = _options_from(manifest, progress)
+        options.ray = ray
         return _run(paths, manifest, options, mode="retry")
 
 
@@ -246,9 +254,18 @@ def _run(paths: JobPaths, manifest: dict[str, Any], options: RunOptions, mode: s
     state = replay(paths)
     input_path = Path(manifest["input_path"])
     settings = options.settings
-    envs = worker_envs(
-        settings.engine, options.gpus, settings.tensor_parallel_size, options.workers
-    )
+    worker_class: type[Worker] = Worker
+    if options.ray:
+        from batchrun import ray_backend
+
+        resources = ray_backend.connect(options.ray, options.workers)
+        count = ray_backend.actor_count(resources, settings.tensor_parallel_size, options.workers)
+        envs: list[dict[str, str]] = [{} for _ in range(count)]
+        worker_class = ray_backend.RayWorker
+    else:
+        envs = worker_envs(
+            settings.engine, options.gpus, settings.tensor_parallel_size, options.workers
+        )
     requests_total = int(manifest["requests"])
     if mode == "retry":
         failed_ids = {cid for cid, last in state.last.items() if last != OK}
@@ -271,7 +288,7 @@ def _run(paths: JobPaths, manifest: dict[str, Any], options: RunOptions, mode: s
     status = "failed"
     try:
         with JournalWriter(paths.journal) as journal:
-            scheduler = Scheduler(settings, envs, journal, state, reporter)
+            scheduler = Scheduler(settings, envs, journal, state, reporter, worker_class)
             try:
                 if mode == "retry":
                     reporter.event(f"retrying {len(failed_ids)} failed requests")
@@ -293,7 +310,14 @@ def _run(paths: JobPaths, manifest: dict[str, Any], options: RunOptions, mode: s
         raise
     finally:
         reporter.close()
+        if scheduler is not None:
+            manifest["workers"] = scheduler.worker_info
+        run_info["ray"] = options.ray
         _finish_manifest(paths, manifest, state, status, run_info, started)
+        if options.ray:
+            from batchrun import ray_backend
+
+            ray_backend.shutdown()
     return JobSummary(
         job_dir=paths.root,
         manifest=manifest,

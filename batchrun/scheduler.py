@@ -68,16 +68,18 @@ class Scheduler:
         journal: JournalWriter,
         state: JobState,
         reporter: Reporter,
+        worker_class: type[Worker] = Worker,
     ) -> None:
         self.journal = journal
         self.state = state
         self.reporter = reporter
         self.inbox: queue.Queue[tuple[int, int, str, Any]] = queue.Queue()
         self.workers = [
-            Worker(index=i, settings=dataclasses.replace(settings), env=dict(env))
+            worker_class(index=i, settings=dataclasses.replace(settings), env=dict(env))
             for i, env in enumerate(worker_envs)
         ]
         self.pending: deque[Request] = deque()
+        self.worker_info: dict[str, dict[str, Any]] = {}
 
     # -- sizing ---------------------------------------------------------------------------------
 
@@ -178,10 +180,12 @@ class Scheduler:
                 for outcome, request in w.handle(kind, payload):
                     attempt = self.state.attempts.get(outcome.custom_id, 0) + 1
                     rec = result_record(outcome, request.line, attempt)
+                    rec["worker"] = index
                     self.state.record(rec)
                     records.append(rec)
                     outcomes.append(outcome)
                 if kind == "ready":
+                    self.on_ready(w)
                     self.reporter.event(
                         f"{w.label} ready (pid {w.pid}, batch size {w.settings.window}, "
                         f"started in {w.start_s:.1f}s)"
@@ -213,13 +217,22 @@ class Scheduler:
             stats.completion_tokens += o.completion_tokens
         self.reporter.advance(outcomes)
 
+    def on_ready(self, w: Worker) -> None:
+        """Remember where a worker runs, for `status`."""
+        self.worker_info[str(w.index)] = {
+            **w.describe(),
+            "label": w.label,
+            "batch_size": w.settings.window,
+            "start_s": round(w.start_s, 2),
+        }
+
     # -- workers --------------------------------------------------------------------------------
 
     def _start(self, w: Worker) -> None:
         w.start(self.inbox)
+        where = f"pid {w.pid}, " if w.pid else ""
         self.reporter.event(
-            f"{w.label} starting {w.settings.engine} engine (pid {w.pid}, "
-            f"batch size {w.settings.window})"
+            f"{w.label} starting {w.settings.engine} engine ({where}batch size {w.settings.window})"
         )
 
     def _requeue(self, w: Worker) -> int:

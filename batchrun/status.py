@@ -53,4 +53,28 @@ def job_status(job_dir: Path) -> dict[str, Any]:
         "runs": len(runs),
         "wall_s": round(sum(float(r.get("wall_s") or 0.0) for r in runs), 3),
         "probes": manifest.get("probes") or [],
+        "workers": _workers(manifest, state.per_worker),
     }
+
+
+def _workers(manifest: dict[str, Any], per_worker: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """Per-worker progress of the latest run: where it ran, requests, generated tokens/s."""
+    info: dict[str, Any] = manifest.get("workers") or {}
+    rows = []
+    for key in sorted(set(info) | set(per_worker), key=lambda k: int(k)):
+        n, tokens, first, last = per_worker.get(key, [0, 0, 0.0, 0.0])
+        span = last - first
+        where = info.get(key, {})
+        rows.append(
+            {
+                "worker": int(key),
+                "label": where.get("label", f"worker {key}"),
+                "kind": where.get("kind"),
+                "node": where.get("node"),
+                "gpus": where.get("gpus"),
+                "requests": int(n),
+                "completion_tokens": int(tokens),
+                "tokens_per_s": round(tokens / span, 2) if span > 0 else None,
+            }
+        )
+    return rows

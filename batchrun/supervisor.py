@@ -110,21 +110,29 @@ class Worker:
                 during_start=not self.ready,
             )
         elif kind == "eof":
-            if self.process is not None:
-                self.process.join(timeout=10)
-            if self.death is None:
-                code = self.process.exitcode if self.process is not None else None
-                how = (
-                    f"killed by signal {-code}"
-                    if code is not None and code < 0
-                    else f"exit code {code}"
-                )
-                self.death = WorkerDeath(
-                    oom=False,
-                    message=f"the worker process died ({how})",
-                    during_start=not self.ready,
-                )
+            self._on_eof()
         return []
+
+    def _on_eof(self) -> None:
+        """The worker's channel closed: it is gone. Say why, if its last words did not."""
+        if self.process is not None:
+            self.process.join(timeout=10)
+        if self.death is None:
+            code = self.process.exitcode if self.process is not None else None
+            how = (
+                f"killed by signal {-code}"
+                if code is not None and code < 0
+                else f"exit code {code}"
+            )
+            self.death = WorkerDeath(
+                oom=False,
+                message=f"the worker process died ({how})",
+                during_start=not self.ready,
+            )
+
+    def describe(self) -> dict[str, Any]:
+        """Where the worker runs, for `status`."""
+        return {"kind": "process", "pid": self.pid, "gpus": self.env.get("CUDA_VISIBLE_DEVICES")}
 
     def set_window(self, window: int) -> None:
         """Change how many requests the worker keeps inside its engine at once."""

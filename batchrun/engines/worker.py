@@ -108,34 +108,55 @@ def _send_fatal(conn: Connection, exc: BaseException) -> None:
         )
 
 
+class Feeder:
+    """Keeps up to `window` requests inside the engine and tops it up after every step."""
+
+    def __init__(self, engine: Any, window: int) -> None:
+        self.engine = engine
+        self.window = window
+        self.queue: deque[Request] = deque()
+        self.active = 0
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing running."""
+        return self.active == 0 and not self.queue
+
+    def add(self, requests: list[Request]) -> None:
+        """Queue requests behind those already waiting."""
+        self.queue.extend(requests)
+
+    def pump(self) -> list[Outcome]:
+        """Top the engine up to the window, run one step, return what finished."""
+        out: list[Outcome] = []
+        while self.queue and self.active < self.window:
+            request = self.queue.popleft()
+            immediate = self.engine.add(request)
+            if immediate is None:
+                self.active += 1
+            else:
+                out.append(immediate)
+        if self.active:
+            finished = self.engine.step()
+            self.active -= len(finished)
+            out.extend(finished)
+        return out
+
+
 def _loop(conn: Connection, engine: Any, window: int) -> None:
-    queue: deque[Request] = deque()
-    active = 0
+    feeder = Feeder(engine, window)
     last_stats = time.monotonic()
     while True:
         # Block only when there is nothing to do; otherwise just drain what has arrived.
-        idle = active == 0 and not queue
-        while conn.poll(None if idle else 0):
+        while conn.poll(None if feeder.idle else 0):
             kind, payload = conn.recv()
             if kind == "stop":
                 return
             if kind == "window":
-                window = int(payload)
-                continue
-            queue.extend(payload)
-            idle = False
-        out: list[Outcome] = []
-        while queue and active < window:
-            request = queue.popleft()
-            immediate = engine.add(request)
-            if immediate is None:
-                active += 1
+                feeder.window = int(payload)
             else:
-                out.append(immediate)
-        if active:
-            finished = engine.step()
-            active -= len(finished)
-            out.extend(finished)
+                feeder.add(payload)
+        out = feeder.pump()
         if out:
             conn.send(("results", out))
         now = time.monotonic()
