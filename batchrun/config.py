@@ -31,6 +31,9 @@ class EngineSettings:
     max_num_seqs: int = 256
     # The number of requests the worker keeps inside the engine at once (<= max_num_seqs).
     window: int = 256
+    # The job's endpoint (its input's url). "/v1/embeddings" starts vLLM as a pooling model; None
+    # (a job from an older batchrun) lets vLLM pick from the model's architecture.
+    endpoint: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy."""

@@ -51,7 +51,7 @@ def connect(address: str, workers: int | None) -> dict[str, float]:
                 ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=True)
             else:
                 ray.init(address=address, log_to_driver=True)
-        except Exception as e:  # noqa: BLE001 - Ray raises many types for "cannot connect"
+        except Exception as e:  # Ray raises many types for "cannot connect"
             raise BatchrunError(f"cannot connect to the Ray cluster at {address}: {e}") from e
     resources: dict[str, float] = ray.cluster_resources()
     return resources
@@ -92,7 +92,7 @@ class EngineActor:
         started = time.monotonic()
         try:
             engine = create_engine(self.settings)
-        except BaseException as e:  # noqa: BLE001 - reported to the supervisor
+        except BaseException as e:  # reported to the supervisor
             return {"fatal": True, "oom": is_oom(e), "message": f"{type(e).__name__}: {e}"}
         self.feeder = Feeder(engine, self.settings.window)
         return {
@@ -125,7 +125,7 @@ class EngineActor:
                     out.extend(self.feeder.pump())
                 if out or time.monotonic() >= deadline:
                     return out, None
-        except BaseException as e:  # noqa: BLE001 - the engine is broken: say so, then die
+        except BaseException as e:  # the engine is broken: say so, then die
             return out, {"oom": is_oom(e), "message": f"{type(e).__name__}: {e}"}
 
 
@@ -184,7 +184,7 @@ class RayWorker(Worker):
                     with contextlib.suppress(Exception):
                         ray.kill(actor)
                     return
-        except Exception as e:  # noqa: BLE001 - an actor or node lost: Ray raises its own types
+        except Exception as e:  # an actor or node lost: Ray raises its own types
             if not self._stopping.is_set():
                 message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 put((self.index, gen, "fatal", {"oom": False, "message": f"the Ray actor was lost: {message}"}))

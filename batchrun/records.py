@@ -7,7 +7,8 @@ from typing import Any
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
-SUPPORTED_ENDPOINTS = (CHAT, COMPLETIONS)
+EMBEDDINGS = "/v1/embeddings"
+SUPPORTED_ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +35,8 @@ class LineError:
 class Outcome:
     """The result of one attempt at one request, as an engine reports it.
 
-    `body` is the OpenAI response object (ChatCompletion or Completion, as a dict) when `ok`;
+    `body` is the OpenAI response object (ChatCompletion, Completion or CreateEmbeddingResponse,
+    as a dict) when `ok`;
     `error` is `{"code": ..., "message": ...}` when not. `retryable` is False for failures that
     would fail the same way again (a bad request), True for engine failures.
     """

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import chat_line, cli, journal_records, read_jsonl, start_cli, write_jsonl
 
 pytestmark = pytest.mark.ray
