@@ -311,7 +311,7 @@ def _run(paths: JobPaths, manifest: dict[str, Any], options: RunOptions, mode: s
     finally:
         reporter.close()
         if scheduler is not None:
-            manifest["workers"] = scheduler.worker_info
+            manifest["worker_info"] = scheduler.worker_info
         run_info["ray"] = options.ray
         _finish_manifest(paths, manifest, state, status, run_info, started)
         if options.ray:

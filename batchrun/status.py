@@ -59,7 +59,7 @@ def job_status(job_dir: Path) -> dict[str, Any]:
 
 def _workers(manifest: dict[str, Any], per_worker: dict[str, list[float]]) -> list[dict[str, Any]]:
     """Per-worker progress of the latest run: where it ran, requests, generated tokens/s."""
-    info: dict[str, Any] = manifest.get("workers") or {}
+    info: dict[str, Any] = manifest.get("worker_info") or {}
     rows = []
     for key in sorted(set(info) | set(per_worker), key=lambda k: int(k)):
         n, tokens, first, last = per_worker.get(key, [0, 0, 0.0, 0.0])
