@@ -61,6 +61,14 @@ NoProgress = Annotated[
 ]
 
 
+def default_job_dir(input_file: Path) -> Path:
+    """jobs/<input name>: a name made only of dots ("..", ".") must not climb out of jobs/."""
+    stem = input_file.stem.strip()
+    if not stem or set(stem) == {"."}:
+        stem = "job"
+    return Path("jobs") / stem
+
+
 def _fail(message: str, code: int = 1) -> NoReturn:
     err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
@@ -259,7 +267,7 @@ def submit(
         )
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
         _fail(f"--gpu-memory-utilization must be in (0, 1], not {gpu_memory_utilization}", 2)
-    job = job_dir or Path("jobs") / input_file.stem
+    job = job_dir or default_job_dir(input_file)
     try:
         settings = EngineSettings(
             engine=engine,

@@ -8,11 +8,14 @@ then read the chosen records back by offset, in input-line order.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import hashlib
 import json
 import os
 import secrets
+import sys
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -52,6 +55,10 @@ class JournalIndex:
     # Hash of the journal's first line: the same for every export of one job, different between
     # jobs, so derived ids are stable on re-export yet unlikely to collide across jobs.
     job_salt: bytes
+    # What the succeeded bodies hold beyond text, so the Parquet schema gains only the columns
+    # that have data: any first choice with logprobs, and the sizes of the embeddings seen.
+    has_logprobs: bool = False
+    embedding_dims: set[int] = field(default_factory=set)
     _order: array[int] | None = field(default=None, init=False, repr=False)
 
     def __len__(self) -> int:
@@ -112,6 +119,8 @@ def latest_by_request(journal_path: Path) -> JournalIndex:
                     status = SUCCEEDED if rec["ok"] else FAILED
                     key: dict[Any, int] = by_id
                     k: Any = str(rec["custom_id"])
+                    if status == SUCCEEDED:
+                        _note_body(index, rec.get("body"))
                 elif kind == "invalid":
                     status, key, k = INVALID, by_line, line
                 else:
@@ -173,7 +182,12 @@ def export_jsonl(job_dir: Path, journal_path: Path, out_dir: Path) -> ExportSumm
 def export_parquet(
     journal_path: Path, out_dir: Path, row_group_size: int = 10_000
 ) -> ExportSummary:
-    """Write results.parquet: one flat row per request and per invalid line, in row groups."""
+    """Write results.parquet: one flat row per request and per invalid line, in row groups.
+
+    Beyond the flat columns, a job whose answers carry logprobs gets a `logprobs` column (the first
+    choice's tokens, as nested lists) and an embeddings job an `embeddings` column (per request,
+    its vectors as fixed-size lists of float32).
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -182,15 +196,17 @@ def export_parquet(
     _prepare(out_dir)
     index = latest_by_request(journal_path)
     path = out_dir / PARQUET_NAME
-    schema = _parquet_schema()
+    schema = _parquet_schema(index)
     names = schema.names
+    extras = names[len(_BASE_COLUMNS) :]
 
     def write(f: IO[bytes]) -> None:
         writer = pq.ParquetWriter(f, schema)
         try:
             columns: dict[str, list[Any]] = {n: [] for n in names}
             for entry, rec in _records(index, {SUCCEEDED, FAILED, INVALID}):
-                for name, value in zip(names, _parquet_row(entry, rec), strict=True):
+                row = _parquet_row(entry, rec) + _extra_values(extras, entry, rec)
+                for name, value in zip(names, row, strict=True):
                     columns[name].append(value)
                 if len(columns["line"]) >= row_group_size:
                     writer.write_table(pa.table(columns, schema=schema))
@@ -207,6 +223,22 @@ def export_parquet(
         failed=index.count(FAILED),
         invalid=index.count(INVALID),
     )
+
+
+def _note_body(index: JournalIndex, body: object) -> None:
+    """Record in `index` whether a succeeded body has logprobs or embeddings (and their size)."""
+    if not isinstance(body, dict):
+        return
+    data = body.get("data")
+    if isinstance(data, list):
+        for item in data:
+            vector = _embedding(item)
+            if vector is not None:
+                index.embedding_dims.add(len(vector))
+        return
+    choices = body.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        index.has_logprobs = index.has_logprobs or choices[0].get("logprobs") is not None
 
 
 # --- reading the journal -------------------------------------------------------------------
@@ -295,6 +327,8 @@ def _parquet_row(entry: Entry, rec: dict[str, Any]) -> tuple[Any, ...]:
     """One row, in `_parquet_schema` column order."""
     body = rec.get("body") if entry.status == SUCCEEDED else None
     choices = body.get("choices") if isinstance(body, dict) else None
+    # An embeddings body has `data` (one item per input) where the others have `choices`.
+    items = choices if choices is not None else body.get("data") if isinstance(body, dict) else None
     first = choices[0] if isinstance(choices, list) and choices else {}
     if "message" in first:
         content = (first.get("message") or {}).get("content")
@@ -313,7 +347,7 @@ def _parquet_row(entry: Entry, rec: dict[str, Any]) -> tuple[Any, ...]:
         None if invalid else rec.get("status_code"),
         content,
         first.get("finish_reason"),
-        len(choices) if isinstance(choices, list) else 0,
+        len(items) if isinstance(items, list) else 0,
         body.get("model") if isinstance(body, dict) else None,
         prompt,
         completion,
@@ -326,30 +360,51 @@ def _parquet_row(entry: Entry, rec: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _parquet_schema() -> Any:
-    """The results.parquet schema, with pandas metadata so nullable ints read back as Int32."""
+_BASE_COLUMNS = (
+    ("custom_id", "string"),
+    ("line", "int64"),
+    ("status", "string"),
+    ("status_code", "int32"),
+    ("content", "string"),
+    ("finish_reason", "string"),
+    ("n_choices", "int32"),
+    ("model", "string"),
+    ("prompt_tokens", "int64"),
+    ("completion_tokens", "int64"),
+    ("total_tokens", "int64"),
+    ("error_code", "string"),
+    ("error_message", "string"),
+    ("attempts", "int32"),
+    ("latency_s", "float64"),
+    ("response_id", "string"),
+)
+
+
+def _parquet_schema(index: JournalIndex | None = None) -> Any:
+    """The results.parquet schema, with pandas metadata so nullable ints read back as Int32.
+
+    The flat columns always; `logprobs` and `embeddings` when `index` saw answers that have them.
+    An embeddings column is a list of fixed-size lists when every vector has one size (the usual
+    case), else a list of lists.
+    """
     import pyarrow as pa
 
-    schema = pa.schema(
-        [
-            ("custom_id", pa.string()),
-            ("line", pa.int64()),
-            ("status", pa.string()),
-            ("status_code", pa.int32()),
-            ("content", pa.string()),
-            ("finish_reason", pa.string()),
-            ("n_choices", pa.int32()),
-            ("model", pa.string()),
-            ("prompt_tokens", pa.int64()),
-            ("completion_tokens", pa.int64()),
-            ("total_tokens", pa.int64()),
-            ("error_code", pa.string()),
-            ("error_message", pa.string()),
-            ("attempts", pa.int32()),
-            ("latency_s", pa.float64()),
-            ("response_id", pa.string()),
-        ]
-    )
+    fields = [(name, getattr(pa, kind)()) for name, kind in _BASE_COLUMNS]
+    if index is not None and index.has_logprobs:
+        candidate = pa.struct([("token", pa.string()), ("logprob", pa.float64())])
+        token = pa.struct(
+            [
+                ("token", pa.string()),
+                ("logprob", pa.float64()),
+                ("top_logprobs", pa.list_(candidate)),
+            ]
+        )
+        fields.append(("logprobs", pa.list_(token)))
+    if index is not None and index.embedding_dims:
+        dims = index.embedding_dims
+        vector = pa.list_(pa.float32(), next(iter(dims)) if len(dims) == 1 else -1)
+        fields.append(("embeddings", pa.list_(vector)))
+    schema = pa.schema(fields)
     try:
         import pandas as pd
     except ImportError:
@@ -357,21 +412,87 @@ def _parquet_schema() -> Any:
     # Without this, pandas reads status_code as float64 when any row is invalid (null) and as
     # int32 otherwise; the metadata makes it Int32 in every file.
     nullable_ints = {"status_code"}
-    empty = pd.DataFrame(
-        {
-            col.name: pd.Series(
-                [],
-                dtype="Int32"
-                if col.name in nullable_ints
-                else object
-                if pa.types.is_string(col.type)
-                else col.type.to_pandas_dtype(),
-            )
-            for col in schema
-        }
-    )
+
+    def dtype(col: Any) -> Any:
+        if col.name in nullable_ints:
+            return "Int32"
+        if pa.types.is_string(col.type) or pa.types.is_nested(col.type):
+            return object
+        return col.type.to_pandas_dtype()
+
+    empty = pd.DataFrame({col.name: pd.Series([], dtype=dtype(col)) for col in schema})
     meta = pa.Table.from_pandas(empty, schema=schema, preserve_index=False).schema.metadata
     return schema.with_metadata(meta)
+
+
+def _extra_values(names: list[str], entry: Entry, rec: dict[str, Any]) -> tuple[Any, ...]:
+    """The values of the optional columns `names` for one row."""
+    body = rec.get("body") if entry.status == SUCCEEDED else None
+    if not isinstance(body, dict):
+        return (None,) * len(names)
+    values: list[Any] = []
+    for name in names:
+        if name == "logprobs":
+            values.append(_first_choice_logprobs(body))
+        else:  # embeddings
+            data = body.get("data")
+            values.append([_embedding(item) for item in data] if isinstance(data, list) else None)
+    return tuple(values)
+
+
+def _first_choice_logprobs(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The first choice's logprobs as [{token, logprob, top_logprobs: [{token, logprob}]}]."""
+    choices = body.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices else None
+    logprobs = first.get("logprobs") if isinstance(first, dict) else None
+    if not isinstance(logprobs, dict):
+        return None
+    if "content" in logprobs:  # chat: ChoiceLogprobs
+        return [
+            {
+                "token": t.get("token"),
+                "logprob": t.get("logprob"),
+                "top_logprobs": [
+                    {"token": c.get("token"), "logprob": c.get("logprob")}
+                    for c in t.get("top_logprobs") or []
+                ],
+            }
+            for t in logprobs.get("content") or []
+        ]
+    # completions: parallel lists, each position's alternatives as a {token: logprob} object
+    tokens = logprobs.get("tokens") or []
+    token_logprobs = logprobs.get("token_logprobs") or []
+    tops = logprobs.get("top_logprobs") or []
+    return [
+        {
+            "token": token,
+            "logprob": lp,
+            "top_logprobs": [
+                {"token": t, "logprob": v}
+                for t, v in sorted((top or {}).items(), key=lambda kv: -kv[1])
+            ],
+        }
+        for token, lp, top in zip(tokens, token_logprobs, tops, strict=False)
+    ]
+
+
+def _embedding(item: object) -> list[float] | None:
+    """One embedding's floats, from a float list or OpenAI's base64 (little-endian float32)."""
+    if not isinstance(item, dict):
+        return None
+    vector = item.get("embedding")
+    if isinstance(vector, list):
+        return vector
+    if isinstance(vector, str):
+        try:
+            raw = base64.b64decode(vector, validate=True)
+        except (binascii.Error, ValueError):
+            return None
+        values = array("f", raw[: len(raw) // 4 * 4])
+        if sys.byteorder == "big":
+            values.byteswap()
+        return values.tolist()
+    return None
 
 
 # --- writing files -------------------------------------------------------------------------

@@ -54,6 +54,8 @@ def read_input(path: Path) -> Iterator[Request | LineError]:
     seen: dict[str, int] = {}  # custom_id -> the line where it first appeared
     file_url: str | None = None
     url_line = 0
+    file_model: str | None = None
+    model_line = 0
     with path.open("rb", buffering=READ_BUFFER) as f:
         for lineno, raw in enumerate(f, start=1):
             if lineno == 1 and raw.startswith(BOM):
@@ -108,6 +110,19 @@ def read_input(path: Path) -> Iterator[Request | LineError]:
             except InvalidLine as e:
                 yield LineError(lineno, custom_id, e.code, e.message)
                 continue
+            model = body.get("model")  # a string or null: check_body saw to it
+            if model:
+                if file_model is None:
+                    file_model, model_line = model, lineno
+                elif model != file_model:
+                    yield LineError(
+                        lineno,
+                        custom_id,
+                        "mixed_models",
+                        f"model {model!r} differs from this file's model {file_model!r} (set by "
+                        f"line {model_line}); every line of a batch must use the same model",
+                    )
+                    continue
             yield Request(custom_id, lineno, url, body)
 
 
@@ -153,18 +168,21 @@ def _parse_slow(raw: bytes) -> object:
     try:
         return _DECODER.decode(text)
     except json.JSONDecodeError as e:
+        # Some of the decoder's messages end in "at" already ("Invalid control character at").
+        reason = e.msg[:-3] if e.msg.endswith(" at") else e.msg
         if e.pos >= len(text.rstrip()):
             return _Unparsable(
-                f"line is not valid JSON: {e.msg} at the end of the line (is it cut off?)"
+                f"line is not valid JSON: {reason} at the end of the line (is it cut off?)"
             )
-        return _Unparsable(f"line is not valid JSON: {e.msg} at column {e.pos + 1}")
+        return _Unparsable(f"line is not valid JSON: {reason} at column {e.pos + 1}")
     except _NonStandardNumber as e:
         return _Unparsable(f"line is not valid JSON: {e}")
     except RecursionError:
         return _Unparsable("line is not valid JSON: it is nested too deeply to read")
-    except ValueError as e:
-        # e.g. an integer literal longer than Python's int/str conversion limit (4300 digits).
-        return _Unparsable(f"line is not valid JSON: {str(e)[:120]}")
+    except ValueError:
+        # An integer literal longer than Python's int/str conversion limit (4300 digits); the
+        # interpreter's own message is advice for programmers, not for the file's author.
+        return _Unparsable("line is not valid JSON: a number in it has more than 4300 digits")
 
 
 def hash_file(path: Path) -> str:

@@ -1,7 +1,17 @@
-"""Build response bodies in the OpenAI shapes (ChatCompletion, Completion) and error outcomes."""
+"""Build response bodies in the OpenAI shapes and error outcomes.
+
+Bodies are exactly what the `openai` package's types describe: `ChatCompletion` for
+/v1/chat/completions, `Completion` for /v1/completions and `CreateEmbeddingResponse` for
+/v1/embeddings, logprobs included (`ChoiceLogprobs` for chat, the legacy `Logprobs` for
+completions). Engines hand over plain values (`Choice`, `TokenLogprob`, vectors); the shaping is
+here, once, for every engine.
+"""
 
 from __future__ import annotations
 
+import base64
+import math
+import struct
 import time
 import uuid
 from collections.abc import Sequence
@@ -10,14 +20,34 @@ from typing import Any
 
 from batchrun.records import CHAT, Outcome, Request
 
+# OpenAI's stand-in for a logprob too small to show (and JSON has no -Infinity).
+MIN_LOGPROB = -9999.0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token: its text, UTF-8 bytes, logprob, and the most likely alternatives.
+
+    `top` holds (token, bytes, logprob) triples, most likely first, as many as were asked for.
+    """
+
+    token: str
+    token_bytes: bytes | None
+    logprob: float
+    top: tuple[tuple[str, bytes | None, float], ...] = ()
+
 
 @dataclass(frozen=True, slots=True)
 class Choice:
     """One generated sequence of a request (a request with `n` > 1 has several)."""
 
     text: str
-    finish_reason: str  # "stop" or "length"
+    finish_reason: str  # "stop", "length" or "tool_calls"
     token_count: int
+    # Per generated token, when the request asked for logprobs.
+    logprobs: Sequence[TokenLogprob] | None = None
+    # OpenAI-shaped tool calls ({"id", "type": "function", "function": {...}}), chat only.
+    tool_calls: Sequence[dict[str, Any]] | None = None
 
 
 def response_model(request: Request, default: str) -> str:
@@ -49,17 +79,12 @@ def success(
             "object": "chat.completion",
             "created": created,
             "model": model,
-            "choices": [
-                {
-                    "index": i,
-                    "message": {"role": "assistant", "content": c.text},
-                    "logprobs": None,
-                    "finish_reason": c.finish_reason,
-                }
-                for i, c in enumerate(choices)
-            ],
+            "choices": [_chat_choice(i, c) for i, c in enumerate(choices)],
             "usage": usage,
         }
+        metadata = request.body.get("metadata")
+        if metadata is not None:
+            body["metadata"] = metadata  # ChatCompletion carries the request's metadata back
     else:
         body = {
             "id": f"cmpl-{uuid.uuid4().hex}",
@@ -67,7 +92,12 @@ def success(
             "created": created,
             "model": model,
             "choices": [
-                {"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
+                {
+                    "index": i,
+                    "text": c.text,
+                    "logprobs": None if c.logprobs is None else completion_logprobs(c.logprobs),
+                    "finish_reason": c.finish_reason,
+                }
                 for i, c in enumerate(choices)
             ],
             "usage": usage,
@@ -81,6 +111,54 @@ def success(
         completion_tokens=completion_tokens,
         latency_s=latency_s,
     )
+
+
+def embedding_success(
+    request: Request,
+    vectors: Sequence[Sequence[float]],
+    *,
+    model: str,
+    prompt_tokens: int,
+    latency_s: float,
+) -> Outcome:
+    """A successful outcome whose body is a CreateEmbeddingResponse, one vector per input.
+
+    With `encoding_format: "base64"` each embedding is the base64 of its little-endian float32
+    values, as OpenAI sends it (the openai package decodes that client-side).
+    """
+    as_base64 = request.body.get("encoding_format") == "base64"
+    body = {
+        "object": "list",
+        "data": [
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": encode_base64(v) if as_base64 else [float(x) for x in v],
+            }
+            for i, v in enumerate(vectors)
+        ],
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+    return Outcome(
+        custom_id=request.custom_id,
+        ok=True,
+        status_code=200,
+        body=body,
+        prompt_tokens=prompt_tokens,
+        latency_s=latency_s,
+    )
+
+
+def encode_base64(vector: Sequence[float]) -> str:
+    """An embedding as OpenAI's base64 encoding: little-endian float32 values."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+
+
+def decode_base64(text: str) -> list[float]:
+    """The floats of a base64 embedding (the inverse of `encode_base64`)."""
+    raw = base64.b64decode(text)
+    return list(struct.unpack(f"<{len(raw) // 4}f", raw))
 
 
 def failure(
@@ -101,3 +179,76 @@ def failure(
         retryable=retryable,
         latency_s=latency_s,
     )
+
+
+# -- shapes ---------------------------------------------------------------------------------------
+
+
+def _chat_choice(index: int, choice: Choice) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": choice.text, "refusal": None}
+    finish_reason = choice.finish_reason
+    if choice.tool_calls:
+        message["tool_calls"] = list(choice.tool_calls)
+        message["content"] = choice.text or None
+        finish_reason = "tool_calls"
+    return {
+        "index": index,
+        "message": message,
+        "logprobs": None if choice.logprobs is None else chat_logprobs(choice.logprobs),
+        "finish_reason": finish_reason,
+    }
+
+
+def chat_logprobs(tokens: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """A chat choice's `logprobs`: OpenAI's ChoiceLogprobs."""
+    return {
+        "content": [
+            {
+                "token": t.token,
+                "logprob": _clamp(t.logprob),
+                "bytes": _bytes(t.token_bytes),
+                "top_logprobs": [
+                    {"token": tok, "logprob": _clamp(lp), "bytes": _bytes(raw)}
+                    for tok, raw, lp in t.top
+                ],
+            }
+            for t in tokens
+        ],
+        "refusal": None,
+    }
+
+
+def completion_logprobs(tokens: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """A completion choice's `logprobs`: the legacy shape (parallel lists, top as dicts).
+
+    `text_offset` counts characters into the choice's text; `top_logprobs` maps each candidate's
+    text to its logprob (candidates with the same text keep the likelier one), and holds the
+    sampled token too, as OpenAI's does (so up to `logprobs` + 1 entries).
+    """
+    offsets: list[int] = []
+    offset = 0
+    top: list[dict[str, float]] = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t.token)
+        entry: dict[str, float] = {}
+        for tok, _, lp in t.top:
+            entry.setdefault(tok, _clamp(lp))
+        entry.setdefault(t.token, _clamp(t.logprob))
+        top.append(entry)
+    return {
+        "tokens": [t.token for t in tokens],
+        "token_logprobs": [_clamp(t.logprob) for t in tokens],
+        "top_logprobs": top,
+        "text_offset": offsets,
+    }
+
+
+def _clamp(logprob: float) -> float:
+    if math.isnan(logprob):
+        return MIN_LOGPROB
+    return max(float(logprob), MIN_LOGPROB)
+
+
+def _bytes(raw: bytes | None) -> list[int] | None:
+    return None if raw is None else list(raw)

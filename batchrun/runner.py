@@ -171,6 +171,8 @@ def _validate_into_job(input_path: Path, paths: JobPaths, options: RunOptions) -
             f"{input_path} is not a JSONL file of requests (line {first_error.line}: "
             f"{first_error.message})"
         )
+    # The engine needs the endpoint: embeddings run vLLM as a pooling model.
+    options.settings.endpoint = url
     now = time.time()
     manifest: dict[str, Any] = {
         "format": 1,

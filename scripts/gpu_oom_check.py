@@ -111,9 +111,21 @@ def _wrapped(inner: BaseException, *, explicit: bool) -> BaseException:
     raise AssertionError("unreachable")
 
 
+# torch.OutOfMemoryError is new in PyTorch 2.5; torch.cuda.OutOfMemoryError is older.
+_OOM_TYPES: tuple[type[BaseException], ...] = tuple(
+    t
+    for t in (
+        getattr(torch, "OutOfMemoryError", None),
+        getattr(torch.cuda, "OutOfMemoryError", None),
+        MemoryError,
+    )
+    if isinstance(t, type)
+)
+
+
 def _looks_like_oom(exc: BaseException) -> bool:
     """A failure that is certainly about memory, whatever is_oom says (to catch what it misses)."""
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+    if isinstance(exc, _OOM_TYPES):
         return True
     text = str(exc).lower()
     return "out of memory" in text or "alloc_failed" in text or "can't allocate memory" in text
@@ -259,8 +271,10 @@ def classifier_checks_cuda(checks: Checks, device: torch.device, work: Workload)
     free, _ = torch.cuda.mem_get_info(device)
     n = int(free * 0.6) // (HIDDEN * 4)
     x = None
+    stage = "the input"
     try:
         x = torch.empty(n, HIDDEN, device=device).uniform_(-1.0, 1.0)
+        stage = "the matmul"
         y = x @ work.w1
         torch.cuda.synchronize(device)
         del y
@@ -268,7 +282,7 @@ def classifier_checks_cuda(checks: Checks, device: torch.device, work: Workload)
     except Exception as exc:
         if not _looks_like_oom(exc):
             raise
-        checks.expect("OOM inside a matmul (input fits, output not)", exc, True)
+        checks.expect(f"OOM in {stage} (sized so the input fits, its product not)", exc, True)
     del x
     _free()
 
@@ -308,7 +322,7 @@ def _outside_allocator_check(checks: Checks, device: torch.device, work: Workloa
         t.join()
         if caught:
             checks.expect(
-                "matmul in a new thread with the device full (cuBLAS handle)",
+                "small matmul in a new thread with the device full (new cuBLAS handle)",
                 caught[0],
                 _looks_like_oom(caught[0]),
                 strict=False,
@@ -394,21 +408,21 @@ def search_and_back_off(work: Workload, lo: int, hi: int, checks: Checks) -> lis
         return rows
 
     # Back off from the smallest size that ran out of memory, as the scheduler does.
-    size: int | None = ooms[0]
+    current: int | None = ooms[0]
     backoffs = 0
-    while size is not None:
-        p, note = probe(work, size, checks)
+    while current is not None:
+        p, note = probe(work, current, checks)
         record("back-off", p, note)
         if p.ok:
-            print(f"Back-off: {ooms[0]} -> {size} in {backoffs} halvings; it runs")
-            if largest_ok is not None and size > largest_ok:
-                print(f"  note: {size} ran now though the search saw it fail (memory is noisy)")
+            print(f"Back-off: {ooms[0]} -> {current} in {backoffs} halvings; it runs")
+            if largest_ok is not None and current > largest_ok:
+                print(f"  note: {current} ran now though the search saw it fail (memory is noisy)")
             break
         backoffs += 1
-        size = back_off(size)
+        current = back_off(current)
         if backoffs > 64:
-            size = None
-    if size is None:
+            current = None
+    if current is None:
         checks.fail(f"backing off from {ooms[0]} reached no size that runs")
     return rows
 

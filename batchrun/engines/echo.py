@@ -1,5 +1,11 @@
 """The echo engine: no model. Replies with the last user message (chat) or the prompt (completions).
 
+The reply honours ``stop`` (it ends before the first stop sequence) and ``max_tokens`` /
+``max_completion_tokens`` (counting whitespace-separated words as tokens; finish_reason "length").
+Embeddings requests get a deterministic unit vector of `ECHO_DIMENSIONS` floats per input, derived
+from a hash of the input (``dimensions`` up to that size keeps the first values, renormalised).
+With ``logprobs`` each whitespace-separated word is a token of logprob 0.
+
 For dry runs of a pipeline, for measuring batchrun's own overhead, and for fault injection from the
 environment, so failures are testable from the command line:
 
@@ -16,15 +22,31 @@ environment, so failures are testable from the command line:
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+import math
 import os
+import re
 import signal
+import struct
 import time
 from typing import Any
 
 from batchrun.config import EngineSettings
-from batchrun.records import CHAT, Outcome, Request
-from batchrun.responses import Choice, failure, response_model, success
+from batchrun.records import CHAT, COMPLETIONS, EMBEDDINGS, Outcome, Request
+from batchrun.responses import (
+    Choice,
+    TokenLogprob,
+    embedding_success,
+    failure,
+    response_model,
+    success,
+)
+from batchrun.validation import embedding_inputs
+
+# The size of the echo engine's embeddings.
+ECHO_DIMENSIONS = 8
+_WORDS = re.compile(r"\s*\S+")
 
 
 class OutOfMemoryError(RuntimeError):
@@ -133,15 +155,48 @@ class EchoEngine:
                 retryable=True,
                 latency_s=latency_s,
             )
-        text = echo_text(request)
+        if request.url == EMBEDDINGS:
+            return self._embed(request, latency_s)
+        prompt = echo_text(request)
+        text, finish_reason = _limit(request, prompt)
         n = request.body.get("n", 1)
         n = n if isinstance(n, int) and n > 0 else 1
         tokens = max(1, len(text.split()))
-        prompt_tokens = max(1, len(text.split()))
-        choices = [Choice(text=text, finish_reason="stop", token_count=tokens) for _ in range(n)]
+        prompt_tokens = max(1, len(prompt.split()))
+        logprobs = _echo_logprobs(request, text)
+        if request.url == COMPLETIONS and request.body.get("echo") is True:
+            text = prompt + text
+        choices = [
+            Choice(text=text, finish_reason=finish_reason, token_count=tokens, logprobs=logprobs)
+            for _ in range(n)
+        ]
         return success(
             request,
             choices,
+            model=response_model(request, self.settings.model_name),
+            prompt_tokens=prompt_tokens,
+            latency_s=latency_s,
+        )
+
+    def _embed(self, request: Request, latency_s: float) -> Outcome:
+        inputs = embedding_inputs(request.body.get("input"))
+        dimensions = request.body.get("dimensions")
+        size = dimensions if isinstance(dimensions, int) else ECHO_DIMENSIONS
+        if not 1 <= size <= ECHO_DIMENSIONS:
+            return failure(
+                request,
+                "invalid_request",
+                f"body.dimensions must be between 1 and {ECHO_DIMENSIONS} for the echo engine's "
+                f"embeddings, got {dimensions}",
+                status_code=400,
+                retryable=False,
+                latency_s=latency_s,
+            )
+        vectors = [echo_vector(item, size) for item in inputs]
+        prompt_tokens = sum(len(i) if isinstance(i, list) else len(i.split()) for i in inputs)
+        return embedding_success(
+            request,
+            vectors,
             model=response_model(request, self.settings.model_name),
             prompt_tokens=prompt_tokens,
             latency_s=latency_s,
@@ -156,3 +211,45 @@ class EchoEngine:
         self._running.clear()
         if self._record is not None:
             self._record.close()
+
+
+def echo_vector(item: str | list[int], size: int = ECHO_DIMENSIONS) -> list[float]:
+    """A deterministic unit vector for an input: from the sha256 of its text or token ids."""
+    key = item if isinstance(item, str) else ",".join(map(str, item))
+    digest = hashlib.sha256(key.encode("utf-8")).digest()
+    raw = [(b - 127.5) / 127.5 for b in digest[:size]]
+    norm = math.sqrt(sum(x * x for x in raw)) or 1.0
+    # Rounded through float32, as a model's output is, so base64 and float agree exactly.
+    return [struct.unpack("<f", struct.pack("<f", x / norm))[0] for x in raw]
+
+
+def _limit(request: Request, text: str) -> tuple[str, str]:
+    """The reply cut at the first stop sequence and at max_tokens words; its finish_reason."""
+    body = request.body
+    stop = body.get("stop")
+    for s in [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []:
+        if isinstance(s, str) and s and s in text:
+            text = text[: text.index(s)]
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    words = _WORDS.findall(text)
+    if isinstance(limit, int) and 0 < limit < len(words):
+        return "".join(words[:limit]), "length"
+    return text, "stop"
+
+
+def _echo_logprobs(request: Request, text: str) -> list[TokenLogprob] | None:
+    """Logprobs for the echo reply when asked for: each word a token, certain (logprob 0)."""
+    body = request.body
+    if request.url == CHAT:
+        if body.get("logprobs") is not True:
+            return None
+        top = body.get("top_logprobs") or 0
+    else:
+        if body.get("logprobs") is None:
+            return None
+        top = body["logprobs"]
+    result = []
+    for word in _WORDS.findall(text):
+        raw = word.encode("utf-8")
+        result.append(TokenLogprob(word, raw, 0.0, ((word, raw, 0.0),) if top else ()))
+    return result

