@@ -16,6 +16,10 @@ _OOM_TYPE_NAMES = frozenset({"OutOfMemoryError", "MemoryError"})
 # Lower-case fragments of the messages that PyTorch and vLLM use for memory exhaustion.
 _OOM_FRAGMENTS = (
     "cuda out of memory",
+    # The CUDA runtime's own error string (cudaErrorMemoryAllocation), and cuBLAS failing to get
+    # its workspace: both are the device running out, raised as plain RuntimeErrors.
+    "cuda error: out of memory",
+    "cublas_status_alloc_failed",
     # vLLM, when the memory left after loading the weights holds no KV cache block at all.
     "no available memory for the cache blocks",
     # vLLM, when max_model_len tokens of one sequence do not fit in the KV cache (older wording,
