@@ -73,8 +73,8 @@ def test_ray_results_match_a_single_machine_run(tmp_path: Path) -> None:
     assert len(answers(local)) == 300
     status = json.loads(cli("status", "--job-dir", str(on_ray), "--json").stdout)
     workers = status["workers"]
-    # Every actor that got work is listed (one that started last may have found the queue empty).
-    assert len(workers) >= 2 and all(w["kind"] == "ray" and w["node"] for w in workers)
+    # Every actor that got work is listed; on a loaded machine the first actor up may take it all.
+    assert workers and all(w["kind"] == "ray" and w["node"] for w in workers)
     assert sum(w["requests"] for w in workers) == 300
 
 
