@@ -6,17 +6,18 @@ Never imports vLLM (the engine lives in worker processes), so `--help` is instan
 from __future__ import annotations
 
 import json
-import signal
+import shlex
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
 
+from batchrun import stopping
 from batchrun.config import ENGINES, EngineSettings
 from batchrun.errors import BatchrunError
+from batchrun.stopping import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated
 
 app = typer.Typer(
     name="batchrun",
@@ -27,18 +28,6 @@ app = typer.Typer(
 )
 out = Console()
 err = Console(stderr=True)
-
-EXIT_INTERRUPTED = 130
-EXIT_TERMINATED = 143
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C so that the journal is flushed on the way out."""
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
-    raise Terminated()
-
 
 JobDir = Annotated[
     Path,
@@ -74,14 +63,18 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _interrupted(job_dir: Path, exc: KeyboardInterrupt) -> NoReturn:
+def _interrupted(job_dir: Path, exc: KeyboardInterrupt, again: str | None = None) -> NoReturn:
+    """Say how to go on after Ctrl-C or SIGTERM; `again` is the command that starts over when
+    the stop came before the job existed (a submit stopped while validating)."""
     what = "terminated" if isinstance(exc, Terminated) else "interrupted"
-    err.print(
-        f"\n[bold yellow]{what}:[/] the journal is flushed; nothing finished is lost. "
-        f"Continue with: batchrun resume --job-dir {job_dir}",
-        highlight=False,
-        soft_wrap=True,
-    )
+    if again is not None and not (job_dir / "manifest.json").exists():
+        message = f"stopped before the job was created; run it again with: {again}"
+    else:
+        message = (
+            "the journal is flushed; nothing finished is lost. "
+            f"Continue with: batchrun resume --job-dir {job_dir}"
+        )
+    err.print(f"\n[bold yellow]{what}:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED)
 
 
@@ -268,6 +261,7 @@ def submit(
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
         _fail(f"--gpu-memory-utilization must be in (0, 1], not {gpu_memory_utilization}", 2)
     job = job_dir or default_job_dir(input_file)
+    again = shlex.join(["batchrun", *sys.argv[1:]])
     try:
         settings = EngineSettings(
             engine=engine,
@@ -297,12 +291,13 @@ def submit(
             ray=ray,
         )
         err.print(f"[bold]job dir:[/] {job}", highlight=False)
+        stopping.set_job(job, again=again)
         tune_only = ctx.info_name == "tune"
         summary = run_submit(input_file, job, options, tune_only=tune_only)
     except BatchrunError as e:
         _fail(str(e), e.exit_code)
     except KeyboardInterrupt as e:
-        _interrupted(job, e)
+        _interrupted(job, e, again=again)
     if tune_only:
         from batchrun.render import print_probes
 
@@ -334,6 +329,7 @@ def resume(
     from batchrun.runner import resume as run_resume
 
     try:
+        stopping.set_job(job_dir)
         summary = run_resume(job_dir, progress=not no_progress, force=force, ray=ray)
     except BatchrunError as e:
         _fail(str(e), e.exit_code)
@@ -348,6 +344,7 @@ def retry_failed(job_dir: JobDir, ray: RayAddress = None, no_progress: NoProgres
     from batchrun.runner import retry_failed as run_retry
 
     try:
+        stopping.set_job(job_dir)
         summary = run_retry(job_dir, progress=not no_progress, ray=ray)
     except BatchrunError as e:
         _fail(str(e), e.exit_code)
@@ -383,7 +380,8 @@ def export(
     paths = JobPaths(job_dir)
     dest = output_dir or job_dir
     try:
-        load_manifest(paths)
+        if not paths.journal.exists():
+            load_manifest(paths)  # says what is wrong: no job there, or not a job
         if parquet:
             summary = export_parquet(paths.journal, dest)
         else:
@@ -424,8 +422,18 @@ def status(
 
 def main() -> None:
     """Console entry point."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    app()
+    stopping.install()
+    try:
+        app()
+    except SystemExit as e:
+        # Typer turns a KeyboardInterrupt that escapes a command (a SIGTERM before the command's
+        # own handler is in place, say) into exit 130: give a SIGTERM its own code.
+        code = stopping.exit_code()
+        if code is not None and e.code == EXIT_INTERRUPTED:
+            raise SystemExit(code) from None
+        raise
+    except KeyboardInterrupt:  # one that came outside Typer's own handling
+        raise SystemExit(stopping.exit_code() or EXIT_INTERRUPTED) from None
 
 
 if __name__ == "__main__":

@@ -84,8 +84,9 @@ def load_manifest(paths: JobPaths) -> dict[str, Any]:
     if not paths.manifest.exists():
         if paths.journal.exists():
             raise BatchrunError(
-                f"the job at {paths.root} has a journal but no {MANIFEST_NAME}; "
-                "it cannot be resumed without it (the journal's results can still be exported)"
+                f"the job at {paths.root} has a journal but no {MANIFEST_NAME}; it cannot be "
+                "resumed without it (export still writes the journal's results). If a submit "
+                "was stopped while validating its input, run that submit again"
             )
         raise BatchrunError(
             f"no job at {paths.root}: there is no {MANIFEST_NAME} (start one with submit)"

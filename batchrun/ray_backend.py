@@ -137,7 +137,9 @@ class RayWorker(Worker):
     @property
     def label(self) -> str:
         """How the worker is named in messages."""
-        return f"ray worker {self.index}" + (f" ({self.node})" if getattr(self, "node", None) else "")
+        return f"ray worker {self.index}" + (
+            f" ({self.node})" if getattr(self, "node", None) else ""
+        )
 
     def start(self, inbox: queue.Queue[tuple[int, int, str, Any]]) -> None:
         """Create the actor and a thread that relays its outcomes to `inbox`."""
@@ -187,13 +189,22 @@ class RayWorker(Worker):
         except Exception as e:  # an actor or node lost: Ray raises its own types
             if not self._stopping.is_set():
                 message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                put((self.index, gen, "fatal", {"oom": False, "message": f"the Ray actor was lost: {message}"}))
+                put(
+                    (
+                        self.index,
+                        gen,
+                        "fatal",
+                        {"oom": False, "message": f"the Ray actor was lost: {message}"},
+                    )
+                )
         finally:
             put((self.index, gen, "eof", None))
 
     def _on_eof(self) -> None:
         if self.death is None:
-            self.death = WorkerDeath(oom=False, message="the Ray actor stopped", during_start=not self.ready)
+            self.death = WorkerDeath(
+                oom=False, message="the Ray actor stopped", during_start=not self.ready
+            )
 
     def describe(self) -> dict[str, Any]:
         """Where the actor runs, for `status`."""

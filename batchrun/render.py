@@ -93,7 +93,9 @@ def print_workers(console: Console, workers: list[dict[str, Any]]) -> None:
     """Per-worker progress."""
     table = Table(title="workers", title_justify="left")
     for col in ("worker", "where", "GPU", "attempts", "generated", "tok/s"):
-        table.add_column(col, justify="right" if col in ("attempts", "generated", "tok/s") else "left")
+        table.add_column(
+            col, justify="right" if col in ("attempts", "generated", "tok/s") else "left"
+        )
     for w in workers:
         gpus = w.get("gpus")
         table.add_row(

@@ -25,7 +25,7 @@ from batchrun.job import (
     replay,
     save_manifest,
 )
-from batchrun.journal import JournalWriter, invalid_record
+from batchrun.journal import JournalWriter, invalid_record, read_records
 from batchrun.progress import ProgressReporter
 from batchrun.reader import check_input_file, hash_file, read_input
 from batchrun.records import LineError, Request
@@ -105,9 +105,12 @@ def submit(
     except OSError as e:
         raise BatchrunError(f"cannot create the job directory {job_dir}: {e.strerror or e}") from e
     with job_lock(paths):
+        _discard_unfinished_validation(paths)
         try:
             manifest = _validate_into_job(input_path, paths, options)
-        except BatchrunError:
+        except (BatchrunError, KeyboardInterrupt):
+            # No manifest yet, so nothing has run: leave the directory as it was, and running
+            # the same submit again starts clean.
             if created:
                 shutil.rmtree(job_dir, ignore_errors=True)
             else:
@@ -142,6 +145,26 @@ def retry_failed(job_dir: Path, *, progress: bool = True, ray: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+def _discard_unfinished_validation(paths: JobPaths) -> None:
+    """Drop the journal a submit killed while validating left behind (there is no manifest yet).
+
+    Such a journal holds only invalid-line records, which validating again writes anew; keeping
+    them would count every invalid line twice. A journal with anything else in it is finished
+    work whose manifest went missing: never thrown away.
+    """
+    if not paths.journal.exists():
+        return
+    kinds = {rec.get("kind") for rec in read_records(paths.journal, strict=False)}
+    if kinds <= {"invalid"}:
+        paths.journal.unlink()
+        return
+    raise BatchrunError(
+        f"{paths.root} holds a journal with finished requests but no {paths.manifest.name}; "
+        f"export its results with `batchrun export --job-dir {paths.root}`, restore "
+        f"{paths.manifest.name}, or choose another --job-dir"
+    )
 
 
 def _validate_into_job(input_path: Path, paths: JobPaths, options: RunOptions) -> dict[str, Any]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing as mp
+import multiprocessing.util  # registers its exit handler now, so that ours runs before it
 import queue
 import threading
 import time
@@ -58,12 +60,19 @@ class Worker:
         ctx = mp.get_context("spawn")
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         # Not a daemon: a vLLM engine with tensor parallelism starts children of its own.
-        self.process = ctx.Process(
+        process = ctx.Process(
             target=worker_main,
             args=(child_conn, self.settings.to_dict(), self.env, str(self.index)),
             name=f"batchrun-worker-{self.index}",
         )
-        self.process.start()
+        try:
+            process.start()
+        except BaseException:
+            # A Ctrl-C mid-spawn included: no half-started process for stop() to join.
+            parent_conn.close()
+            child_conn.close()
+            raise
+        self.process = process
         child_conn.close()
         self.conn = parent_conn
         self.pid = self.process.pid
@@ -148,26 +157,51 @@ class Worker:
         return held
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Ask the worker to stop; kill it if it does not."""
+        """Ask the worker to stop; kill it if it does not (or if a second Ctrl-C cuts the wait)."""
         if self.process is None:
             return
-        if self.conn is not None:
-            with contextlib.suppress(Exception):
-                self.conn.send(("stop", None))
-        self.process.join(timeout=timeout)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(timeout=5)
-        if self.conn is not None:
-            self.conn.close()
-        self.process = None
-        self.conn = None
+        try:
+            if self.conn is not None:
+                with contextlib.suppress(Exception):
+                    self.conn.send(("stop", None))
+            self.process.join(timeout=timeout)
+        finally:
+            # Reached on a KeyboardInterrupt too: a worker left running would never be told to
+            # stop, and the exiting parent would wait for it forever.
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(timeout=5)
+            if self.conn is not None:
+                self.conn.close()
+            self.process = None
+            self.conn = None
 
     def kill(self) -> None:
         """Stop the worker at once."""
         if self.process is not None and self.process.is_alive():
             self.process.kill()
         self.stop(timeout=5)
+
+
+def kill_all_workers() -> None:
+    """SIGKILL every worker process still running, without waiting for them."""
+    # Every child multiprocessing started, not only those a Worker got to record.
+    for process in mp.active_children():
+        with contextlib.suppress(Exception):
+            process.kill()
+
+
+@atexit.register
+def _kill_leftover_workers() -> None:
+    """At exit, kill any worker an interrupted shutdown left running.
+
+    Registered after multiprocessing's own exit handler, so it runs first: that handler joins
+    every non-daemon child, and would wait forever for a worker nobody told to stop.
+    """
+    kill_all_workers()
+    for process in mp.active_children():
+        with contextlib.suppress(Exception):
+            process.join(timeout=5)
 
 
 def _pump(
@@ -178,6 +212,7 @@ def _pump(
         while True:
             kind, payload = conn.recv()
             inbox.put((index, gen, kind, payload))
-    except (EOFError, OSError):
+    except (EOFError, OSError, TypeError, ValueError):
+        # EOF: the worker is gone. The others: the parent closed this end while stopping it.
         pass
     inbox.put((index, gen, "eof", None))

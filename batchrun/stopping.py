@@ -1,0 +1,77 @@
+"""Ctrl-C and SIGTERM: the first one stops gracefully, a second one stops at once.
+
+The first SIGINT or SIGTERM raises KeyboardInterrupt (`Terminated` for SIGTERM) in the main
+thread: the runner stops feeding, stops its workers, flushes and fsyncs the journal and records
+the stop in the manifest, and the CLI exits 130 or 143. A second one while that is under way (or
+while Python shuts down) kills the workers and exits at once with the same code. That is safe:
+every journal line is handed to the kernel in one unbuffered write as its result arrives, and the
+manifest is replaced atomically, so neither can be left torn by the exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+from types import FrameType
+
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C so that the journal is flushed on the way out."""
+
+
+_first: int | None = None  # the signal that started the graceful stop
+_job_dir: str | None = None
+_again: str | None = None
+
+
+def set_job(job_dir: object, again: str | None = None) -> None:
+    """Name the job being run, for the message of an immediate stop; `again` is the command
+    that starts over while the job does not exist yet (a submit still validating)."""
+    global _job_dir, _again
+    _job_dir, _again = str(job_dir), again
+
+
+def install() -> None:
+    """Route SIGINT and SIGTERM through the graceful-then-immediate handler (main thread only)."""
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    # Registered before any other exit handler of batchrun's, so it runs after them all.
+    atexit.register(_ignore_late_signals)
+
+
+def _ignore_late_signals() -> None:
+    # Past this point nothing is left to stop, and Python's finalisation puts back the default
+    # handlers, so a Ctrl-C now would end the process by signal (-2) instead of exit 130.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def exit_code() -> int | None:
+    """130 or 143 once a stop signal came, else None."""
+    if _first is None:
+        return None
+    return EXIT_TERMINATED if _first == signal.SIGTERM else EXIT_INTERRUPTED
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    global _first
+    if _first is None:
+        _first = signum
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    _stop_now()
+
+
+def _stop_now() -> None:
+    from batchrun.supervisor import kill_all_workers
+
+    kill_all_workers()
+    hint = "batchrun resume" + (f" --job-dir {_job_dir}" if _job_dir else "")
+    if _job_dir and _again and not os.path.exists(os.path.join(_job_dir, "manifest.json")):
+        hint = _again
+    os.write(2, f"\nstopped at once; the journal is intact. Continue with: {hint}\n".encode())
+    code = exit_code()
+    os._exit(code if code is not None else EXIT_INTERRUPTED)
