@@ -53,13 +53,13 @@ def worker_envs(
     """The environment of each worker: one per group of `tensor_parallel_size` GPUs.
 
     The echo engine needs no GPU: it starts `workers` workers (default 1). The vLLM engine on a
-    machine with no GPU starts one worker on the CPU.
+    machine with no GPU starts `workers` workers (default 1) on the CPU, sharing its cores.
     """
     if engine == "echo":
         return [{} for _ in range(workers or 1)]
     ids = gpus if gpus is not None else visible_gpus()
     if not ids:
-        return [{} for _ in range(workers or 1)]
+        return cpu_worker_envs(workers or 1)
     tp = max(1, tensor_parallel_size)
     if len(ids) < tp:
         raise BatchrunError(
@@ -69,3 +69,29 @@ def worker_envs(
     if workers is not None:
         groups = groups[:workers]
     return [{"CUDA_VISIBLE_DEVICES": ",".join(g)} for g in groups]
+
+
+def cpu_worker_envs(count: int) -> list[dict[str, str]]:
+    """Share this process's cores among `count` CPU engine workers, keeping one for the parent.
+
+    vLLM's CPU backend runs the model on OpenMP threads that wait for each other at every layer:
+    one thread whose core is taken (by the parent reading results and writing the journal, say)
+    stalls them all. vLLM's own multiprocess engine keeps a core back for the same reason. Each
+    worker gets OMP_NUM_THREADS and the cores to pin itself to (BATCHRUN_CPU_AFFINITY, applied by
+    the worker before torch loads). A user's own OMP_NUM_THREADS or VLLM_CPU_OMP_THREADS_BIND wins.
+    """
+    if "OMP_NUM_THREADS" in os.environ or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return [{} for _ in range(count)]
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return [{} for _ in range(count)]
+    usable = cpus[1:] if len(cpus) > count else cpus
+    per = max(1, len(usable) // count)
+    envs = []
+    for i in range(count):
+        mine = usable[i * per : (i + 1) * per] or usable[-per:]
+        envs.append(
+            {"OMP_NUM_THREADS": str(len(mine)), "BATCHRUN_CPU_AFFINITY": ",".join(map(str, mine))}
+        )
+    return envs

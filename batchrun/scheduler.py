@@ -231,6 +231,8 @@ class Scheduler:
     def _start(self, w: Worker) -> None:
         w.start(self.inbox)
         where = f"pid {w.pid}, " if w.pid else ""
+        if w.env.get("BATCHRUN_CPU_AFFINITY"):
+            where += f"CPU cores {w.env['BATCHRUN_CPU_AFFINITY']}, "
         self.reporter.event(
             f"{w.label} starting {w.settings.engine} engine ({where}batch size {w.settings.window})"
         )

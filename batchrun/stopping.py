@@ -37,6 +37,8 @@ def set_job(job_dir: object, again: str | None = None) -> None:
 
 def install() -> None:
     """Route SIGINT and SIGTERM through the graceful-then-immediate handler (main thread only)."""
+    if signal.getsignal(signal.SIGINT) is _on_signal:
+        return
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
     # Registered before any other exit handler of batchrun's, so it runs after them all.

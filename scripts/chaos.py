@@ -52,6 +52,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -325,7 +326,7 @@ class Checker:
         attempts: dict[str, int] = {}
         ok: dict[str, dict[str, Any]] = {}
         last_ok: dict[str, bool] = {}
-        invalid_seen: Counter[int] = Counter()
+        invalid_seen: Counter[Any] = Counter()
         twice: list[str] = []
         twice_invalid: list[str] = []
         for rec in view.records:
@@ -436,18 +437,18 @@ class Checker:
         if lines_in_order != sorted(lines_in_order):
             self.fail("output.jsonl: lines are not in input order")
         err_seen: Counter[str] = Counter()
-        inv_seen: Counter[int] = Counter()
+        inv_seen: Counter[Any] = Counter()
         failed_rows = invalid_rows = 0
         err_lines: list[int] = []
-        for e in errors:
-            line_ids[e.get("id")] += 1
-            err = e.get("error") or {}
+        for row in errors:
+            line_ids[row.get("id")] += 1
+            err = row.get("error") or {}
             line = err.get("line")
             err_lines.append(line if isinstance(line, int) else -1)
-            if e.get("response") is None:
+            if row.get("response") is None:
                 invalid_rows += 1
                 inv_seen[line] += 1
-                want = self.exp.invalid.get(line)
+                want = self.exp.invalid.get(line) if isinstance(line, int) else None
                 if want is None:
                     self.fail(
                         f"errors.jsonl: an invalid-line error for line {line}, which is valid"
@@ -464,7 +465,7 @@ class Checker:
                     self.fail(f"errors.jsonl: line {line} has no message")
                 continue
             failed_rows += 1
-            cid = e.get("custom_id")
+            cid = row.get("custom_id")
             err_seen[cid] += 1
             if cid not in self.exp.failing:
                 self.fail(f"errors.jsonl: {cid!r} failed ({err.get('code')}), expected success")
@@ -561,6 +562,8 @@ class Cycle:
     stopped_at: float | None = None
     mode: str = ""
     stderr: str = ""
+    ray: bool = False
+    actor_kill_at: float | None = None  # seconds after ready
 
 
 class Harness:
@@ -590,6 +593,9 @@ class Harness:
         self.runs = 0
         self.last_pgid = 0
         self.import_tracebacks = 0
+        self.actor_kills: list[int] = []  # pids of Ray actors SIGKILLed mid-run
+        self.actors_replaced = 0
+        self.runs_without_ray = 0
 
     # -- pacing ----------------------------------------------------------------------------
 
@@ -633,8 +639,13 @@ class Harness:
                 cmd += ["--max-model-len", str(a.max_model_len)]
                 if a.gpu_memory_utilization:
                     cmd += ["--gpu-memory-utilization", str(a.gpu_memory_utilization)]
+            return cmd + (["--ray", "local"] if a.ray else [])
+        cmd = ["resume", "--job-dir", str(self.job), "--no-progress"]
+        if a.ray and self.rng.random() < 0.2:
+            # A job started on Ray goes on without it (and back): one job directory, either way.
+            self.runs_without_ray += 1
             return cmd
-        return ["resume", "--job-dir", str(self.job), "--no-progress"]
+        return cmd + (["--ray", "local"] if a.ray else [])
 
     def run_once(
         self,
@@ -647,7 +658,14 @@ class Harness:
         """Start batchrun; stop it with `stop` `at` seconds after its start (or after its first
         engine worker is ready, with `after_ready`), or let it finish (`at` None)."""
         cmd = self.command()
-        cycle = Cycle(command=cmd[0], stop=stop, at=at)
+        cycle = Cycle(command=cmd[0], stop=stop, at=at, ray="--ray" in cmd)
+        if cycle.ray and (at is None or after_ready):
+            # An actor SIGKILLed mid-run: the run must replace it and go on. In the last run
+            # always; otherwise in most runs, before the moment the whole run is stopped.
+            if at is None:
+                cycle.actor_kill_at = self.rng.uniform(0.2, 2.0)
+            elif self.rng.random() < 0.7:
+                cycle.actor_kill_at = self.rng.uniform(0.0, 0.6 * at)
         self.runs += 1
         log = self.logs / f"run-{self.runs:03d}-{cmd[0]}.log"
         started = time.monotonic()
@@ -673,7 +691,27 @@ class Harness:
         cycle.seconds = time.monotonic() - started
         cycle.stderr = log.read_text(errors="replace")
         self.cycles.append(cycle)
+        if cycle.ray:
+            self.check_actor_replacement(cycle)
         return cycle
+
+    def check_actor_replacement(self, cycle: Cycle) -> None:
+        """Each actor killed in this run was noticed, and (if the run went on) replaced."""
+        text = cycle.stderr
+        for pid in self.actor_kills:
+            ready = re.search(rf"ray worker (\d+)[^\n]* ready \(pid {pid}\b", text)
+            if not ready:
+                continue
+            index = ready.group(1)
+            after = text[ready.end() :]
+            died = re.search(rf"ray worker {index}\b[^\n]* died: ", after)
+            if died and re.search(rf"ray worker {index}\b[^\n]* ready \(pid ", after[died.end() :]):
+                self.actors_replaced += 1
+            elif cycle.stop == "none":
+                self.checker.fail(
+                    f"run {self.runs}: Ray actor pid {pid} (worker {index}) was killed and "
+                    "not replaced before the job finished"
+                )
 
     def _watch(
         self,
@@ -703,6 +741,13 @@ class Harness:
                     cycle.ready = now - started
                     if after_ready and at is not None:
                         deadline = now + at
+            if (
+                cycle.actor_kill_at is not None
+                and cycle.ready is not None
+                and now - started >= cycle.ready + cycle.actor_kill_at
+            ):
+                cycle.actor_kill_at = None
+                self.kill_an_actor(log)
             size = journal.stat().st_size if journal.exists() else 0
             manifest = (self.job / "manifest.json").exists()
             if not manifest and size > size0:
@@ -728,6 +773,20 @@ class Harness:
         cycle.phase = self.phase(cycle)
         cycle.stopped_at = time.monotonic() - started
         self.stop(proc, cycle.stop)
+
+    def kill_an_actor(self, log: Path) -> None:
+        """SIGKILL one live Ray actor of the current run (found by the pid its "ready" names)."""
+        text = log.read_text(errors="replace")
+        pids = [int(m) for m in re.findall(r"ray worker \d+[^\n]* ready \(pid (\d+)", text)]
+        alive = [pid for pid in pids if pid not in self.actor_kills and _alive(pid)]
+        if not alive:
+            return
+        pid = self.rng.choice(alive)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            self.actor_kills.append(pid)
+            if not self.args.quiet:
+                print(f"[chaos] SIGKILLed Ray actor pid {pid}", flush=True)
 
     def phase(self, cycle: Cycle) -> str:
         """Where a run was when it was stopped."""
@@ -958,6 +1017,10 @@ class Harness:
             "requests_resent_after_a_stop": resent,
             "rows_checked": checked,
             "planted_bug": self.planted,
+            "ray": a.ray,
+            "ray_actors_killed": len(self.actor_kills),
+            "ray_actors_replaced": self.actors_replaced,
+            "runs_without_ray": self.runs_without_ray,
             "violations": len(ck.violations),
             "seconds": round(time.monotonic() - started, 1),
             "work_dir": str(self.work),
@@ -1045,6 +1108,12 @@ class Harness:
                 "was still importing batchrun (its own KeyboardInterrupt traceback; job untouched)"
             )
         print(f"  runs                {f['runs']} ({f['submits']} submit)")
+        if f["ray"]:
+            print(
+                f"  Ray                 {f['ray_actors_killed']} actors SIGKILLed mid-run, "
+                f"{f['ray_actors_replaced']} seen replaced; {f['runs_without_ray']} runs resumed "
+                "without Ray"
+            )
         if f["engine_received"]:
             print(
                 f"  engine received     {f['engine_received']:,} requests: "
@@ -1069,6 +1138,14 @@ class Harness:
             )
         if ck.violations or shortfall or self.args.keep or self.args.work_dir:
             print(f"  work dir            {self.work}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :].split()[0] != "Z"
 
 
 def whole_size(path: Path) -> int:
@@ -1129,6 +1206,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=0.0,
         help="fraction of the stops that are SIGINT / SIGTERM / two SIGINTs instead of SIGKILL [0]",
+    )
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="run on a local Ray instance (--ray local), SIGKILL actors mid-run too [off]",
     )
     p.add_argument("--plant-bug", choices=PLANTS, help="corrupt the job on purpose (see above)")
     p.add_argument(

@@ -36,6 +36,14 @@ def _die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _pin_to_cpus(cpus: str | None) -> None:
+    """Keep this worker (and the OpenMP threads it starts) on its share of the cores."""
+    if not cpus or not hasattr(os, "sched_setaffinity"):
+        return
+    with contextlib.suppress(OSError, ValueError):
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+
+
 def worker_main(
     conn: Connection, settings_dict: dict[str, Any], env: dict[str, str], name: str
 ) -> None:
@@ -44,6 +52,7 @@ def worker_main(
     # Ctrl-C reaches the whole process group; the parent decides how to stop, not the worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(env)
+    _pin_to_cpus(env.get("BATCHRUN_CPU_AFFINITY"))
     # The engine's log lines are for a person watching, not for a pipe reading the summary: send
     # the worker's stdout to stderr, and keep vLLM to warnings unless the user asked otherwise.
     with contextlib.suppress(OSError):
