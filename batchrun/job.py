@@ -156,6 +156,10 @@ def job_lock(paths: JobPaths) -> Iterator[None]:
             raise
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
+        # Holding the lock, no one else writes here: a temporary manifest left is a killed
+        # write's, never read (the rename had not happened), and can go.
+        for stale in paths.root.glob(f".{MANIFEST_NAME}.*.tmp"):
+            stale.unlink(missing_ok=True)
         try:
             yield
         finally:

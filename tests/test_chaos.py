@@ -321,3 +321,25 @@ def test_sigterm_while_the_command_starts_exits_143(tmp_path: Path) -> None:
         timeout=120,
     )
     assert r.returncode == 143, (r.returncode, r.stderr)
+
+
+def test_submit_never_discards_a_journal_with_results_whose_manifest_is_missing(
+    tmp_path: Path,
+) -> None:
+    """Only what a submit stopped while validating leaves (invalid-line records) is dropped on a
+    new submit; finished results without their manifest are refused, and export still works."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"message {i}") for i in range(5)])
+    job = tmp_path / "job"
+    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    (job / "manifest.json").unlink()
+    before = (job / "journal.jsonl").read_bytes()
+    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    assert r.returncode == 1
+    assert "holds a journal with finished requests but no manifest.json" in r.stderr, r.stderr
+    assert (job / "journal.jsonl").read_bytes() == before
+    r = cli("resume", "--job-dir", str(job))
+    assert r.returncode == 1 and "has a journal but no manifest.json" in r.stderr, r.stderr
+    r = cli("export", "--job-dir", str(job))
+    assert r.returncode == 0, r.stderr
+    assert [x["custom_id"] for x in read_jsonl(job / "output.jsonl")] == [f"r{i}" for i in range(5)]

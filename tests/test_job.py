@@ -73,3 +73,15 @@ def test_lock_refuses_a_second_holder_and_names_the_pid(tmp_path: Path) -> None:
     assert lock_holder(paths) is None
     with job_lock(paths):
         assert lock_holder(paths) is not None
+
+
+def test_a_temporary_manifest_left_by_a_killed_write_goes_when_the_lock_is_taken(
+    tmp_path: Path,
+) -> None:
+    paths = JobPaths(tmp_path)
+    save_manifest(paths, {"job_id": "j1"})
+    stale = tmp_path / ".manifest.json.4242.tmp"
+    stale.write_text('{"job_id": "half')
+    with job_lock(paths):
+        assert not stale.exists()
+    assert load_manifest(paths)["job_id"] == "j1"

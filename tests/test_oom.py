@@ -126,6 +126,12 @@ def test_broken_str_is_not_a_crash() -> None:
 
 
 def test_cuda_runtime_and_cublas_allocation_failures_are_oom() -> None:
-    assert is_oom(RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"))
-    assert is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"))
+    assert is_oom(
+        RuntimeError(
+            "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"
+        )
+    )
+    assert is_oom(
+        RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+    )
     assert not is_oom(RuntimeError("CUDA error: device-side assert triggered"))
