@@ -594,7 +594,8 @@ class Harness:
         self.last_pgid = 0
         self.import_tracebacks = 0
         self.actor_kills: list[int] = []  # pids of Ray actors SIGKILLed mid-run
-        self.actors_replaced = 0
+        self.actors_noticed = 0  # its death seen by batchrun, a replacement started
+        self.actors_replaced = 0  # ... and the replacement ready before the run ended
         self.runs_without_ray = 0
 
     # -- pacing ----------------------------------------------------------------------------
@@ -704,7 +705,9 @@ class Harness:
                 continue
             index = ready.group(1)
             after = text[ready.end() :]
-            died = re.search(rf"ray worker {index}\b[^\n]* died: ", after)
+            died = re.search(rf"ray worker {index}\b[^\n]* died: [^\n]*starting a fresh one", after)
+            if died:
+                self.actors_noticed += 1
             if died and re.search(rf"ray worker {index}\b[^\n]* ready \(pid ", after[died.end() :]):
                 self.actors_replaced += 1
             elif cycle.stop == "none":
@@ -1019,6 +1022,7 @@ class Harness:
             "planted_bug": self.planted,
             "ray": a.ray,
             "ray_actors_killed": len(self.actor_kills),
+            "ray_actors_noticed": self.actors_noticed,
             "ray_actors_replaced": self.actors_replaced,
             "runs_without_ray": self.runs_without_ray,
             "violations": len(ck.violations),
@@ -1110,9 +1114,10 @@ class Harness:
         print(f"  runs                {f['runs']} ({f['submits']} submit)")
         if f["ray"]:
             print(
-                f"  Ray                 {f['ray_actors_killed']} actors SIGKILLed mid-run, "
-                f"{f['ray_actors_replaced']} seen replaced; {f['runs_without_ray']} runs resumed "
-                "without Ray"
+                f"  Ray                 {f['ray_actors_killed']} actors SIGKILLed mid-run: "
+                f"{f['ray_actors_noticed']} deaths seen and a replacement started, "
+                f"{f['ray_actors_replaced']} replacements ready before their run was stopped; "
+                f"{f['runs_without_ray']} runs resumed without Ray"
             )
         if f["engine_received"]:
             print(

@@ -78,6 +78,18 @@ def test_chaos_graceful_stops_exit_130_or_143_and_leave_a_working_hint(tmp_path:
     assert rep["graceful_stops"] >= 7  # the first stop (aimed at validation) is a SIGKILL
 
 
+@pytest.mark.ray
+def test_chaos_on_ray_actors_killed_and_runs_resumed_with_and_without_ray(tmp_path: Path) -> None:
+    """The harness with --ray local: Ray actors SIGKILLed mid-run (the last run always loses
+    one and must replace it), whole runs SIGKILLed, some resumed without Ray; nothing lost."""
+    rc, rep, out = run_chaos(tmp_path, "--ray", "--kills", "4", "--requests", "600", "--seed", "11")
+    assert rep, out
+    assert rep["violation_list"] == [], out
+    assert rc == 0, out
+    assert rep["ray_actors_killed"] >= 1 and rep["ray_actors_replaced"] >= 1, out
+    assert rep["rows_checked"] == 600 + rep["invalid_lines"]
+
+
 @pytest.mark.parametrize(
     ("plant", "symptom"),
     [
