@@ -12,7 +12,7 @@ from typing import Any
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
 from batchrun.models import cache_root
-from batchrun.records import Request
+from batchrun.records import EMBEDDINGS, Request
 from batchrun.scheduler import Reporter, Scheduler
 from batchrun.sizing import BatchSizeSearch, Probe
 
@@ -77,18 +77,19 @@ def search_batch_size(
 
 
 def cache_key(settings: EngineSettings, device: str) -> str:
-    """What a cached batch size depends on: model, device, max model length, engine."""
-    return json.dumps(
-        [
-            settings.engine,
-            settings.model or "default",
-            device,
-            settings.max_model_len,
-            settings.tensor_parallel_size,
-            settings.gpu_memory_utilization,
-        ],
-        separators=(",", ":"),
-    )
+    """What a cached batch size depends on: model, device, max model length, engine, and the
+    endpoint (embeddings run vLLM as a pooling model, whose memory and best size differ)."""
+    key: list[object] = [
+        settings.engine,
+        settings.model or "default",
+        device,
+        settings.max_model_len,
+        settings.tensor_parallel_size,
+        settings.gpu_memory_utilization,
+    ]
+    if settings.endpoint == EMBEDDINGS:
+        key.append("pooling")  # generation keys unchanged: sizes cached before stay valid
+    return json.dumps(key, separators=(",", ":"))
 
 
 def _cache_file() -> Path:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from batchrun.config import EngineSettings
 from batchrun.sizing import BatchSizeSearch, Probe, back_off, candidate_sizes
+from batchrun.tuning import cache_key
 
 
 def run_search(
@@ -64,3 +66,13 @@ def test_back_off_halves_until_one() -> None:
     assert back_off(64) == 32
     assert back_off(3) == 1
     assert back_off(1) is None
+
+
+def test_the_size_cache_keeps_generation_and_embeddings_apart() -> None:
+    """One model serves chat and embeddings jobs; a pooling model's best size is its own."""
+    chat = EngineSettings(engine="vllm", model="/m", endpoint="/v1/chat/completions")
+    completions = EngineSettings(engine="vllm", model="/m", endpoint="/v1/completions")
+    embeddings = EngineSettings(engine="vllm", model="/m", endpoint="/v1/embeddings")
+    assert cache_key(chat, "cpu") == cache_key(completions, "cpu")
+    assert cache_key(embeddings, "cpu") != cache_key(chat, "cpu")
+    assert cache_key(chat, "cpu") != cache_key(chat, "cuda:NVIDIA H100")
