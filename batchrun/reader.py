@@ -158,6 +158,16 @@ class _Unparsable:
 
 def _parse_slow(raw: bytes) -> object:
     """Parse one line with the full decoder; an `_Unparsable` says why it is not valid JSON."""
+    # Two causes the decoder would name only by a column: say what a person can act on.
+    if raw.startswith(BOM):
+        return _Unparsable(
+            "line is not valid JSON: it starts with a byte order mark (BOM), as joining files "
+            "with `cat` leaves; remove it"
+        )
+    if b"\x00" in raw:
+        return _Unparsable(
+            "line is not valid JSON: it holds NUL bytes (is the file UTF-16? save it as UTF-8)"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -727,3 +727,15 @@ def test_nested_array_is_described_once(tmp_path: Path) -> None:
     assert err == LineError(
         1, "a", "invalid_request", "body.prompt[0] must be a string, got an array of 1 item"
     )
+
+
+def test_a_bom_inside_the_file_and_nul_bytes_are_named_as_such(tmp_path: Path) -> None:
+    """`cat a.jsonl b.jsonl` leaves b's BOM at the start of a line; UTF-16 text holds NULs."""
+    bom = b"\xef\xbb\xbf" + json.dumps(chat("b1")).encode()
+    utf16 = json.dumps(chat("u1")).encode("utf-16-le")
+    items = read(write(tmp_path, chat("a1"), bom, utf16))
+    assert isinstance(items[0], Request)
+    errors = [x for x in items if isinstance(x, LineError)]
+    assert [(e.line, e.code) for e in errors] == [(2, "invalid_json"), (3, "invalid_json")]
+    assert "byte order mark (BOM)" in errors[0].message
+    assert "UTF-16" in errors[1].message
