@@ -356,6 +356,7 @@ def count_output_tokens(path: Path) -> tuple[int, int]:
 def contender_batchrun(inp: Path, work: Path, dtype: str) -> Result:
     res = Result("batchrun", "(a) batchrun submit + export")
     job = work / "job-batchrun"
+    shutil.rmtree(job, ignore_errors=True)  # an earlier round's
     submit = run_cmd(
         [
             *batchrun_cmd(),
