@@ -7,9 +7,10 @@ import contextlib
 import multiprocessing as mp
 import multiprocessing.util  # registers its exit handler now, so that ours runs before it
 import queue
+import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -66,7 +67,8 @@ class Worker:
             name=f"batchrun-worker-{self.index}",
         )
         try:
-            process.start()
+            with _sigint_blocked():
+                process.start()
         except BaseException:
             # A Ctrl-C mid-spawn included: no half-started process for stop() to join.
             parent_conn.close()
@@ -181,6 +183,22 @@ class Worker:
         if self.process is not None and self.process.is_alive():
             self.process.kill()
         self.stop(timeout=5)
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """Block SIGINT in this thread while a worker is spawned: the child inherits the mask, so a
+    Ctrl-C to the process group cannot hit it while Python starts (a traceback on the terminal)
+    before it sets SIGINT aside (worker_main ignores it, then unblocks it). Here the signal
+    stays pending, or another thread takes it: the parent still sees it."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def kill_all_workers() -> None:

@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/chaos.py                       # echo engine, 3,000 requests, 60 kills
     .venv/bin/python scripts/chaos.py --kills 10 --requests 400 --seed 7
-    BATCHRUN_CACHE_DIR=/tmp/brcache .venv/bin/python scripts/chaos.py --engine vllm  # 40 req, 3 kills
+    BATCHRUN_CACHE_DIR=/tmp/brcache .venv/bin/python scripts/chaos.py --engine vllm  # 200 req, 5 kills
     .venv/bin/python scripts/chaos.py --plant-bug duplicate-result   # the checker must fail
 
 What it does, with a seeded random generator (the seed is printed first; `--seed` repeats a run):
@@ -618,7 +618,7 @@ class Harness:
         rate = self.busy_records / self.busy_s if self.busy_s > 0.5 and self.busy_records else None
         if rate is None:
             # No pace known yet: a guess (the vLLM engine on a CPU is slow to its first result).
-            high = 40.0 if self.args.engine == "vllm" else 1.5
+            high = 10.0 if self.args.engine == "vllm" else 1.5
             return self.rng.uniform(0.0, high), True, f"guess: 0-{high:.0f}s after ready"
         target = remaining / (kills_left + 1)
         # On average about `target` results, and (nearly) never the whole job.
@@ -1190,8 +1190,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "or answered twice.",
     )
     p.add_argument("--engine", choices=("echo", "vllm"), default="echo")
-    p.add_argument("--kills", type=int, help="stops before the last run [echo 60, vllm 3]")
-    p.add_argument("--requests", type=int, help="valid requests [echo 3000, vllm 40]")
+    p.add_argument("--kills", type=int, help="stops before the last run [echo 60, vllm 5]")
+    p.add_argument("--requests", type=int, help="valid requests [echo 3000, vllm 200]")
     p.add_argument("--seed", type=int, help="random seed [a fresh one, printed]")
     p.add_argument("--delay-ms", type=int, default=50, help="echo: latency per request [50]")
     p.add_argument("--batch-size", type=int, help="requests in flight per worker [echo 4, vllm 8]")
@@ -1230,8 +1230,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     vllm = args.engine == "vllm"
     defaults = {
-        "kills": 3 if vllm else 60,
-        "requests": 40 if vllm else 3000,
+        "kills": 5 if vllm else 60,
+        "requests": 200 if vllm else 3000,
         "batch_size": 8 if vllm else 4,
         "workers": 1 if vllm else 2,
         "max_tokens": 16,

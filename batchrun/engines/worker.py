@@ -51,6 +51,10 @@ def worker_main(
     _die_with_parent()
     # Ctrl-C reaches the whole process group; the parent decides how to stop, not the worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        # Spawned with SIGINT blocked (see supervisor._sigint_blocked): one that came meanwhile
+        # is dropped now that it is ignored.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     os.environ.update(env)
     _pin_to_cpus(env.get("BATCHRUN_CPU_AFFINITY"))
     # The engine's log lines are for a person watching, not for a pipe reading the summary: send
