@@ -11,6 +11,7 @@ manifest is replaced atomically, so neither can be left torn by the exit.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 from types import FrameType
@@ -71,9 +72,42 @@ def _stop_now() -> None:
     from batchrun.supervisor import kill_all_workers
 
     kill_all_workers()
+    # Everything else this process started: a local Ray instance's daemons and agents, say,
+    # which would otherwise outlive it (found before any is killed: an orphan loses its parent).
+    for pid in descendants(os.getpid()):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
     hint = "batchrun resume" + (f" --job-dir {_job_dir}" if _job_dir else "")
     if _job_dir and _again and not os.path.exists(os.path.join(_job_dir, "manifest.json")):
         hint = _again
     os.write(2, f"\nstopped at once; the journal is intact. Continue with: {hint}\n".encode())
     code = exit_code()
     os._exit(code if code is not None else EXIT_INTERRUPTED)
+
+
+def descendants(root: int) -> list[int]:
+    """The pids of every live process below `root` (Linux /proc; none elsewhere)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The fields after the command name (which may hold spaces and parentheses).
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found

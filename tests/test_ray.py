@@ -155,6 +155,63 @@ def test_a_job_started_on_ray_is_resumed_without_it(tmp_path: Path) -> None:
     )
 
 
+def _group_alive(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group `pgid`."""
+    alive = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(")") + 2 :].split()
+        if rest[0] != "Z" and int(rest[2]) == pgid:
+            alive.append(int(entry))
+    return alive
+
+
+@pytest.mark.parametrize("second_after", [None, 0.02])
+def test_ctrl_c_on_ray_leaves_no_process_behind(tmp_path: Path, second_after: float | None) -> None:
+    """One Ctrl-C shuts the local Ray instance down; a second one, which stops at once, must
+    not leave Ray's daemons and agents running either."""
+    src = make_input(tmp_path, 3000)
+    job = tmp_path / "job"
+    p = start_cli(
+        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "8",
+        "--ray", "local", "--workers", "2", "--no-progress",
+        env={"BATCHRUN_ECHO_DELAY_MS": "50"},
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (
+        (job / "journal.jsonl").exists() and len(journal_records(job)) >= 50
+    ):
+        time.sleep(0.1)
+    os.killpg(p.pid, signal.SIGINT)
+    if second_after is not None:
+        time.sleep(second_after)
+        os.killpg(p.pid, signal.SIGINT)
+    try:
+        _, stderr = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr
+    deadline = time.monotonic() + 10
+    while (left := _group_alive(p.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert left == [], "processes left running after the stop"
+    r = cli("resume", "--job-dir", str(job), "--no-progress", env={"BATCHRUN_ECHO_DELAY_MS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(x["custom_id"] for x in journal_records(job)) == sorted(
+        f"r{i}" for i in range(3000)
+    )
+
+
 @pytest.mark.vllm
 def test_the_real_vllm_engine_in_one_actor(tmp_path: Path) -> None:
     lines = [
