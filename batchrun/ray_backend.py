@@ -77,7 +77,7 @@ class EngineActor:
 
     def __init__(self, settings: dict[str, Any], env: dict[str, str]) -> None:
         os.environ.update(env)
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # as in a local worker
         self.settings = EngineSettings.from_dict(settings)
         self.feeder: Any = None
 

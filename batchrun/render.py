@@ -32,9 +32,11 @@ def print_summary(console: Console, summary: JobSummary, title: str) -> None:
     table.add_row("tokens", f"{st.prompt_tokens:,} prompt, {st.completion_tokens:,} generated")
     table.add_row("this run", f"{summary.run_outcomes:,} attempts in {summary.wall_s:,.1f}s")
     wall = max(summary.wall_s, 1e-9)
+    # Over the run's whole time, engine start included (status gives first to last result).
     table.add_row(
         "throughput",
-        f"{summary.run_outcomes / wall:,.1f} req/s, {summary.run_completion_tokens / wall:,.1f} generated tok/s",
+        f"{summary.run_outcomes / wall:,.1f} req/s, "
+        f"{summary.run_completion_tokens / wall:,.1f} generated tok/s (over the run's wall time)",
     )
     table.add_row("batch size", f"{m.get('batch_size')} ({m.get('batch_size_source')})")
     table.add_row("job dir", str(summary.job_dir))
@@ -63,7 +65,8 @@ def print_status(console: Console, s: dict[str, Any]) -> None:
     t = s["throughput"]
     table.add_row(
         "throughput",
-        f"{_fmt_rate(t['requests_per_s'], 'req/s')}, {_fmt_rate(t['completion_tokens_per_s'], 'tok/s')}",
+        f"{_fmt_rate(t['requests_per_s'], 'req/s')}, "
+        f"{_fmt_rate(t['completion_tokens_per_s'], 'tok/s')} (first to last result)",
     )
     table.add_row("batch size", f"{s['batch_size']} ({s['batch_size_source']})")
     table.add_row("runs", f"{s['runs']} ({s['wall_s']:,.1f}s in all)")

@@ -125,6 +125,12 @@ class Scheduler:
         so that the caller's batch-size search can decide what to try next.
         """
         stats = RunStats()
+        if not self.pending:
+            # Nothing to do (a finished job resumed, say): do not start an engine for it.
+            first = next(source, None)
+            if first is None:
+                return stats
+            self.pending.append(first)
         taken = 0
         exhausted = False
         busy_since: float | None = None

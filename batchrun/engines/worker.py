@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
@@ -61,7 +62,14 @@ def worker_main(
     # the worker's stdout to stderr, and keep vLLM to warnings unless the user asked otherwise.
     with contextlib.suppress(OSError):
         os.dup2(2, 1)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # vLLM's warnings on a CPU (no tcmalloc in LD_PRELOAD, no Triton, ...) are for vLLM's
+    # developers; VLLM_LOGGING_LEVEL=WARNING shows them again. Libraries' deprecation notices too.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    # multiprocessing's resource tracker (a process of its own, started by the engine) warns of
+    # "leaked semaphores" when the worker ends with os._exit, as it always does.
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:multiprocessing.resource_tracker")
     with contextlib.suppress(ImportError):
         import setproctitle
 
