@@ -57,6 +57,11 @@ class JobPaths:
     root: Path
 
     @property
+    def logs(self) -> Path:
+        """Where each engine worker's own output goes (logs/worker-N.log)."""
+        return self.root / "logs"
+
+    @property
     def manifest(self) -> Path:
         """The manifest file."""
         return self.root / MANIFEST_NAME

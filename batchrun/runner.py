@@ -291,6 +291,11 @@ def _run(paths: JobPaths, manifest: dict[str, Any], options: RunOptions, mode: s
         envs = worker_envs(
             settings.engine, options.gpus, settings.tensor_parallel_size, options.workers
         )
+        logs = paths.logs
+        with contextlib.suppress(OSError):  # without it, worker output goes to the terminal
+            logs.mkdir(exist_ok=True)
+            for i, env in enumerate(envs):
+                env["BATCHRUN_WORKER_LOG"] = str((logs / f"worker-{i}.log").resolve())
     requests_total = int(manifest["requests"])
     if mode == "retry":
         failed_ids = {cid for cid, last in state.last.items() if last != OK}

@@ -135,9 +135,11 @@ class Worker:
                 if code is not None and code < 0
                 else f"exit code {code}"
             )
+            log = self.env.get("BATCHRUN_WORKER_LOG")
             self.death = WorkerDeath(
                 oom=False,
-                message=f"the worker process died ({how})",
+                message=f"the worker process died ({how})"
+                + (f"; its output: {log}" if log else ""),
                 during_start=not self.ready,
             )
 

@@ -110,6 +110,11 @@ def test_worker_crashes_lose_nothing_and_the_job_finishes(tmp_path: Path) -> Non
     ids = [x["custom_id"] for x in recs]
     assert sorted(ids) == sorted(f"r{i}" for i in range(300))  # each exactly once
     assert all(x["attempt"] == 1 for x in recs)  # a worker death is not an attempt
+    # Each worker's own output goes to its log in the job directory, named in the death message;
+    # every generation of the worker appends a header of its own.
+    log = (job / "logs" / "worker-0.log").resolve()
+    assert f"its output: {log}" in r.stderr
+    assert log.read_text().count("=== worker 0, pid ") >= 2
 
 
 def test_simulated_oom_backs_off_and_finishes(tmp_path: Path) -> None:

@@ -37,6 +37,23 @@ def _die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _redirect_output(log: str | None, name: str) -> None:
+    """Send the worker's stdout and stderr (vLLM's start-up lines, a C-level crash's last words)
+    to its log file in the job directory, so the terminal keeps batchrun's own lines and the
+    progress bar; without a log file, stdout goes to stderr (never into a pipe reading results).
+    """
+    with contextlib.suppress(OSError):
+        if log:
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            os.write(fd, f"\n=== worker {name}, pid {os.getpid()}, {stamp} ===\n".encode())
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.close(fd)
+        else:
+            os.dup2(2, 1)
+
+
 def _pin_to_cpus(cpus: str | None) -> None:
     """Keep this worker (and the OpenMP threads it starts) on its share of the cores."""
     if not cpus or not hasattr(os, "sched_setaffinity"):
@@ -58,10 +75,7 @@ def worker_main(
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     os.environ.update(env)
     _pin_to_cpus(env.get("BATCHRUN_CPU_AFFINITY"))
-    # The engine's log lines are for a person watching, not for a pipe reading the summary: send
-    # the worker's stdout to stderr, and keep vLLM to warnings unless the user asked otherwise.
-    with contextlib.suppress(OSError):
-        os.dup2(2, 1)
+    _redirect_output(env.get("BATCHRUN_WORKER_LOG"), name)
     # vLLM's warnings on a CPU (no tcmalloc in LD_PRELOAD, no Triton, ...) are for vLLM's
     # developers; VLLM_LOGGING_LEVEL=WARNING shows them again. Libraries' deprecation notices too.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
