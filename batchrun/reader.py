@@ -175,9 +175,17 @@ def _parse_slow(raw: bytes) -> object:
             f"line is not valid UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the "
             "line); save the file as UTF-8"
         )
+    # Without its line ending: a line cut off inside a string would otherwise read as a string
+    # holding a raw newline ("Invalid control character").
+    text = text.rstrip("\r\n")
     try:
         return _DECODER.decode(text)
     except json.JSONDecodeError as e:
+        if e.msg.startswith("Unterminated string"):
+            return _Unparsable(
+                f"line is not valid JSON: the string that starts at column {e.pos + 1} never "
+                "ends (is the line cut off?)"
+            )
         # Some of the decoder's messages end in "at" already ("Invalid control character at").
         reason = e.msg[:-3] if e.msg.endswith(" at") else e.msg
         if e.pos >= len(text.rstrip()):

@@ -739,3 +739,14 @@ def test_a_bom_inside_the_file_and_nul_bytes_are_named_as_such(tmp_path: Path) -
     assert [(e.line, e.code) for e in errors] == [(2, "invalid_json"), (3, "invalid_json")]
     assert "byte order mark (BOM)" in errors[0].message
     assert "UTF-16" in errors[1].message
+
+
+def test_a_line_cut_off_inside_a_string_says_so(tmp_path: Path) -> None:
+    line = json.dumps(chat("cut", messages=[{"role": "user", "content": "never finished"}]))
+    cut = line[: line.index("never") + 5]
+    err = only_error(write(tmp_path, cut))
+    col = cut.index('"never') + 1
+    assert err.message == (
+        f"line is not valid JSON: the string that starts at column {col} never ends "
+        "(is the line cut off?)"
+    )
