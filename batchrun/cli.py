@@ -63,17 +63,14 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _interrupted(job_dir: Path, exc: KeyboardInterrupt, again: str | None = None) -> NoReturn:
-    """Say how to go on after Ctrl-C or SIGTERM; `again` is the command that starts over when
-    the stop came before the job existed (a submit stopped while validating)."""
+def _interrupted(exc: KeyboardInterrupt) -> NoReturn:
+    """Say how to go on after Ctrl-C or SIGTERM (the job was named with stopping.set_job)."""
     what = "terminated" if isinstance(exc, Terminated) else "interrupted"
-    if again is not None and not (job_dir / "manifest.json").exists():
-        message = f"stopped before the job was created; run it again with: {again}"
+    exists, command = stopping.next_command()
+    if exists:
+        message = f"the journal is flushed; nothing finished is lost. Continue with: {command}"
     else:
-        message = (
-            "the journal is flushed; nothing finished is lost. "
-            f"Continue with: batchrun resume --job-dir {job_dir}"
-        )
+        message = f"stopped before the job was created; run it again with: {command}"
     err.print(f"\n[bold yellow]{what}:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED)
 
@@ -261,7 +258,7 @@ def submit(
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
         _fail(f"--gpu-memory-utilization must be in (0, 1], not {gpu_memory_utilization}", 2)
     job = job_dir or default_job_dir(input_file)
-    again = shlex.join(["batchrun", *sys.argv[1:]])
+    stopping.set_job(job, again=shlex.join(["batchrun", *sys.argv[1:]]))
     try:
         settings = EngineSettings(
             engine=engine,
@@ -291,13 +288,12 @@ def submit(
             ray=ray,
         )
         err.print(f"[bold]job dir:[/] {job}", highlight=False)
-        stopping.set_job(job, again=again)
         tune_only = ctx.info_name == "tune"
         summary = run_submit(input_file, job, options, tune_only=tune_only)
     except BatchrunError as e:
         _fail(str(e), e.exit_code)
     except KeyboardInterrupt as e:
-        _interrupted(job, e, again=again)
+        _interrupted(e)
     if tune_only:
         from batchrun.render import print_probes
 
@@ -328,13 +324,13 @@ def resume(
     """Continue a job after a crash, a kill or Ctrl-C: runs only what is not done."""
     from batchrun.runner import resume as run_resume
 
+    stopping.set_job(job_dir)
     try:
-        stopping.set_job(job_dir)
         summary = run_resume(job_dir, progress=not no_progress, force=force, ray=ray)
     except BatchrunError as e:
         _fail(str(e), e.exit_code)
     except KeyboardInterrupt as e:
-        _interrupted(job_dir, e)
+        _interrupted(e)
     _finish(summary, "resume")
 
 
@@ -343,13 +339,13 @@ def retry_failed(job_dir: JobDir, ray: RayAddress = None, no_progress: NoProgres
     """Run one more pass over the requests whose last attempt failed."""
     from batchrun.runner import retry_failed as run_retry
 
+    stopping.set_job(job_dir)
     try:
-        stopping.set_job(job_dir)
         summary = run_retry(job_dir, progress=not no_progress, ray=ray)
     except BatchrunError as e:
         _fail(str(e), e.exit_code)
     except KeyboardInterrupt as e:
-        _interrupted(job_dir, e)
+        _interrupted(e)
     _finish(summary, "retry-failed")
 
 

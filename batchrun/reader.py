@@ -99,11 +99,7 @@ def read_input(path: Path) -> Iterator[Request | LineError]:
                     file_url, url_line = url, lineno
                 elif url != file_url:
                     yield LineError(
-                        lineno,
-                        custom_id,
-                        "mixed_urls",
-                        f"url {url!r} differs from this file's url {file_url!r} (set by line "
-                        f"{url_line}); every line of a batch must use the same url",
+                        lineno, custom_id, "mixed_urls", _mixed("url", url, file_url, url_line)
                     )
                     continue
                 body = check_body(url, obj)
@@ -119,11 +115,18 @@ def read_input(path: Path) -> Iterator[Request | LineError]:
                         lineno,
                         custom_id,
                         "mixed_models",
-                        f"model {model!r} differs from this file's model {file_model!r} (set by "
-                        f"line {model_line}); every line of a batch must use the same model",
+                        _mixed("model", model, file_model, model_line),
                     )
                     continue
             yield Request(custom_id, lineno, url, body)
+
+
+def _mixed(field: str, value: str, first: str, first_line: int) -> str:
+    """The message for a line whose `field` differs from the one the file's first line set."""
+    return (
+        f"{field} {value!r} differs from this file's {field} {first!r} (set by line "
+        f"{first_line}); every line of a batch must use the same {field}"
+    )
 
 
 def _parse_line(raw: bytes) -> object:

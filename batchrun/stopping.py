@@ -36,6 +36,14 @@ def set_job(job_dir: object, again: str | None = None) -> None:
     _job_dir, _again = str(job_dir), again
 
 
+def next_command() -> tuple[bool, str]:
+    """How to go on after a stop: whether the job exists, and the command that continues it
+    (or, for a submit stopped before it created the job, the same submit again)."""
+    if _job_dir and _again and not os.path.exists(os.path.join(_job_dir, "manifest.json")):
+        return False, _again
+    return True, "batchrun resume" + (f" --job-dir {_job_dir}" if _job_dir else "")
+
+
 def install() -> None:
     """Route SIGINT and SIGTERM through the graceful-then-immediate handler (main thread only)."""
     if signal.getsignal(signal.SIGINT) is _on_signal:
@@ -77,10 +85,8 @@ def _stop_now() -> None:
     for pid in descendants(os.getpid()):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-    hint = "batchrun resume" + (f" --job-dir {_job_dir}" if _job_dir else "")
-    if _job_dir and _again and not os.path.exists(os.path.join(_job_dir, "manifest.json")):
-        hint = _again
-    os.write(2, f"\nstopped at once; the journal is intact. Continue with: {hint}\n".encode())
+    _, command = next_command()
+    os.write(2, f"\nstopped at once; the journal is intact. Continue with: {command}\n".encode())
     code = exit_code()
     os._exit(code if code is not None else EXIT_INTERRUPTED)
 

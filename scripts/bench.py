@@ -745,14 +745,8 @@ def part_a_table(results: list[Result]) -> list[list[str]]:
             failed = [label, _f(r.wall_s), "", "failed", "", "", "", "", "", "", r.error[:160]]
             rows.append(failed)
             continue
-        raw = next(
-            (x for x in results if x.name == "raw" and x.round == r.round and x.tok_per_s), None
-        )
-        ratio = (
-            f"{r.tok_per_s / raw.tok_per_s:.2f}x"
-            if raw and raw.tok_per_s and r.tok_per_s
-            else "n/a"
-        )
+        vs_raw = ratio_to_raw(results, r)
+        ratio = f"{vs_raw:.2f}x" if vs_raw is not None else "n/a"
         wall_rate = r.tokens / r.wall_s if r.tokens and r.wall_s else None
         rows.append(
             [

@@ -530,19 +530,22 @@ class Checker:
 # --- running batchrun -----------------------------------------------------------------------
 
 
+def stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid, pgrp, ...), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command (which may hold spaces and parentheses) ends at the last ')'.
+    return stat[stat.rfind(")") + 2 :].split()
+
+
 def group_alive(pgid: int) -> list[int]:
     """Pids of live (not zombie) processes in process group `pgid`."""
     pids = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        # Fields after the command (which may hold spaces) start after the last ')'.
-        rest = stat[stat.rfind(")") + 2 :].split()
-        if len(rest) > 2 and rest[0] != "Z" and int(rest[2]) == pgid:
+        rest = stat_fields(entry) if entry.isdigit() else None
+        if rest and len(rest) > 2 and rest[0] != "Z" and int(rest[2]) == pgid:
             pids.append(int(entry))
     return pids
 
@@ -1146,11 +1149,8 @@ class Harness:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2 :].split()[0] != "Z"
+    rest = stat_fields(pid)
+    return rest is not None and bool(rest) and rest[0] != "Z"
 
 
 def whole_size(path: Path) -> int:

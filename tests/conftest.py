@@ -111,3 +111,19 @@ def worker_pids(parent_pid: int) -> list[int]:
         if ppid == parent_pid and b"batchrun-worker" in cmdline:
             found.append(int(entry.name))
     return found
+
+
+def group_alive(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group `pgid`."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(")") + 2 :].split()
+        if rest[0] != "Z" and int(rest[2]) == pgid:
+            alive.append(int(entry.name))
+    return alive

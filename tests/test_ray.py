@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import chat_line, cli, journal_records, read_jsonl, start_cli, write_jsonl
+from conftest import (
+    chat_line,
+    cli,
+    group_alive,
+    journal_records,
+    read_jsonl,
+    start_cli,
+    write_jsonl,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -155,22 +163,6 @@ def test_a_job_started_on_ray_is_resumed_without_it(tmp_path: Path) -> None:
     )
 
 
-def _group_alive(pgid: int) -> list[int]:
-    """Live (not zombie) processes of process group `pgid`."""
-    alive = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        rest = stat[stat.rfind(")") + 2 :].split()
-        if rest[0] != "Z" and int(rest[2]) == pgid:
-            alive.append(int(entry))
-    return alive
-
-
 @pytest.mark.parametrize("second_after", [None, 0.02])
 def test_ctrl_c_on_ray_leaves_no_process_behind(tmp_path: Path, second_after: float | None) -> None:
     """One Ctrl-C shuts the local Ray instance down; a second one, which stops at once, must
@@ -200,7 +192,7 @@ def test_ctrl_c_on_ray_leaves_no_process_behind(tmp_path: Path, second_after: fl
     assert p.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr
     deadline = time.monotonic() + 10
-    while (left := _group_alive(p.pid)) and time.monotonic() < deadline:
+    while (left := group_alive(p.pid)) and time.monotonic() < deadline:
         time.sleep(0.2)
     for pid in left:
         os.kill(pid, signal.SIGKILL)
