@@ -1,9 +1,17 @@
 """Pending work -> engine workers -> journal, with no batch barriers.
 
 Each worker is kept topped up with its window of requests plus a little prefetch; every outcome is
-journaled the moment it arrives. When a worker dies, the requests it held go back to the front of
-the pending queue (they do not count as an attempt), and a fresh worker starts: with half the batch
-size when the death was an out-of-memory failure.
+journaled the moment it arrives. When a worker dies, a fresh one starts and nothing finished is
+lost. What happens to the requests the dead worker held depends on why it died:
+
+- out of memory: they go back to the front of the pending queue (not counted as an attempt) and
+  the fresh worker runs half the batch size;
+- anything else: any of them may have killed it, so they are isolated (`poison.Isolator`): run
+  again in halves, each half alone on a worker, until the one that kills a worker on its own is
+  found and fails by itself (`engine_crash`) while every other request runs.
+
+A job is given up on only when its workers cannot start, die holding nothing, or crash on request
+after request with none finishing in between (the engine, not the input, is broken).
 """
 
 from __future__ import annotations
@@ -20,12 +28,15 @@ from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
 from batchrun.job import JobState
 from batchrun.journal import JournalWriter, result_record
+from batchrun.poison import ENGINE_CRASH, Isolator, crash_outcome, restarts_bound
 from batchrun.records import Outcome, Request
 from batchrun.sizing import back_off
-from batchrun.supervisor import Worker
+from batchrun.supervisor import Worker, WorkerDeath
 
-# A worker that dies this many times in a row without finishing a request is given up on.
+# A worker that dies this many times in a row holding no request and finishing none is given up on.
 MAX_DEATHS_WITHOUT_PROGRESS = 3
+# The most custom_ids written to a worker's log at its death (the rest are counted).
+LOGGED_IDS = 200
 
 
 class Reporter(Protocol):
@@ -51,6 +62,7 @@ class RunStats:
     completion_tokens: int = 0
     seconds: float = 0.0
     oom: bool = False
+    crashed: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -79,6 +91,7 @@ class Scheduler:
             for i, env in enumerate(worker_envs)
         ]
         self.pending: deque[Request] = deque()
+        self.isolator = Isolator()
         self.worker_info: dict[str, dict[str, Any]] = {}
 
     # -- sizing ---------------------------------------------------------------------------------
@@ -146,6 +159,8 @@ class Scheduler:
                     continue
                 if busy_since is None:
                     busy_since = time.monotonic()
+                if self._isolating(w):
+                    continue
                 room = w.settings.window + max(4, w.settings.window // 2) - len(w.inflight)
                 if limit is not None:
                     room = min(room, limit - taken)
@@ -163,13 +178,34 @@ class Scheduler:
                     taken += len(batch)
                     w.send(batch)
             inflight = sum(len(w.inflight) for w in self.workers)
-            no_more = (exhausted or (limit is not None and taken >= limit)) and not self.pending
+            no_more = (
+                (exhausted or (limit is not None and taken >= limit))
+                and not self.pending
+                and not self.isolator.groups
+            )
             if inflight == 0 and no_more:
                 break
             self._wait(stats, stop_on_oom)
         if busy_since is not None:
             stats.seconds = time.monotonic() - busy_since
         return stats
+
+    def _isolating(self, w: Worker) -> bool:
+        """Whether `w` is (or now starts) running a group of suspects alone: then nothing else."""
+        if w.isolating is not None:
+            if w.inflight:
+                return True
+            w.isolating = None  # the group finished: its members are cleared
+        if not self.isolator.groups:
+            return False
+        if w.inflight:
+            # Drain first: a death while suspects share the worker with others would tell nothing.
+            return True
+        group = self.isolator.take()
+        assert group is not None
+        w.isolating = group
+        w.send(group.requests)
+        return True
 
     def _wait(self, stats: RunStats, stop_on_oom: bool) -> None:
         """Handle the messages that arrive within a short wait."""
@@ -183,12 +219,10 @@ class Scheduler:
             index, generation, kind, payload = item
             w = self.workers[index]
             if generation == w.generation and w.process is not None:
-                for outcome, request in w.handle(kind, payload):
-                    attempt = self.state.attempts.get(outcome.custom_id, 0) + 1
-                    rec = result_record(outcome, request.line, attempt)
-                    rec["worker"] = index
-                    self.state.record(rec)
-                    records.append(rec)
+                pairs = w.handle(kind, payload)
+                self.isolator.on_success(len(pairs))
+                for outcome, request in pairs:
+                    records.append(self._record(outcome, request, index))
                     outcomes.append(outcome)
                 if kind == "ready":
                     self.on_ready(w)
@@ -200,12 +234,23 @@ class Scheduler:
                     # Journal what the worker finished before it died, then deal with the death.
                     self._journal(records, outcomes, stats)
                     records, outcomes = [], []
-                    self._on_death(w, stats, stop_on_oom)
+                    for outcome, request in self._on_death(w, stats, stop_on_oom):
+                        records.append(self._record(outcome, request, index))
+                        outcomes.append(outcome)
+                        stats.crashed += 1
             try:
                 item = self.inbox.get_nowait()
             except queue.Empty:
                 break
         self._journal(records, outcomes, stats)
+
+    def _record(self, outcome: Outcome, request: Request, index: int) -> dict[str, Any]:
+        """The journal record of an outcome, counted in the job's state."""
+        attempt = self.state.attempts.get(outcome.custom_id, 0) + 1
+        rec = result_record(outcome, request.line, attempt)
+        rec["worker"] = index
+        self.state.record(rec)
+        return rec
 
     def _journal(
         self, records: list[dict[str, Any]], outcomes: list[Outcome], stats: RunStats
@@ -244,42 +289,92 @@ class Scheduler:
         )
 
     def _requeue(self, w: Worker) -> int:
+        """Put back what `w` held, untested: suspects stay suspects, the rest go back to pending."""
         held = w.take_inflight()
-        self.pending.extendleft(reversed(held))
+        if w.isolating is not None:
+            self.isolator.put_back(dataclasses.replace(w.isolating, requests=held))
+            w.isolating = None
+        else:
+            self.pending.extendleft(reversed(held))
         return len(held)
 
-    def _on_death(self, w: Worker, stats: RunStats, stop_on_oom: bool) -> None:
+    def _on_death(
+        self, w: Worker, stats: RunStats, stop_on_oom: bool
+    ) -> list[tuple[Outcome, Request]]:
+        """Deal with a dead worker; return the failed outcomes of requests found to crash it."""
         death = w.death
         assert death is not None
         progressed = w.results > 0
-        requeued = self._requeue(w)
-        w.stop(timeout=5)
-        back = f"; {requeued} in-flight requests go back to pending" if requeued else ""
-        if death.oom:
+        if death.oom or death.during_start:
+            requeued = self._requeue(w)
+            w.stop(timeout=5)
+            back = f"; {requeued} in-flight requests go back to pending" if requeued else ""
+            if not death.oom:
+                self._give_up(w, f"the engine failed to start: {death.message}")
+                return []
             size = w.settings.window
             self.reporter.event(f"{w.label} ran out of memory at batch size {size}{back}")
             if stop_on_oom:
                 stats.oom = True
-                return
+                return []
             smaller = back_off(size)
             if smaller is None:
                 self._give_up(w, f"out of memory even at batch size 1 ({death.message})")
-                return
+                return []
             self.reporter.event(f"{w.label}: backing off, batch size {size} -> {smaller}")
             w.settings.window = smaller
             w.settings.max_num_seqs = smaller
-            return
-        if death.during_start:
-            self._give_up(w, f"the engine failed to start: {death.message}")
-            return
-        w.deaths_without_progress = 0 if progressed else w.deaths_without_progress + 1
-        self.reporter.event(f"{w.label} died: {death.message}{back}; starting a fresh one")
-        if w.deaths_without_progress >= MAX_DEATHS_WITHOUT_PROGRESS:
-            self._give_up(
-                w,
-                f"the engine worker died {MAX_DEATHS_WITHOUT_PROGRESS} times in a row without "
-                f"finishing a request (last: {death.message})",
+            return []
+        held = w.take_inflight()
+        group, w.isolating = w.isolating, None
+        deaths = (group.deaths if group is not None else 0) + 1
+        w.stop(timeout=5)
+        _log_death(w, death, held)
+        if not held:
+            w.deaths_without_progress = 0 if progressed else w.deaths_without_progress + 1
+            self.reporter.event(f"{w.label} died: {death.message}; starting a fresh one")
+            if w.deaths_without_progress >= MAX_DEATHS_WITHOUT_PROGRESS:
+                self._give_up(
+                    w,
+                    f"the engine worker died {MAX_DEATHS_WITHOUT_PROGRESS} times in a row "
+                    f"without finishing a request (last: {death.message})",
+                )
+            return []
+        w.deaths_without_progress = 0
+        iso = self.isolator
+        if len(held) == 1:
+            request = held[0]
+            outcome = crash_outcome(request, death.message, w.log)
+            iso.on_found()
+            cost = f"; finding it took {deaths} restart{'s' if deaths != 1 else ''}"
+            self.reporter.event(
+                f"{w.label} died running request {request.custom_id!r} (line {request.line}) "
+                f"on its own: {death.message}. It is recorded as failed ({ENGINE_CRASH}) "
+                f"and not retried{cost}; the job goes on"
             )
+            if iso.engine_looks_broken():
+                # Journaled before giving up, which raises when no other worker is left.
+                self._journal([self._record(outcome, request, w.index)], [outcome], stats)
+                stats.crashed += 1
+                self._give_up(
+                    w,
+                    f"{iso.streak} requests in a row crashed the engine worker on their own with "
+                    f"none finishing in between, so the engine itself looks broken (last: "
+                    f"{death.message}); they are recorded as failed ({ENGINE_CRASH}). Once the "
+                    "engine is fixed, `batchrun resume` runs the rest and `batchrun retry-failed` "
+                    "runs them again",
+                )
+                return []
+            return [(outcome, request)]
+        iso.suspect(held, deaths)
+        how = "running a group of {} suspects alone" if group else "holding {} requests"
+        bound = restarts_bound(len(held))
+        self.reporter.event(
+            f"{w.label} died {how.format(len(held))}: {death.message}. Running them again in "
+            f"halves, each alone, to find the one that crashes it (at most {bound} more "
+            f"restart{'s' if bound != 1 else ''}); starting a fresh worker"
+        )
+        return []
 
     def _give_up(self, w: Worker, reason: str) -> None:
         w.retired = True
@@ -294,3 +389,22 @@ class Scheduler:
             if w.process is not None:
                 self._requeue(w)
                 w.stop(timeout=10)
+
+
+def _log_death(w: Worker, death: WorkerDeath, held: Sequence[Request]) -> None:
+    """Append the death and the custom_ids the worker held to its log, after its own last words
+    (a Python traceback, which the worker writes there itself)."""
+    if not w.log:
+        return
+    ids = ", ".join(repr(r.custom_id) for r in held[:LOGGED_IDS])
+    more = f" and {len(held) - LOGGED_IDS} more" if len(held) > LOGGED_IDS else ""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    text = (
+        f"\n=== [batchrun {stamp}] {w.label} (pid {w.pid}) died: {death.message}\n"
+        + f"=== in flight at its death ({len(held)}): {ids or '(none)'}{more}\n"
+    )
+    try:
+        with open(w.log, "a", encoding="utf-8", errors="backslashreplace") as f:
+            f.write(text)
+    except OSError:
+        pass  # the log is an aid; a full or read-only disk must not stop the job here

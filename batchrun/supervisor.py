@@ -17,6 +17,7 @@ from typing import Any
 
 from batchrun.config import EngineSettings
 from batchrun.engines.worker import worker_main
+from batchrun.poison import Suspects
 from batchrun.records import Outcome, Request
 
 
@@ -27,6 +28,7 @@ class WorkerDeath:
     oom: bool
     message: str
     during_start: bool
+    traceback: str | None = None
 
 
 @dataclass
@@ -49,6 +51,13 @@ class Worker:
     peak_memory_mb: float | None = None
     deaths_without_progress: int = 0
     retired: bool = False
+    # The group of suspects it runs alone (see poison.py): nothing else is sent to it meanwhile.
+    isolating: Suspects | None = None
+
+    @property
+    def log(self) -> str | None:
+        """The file the worker's own output goes to, if any."""
+        return self.env.get("BATCHRUN_WORKER_LOG")
 
     @property
     def label(self) -> str:
@@ -119,6 +128,7 @@ class Worker:
                 oom=bool(payload.get("oom")),
                 message=str(payload.get("message", "")),
                 during_start=not self.ready,
+                traceback=payload.get("traceback"),
             )
         elif kind == "eof":
             self._on_eof()
@@ -135,7 +145,7 @@ class Worker:
                 if code is not None and code < 0
                 else f"exit code {code}"
             )
-            log = self.env.get("BATCHRUN_WORKER_LOG")
+            log = self.log
             self.death = WorkerDeath(
                 oom=False,
                 message=f"the worker process died ({how})"

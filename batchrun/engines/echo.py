@@ -14,6 +14,8 @@ environment, so failures are testable from the command line:
 - ``BATCHRUN_ECHO_FAIL``: comma-separated custom_ids that fail (with a 500) for as long as listed.
 - ``BATCHRUN_ECHO_CRASH_AFTER``: the worker process dies abruptly (SIGKILL to itself) after that
   many results.
+- ``BATCHRUN_ECHO_CRASH_ON``: comma-separated custom_ids that kill the worker process abruptly
+  (SIGKILL to itself) the moment the engine receives one of them: a poison request.
 - ``BATCHRUN_ECHO_OOM_ABOVE``: starting with more than that many sequences (``max_num_seqs``), or
   running more than that many at once, raises an out-of-memory error shaped like PyTorch's.
 - ``BATCHRUN_ECHO_RECORD``: a file to which every custom_id the engine receives is appended, so
@@ -94,6 +96,9 @@ class EchoEngine:
             s.strip() for s in os.environ.get("BATCHRUN_ECHO_FAIL", "").split(",") if s.strip()
         }
         self.crash_after = _env_int("BATCHRUN_ECHO_CRASH_AFTER")
+        self.crash_on = {
+            s.strip() for s in os.environ.get("BATCHRUN_ECHO_CRASH_ON", "").split(",") if s.strip()
+        }
         self.oom_above = _env_int("BATCHRUN_ECHO_OOM_ABOVE")
         self.produced = 0
         record = os.environ.get("BATCHRUN_ECHO_RECORD")
@@ -112,6 +117,9 @@ class EchoEngine:
         """Queue a request; it finishes `BATCHRUN_ECHO_DELAY_MS` later."""
         if self._record is not None:
             self._record.write(request.custom_id + "\n")
+        if request.custom_id in self.crash_on:
+            # A poison request: the engine dies on it the way a native crash does, at once.
+            os.kill(os.getpid(), signal.SIGKILL)
         now = time.monotonic()
         self._seq += 1
         heapq.heappush(self._running, (now + self.delay_s, self._seq, request, now))

@@ -137,10 +137,13 @@ def _send_fatal(conn: Connection, exc: BaseException) -> None:
     from batchrun.engines.oom import is_oom
 
     message = f"{type(exc).__name__}: {exc}".strip()
+    text = traceback.format_exc()
+    # Into the worker's log too (stderr is redirected there), beside the engine's own lines.
     with contextlib.suppress(Exception):
-        conn.send(
-            ("fatal", {"oom": is_oom(exc), "message": message, "traceback": traceback.format_exc()})
-        )
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    with contextlib.suppress(Exception):
+        conn.send(("fatal", {"oom": is_oom(exc), "message": message, "traceback": text}))
 
 
 class Feeder:

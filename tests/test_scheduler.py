@@ -1,0 +1,281 @@
+"""The scheduler in process, driven by fake workers: poison isolation, requeue, OOM back-off, give-up.
+
+The fake worker answers through the same inbox messages a real worker sends ("ready", "results",
+"fatal", "eof"), so everything the scheduler decides is exercised; only the process is missing.
+The same behaviour through real worker processes and the CLI is in tests/test_poison.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import queue
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from batchrun.config import EngineSettings
+from batchrun.errors import BatchrunError
+from batchrun.job import JobState
+from batchrun.journal import JournalWriter, read_records
+from batchrun.records import CHAT, Outcome, Request
+from batchrun.responses import failure
+from batchrun.scheduler import Scheduler
+from batchrun.supervisor import Worker, WorkerDeath
+
+
+class Events:
+    """A reporter that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.done: list[str] = []
+
+    def event(self, message: str) -> None:
+        self.lines.append(message)
+
+    def advance(self, outcomes: Sequence[Outcome]) -> None:
+        self.done.extend(o.custom_id for o in outcomes)
+
+
+class FakeWorker(Worker):
+    """Answers every request at once, except that it dies on a poison id (or on too big a batch)."""
+
+    poison: ClassVar[set[str]] = set()
+    oom_above: ClassVar[int | None] = None
+    fail_start: ClassVar[bool] = False
+    starts: ClassVar[int] = 0
+    received: ClassVar[list[str]] = []
+
+    def start(self, inbox: queue.Queue[tuple[int, int, str, Any]]) -> None:
+        self.process = object()
+        self.generation += 1
+        self.ready = False
+        self.results = 0
+        self.death = None
+        self._inbox = inbox
+        FakeWorker.starts += 1
+        if FakeWorker.fail_start:
+            self._die("fatal", {"oom": False, "message": "RuntimeError: no engine"})
+            return
+        inbox.put((self.index, self.generation, "ready", {"start_s": 0.0}))
+
+    def _die(self, kind: str, payload: Any) -> None:
+        self._inbox.put((self.index, self.generation, kind, payload))
+        self._inbox.put((self.index, self.generation, "eof", None))
+
+    def send(self, requests: Sequence[Request]) -> None:
+        for r in requests:
+            self.inflight[r.custom_id] = r
+        FakeWorker.received.extend(r.custom_id for r in requests)
+        if any(r.custom_id in FakeWorker.poison for r in requests):
+            # Like a native crash: the whole batch is lost with the process, no last words.
+            self._inbox.put((self.index, self.generation, "eof", None))
+            return
+        running = min(len(self.inflight), self.settings.window)  # the rest wait in its queue
+        if FakeWorker.oom_above is not None and running > FakeWorker.oom_above:
+            self._die("fatal", {"oom": True, "message": "OutOfMemoryError: CUDA out of memory"})
+            return
+        outcomes = [
+            Outcome(custom_id=r.custom_id, ok=True, status_code=200, body={"ok": True})
+            for r in requests
+        ]
+        self._inbox.put((self.index, self.generation, "results", outcomes))
+
+    def _on_eof(self) -> None:
+        if self.death is None:
+            self.death = WorkerDeath(
+                oom=False, message="the worker process died (killed by signal 9)",
+                during_start=not self.ready,
+            )
+
+    def set_window(self, window: int) -> None:
+        self.settings.window = window
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.process = None
+
+
+@pytest.fixture(autouse=True)
+def reset_fake() -> Iterator[None]:
+    FakeWorker.poison = set()
+    FakeWorker.oom_above = None
+    FakeWorker.fail_start = False
+    FakeWorker.starts = 0
+    FakeWorker.received = []
+    yield
+
+
+def requests(n: int) -> list[Request]:
+    return [
+        Request(custom_id=f"r{i}", line=i + 1, url=CHAT, body={"messages": []}) for i in range(n)
+    ]
+
+
+def make(
+    tmp_path: Path, *, workers: int = 1, window: int = 16
+) -> tuple[Scheduler, Events, JournalWriter]:
+    settings = EngineSettings(engine="echo", max_num_seqs=window, window=window)
+    journal = JournalWriter(tmp_path / "journal.jsonl").open()
+    events = Events()
+    scheduler = Scheduler(
+        settings, [{} for _ in range(workers)], journal, JobState(), events, FakeWorker
+    )
+    return scheduler, events, journal
+
+
+def results(tmp_path: Path) -> dict[str, list[dict[str, Any]]]:
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    for rec in read_records(tmp_path / "journal.jsonl"):
+        by_id.setdefault(rec["custom_id"], []).append(rec)
+    return by_id
+
+
+def test_a_poison_request_is_isolated_and_fails_alone(tmp_path: Path) -> None:
+    FakeWorker.poison = {"r13"}
+    scheduler, events, journal = make(tmp_path, window=16)
+    stats = scheduler.run(iter(requests(100)))
+    journal.close()
+    by_id = results(tmp_path)
+    assert sorted(by_id) == sorted(f"r{i}" for i in range(100))
+    assert all(len(recs) == 1 for recs in by_id.values())  # each answered exactly once
+    bad = by_id["r13"][0]
+    assert (bad["ok"], bad["status_code"], bad["retryable"]) == (False, 500, False)
+    assert bad["error"]["code"] == "engine_crash"
+    assert bad["line"] == 14
+    assert all(recs[0]["ok"] for cid, recs in by_id.items() if cid != "r13")
+    assert stats.crashed == 1
+    # The first send holds window + prefetch = 24 requests: one death raised the suspicion, then
+    # at most ceil(log2(24)) more to corner the request.
+    held = 16 + 8
+    assert FakeWorker.starts - 1 <= 1 + math.ceil(math.log2(held))
+    found = [e for e in events.lines if "'r13' (line 14) on its own" in e]
+    assert len(found) == 1 and "not retried; finding it took" in found[0]
+    assert any(f"died holding {held} requests" in e and "at most 5 more restarts" in e
+               for e in events.lines)
+
+
+def test_several_poison_requests_and_several_workers(tmp_path: Path) -> None:
+    FakeWorker.poison = {"r3", "r4", "r50", "r99"}
+    scheduler, _, journal = make(tmp_path, workers=3, window=8)
+    stats = scheduler.run(iter(requests(100)))
+    journal.close()
+    by_id = results(tmp_path)
+    assert len(by_id) == 100 and all(len(r) == 1 for r in by_id.values())
+    crashed = {cid for cid, recs in by_id.items() if not recs[0]["ok"]}
+    assert crashed == FakeWorker.poison
+    assert stats.crashed == 4 and stats.succeeded == 96
+
+
+def test_a_death_without_poison_costs_one_restart_and_nothing_is_lost(tmp_path: Path) -> None:
+    # A worker killed from outside once (no request is to blame): both halves then finish.
+    scheduler, _, journal = make(tmp_path, window=8)
+    calls = {"n": 0}
+    original = FakeWorker.send
+
+    def dies_once(self: FakeWorker, batch: Sequence[Request]) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            for r in batch:
+                self.inflight[r.custom_id] = r
+            self._inbox.put((self.index, self.generation, "eof", None))
+            return
+        original(self, batch)
+
+    FakeWorker.send = dies_once  # type: ignore[method-assign]
+    try:
+        stats = scheduler.run(iter(requests(40)))
+    finally:
+        FakeWorker.send = original  # type: ignore[method-assign]
+    journal.close()
+    by_id = results(tmp_path)
+    assert len(by_id) == 40 and all(len(r) == 1 and r[0]["ok"] for r in by_id.values())
+    assert stats.crashed == 0 and FakeWorker.starts == 2
+
+
+def test_an_engine_that_crashes_on_everything_is_given_up_on(tmp_path: Path) -> None:
+    FakeWorker.poison = {f"r{i}" for i in range(40)}
+    scheduler, _, journal = make(tmp_path, window=4)
+    with pytest.raises(BatchrunError) as info:
+        scheduler.run(iter(requests(40)))
+    journal.close()
+    assert str(info.value).startswith(
+        "3 requests in a row crashed the engine worker on their own with none finishing in "
+        "between, so the engine itself looks broken (last: the worker process died (killed by "
+        "signal 9)); they are recorded as failed (engine_crash). Once the engine is fixed, "
+        "`batchrun resume` runs the rest and `batchrun retry-failed` runs them again. Everything "
+        "finished so far is saved"
+    )
+    by_id = results(tmp_path)
+    assert len(by_id) == 3  # the three found; the rest stay pending for resume
+    assert all(r[0]["error"]["code"] == "engine_crash" for r in by_id.values())
+
+
+def test_a_worker_that_cannot_start_is_given_up_on(tmp_path: Path) -> None:
+    FakeWorker.fail_start = True
+    scheduler, _, journal = make(tmp_path)
+    with pytest.raises(BatchrunError) as info:
+        scheduler.run(iter(requests(5)))
+    journal.close()
+    assert str(info.value) == (
+        "the engine failed to start: RuntimeError: no engine. Everything finished so far is saved"
+    )
+    assert FakeWorker.starts == 1
+
+
+def test_out_of_memory_backs_off_and_requeues_without_suspicion(tmp_path: Path) -> None:
+    FakeWorker.oom_above = 5
+    scheduler, events, journal = make(tmp_path, window=16)
+    stats = scheduler.run(iter(requests(30)))
+    journal.close()
+    by_id = results(tmp_path)
+    assert len(by_id) == 30 and all(r[0]["ok"] and len(r) == 1 for r in by_id.values())
+    assert stats.crashed == 0
+    assert scheduler.batch_size == 4
+    assert [e for e in events.lines if "backing off" in e] == [
+        "worker 0: backing off, batch size 16 -> 8",
+        "worker 0: backing off, batch size 8 -> 4",
+    ]
+
+
+def renamed(prefix: str, n: int) -> list[Request]:
+    return [dataclasses.replace(r, custom_id=prefix + r.custom_id) for r in requests(n)]
+
+
+def test_resize_keeps_a_running_engine_when_it_is_big_enough(tmp_path: Path) -> None:
+    scheduler, _, journal = make(tmp_path, window=16)
+    scheduler.run(iter(requests(10)))
+    starts = FakeWorker.starts
+    scheduler.resize(8)  # smaller: a window change, no restart
+    scheduler.run(iter(renamed("s", 10)))
+    assert FakeWorker.starts == starts
+    scheduler.resize(32)  # bigger: a fresh engine with that many sequences
+    scheduler.run(iter(renamed("t", 10)))
+    journal.close()
+    assert FakeWorker.starts == starts + 1
+    assert scheduler.workers[0].settings.max_num_seqs == 32
+    assert len(results(tmp_path)) == 30
+
+
+def test_failed_outcomes_are_plain_outcomes_not_deaths(tmp_path: Path) -> None:
+    # A failed outcome (a 500 the engine reported) is not a crash: no isolation, no restart.
+    scheduler, _, journal = make(tmp_path)
+    original = FakeWorker.send
+
+    def fails(self: FakeWorker, batch: Sequence[Request]) -> None:
+        for r in batch:
+            self.inflight[r.custom_id] = r
+        outcomes = [
+            failure(r, "engine_error", "boom", status_code=500, retryable=True) for r in batch
+        ]
+        self._inbox.put((self.index, self.generation, "results", outcomes))
+
+    FakeWorker.send = fails  # type: ignore[method-assign]
+    try:
+        stats = scheduler.run(iter(requests(10)))
+    finally:
+        FakeWorker.send = original  # type: ignore[method-assign]
+    journal.close()
+    assert stats.failed == 10 and stats.crashed == 0 and FakeWorker.starts == 1
