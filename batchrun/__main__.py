@@ -4,12 +4,13 @@ The handlers go in before the CLI's modules load (typer, rich: a tenth of a seco
 Ctrl-C at any moment exits 130 with no traceback.
 """
 
-from batchrun import stopping
+from batchrun import stopping, streams
 
 
 def main() -> None:
-    """Install the stop handlers, then run the command line."""
+    """Install the stop handlers and the output guards, then run the command line."""
     stopping.install()
+    streams.guard_std_streams()
     try:
         from batchrun.cli import main as cli_main
     except KeyboardInterrupt:
