@@ -10,7 +10,10 @@ What it does, with a seeded random generator (the seed is printed first; `--seed
 1. Writes an input file: `--requests` valid chat requests (each with a unique text, which the echo
    engine answers with; some with n=2), invalid lines of several kinds mixed in (each kind's
    expected error code is known), blank lines and CRLF endings. With the echo engine, `--fail`
-   requests always fail (BATCHRUN_ECHO_FAIL), so retry passes and attempt counting run too.
+   requests always fail (BATCHRUN_ECHO_FAIL), so retry passes and attempt counting run too, and
+   `--poison` requests kill the engine worker whenever it receives them (BATCHRUN_ECHO_CRASH_ON),
+   so the supervisor must isolate each one (it must end as its own failed line, `engine_crash`,
+   after exactly one attempt) while the kills go on around it.
 2. Runs `batchrun submit` in a process group of its own and kills the whole group with SIGKILL at a
    random moment; then `batchrun resume` (or `submit` again, if the kill came before the job's
    manifest existed, as a person would), killed again, and so on, `--kills` times. The first kill
@@ -170,6 +173,7 @@ class Expected:
     valid: dict[str, dict[str, Any]] = field(default_factory=dict)
     invalid: dict[int, dict[str, Any]] = field(default_factory=dict)
     failing: set[str] = field(default_factory=set)
+    poison: set[str] = field(default_factory=set)
     max_tokens: int = 16
 
     def kinds(self) -> int:
@@ -221,6 +225,9 @@ def write_input(path: Path, n: int, rng: random.Random, args: argparse.Namespace
             exp.invalid[line] = {"kind": kind, "code": code}
     if args.engine == "echo" and args.fail:
         exp.failing = set(rng.sample(ids, min(args.fail, len(ids))))
+    if args.engine == "echo" and args.poison:
+        rest = [cid for cid in ids if cid not in exp.failing]
+        exp.poison = set(rng.sample(rest, min(args.poison, len(rest))))
     path.write_bytes(bytes(out))
     return exp
 
@@ -363,6 +370,14 @@ class Checker:
                 self.check_answer(where, cid, rec.get("body"))
                 if cid in self.exp.failing:
                     self.fail(f"{where}: {cid} succeeded, but the engine fails it on purpose")
+                if cid in self.exp.poison:
+                    self.fail(f"{where}: {cid} succeeded, but it crashes the engine on purpose")
+            else:
+                code = (rec.get("error") or {}).get("code")
+                if cid in self.exp.poison and code != "engine_crash":
+                    self.fail(f"{where}: {cid} (poison) failed with {code!r}, not engine_crash")
+                if cid not in self.exp.poison and code == "engine_crash":
+                    self.fail(f"{where}: {cid} was blamed for crashing the engine, but it does not")
             last_ok[cid] = bool(rec.get("ok"))
         self.fail_many(
             where,
@@ -379,7 +394,13 @@ class Checker:
         if final:
             lost = []
             for cid in self.exp.valid:
-                if cid in self.exp.failing:
+                if cid in self.exp.poison:
+                    if attempts.get(cid) != 1:
+                        self.fail(
+                            f"{where}: {cid} (poison) has {attempts.get(cid, 0)} results, "
+                            "expected exactly 1 (engine_crash)"
+                        )
+                elif cid in self.exp.failing:
                     if attempts.get(cid) != self.max_attempts or last_ok.get(cid):
                         self.fail(
                             f"{where}: {cid} (always failing) has {attempts.get(cid, 0)} attempts, "
@@ -424,7 +445,7 @@ class Checker:
             lines_in_order.append(self.exp.valid[cid]["line"])
             if seen[cid] == 2:
                 self.fail(f"output.jsonl: {cid} appears twice")
-            if cid in self.exp.failing:
+            if cid in self.exp.failing or cid in self.exp.poison:
                 self.fail(f"output.jsonl: {cid} should have failed")
             resp = o.get("response") or {}
             if resp.get("status_code") != 200 or o.get("error") is not None:
@@ -467,20 +488,21 @@ class Checker:
             failed_rows += 1
             cid = row.get("custom_id")
             err_seen[cid] += 1
-            if cid not in self.exp.failing:
+            if cid not in self.exp.failing and cid not in self.exp.poison:
                 self.fail(f"errors.jsonl: {cid!r} failed ({err.get('code')}), expected success")
                 continue
             if err_seen[cid] == 2:
                 self.fail(f"errors.jsonl: {cid} appears twice")
-            if err.get("code") != "engine_error" or line != self.exp.valid[cid]["line"]:
+            want_code = "engine_crash" if cid in self.exp.poison else "engine_error"
+            if err.get("code") != want_code or line != self.exp.valid[cid]["line"]:
                 self.fail(f"errors.jsonl: {cid}: code {err.get('code')!r}, line {line}")
         if err_lines != sorted(err_lines):
             self.fail("errors.jsonl: lines are not in input order")
         missing = []
         for cid in self.exp.valid:
-            if cid in self.exp.failing:
+            if cid in self.exp.failing or cid in self.exp.poison:
                 if err_seen[cid] == 0:
-                    self.fail(f"errors.jsonl: {cid} (always failing) is missing")
+                    self.fail(f"errors.jsonl: {cid} (failing on purpose) is missing")
                 if seen[cid]:
                     self.fail(f"export: {cid} is both in output.jsonl and errors.jsonl")
             elif seen[cid] == 0:
@@ -873,11 +895,14 @@ class Harness:
         exp = write_input(self.input, a.requests, self.rng, a)
         if exp.failing:
             self.env["BATCHRUN_ECHO_FAIL"] = ",".join(sorted(exp.failing))
+        if exp.poison:
+            self.env["BATCHRUN_ECHO_CRASH_ON"] = ",".join(sorted(exp.poison))
         self.checker = Checker(exp, a.engine, a.max_attempts)
         ck = self.checker
         print(
             f"[chaos] {a.engine} engine; {len(exp.valid):,} valid requests, {len(exp.invalid)} "
-            f"invalid lines of {exp.kinds()} kinds, {len(exp.failing)} failing on purpose; "
+            f"invalid lines of {exp.kinds()} kinds, {len(exp.failing)} failing on purpose, "
+            f"{len(exp.poison)} poison; "
             f"{a.kills} kills; work dir {self.work}",
             flush=True,
         )
@@ -953,7 +978,7 @@ class Harness:
                 self.plant(a.plant_bug)
         # The last run: no kill.
         final = self.run_once("none", None)
-        want_rc = 1 if (exp.invalid or exp.failing) else 0
+        want_rc = 1 if (exp.invalid or exp.failing or exp.poison) else 0
         if final.rc != want_rc and not (a.plant_bug and final.rc == 1):
             ck.fail(
                 f"the final {final.command} exited {final.rc}, expected {want_rc}: {last_line(final.stderr)}"
@@ -982,7 +1007,9 @@ class Harness:
         received = self.record.read_text().split("\n")[:-1] if self.record.exists() else []
         counts = Counter(received)
         resent = sum(
-            max(0, n - (a.max_attempts if cid in exp.failing else 1)) for cid, n in counts.items()
+            max(0, n - (a.max_attempts if cid in exp.failing else 1))
+            for cid, n in counts.items()
+            if cid not in exp.poison
         )
         figures = {
             "seed": a.seed,
@@ -991,6 +1018,8 @@ class Harness:
             "invalid_lines": len(exp.invalid),
             "invalid_kinds": exp.kinds(),
             "failing_on_purpose": len(exp.failing),
+            "poison": len(exp.poison),
+            "poison_received": sum(counts[cid] for cid in exp.poison),
             "kills_asked": a.kills,
             "kills_survived": kills,
             "graceful_stops": graceful,
@@ -1101,6 +1130,12 @@ class Harness:
             f"  requests            {f['requests']:,} valid + {f['invalid_lines']} invalid lines "
             f"({f['invalid_kinds']} kinds), {f['failing_on_purpose']} failing on purpose"
         )
+        if f["poison"]:
+            print(
+                f"  poison requests     {f['poison']} that crash the engine worker: received "
+                f"{f['poison_received']} times in all (in flight at kills and crashes), each "
+                "ended as its own engine_crash line"
+            )
         print(
             f"  kills survived      {f['kills_survived']} SIGKILLs of the whole process group"
             + (f" + {f['graceful_stops']} graceful stops" if f["graceful_stops"] else "")
@@ -1125,7 +1160,8 @@ class Harness:
         if f["engine_received"]:
             print(
                 f"  engine received     {f['engine_received']:,} requests: "
-                f"{f['requests_resent_after_a_stop']:,} re-sent after a stop (in flight), "
+                f"{f['requests_resent_after_a_stop']:,} re-sent after a stop or a crash "
+                "(in flight), "
                 "each answered once"
             )
         print(
@@ -1204,6 +1240,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-attempts", type=int, default=2, help="attempts per request [2]")
     p.add_argument("--fail", type=int, default=5, help="echo: requests that always fail [5]")
     p.add_argument(
+        "--poison", type=int, help="echo: requests that crash the engine worker [3; 0 with --ray]"
+    )
+    p.add_argument(
         "--invalid-every", type=int, default=100, help="about one invalid line per N requests [100]"
     )
     p.add_argument(
@@ -1236,6 +1275,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "workers": 1 if vllm else 2,
         "max_tokens": 16,
         "final_timeout": 1800.0 if vllm else 900.0,
+        # Not with Ray: an actor killed on purpose while a lone suspect runs would blame it.
+        "poison": 0 if vllm or args.ray else 3,
     }
     for key, value in defaults.items():
         if getattr(args, key) is None:

@@ -52,8 +52,8 @@ def run_chaos(tmp_path: Path, *args: str, timeout: float = 600) -> tuple[int, di
 
 def test_chaos_fast_run_loses_nothing_and_answers_nothing_twice(tmp_path: Path) -> None:
     """10 SIGKILLs of submit/resume at random moments (the first one while submit validates),
-    then every valid request exactly once with its answer, every invalid line once, status
-    matching the files."""
+    with 3 poison requests that crash the worker; then every valid request exactly once with its
+    answer (the poison ones as engine_crash), every invalid line once, status matching the files."""
     rc, rep, out = run_chaos(tmp_path, "--kills", "10", "--requests", "800", "--seed", "4242")
     assert rep, out
     assert rep["violation_list"] == [], out
@@ -63,6 +63,8 @@ def test_chaos_fast_run_loses_nothing_and_answers_nothing_twice(tmp_path: Path) 
         rep["rows_checked"] == rep["requests"] + rep["invalid_lines"] == 800 + rep["invalid_lines"]
     )
     assert rep["invalid_kinds"] >= 5
+    # Poison requests among the kills: each isolated and failed alone (checked per request).
+    assert rep["poison"] == 3 and rep["poison_received"] >= 3
     assert rep["violations"] == 0
 
 
