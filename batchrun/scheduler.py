@@ -20,7 +20,7 @@ import dataclasses
 import queue
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -92,6 +92,8 @@ class Scheduler:
         ]
         self.pending: deque[Request] = deque()
         self.isolator = Isolator()
+        # Told the new size after an out-of-memory back-off (the job and the size cache keep it).
+        self.on_back_off: Callable[[int], None] | None = None
         self.worker_info: dict[str, dict[str, Any]] = {}
 
     # -- sizing ---------------------------------------------------------------------------------
@@ -324,6 +326,8 @@ class Scheduler:
             self.reporter.event(f"{w.label}: backing off, batch size {size} -> {smaller}")
             w.settings.window = smaller
             w.settings.max_num_seqs = smaller
+            if self.on_back_off is not None:
+                self.on_back_off(smaller)
             return []
         held = w.take_inflight()
         group, w.isolating = w.isolating, None

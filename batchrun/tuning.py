@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
-import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
+from batchrun.job import write_json_atomic
 from batchrun.models import cache_root
 from batchrun.records import EMBEDDINGS, Request
 from batchrun.scheduler import Reporter, Scheduler
@@ -108,16 +109,35 @@ def cached_size(settings: EngineSettings, device: str) -> int | None:
 
 def remember_size(settings: EngineSettings, device: str, size: int) -> None:
     """Record the chosen size so that the next job on this set-up starts at the answer."""
+    _update_cache(cache_key(settings, device), lambda old: size)
+
+
+def lower_size(settings: EngineSettings, device: str, size: int) -> None:
+    """After an out-of-memory back-off: a cached size above `size` is lowered to it, so the next
+    job on this set-up does not pay the same restarts again (no entry: nothing was measured)."""
+    _update_cache(
+        cache_key(settings, device), lambda old: min(old, size) if old is not None else None
+    )
+
+
+def _update_cache(key: str, change: Callable[[int | None], int | None]) -> None:
+    """Read-modify-write the cache under a lock (jobs on one machine share it), atomically."""
     path = _cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            data: dict[str, Any] = json.loads(path.read_text())
-        except (OSError, ValueError):
-            data = {}
-        data[cache_key(settings, device)] = size
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
-    except OSError:
+        with open(path.with_name(path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                data: dict[str, Any] = json.loads(path.read_text())
+                if not isinstance(data, dict):
+                    data = {}
+            except (OSError, ValueError):
+                data = {}
+            old = data.get(key)
+            new = change(old if isinstance(old, int) and old > 0 else None)
+            if new is None or new == old:
+                return
+            data[key] = new
+            write_json_atomic(path, data)
+    except (OSError, BatchrunError):
         pass  # a cache that cannot be written only costs a search next time

@@ -228,12 +228,15 @@ def test_a_worker_that_cannot_start_is_given_up_on(tmp_path: Path) -> None:
 def test_out_of_memory_backs_off_and_requeues_without_suspicion(tmp_path: Path) -> None:
     FakeWorker.oom_above = 5
     scheduler, events, journal = make(tmp_path, window=16)
+    told: list[int] = []
+    scheduler.on_back_off = told.append
     stats = scheduler.run(iter(requests(30)))
     journal.close()
     by_id = results(tmp_path)
     assert len(by_id) == 30 and all(r[0]["ok"] and len(r) == 1 for r in by_id.values())
     assert stats.crashed == 0
     assert scheduler.batch_size == 4
+    assert told == [8, 4]  # the runner keeps the size running in the job and the size cache
     assert [e for e in events.lines if "backing off" in e] == [
         "worker 0: backing off, batch size 16 -> 8",
         "worker 0: backing off, batch size 8 -> 4",
