@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import shlex
 import signal
 from types import FrameType
 
@@ -41,7 +42,7 @@ def next_command() -> tuple[bool, str]:
     (or, for a submit stopped before it created the job, the same submit again)."""
     if _job_dir and _again and not os.path.exists(os.path.join(_job_dir, "manifest.json")):
         return False, _again
-    return True, "batchrun resume" + (f" --job-dir {_job_dir}" if _job_dir else "")
+    return True, "batchrun resume" + (f" --job-dir {shlex.quote(_job_dir)}" if _job_dir else "")
 
 
 def install() -> None:
@@ -92,28 +93,10 @@ def _stop_now() -> None:
 
 
 def descendants(root: int) -> list[int]:
-    """The pids of every live process below `root` (Linux /proc; none elsewhere)."""
-    children: dict[int, list[int]] = {}
+    """The pids of every live process below `root`."""
+    import psutil  # here, not at import: the CLI's start-up stays lean
+
     try:
-        entries = os.listdir("/proc")
-    except OSError:
+        return [p.pid for p in psutil.Process(root).children(recursive=True)]
+    except psutil.Error:
         return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # The fields after the command name (which may hold spaces and parentheses).
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 1:
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    found: list[int] = []
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,31 +101,19 @@ def journal_records(job_dir: Path) -> list[dict[str, Any]]:
 def worker_pids(parent_pid: int) -> list[int]:
     """The engine worker processes of a batchrun process (they are named batchrun-worker)."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent_pid and b"batchrun-worker" in cmdline:
-            found.append(int(entry.name))
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(parent_pid).children():
+            with contextlib.suppress(psutil.Error):
+                if "batchrun-worker" in " ".join(child.cmdline()):
+                    found.append(child.pid)
     return found
 
 
 def group_alive(pgid: int) -> list[int]:
     """Live (not zombie) processes of process group `pgid`."""
     alive = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        rest = stat[stat.rfind(")") + 2 :].split()
-        if rest[0] != "Z" and int(rest[2]) == pgid:
-            alive.append(int(entry.name))
+    for p in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
+                alive.append(p.pid)
     return alive
