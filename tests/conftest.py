@@ -7,7 +7,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,23 @@ def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen
         cwd=ROOT,
         start_new_session=True,
     )
+
+
+def wait_until(
+    condition: Callable[[], object], what: str, timeout: float = 120, every: float = 0.05
+) -> None:
+    """Poll `condition` until it holds; fail the test, saying `what` never happened, on time-out
+    (a wait that runs out silently lets a test go on to assert on the wrong moment)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting until {what}")
+        time.sleep(every)
+
+
+def results_at_least(job: Path, n: int) -> Callable[[], bool]:
+    """A condition: the job's journal holds at least `n` records."""
+    return lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= n
 
 
 def chat_line(cid: str, text: str, **body: Any) -> dict[str, Any]:

@@ -27,7 +27,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, chat_line, cli, journal_records, read_jsonl, start_cli, write_jsonl
+from conftest import (
+    ROOT,
+    chat_line,
+    cli,
+    journal_records,
+    read_jsonl,
+    start_cli,
+    wait_until,
+    write_jsonl,
+)
 
 CHAOS = ROOT / "scripts" / "chaos.py"
 
@@ -281,9 +290,7 @@ def test_ctrl_c_while_submit_validates_gives_a_hint_that_works(tmp_path: Path) -
             f.write(f'{{"custom_id": "g{i}", "method": "GET"}}\n')
     job = tmp_path / "job"
     p = start_cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
-    deadline = time.monotonic() + 60
-    while not (job / "lock").exists() and time.monotonic() < deadline:
-        time.sleep(0.005)
+    wait_until((job / "lock").exists, "submit takes the job's lock", timeout=60, every=0.005)
     time.sleep(0.2)
     os.killpg(p.pid, signal.SIGINT)
     _, stderr = p.communicate(timeout=60)

@@ -20,7 +20,9 @@ from conftest import (
     group_alive,
     journal_records,
     read_jsonl,
+    results_at_least,
     start_cli,
+    wait_until,
     write_jsonl,
 )
 
@@ -106,11 +108,7 @@ def test_a_killed_actor_is_replaced_and_nothing_is_lost(tmp_path: Path) -> None:
         env={"BATCHRUN_ECHO_DELAY_MS": "40"},
     )
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (
-            (job / "journal.jsonl").exists() and len(journal_records(job)) >= 50
-        ):
-            time.sleep(0.1)
+        wait_until(results_at_least(job, 50), "the job has 50 results")
         pids = actor_pids()
         assert len(pids) == 2
         os.kill(pids[0], signal.SIGKILL)
@@ -144,11 +142,7 @@ def test_a_job_started_on_ray_is_resumed_without_it(tmp_path: Path) -> None:
         "--no-progress",
         env={"BATCHRUN_ECHO_DELAY_MS": "40"},
     )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (
-        (job / "journal.jsonl").exists() and len(journal_records(job)) >= 50
-    ):
-        time.sleep(0.1)
+    wait_until(results_at_least(job, 50), "the job has 50 results")
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
     for pid in actor_pids():  # a killed driver's local Ray instance goes down with it
@@ -174,11 +168,7 @@ def test_ctrl_c_on_ray_leaves_no_process_behind(tmp_path: Path, second_after: fl
         "--ray", "local", "--workers", "2", "--no-progress",
         env={"BATCHRUN_ECHO_DELAY_MS": "50"},
     )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (
-        (job / "journal.jsonl").exists() and len(journal_records(job)) >= 50
-    ):
-        time.sleep(0.1)
+    wait_until(results_at_least(job, 50), "the job has 50 results")
     os.killpg(p.pid, signal.SIGINT)
     if second_after is not None:
         time.sleep(second_after)
