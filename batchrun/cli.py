@@ -315,9 +315,17 @@ def resume(
         bool,
         typer.Option(
             "--force",
-            help="Run even if the input file changed since submit: its requests are read as they are now; those already finished are kept and not run again.",
+            help="Run even if the input file changed since submit: the job becomes the file as it is now (requests that left it are dropped, line numbers are the file's); those already finished are kept and not run again.",
         ),
     ] = False,
+    input_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--input",
+            help="The job's input file at its new place (a moved file): taken when its sha256 is the one submitted, or with --force.",
+            show_default=False,
+        ),
+    ] = None,
     ray: RayAddress = None,
     no_progress: NoProgress = False,
 ) -> None:
@@ -326,7 +334,9 @@ def resume(
 
     stopping.set_job(job_dir)
     try:
-        summary = run_resume(job_dir, progress=not no_progress, force=force, ray=ray)
+        summary = run_resume(
+            job_dir, progress=not no_progress, force=force, ray=ray, input_path=input_file
+        )
     except BatchrunError as e:
         _fail(str(e), e.exit_code)
     except KeyboardInterrupt as e:
@@ -368,28 +378,24 @@ def export(
             show_default=False,
         ),
     ] = None,
+    partial: Annotated[
+        bool,
+        typer.Option(
+            "--partial",
+            help="Export what is finished even though requests are still pending (they are not in the output).",
+        ),
+    ] = False,
 ) -> None:
     """Write the results: output.jsonl + errors.jsonl (OpenAI batch output format), or results.parquet."""
-    from batchrun.export import export_jsonl, export_parquet
-    from batchrun.job import JobPaths, load_manifest
+    from batchrun.export import export_job
 
-    paths = JobPaths(job_dir)
-    dest = output_dir or job_dir
     try:
-        if not paths.journal.exists():
-            load_manifest(paths)  # says what is wrong: no job there, or not a job
-        if parquet:
-            summary = export_parquet(paths.journal, dest)
-        else:
-            summary = export_jsonl(job_dir, paths.journal, dest)
+        summary = export_job(job_dir, output_dir or job_dir, parquet=parquet, partial=partial)
     except BatchrunError as e:
         _fail(str(e), e.exit_code)
-    out.print(
-        f"{summary.succeeded:,} succeeded, {summary.failed:,} failed, {summary.invalid:,} invalid lines",
-        highlight=False,
-    )
+    out.print(summary.describe(), highlight=False, soft_wrap=True)
     for path in summary.paths:
-        out.print(f"wrote {path}", highlight=False)
+        out.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -11,10 +11,12 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
 import secrets
+import shlex
 import sys
 from array import array
 from collections.abc import Callable, Iterator
@@ -23,13 +25,15 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 from batchrun.errors import BatchrunError
+from batchrun.job import InputMap, JobPaths, load_input_map, load_manifest, recorded_runner
 
 OUTPUT_NAME = "output.jsonl"
 ERRORS_NAME = "errors.jsonl"
 PARQUET_NAME = "results.parquet"
 
-# Outcome of a request's last record, as stored in the index.
-FAILED, SUCCEEDED, INVALID = 0, 1, 2
+# Outcome of a request's last record, as stored in the index; PENDING: a request of the input
+# map (a forced resume's) with no finished attempt, never written out.
+FAILED, SUCCEEDED, INVALID, PENDING = 0, 1, 2, 3
 _STATUS_NAMES = {FAILED: "failed", SUCCEEDED: "succeeded", INVALID: "invalid"}
 
 
@@ -83,25 +87,53 @@ class ExportSummary:
     succeeded: int
     failed: int
     invalid: int
+    # Valid requests with no finished attempt, not in the files; None when no manifest says how
+    # many requests the job has.
+    pending: int | None = None
+    running_pid: int | None = None  # the process running the job while it was exported
 
     @property
     def total(self) -> int:
         """All rows reported: requests plus invalid input lines."""
         return self.succeeded + self.failed + self.invalid
 
+    def describe(self) -> str:
+        """One line for people: the counts, and what the files lack when the export is partial."""
+        text = (
+            f"{self.succeeded:,} succeeded, {self.failed:,} failed, {self.invalid:,} invalid lines"
+        )
+        if self.pending:
+            text += f", {self.pending:,} pending (not in the output: partial export)"
+        if self.running_pid is not None:
+            text += f"; the job is running (process {self.running_pid}), export again when it ends"
+        return text
 
-def latest_by_request(journal_path: Path) -> JournalIndex:
+
+def latest_by_request(journal_path: Path, input_map: InputMap | None = None) -> JournalIndex:
     """Index the journal in one pass: each request's last record (by offset) and attempt count.
 
     Result records are keyed by custom_id (unique among valid lines); invalid-line records by
     line number, since their custom_id may be null or duplicate a valid one. A torn last line is
     ignored; any other unreadable line raises BatchrunError, as `journal.read_records` does.
+
+    With the input map of a forced resume, the index holds the requests of the input as it is
+    now, each at its current line (PENDING until it has a record): records of custom_ids that
+    left the file are skipped, and only that map's invalid-line records count.
     """
     index = JournalIndex(journal_path, array("q"), array("q"), array("i"), array("b"), b"")
-    if not journal_path.exists():
-        return index
     by_id: dict[str, int] = {}
     by_line: dict[int, int] = {}
+    generation = None
+    if input_map is not None:
+        generation = input_map.generation
+        for custom_id, line in input_map.lines.items():
+            by_id[custom_id] = len(index.offsets)
+            index.offsets.append(-1)
+            index.lines.append(line)
+            index.attempts.append(0)
+            index.statuses.append(PENDING)
+    if not journal_path.exists():
+        return index
     try:
         f = journal_path.open("rb")
     except OSError as e:
@@ -119,8 +151,6 @@ def latest_by_request(journal_path: Path) -> JournalIndex:
                     status = SUCCEEDED if rec["ok"] else FAILED
                     key: dict[Any, int] = by_id
                     k: Any = str(rec["custom_id"])
-                    if status == SUCCEEDED:
-                        _note_body(index, rec.get("body"))
                 elif kind == "invalid":
                     status, key, k = INVALID, by_line, line
                 else:
@@ -133,6 +163,16 @@ def latest_by_request(journal_path: Path) -> JournalIndex:
             if not index.job_salt:
                 index.job_salt = hashlib.sha256(raw).digest()
             idx = key.get(k)
+            if status == INVALID:
+                # Untagged: submit's reading of the file; tagged: a forced resume's (see InputMap).
+                if rec.get("generation") != generation:
+                    continue
+            elif input_map is not None:
+                if idx is None:
+                    continue  # its line left the input file: no longer part of the job
+                line = index.lines[idx]  # where the request is now, not where it was when it ran
+            if status == SUCCEEDED:
+                _note_body(index, rec.get("body"))
             if idx is None:
                 key[k] = len(index.offsets)
                 index.offsets.append(start)
@@ -148,6 +188,54 @@ def latest_by_request(journal_path: Path) -> JournalIndex:
     return index
 
 
+def export_job(
+    job_dir: Path, out_dir: Path, *, parquet: bool = False, partial: bool = False
+) -> ExportSummary:
+    """Export a job; refuse while requests are pending, unless `partial` (then count them).
+
+    Only reads the job directory and takes no lock, so it can run beside the job's own run.
+    The requests are those of the input as it is now (after a forced resume, its input map).
+    """
+    paths = JobPaths(job_dir)
+    manifest: dict[str, Any] | None = None
+    try:
+        manifest = load_manifest(paths)
+    except BatchrunError as e:
+        if not paths.journal.exists():
+            raise  # not a job at all
+        if paths.manifest.exists() and not partial:
+            raise BatchrunError(
+                f"{e}; pass --partial to export the journal's results without it"
+            ) from None
+        # No manifest (a submit killed as it began): the journal's results, count of pending unknown.
+    input_map = load_input_map(paths, manifest) if manifest is not None else None
+    _prepare(out_dir)  # before the journal pass: a bad --output-dir fails at once
+    index = latest_by_request(paths.journal, input_map)
+    pending: int | None = None
+    running: int | None = None
+    if manifest is not None:
+        if input_map is not None:
+            pending = index.count(PENDING)
+        else:
+            finished = index.count(SUCCEEDED) + index.count(FAILED)
+            pending = max(0, int(manifest["requests"]) - finished)
+        running = recorded_runner(manifest)
+    if pending and not partial:
+        are = "request is" if pending == 1 else "requests are"
+        if running is not None:
+            raise BatchrunError(
+                f"{pending:,} {are} still pending: the job is running (process {running}); "
+                "wait for it to finish, or pass --partial to export only what is finished so far"
+            )
+        raise BatchrunError(
+            f"{pending:,} {are} still pending; continue the job with: batchrun resume "
+            f"--job-dir {shlex.quote(str(job_dir))}, or pass --partial to export only what is "
+            "finished"
+        )
+    summary = _write_parquet(index, out_dir) if parquet else _write_jsonl(index, out_dir)
+    return dataclasses.replace(summary, pending=pending, running_pid=running)
+
+
 def export_jsonl(job_dir: Path, journal_path: Path, out_dir: Path) -> ExportSummary:
     """Write output.jsonl and errors.jsonl (OpenAI batch output format) into `out_dir`.
 
@@ -157,7 +245,11 @@ def export_jsonl(job_dir: Path, journal_path: Path, out_dir: Path) -> ExportSumm
     if not job_dir.is_dir():
         raise BatchrunError(f"no job directory at {job_dir}; check --job-dir")
     _prepare(out_dir)  # before the journal pass: a bad --output-dir fails at once
-    index = latest_by_request(journal_path)
+    return _write_jsonl(latest_by_request(journal_path), out_dir)
+
+
+def _write_jsonl(index: JournalIndex, out_dir: Path) -> ExportSummary:
+    """Write output.jsonl and errors.jsonl from an index of the journal."""
     out_path, err_path = out_dir / OUTPUT_NAME, out_dir / ERRORS_NAME
 
     def write_output(f: IO[bytes]) -> None:
@@ -166,7 +258,7 @@ def export_jsonl(job_dir: Path, journal_path: Path, out_dir: Path) -> ExportSumm
 
     def write_errors(f: IO[bytes]) -> None:
         for entry, rec in _records(index, {FAILED, INVALID}):
-            f.write(_dumps(_error_line(index.job_salt, rec, entry.status)))
+            f.write(_dumps(_error_line(index.job_salt, rec, entry)))
 
     # Each file makes its own pass over the index, so neither holds the other's lines.
     _atomic_write(out_path, write_output)
@@ -188,13 +280,19 @@ def export_parquet(
     choice's tokens, as nested lists) and an embeddings job an `embeddings` column (per request,
     its vectors as fixed-size lists of float32).
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     if row_group_size < 1:
         raise ValueError("row_group_size must be at least 1")
     _prepare(out_dir)
-    index = latest_by_request(journal_path)
+    return _write_parquet(latest_by_request(journal_path), out_dir, row_group_size)
+
+
+def _write_parquet(
+    index: JournalIndex, out_dir: Path, row_group_size: int = 10_000
+) -> ExportSummary:
+    """Write results.parquet from an index of the journal."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     path = out_dir / PARQUET_NAME
     schema = _parquet_schema(index)
     names = schema.names
@@ -299,19 +397,20 @@ def _output_line(salt: bytes, rec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _error_line(salt: bytes, rec: dict[str, Any], status: int) -> dict[str, Any]:
+def _error_line(salt: bytes, rec: dict[str, Any], entry: Entry) -> dict[str, Any]:
     line_id, request_id = _ids(salt, rec)
     err = rec.get("error") or {}
     response = (
         None
-        if status == INVALID
+        if entry.status == INVALID
         else {"status_code": rec.get("status_code"), "request_id": request_id, "body": None}
     )
+    # The entry's line, not the record's: after a forced resume the request may have moved.
     return {
         "id": line_id,
         "custom_id": rec.get("custom_id"),
         "response": response,
-        "error": {"code": err.get("code"), "message": err.get("message"), "line": rec["line"]},
+        "error": {"code": err.get("code"), "message": err.get("message"), "line": entry.line},
     }
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Container, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,8 @@ from batchrun.journal import JOURNAL_NAME, read_records
 
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = "lock"
+# input-map-<generation>.jsonl: the input file as a forced resume found it (see InputMap).
+INPUT_MAP_PREFIX = "input-map-"
 FORMAT_VERSION = 1
 
 # A request's state, derived from its last journal record.
@@ -111,6 +114,123 @@ def save_manifest(paths: JobPaths, manifest: dict[str, Any]) -> None:
     write_json_atomic(paths.manifest, manifest)
 
 
+# --- where the input is, and what it holds now --------------------------------------------------
+
+
+def input_location(paths: JobPaths, path: Path) -> dict[str, str]:
+    """The manifest's fields for the input's place: absolute, and relative to the job directory.
+
+    The relative one lets a job moved together with its input (a project directory renamed)
+    find the file again.
+    """
+    absolute = path.resolve()
+    location = {"input_path": str(absolute)}
+    with contextlib.suppress(ValueError):  # no relative path between two drives (Windows)
+        location["input_relpath"] = os.path.relpath(absolute, paths.root.resolve())
+    return location
+
+
+def find_input(paths: JobPaths, manifest: dict[str, Any]) -> Path | None:
+    """The job's input file: at its recorded absolute path, else relative to the job directory."""
+    candidates = [Path(manifest["input_path"])]
+    relative = manifest.get("input_relpath")
+    if isinstance(relative, str):
+        candidates.append(paths.root / relative)
+    for candidate in candidates:
+        try:
+            if candidate.is_file():
+                return candidate.resolve()
+        except OSError:  # a directory on the way that cannot be entered: not found there
+            continue
+    return None
+
+
+@dataclass(frozen=True)
+class InputMap:
+    """The input file as the last forced resume read it: each valid request's line number.
+
+    A job whose input never changed has none (the journal's line numbers are the file's). After
+    `resume --force`, requests whose custom_id left the file are no longer part of the job, and
+    a finished request's line is where it is now, not where it was when it ran. `generation`
+    tags the invalid-line records of that reading in the journal; older ones are another file's.
+    """
+
+    generation: str
+    lines: dict[str, int]
+
+
+def write_input_map(paths: JobPaths, generation: str, requests: Iterable[tuple[str, int]]) -> str:
+    """Atomically write the input map of `generation` (custom_id, line pairs); return its name.
+
+    One `[custom_id, line]` JSON array a line, streamed: a million requests never sit in memory.
+    """
+    name = f"{INPUT_MAP_PREFIX}{generation}.jsonl"
+    path = paths.root / name
+    tmp = paths.root / f".{name}.{os.getpid()}.tmp"
+    done = False
+    try:
+        with open(tmp, "wb", buffering=1 << 20) as f:
+            for custom_id, line in requests:
+                f.write(json.dumps([custom_id, line], ensure_ascii=False).encode("utf-8") + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        done = True
+        fsync_dir(paths.root)
+    except OSError as e:
+        raise BatchrunError(f"cannot write {path}: {e.strerror or e}") from e
+    finally:
+        if not done:
+            tmp.unlink(missing_ok=True)
+    return name
+
+
+def load_input_map(paths: JobPaths, manifest: dict[str, Any]) -> InputMap | None:
+    """The job's input map, or None when its input never changed (no forced resume)."""
+    info = manifest.get("input_map")
+    if not isinstance(info, dict):
+        return None
+    path = paths.root / str(info.get("file"))
+    lines: dict[str, int] = {}
+    try:
+        with path.open("rb") as f:
+            for raw in f:
+                custom_id, line = json.loads(raw)
+                lines[str(custom_id)] = int(line)
+    except OSError as e:
+        raise BatchrunError(
+            f"cannot read the job's input map {path}: {e.strerror or e}; "
+            f"`batchrun resume --job-dir {paths.root} --force` writes it again"
+        ) from e
+    except (ValueError, TypeError):
+        raise BatchrunError(
+            f"the job's input map {path} is corrupt; "
+            f"`batchrun resume --job-dir {paths.root} --force` writes it again"
+        ) from None
+    return InputMap(str(info.get("generation")), lines)
+
+
+def recorded_runner(manifest: dict[str, Any]) -> int | None:
+    """The pid of the process the manifest says runs the job, if that process is alive.
+
+    Read-only, unlike `lock_holder`: probing the lock takes it for an instant, which could make a
+    `resume` starting at that moment think the job runs; export must never disturb a run.
+    """
+    runs = manifest.get("runs") or []
+    if manifest.get("status") != "running" or not runs or not isinstance(runs[-1], dict):
+        return None
+    pid = runs[-1].get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None  # killed: the job is interrupted, not running
+    except PermissionError:
+        pass  # alive, another user's
+    return pid
+
+
 def lock_holder(paths: JobPaths) -> int | None:
     """The pid of the process running this job, or None when no process holds the lock."""
     if not paths.lock.exists():
@@ -132,6 +252,19 @@ def lock_holder(paths: JobPaths) -> int | None:
         os.close(fd)
 
 
+def _write_pid(fd: int) -> None:
+    """Put the holder's pid into the lock file, for the "already running in process N" message."""
+    os.write(fd, f"{os.getpid()}\n".encode())
+
+
+def _lock_error(paths: JobPaths, e: OSError) -> BatchrunError:
+    """The one-line message for a lock that cannot be taken: a read-only or full job directory."""
+    return BatchrunError(
+        f"cannot write the job's lock file {paths.lock}: {e.strerror or e} (running a job needs "
+        "a writable job directory; export can write elsewhere with --output-dir)"
+    )
+
+
 def _read_pid(path: Path) -> int | None:
     try:
         return int(path.read_text().strip() or 0) or None
@@ -146,7 +279,10 @@ def job_lock(paths: JobPaths) -> Iterator[None]:
     flock is released by the kernel when the holder dies, so a lock left by a killed process is
     never stale: the next run simply takes it.
     """
-    fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise _lock_error(paths, e) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -158,13 +294,17 @@ def job_lock(paths: JobPaths) -> Iterator[None]:
                     f"the job at {paths.root} is already running in {who}; "
                     "wait for it to finish or stop it first"
                 ) from None
-            raise
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        # Holding the lock, no one else writes here: a temporary manifest left is a killed
-        # write's, never read (the rename had not happened), and can go.
-        for stale in paths.root.glob(f".{MANIFEST_NAME}.*.tmp"):
-            stale.unlink(missing_ok=True)
+            raise _lock_error(paths, e) from None
+        try:
+            os.ftruncate(fd, 0)
+            _write_pid(fd)
+            # Holding the lock, no one else writes here: a temporary file left is a killed
+            # write's, never read (the rename had not happened), and can go.
+            for pattern in (f".{MANIFEST_NAME}.*.tmp", f".{INPUT_MAP_PREFIX}*.tmp"):
+                for stale in paths.root.glob(pattern):
+                    stale.unlink(missing_ok=True)
+        except OSError as e:
+            raise _lock_error(paths, e) from None
         try:
             yield
         finally:
@@ -186,6 +326,10 @@ class JobState:
     last_time: float | None = None
     # Per worker index: [attempts, completion tokens, first time, last time].
     per_worker: dict[str, list[float]] = field(default_factory=dict)
+    # After a forced resume (see InputMap): only these custom_ids are part of the job, and only
+    # invalid-line records tagged with this generation are the current file's.
+    current: Container[str] | None = None
+    generation: str | None = None
 
     @property
     def succeeded(self) -> int:
@@ -203,11 +347,18 @@ class JobState:
 
     def record(self, rec: dict[str, Any]) -> None:
         """Fold one journal record into the state."""
+        invalid = rec.get("kind") == "invalid"
+        if invalid:
+            # Untagged records are submit's; tagged ones a forced resume's (of `generation` only).
+            if rec.get("generation") != self.generation:
+                return
+        elif self.current is not None and rec["custom_id"] not in self.current:
+            return  # its line left the input file: no longer part of the job
         t = rec.get("time")
         if isinstance(t, (int, float)):
             self.first_time = t if self.first_time is None else min(self.first_time, t)
             self.last_time = t if self.last_time is None else max(self.last_time, t)
-        if rec.get("kind") == "invalid":
+        if invalid:
             self.invalid += 1
             return
         cid = rec["custom_id"]
@@ -231,9 +382,16 @@ class JobState:
                 stats[3] = max(stats[3], t)
 
 
-def replay(paths: JobPaths) -> JobState:
-    """Derive the job's state from its journal (the one source of truth)."""
+def replay(paths: JobPaths, manifest: dict[str, Any] | None = None) -> JobState:
+    """Derive the job's state from its journal (the one source of truth).
+
+    With the manifest, of the input file as it is now: after a forced resume, requests that left
+    the file and the old file's invalid lines are not counted (see InputMap).
+    """
+    input_map = load_input_map(paths, manifest) if manifest is not None else None
     state = JobState()
+    if input_map is not None:
+        state.current, state.generation = input_map.lines, input_map.generation
     for rec in read_records(paths.journal):
         state.record(rec)
     return state

@@ -9,7 +9,8 @@ Record shapes (one JSON object a line):
 - ``{"kind": "result", "custom_id", "line", "attempt", "ok", "status_code", "body", "error",
   "retryable", "prompt_tokens", "completion_tokens", "latency_s", "time"}``: one attempt.
 - ``{"kind": "invalid", "custom_id", "line", "error", "time"}``: an input line that failed
-  validation (``custom_id`` is null when none could be read).
+  validation (``custom_id`` is null when none could be read). A forced resume's reading of a
+  changed input adds ``"generation"``, its input map's (see job.InputMap).
 """
 
 from __future__ import annotations
@@ -128,9 +129,12 @@ class JournalWriter:
 
     def open(self) -> JournalWriter:
         """Repair a torn tail and open for appending."""
-        repair_tail(self.path)
-        # buffering=0: every write() reaches the kernel, so a killed process loses nothing.
-        self._f = open(self.path, "ab", buffering=0)  # noqa: SIM115
+        try:
+            repair_tail(self.path)
+            # buffering=0: every write() reaches the kernel, so a killed process loses nothing.
+            self._f = open(self.path, "ab", buffering=0)  # noqa: SIM115
+        except OSError as e:  # a read-only or full job directory: one line, not a traceback
+            raise BatchrunError(f"cannot open the journal {self.path}: {e.strerror or e}") from e
         self._last_sync = time.monotonic()
         return self
 

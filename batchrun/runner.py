@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,14 +18,18 @@ from batchrun.devices import device_name, worker_envs
 from batchrun.errors import BatchrunError
 from batchrun.job import (
     FAILED_RETRYABLE,
+    INPUT_MAP_PREFIX,
     OK,
     JobPaths,
     JobState,
+    find_input,
+    input_location,
     job_lock,
     load_manifest,
     new_job_id,
     replay,
     save_manifest,
+    write_input_map,
 )
 from batchrun.journal import JournalWriter, invalid_record, read_records
 from batchrun.progress import ProgressReporter
@@ -121,13 +127,21 @@ def submit(
 
 
 def resume(
-    job_dir: Path, *, progress: bool = True, force: bool = False, ray: str | None = None
+    job_dir: Path,
+    *,
+    progress: bool = True,
+    force: bool = False,
+    ray: str | None = None,
+    input_path: Path | None = None,
 ) -> JobSummary:
-    """Continue a job: run only the requests with no finished attempt, then the retry passes."""
+    """Continue a job: run only the requests with no finished attempt, then the retry passes.
+
+    `input_path` points the job at its input's new place (a moved file).
+    """
     paths = JobPaths(job_dir)
     manifest = load_manifest(paths)
     with job_lock(paths):
-        _check_input_unchanged(manifest, force=force)
+        _check_input_unchanged(paths, manifest, force=force, new_input=input_path)
         options = _options_from(manifest, progress)
         options.ray = ray
         return _run(paths, manifest, options, mode="resume")
@@ -138,7 +152,7 @@ def retry_failed(job_dir: Path, *, progress: bool = True, ray: str | None = None
     paths = JobPaths(job_dir)
     manifest = load_manifest(paths)
     with job_lock(paths):
-        _check_input_unchanged(manifest, force=False)
+        _check_input_unchanged(paths, manifest, force=False)
         options = _options_from(manifest, progress)
         options.ray = ray
         return _run(paths, manifest, options, mode="retry")
@@ -201,7 +215,7 @@ def _validate_into_job(input_path: Path, paths: JobPaths, options: RunOptions) -
         "format": 1,
         "job_id": new_job_id(),
         "created_at": now,
-        "input_path": str(input_path.resolve()),
+        **input_location(paths, input_path),
         "input_sha256": hash_file(input_path),
         "input_bytes": input_path.stat().st_size,
         "requests": valid,
@@ -238,29 +252,105 @@ def _options_from(manifest: dict[str, Any], progress: bool) -> RunOptions:
     )
 
 
-def _check_input_unchanged(manifest: dict[str, Any], *, force: bool) -> None:
-    path = Path(manifest["input_path"])
-    if not path.is_file():
-        raise BatchrunError(
-            f"the job's input file {path} is gone; put it back to continue the job "
-            "(finished results can still be exported)"
-        )
+def _check_input_unchanged(
+    paths: JobPaths, manifest: dict[str, Any], *, force: bool, new_input: Path | None = None
+) -> None:
+    """Find the job's input and check it is the file submitted; with `force`, take it as it is.
+
+    The input is `new_input` (resume --input), else the file at its recorded path, else the one
+    at its path relative to the job directory (a job moved together with its input). The
+    manifest is updated to where it was found.
+    """
+    if new_input is not None:
+        check_input_file(new_input)
+        path = new_input
+    else:
+        found = find_input(paths, manifest)
+        if found is None:
+            job = shlex.quote(str(paths.root))
+            raise BatchrunError(
+                f"the job's input file {manifest['input_path']} is gone; put it back, or point "
+                f"the job at its new place with: batchrun resume --job-dir {job} --input PATH "
+                "(finished results can still be exported)"
+            )
+        check_input_file(found)  # unreadable or emptied: a clear line, not a traceback
+        path = found
     digest = hash_file(path)
-    if digest == manifest["input_sha256"]:
+    # A forced resume reads the file again even when it is unchanged: that rebuilds a lost or
+    # damaged input map, which is what the map's error messages advise.
+    if digest == manifest["input_sha256"] and not (force and "input_map" in manifest):
+        location = input_location(paths, path)
+        if any(manifest.get(k) != v for k, v in location.items()):
+            manifest.update(location)
+            save_manifest(paths, manifest)
         return
     if force:
-        # Take the file as it is now: count its valid requests afresh; finished custom_ids are
-        # skipped as always, so nothing finished runs twice.
-        manifest["requests"] = sum(1 for item in read_input(path) if isinstance(item, Request))
-        manifest["input_sha256"] = digest
-        manifest["input_bytes"] = path.stat().st_size
-        manifest.setdefault("forced", []).append(time.time())
+        _adopt_input(paths, manifest, path, digest)
         return
+    if new_input is not None:
+        raise BatchrunError(
+            f"{path} is not the job's input file (its sha256 differs from the one submitted); "
+            "pass --force to run it as the job's input as it is now "
+            "(requests already finished are kept and not run again)"
+        )
     raise BatchrunError(
         f"the input file {path} changed since the job was submitted (its sha256 differs); "
         "restore the original, or pass --force to run the file as it is now "
         "(requests already finished are kept and not run again)"
     )
+
+
+def _adopt_input(paths: JobPaths, manifest: dict[str, Any], path: Path, digest: str) -> None:
+    """Make the file as it is now the job's input (resume --force), read in one streaming pass.
+
+    Its valid requests and their lines go to a new input map, its invalid lines to the journal
+    tagged with the map's generation; the manifest, written last, makes both current at once.
+    A crash before that leaves a map and records of a generation no manifest names: ignored.
+    Requests whose custom_id left the file stay in the journal (it is append-only) but are no
+    longer part of the job; finished ones still in it are not run again.
+    """
+    generation = uuid.uuid4().hex[:12]
+    counts = {"requests": 0, "invalid": 0}
+    urls: set[str] = set()
+    with JournalWriter(paths.journal, group=4096) as journal:
+
+        def requests() -> Iterator[tuple[str, int]]:
+            batch: list[dict[str, Any]] = []
+            for item in read_input(path):
+                if isinstance(item, Request):
+                    counts["requests"] += 1
+                    urls.add(item.url)
+                    yield item.custom_id, item.line
+                    continue
+                counts["invalid"] += 1
+                batch.append({**invalid_record(item), "generation": generation})
+                if len(batch) >= 1024:
+                    journal.append(batch)
+                    batch = []
+            journal.append(batch)
+
+        name = write_input_map(paths, generation, requests())
+    endpoint = manifest.get("endpoint")
+    if endpoint and urls and urls != {endpoint}:
+        (paths.root / name).unlink(missing_ok=True)
+        raise BatchrunError(
+            f"{path} now asks for {next(iter(urls))}, the job runs {endpoint}; "
+            "submit it as a new job instead"
+        )
+    manifest.update(
+        requests=counts["requests"],
+        invalid=counts["invalid"],
+        input_sha256=digest,
+        input_bytes=path.stat().st_size,
+        input_map={"file": name, "generation": generation},
+        **input_location(paths, path),
+    )
+    manifest.setdefault("forced", []).append(time.time())
+    save_manifest(paths, manifest)
+    # Nothing reads an older map once the manifest names this one.
+    for old in paths.root.glob(f"{INPUT_MAP_PREFIX}*.jsonl"):
+        if old.name != name:
+            old.unlink(missing_ok=True)
 
 
 def _requests(input_path: Path, want: Callable[[Request], bool]) -> Iterator[Request]:
@@ -276,7 +366,8 @@ def _requests_in(input_path: Path, ids: set[str]) -> Iterator[Request]:
 def _run(paths: JobPaths, manifest: dict[str, Any], options: RunOptions, mode: str) -> JobSummary:
     """Run the passes a command calls for, journaling every outcome; update the manifest."""
     started = time.monotonic()
-    state = replay(paths)
+    # Of the input as it is now: after a forced resume, only the requests still in the file.
+    state = replay(paths, manifest)
     input_path = Path(manifest["input_path"])
     settings = options.settings
     worker_class: type[Worker] = Worker
@@ -443,7 +534,7 @@ def _finish_manifest(
         "succeeded": state.succeeded,
         "failed": state.failed,
         "invalid": state.invalid,
-        "pending": int(manifest["requests"]) - sum(1 for _ in state.last),
+        "pending": max(0, int(manifest["requests"]) - len(state.last)),
     }
     manifest["tokens"] = {"prompt": state.prompt_tokens, "completion": state.completion_tokens}
     run_info.update(

@@ -5,14 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from batchrun.job import JobPaths, load_manifest, lock_holder, replay
+from batchrun.job import JobPaths, find_input, load_manifest, lock_holder, replay
 
 
 def job_status(job_dir: Path) -> dict[str, Any]:
     """Everything `batchrun status` shows, as one JSON-ready object."""
     paths = JobPaths(job_dir)
     manifest = load_manifest(paths)
-    state = replay(paths)
+    # Of the input as it is now: after a forced resume, only the requests still in the file.
+    state = replay(paths, manifest)
+    # Where resume would find the input: a job moved together with its input finds it there.
+    found = find_input(paths, manifest)
     holder = lock_holder(paths)
     requests = int(manifest["requests"])
     done = len(state.last)
@@ -28,7 +31,7 @@ def job_status(job_dir: Path) -> dict[str, Any]:
         "job_dir": str(job_dir),
         "status": status,
         "pid": holder if holder and holder > 0 else None,
-        "input": manifest["input_path"],
+        "input": str(found) if found is not None else manifest["input_path"],
         "endpoint": manifest.get("endpoint"),
         "model": manifest.get("model"),
         "engine": manifest.get("engine", {}).get("engine"),
@@ -40,7 +43,7 @@ def job_status(job_dir: Path) -> dict[str, Any]:
             "succeeded": state.succeeded,
             "failed": state.failed,
             "invalid": state.invalid,
-            "pending": requests - done,
+            "pending": max(0, requests - done),
         },
         "attempts": sum(state.attempts.values()),
         "tokens": {"prompt": state.prompt_tokens, "completion": state.completion_tokens},

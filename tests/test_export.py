@@ -18,12 +18,17 @@ from openai.types.chat import ChatCompletion
 from batchrun.errors import BatchrunError
 from batchrun.export import (
     ERRORS_NAME,
+    FAILED,
+    INVALID,
     OUTPUT_NAME,
     PARQUET_NAME,
+    PENDING,
+    SUCCEEDED,
     export_jsonl,
     export_parquet,
     latest_by_request,
 )
+from batchrun.job import InputMap
 from batchrun.journal import JournalWriter, invalid_record, result_record
 from batchrun.records import CHAT, COMPLETIONS, LineError, Outcome, Request
 from batchrun.responses import Choice, failure, success
@@ -176,6 +181,27 @@ def test_index_keeps_last_record_offset_and_attempts(mixed: Path) -> None:
         f.seek(entries[1].offset)
         last_c1 = json.loads(f.readline())
     assert (last_c1["custom_id"], last_c1["attempt"], last_c1["ok"]) == ("c1", 2, True)
+
+
+def test_index_with_an_input_map_is_of_the_file_as_it_is_now(mixed: Path) -> None:
+    """After a forced resume: c3 left the file, the others moved, c5 is new (pending), and only
+    the invalid lines the map's generation tagged are the file's."""
+    with JournalWriter(mixed) as w:
+        moved = LineError(7, None, "invalid_json", "line 7 is not JSON")
+        w.append([{**invalid_record(moved), "generation": "g2"}])
+        w.append([{**invalid_record(LineError(8, None, "invalid_json", "x")), "generation": "g1"}])
+    current = InputMap("g2", {"c5": 1, "c4": 2, "c1": 3, "c2": 4})
+    index = latest_by_request(mixed, current)
+    rows = [(e.line, e.status, e.attempts) for e in index]
+    assert rows == [
+        (1, PENDING, 0),
+        (2, FAILED, 2),
+        (3, SUCCEEDED, 2),
+        (4, SUCCEEDED, 1),
+        (7, INVALID, 0),
+    ]
+    # Without a map (the file never changed), a forced resume's tagged records are not the job's.
+    assert [e.line for e in latest_by_request(mixed)] == [1, 2, 3, 4, 5, 6]
 
 
 def test_missing_or_empty_journal_exports_empty_files(tmp_path: Path) -> None:

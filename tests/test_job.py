@@ -10,13 +10,18 @@ import pytest
 
 from batchrun.errors import BatchrunError
 from batchrun.job import (
+    InputMap,
     JobPaths,
     job_lock,
+    load_input_map,
     load_manifest,
     lock_holder,
+    replay,
     save_manifest,
+    write_input_map,
     write_json_atomic,
 )
+from batchrun.journal import JournalWriter
 
 
 def test_manifest_is_replaced_atomically_and_leaves_no_temp_file(tmp_path: Path) -> None:
@@ -85,3 +90,27 @@ def test_a_temporary_manifest_left_by_a_killed_write_goes_when_the_lock_is_taken
     with job_lock(paths):
         assert not stale.exists()
     assert load_manifest(paths)["job_id"] == "j1"
+
+
+def test_replay_of_a_forced_resume_counts_only_the_file_as_it_is_now(tmp_path: Path) -> None:
+    paths = JobPaths(tmp_path)
+    with JournalWriter(paths.journal) as w:
+        w.append(
+            [
+                {"kind": "invalid", "custom_id": None, "line": 2, "error": {}},  # submit's
+                {"kind": "result", "custom_id": "gone", "line": 1, "ok": True},
+                {"kind": "result", "custom_id": "kept", "line": 3, "ok": True},
+                {"kind": "invalid", "custom_id": None, "line": 5, "error": {}, "generation": "g"},
+            ]
+        )
+    name = write_input_map(paths, "g", iter([("kept", 1), ("new", 2)]))
+    manifest = {"job_id": "j", "input_map": {"file": name, "generation": "g"}}
+    state = replay(paths, manifest)
+    assert (state.succeeded, state.failed, state.invalid, set(state.last)) == (1, 0, 1, {"kept"})
+    # Without the manifest's map: every result, and submit's invalid line only.
+    state = replay(paths)
+    assert (state.succeeded, state.invalid) == (2, 1)
+    assert load_input_map(paths, manifest) == InputMap("g", {"kept": 1, "new": 2})
+    (tmp_path / name).write_text("not json\n")
+    with pytest.raises(BatchrunError, match=r"input map .* is corrupt; `batchrun resume"):
+        replay(paths, manifest)
