@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def test_auto_dtype_is_float32_on_a_cpu_without_bf16() -> None:
-    from batchrun.engines.vllm_engine import resolve_dtype
+    from batchrun.engines.vllm.dtype import resolve_dtype
 
     no_bf16 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n"
     bf16 = "flags\t\t: fpu avx2 avx512f avx512_bf16\n"

@@ -19,7 +19,9 @@ from conftest import ROOT, cli, write_jsonl
 from openai_checks import check_against_request, output_lines, parse_body, requests_of
 
 from batchrun.engines.echo import ECHO_DIMENSIONS, echo_vector
-from batchrun.engines.vllm_engine import _byte_decoder, _TokenText, parse_tool_calls, template_takes
+from batchrun.engines.vllm.prompts import template_takes
+from batchrun.engines.vllm.tokens import TokenText, byte_decoder
+from batchrun.engines.vllm.tools import parse_tool_calls
 from batchrun.export import export_parquet
 from batchrun.journal import JournalWriter, result_record
 from batchrun.reader import read_input
@@ -432,7 +434,7 @@ def test_template_takes_names_whole_words() -> None:
 
 
 class _ByteLevelTokenizer:
-    """The two tokenizer methods _TokenText uses, for GPT-2 style byte-level pieces."""
+    """The two tokenizer methods TokenText uses, for GPT-2 style byte-level pieces."""
 
     all_special_ids: ClassVar[list[int]] = [0]
     pieces: ClassVar[dict[int, str]] = {1: "\u0120caf", 2: "\u00c3", 3: "\u00a9", 4: "<0xE2>"}
@@ -445,13 +447,13 @@ class _ByteLevelTokenizer:
 
 
 def test_token_bytes_are_exact_for_pieces_of_a_character() -> None:
-    tokens = _TokenText(_ByteLevelTokenizer())
+    tokens = TokenText(_ByteLevelTokenizer())
     assert tokens.raw(1, None) == b" caf"
     # "é" is two byte-level tokens: each gets its own byte, and together they spell the text.
     assert tokens.raw(2, None) + tokens.raw(3, None) == "\u00e9".encode()
     assert tokens.raw(4, None) == b"\xe2"  # SentencePiece's byte fallback
     assert tokens.is_special(0) and not tokens.is_special(1)
-    assert len(_byte_decoder()) == 256
+    assert len(byte_decoder()) == 256
 
 
 # --- Parquet ---------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ def create_engine(settings: EngineSettings) -> Engine:
 
         return EchoEngine(settings)
     if settings.engine == "vllm":
-        from batchrun.engines.vllm_engine import VllmEngine
+        from batchrun.engines.vllm.engine import VllmEngine
 
         return VllmEngine(settings)
     raise ValueError(f"unknown engine {settings.engine!r}")

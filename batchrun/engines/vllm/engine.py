@@ -1,0 +1,395 @@
+"""The vLLM engine: OpenAI request bodies in, ChatCompletion / Completion / embedding outcomes out.
+
+It drives vLLM's low-level step API (`LLMEngine.add_request` / `step`), so that the worker can keep
+a window of requests in flight and top it up as each finishes, instead of handing vLLM fixed
+batches and idling on the slowest member of each.
+
+Prompts are tokenized by batchrun (`prompts.py`), not inside vLLM, so that a request that cannot fit in the context
+becomes a per-request 400 outcome (as the OpenAI API answers it) before it reaches the engine.
+
+Defaults follow the OpenAI API: temperature 1.0, top_p 1.0, n 1; `max_tokens` defaults to 16 for
+`/v1/completions` (the legacy Completions API's documented default) and to the rest of the context
+window (`max_model_len` minus the prompt) for `/v1/chat/completions`, as OpenAI and vLLM's own
+server do. `max_model_len` (2048 by default in batchrun) is what bounds a runaway chat answer.
+
+An embedding model (vLLM's pooling runner: chosen for a `/v1/embeddings` job, or by vLLM itself for
+an encoder-only model such as BERT) answers `/v1/embeddings`; each input of a request is one vLLM
+request, and the request's outcome is built when the last of them finishes. Its `max_model_len`
+is capped at the model's own limit (all-MiniLM-L6-v2 takes 256 tokens).
+
+vLLM, torch and transformers are imported in the constructor only (and at use in the modules this
+one calls): importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchrun.config import EngineSettings
+from batchrun.engines.vllm.dtype import resolve_dtype
+from batchrun.engines.vllm.embeddings import embedding_dimensions, embedding_prompts
+from batchrun.engines.vllm.errors import BadRequest
+from batchrun.engines.vllm.params import capped_max_model_len, logprobs_field, sampling_params
+from batchrun.engines.vllm.prompts import completion_prompt, prompt_token_ids
+from batchrun.engines.vllm.tokens import TokenText
+from batchrun.engines.vllm.tools import parse_tool_calls
+from batchrun.models import DEFAULT_MODEL_NAME, resolve_model
+from batchrun.records import COMPLETIONS, EMBEDDINGS, Outcome, Request
+from batchrun.responses import (
+    Choice,
+    embedding_success,
+    failure,
+    response_model,
+    success,
+)
+
+# On the CPU backend `gpu_memory_utilization` is the fraction of host memory vLLM reserves, and
+# vLLM's default (0.92) is refused at start-up on a machine that runs anything else.
+CPU_MEMORY_UTILIZATION = 0.4
+
+_OPENAI_FINISH_REASONS = {"stop": "stop", "length": "length"}
+
+
+@dataclass
+class _Pending:
+    """A request inside vLLM: when it was added, and for embeddings the vectors so far."""
+
+    request: Request
+    added: float
+    # /v1/embeddings: one slot per input, filled as each input's vLLM request finishes.
+    vectors: list[list[float] | None] = field(default_factory=list)
+    remaining: int = 0
+    prompt_tokens: int = 0
+
+
+class VllmEngine:
+    """The Engine protocol over vLLM's `LLMEngine`, running its engine core in this process."""
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self._settings = settings
+        model_dir, display_name = resolve_model(settings.model)
+        # settings.model_name names the default model unless the user set it; for a model
+        # directory given without a name, report the directory's name instead.
+        if settings.model is not None and settings.model_name == DEFAULT_MODEL_NAME:
+            self.model_name = display_name
+        else:
+            self.model_name = settings.model_name
+
+        # Run vLLM's engine core in this process rather than in a child it spawns: the worker is
+        # then the only process holding the model, so killing it (kill -9 included) frees the
+        # accelerator with no orphaned engine process left behind. Must be set before vllm is
+        # imported (vllm.envs reads it at use, but set early to be safe across versions).
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+        import torch
+        from vllm import EngineArgs, LLMEngine
+
+        memory_utilization = settings.gpu_memory_utilization
+        if memory_utilization is None and not torch.cuda.is_available():
+            memory_utilization = CPU_MEMORY_UTILIZATION
+        extra: dict[str, Any] = {}
+        if memory_utilization is not None:
+            extra["gpu_memory_utilization"] = memory_utilization
+        # An embeddings job runs the model as a pooling model (vLLM converts a generative one);
+        # otherwise vLLM picks the runner from the architecture (an encoder-only model pools).
+        if settings.endpoint == EMBEDDINGS:
+            extra["runner"] = "pooling"
+
+        # EngineArgs types dtype as a Literal; the value is validated by vLLM itself.
+        dtype: Any = resolve_dtype(settings.dtype, cuda=torch.cuda.is_available())
+        if settings.max_model_len is not None:
+            extra["max_model_len"] = capped_max_model_len(
+                EngineArgs(model=model_dir, tokenizer=model_dir, dtype=dtype, **extra),
+                settings.max_model_len,
+            )
+        args = EngineArgs(
+            model=model_dir,
+            tokenizer=model_dir,
+            dtype=dtype,
+            tensor_parallel_size=settings.tensor_parallel_size,
+            # Unset: eager on the CPU backend, where compiling costs more start-up than it saves.
+            enforce_eager=(
+                settings.enforce_eager
+                if settings.enforce_eager is not None
+                else not torch.cuda.is_available()
+            ),
+            seed=settings.seed,
+            max_num_seqs=settings.max_num_seqs,
+            # Periodic throughput lines on stderr are noise in a batch job; batchrun reports
+            # its own progress.
+            disable_log_stats=True,
+            **extra,
+        )
+        self._engine: Any = LLMEngine.from_engine_args(args)
+        self._tokenizer: Any = self._engine.get_tokenizer()
+        model_config = self._engine.model_config
+        self.max_model_len: int = int(model_config.max_model_len)
+        self.pooling: bool = model_config.runner_type == "pooling"
+        self.embedding_size: int = int(getattr(model_config, "embedding_size", 0) or 0)
+        # Whether `dimensions` can shorten the embeddings (Matryoshka-trained models only).
+        self.matryoshka: bool = bool(getattr(model_config, "is_matryoshka", False))
+        self.vocab_size: int = int(model_config.get_vocab_size())
+        template = getattr(self._tokenizer, "chat_template", None)
+        self._template: str = template if isinstance(template, str) else ""
+        self._tokens = TokenText(self._tokenizer)
+        # custom_id -> the request in flight: what step() needs to answer.
+        self._in_flight: dict[str, _Pending] = {}
+        # vLLM request id of one embeddings input -> (custom_id, input index).
+        self._parts: dict[str, tuple[str, int]] = {}
+
+    def add(self, request: Request) -> Outcome | None:
+        """Queue a request; return a 400 Outcome at once if it cannot run as written."""
+        if request.custom_id in self._in_flight:
+            # vLLM keys its outputs by this id; a second copy in flight would be answered twice.
+            raise ValueError(f"request {request.custom_id!r} is already in flight")
+        pending = _Pending(request, time.monotonic())
+        try:
+            self._check_runner(request)
+            if request.url == EMBEDDINGS:
+                self._add_embeddings(pending)
+            else:
+                prompt_ids = prompt_token_ids(
+                    self._tokenizer, request, template=self._template, model_name=self.model_name
+                )
+                params = sampling_params(
+                    request,
+                    len(prompt_ids),
+                    max_model_len=self.max_model_len,
+                    vocab_size=self.vocab_size,
+                )
+                self._submit(request.custom_id, prompt_ids, params)
+        except BadRequest as exc:
+            return failure(request, exc.code, exc.message, status_code=400, retryable=False)
+        self._in_flight[request.custom_id] = pending
+        return None
+
+    def step(self) -> list[Outcome]:
+        """Run one engine iteration; return the outcomes of the requests that finished in it."""
+        outputs = self._engine.step()
+        now = time.monotonic()
+        outcomes: list[Outcome] = []
+        for output in outputs:
+            if not getattr(output, "finished", False):
+                continue  # FINAL_ONLY sends finished requests only; be safe all the same
+            part = self._parts.pop(output.request_id, None)
+            if part is not None:
+                outcome = self._embedding_part(part, output, now)
+                if outcome is not None:
+                    outcomes.append(outcome)
+                continue
+            pending = self._in_flight.pop(output.request_id, None)
+            if pending is None:
+                continue
+            outcomes.append(self._outcome(pending.request, output, now - pending.added))
+        if self._in_flight and not self._engine.has_unfinished_requests():
+            # vLLM holds none of them any more yet never answered them: fail them (retryable)
+            # rather than let the caller step an idle engine forever.
+            for pending in self._in_flight.values():
+                outcomes.append(
+                    failure(
+                        pending.request,
+                        "engine_error",
+                        "vLLM dropped the request without an answer",
+                        status_code=500,
+                        retryable=True,
+                        latency_s=now - pending.added,
+                    )
+                )
+            self._in_flight.clear()
+            self._parts.clear()
+        return outcomes
+
+    def has_unfinished(self) -> bool:
+        """Whether any added request has not finished yet."""
+        return bool(self._in_flight)
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (idempotent)."""
+        engine, self._engine = self._engine, None
+        self._tokenizer = None
+        self._in_flight.clear()
+        self._parts.clear()
+        if engine is None:
+            return
+        try:
+            engine.engine_core.shutdown()
+        finally:
+            del engine
+            _release_vllm_globals()
+
+    # -- requests -> vLLM inputs ------------------------------------------------------------------
+
+    def _check_runner(self, request: Request) -> None:
+        """Refuse a request the loaded model cannot answer (an embedding model cannot chat)."""
+        if request.url == EMBEDDINGS and not self.pooling:
+            raise BadRequest(
+                f"{self.model_name} was started as a generative model, which gives no embeddings; "
+                "/v1/embeddings needs an embedding model (a job whose url is /v1/embeddings "
+                "starts the model as one)"
+            )
+        if request.url != EMBEDDINGS and self.pooling:
+            raise BadRequest(
+                f"{self.model_name} runs as an embedding (pooling) model, which generates no "
+                f"text; {request.url} needs a generative model"
+            )
+
+    def _add_embeddings(self, pending: _Pending) -> None:
+        """Submit each input of an embeddings request as its own vLLM pooling request."""
+        from vllm.pooling_params import PoolingParams
+
+        request = pending.request
+        body = request.body
+        prompts = embedding_prompts(
+            self._tokenizer, body, max_model_len=self.max_model_len, vocab_size=self.vocab_size
+        )
+        dimensions = embedding_dimensions(
+            body,
+            embedding_size=self.embedding_size,
+            matryoshka=self.matryoshka,
+            model_name=self.model_name,
+        )
+        pending.vectors = [None] * len(prompts)
+        pending.remaining = len(prompts)
+        pending.prompt_tokens = sum(len(p) for p in prompts)
+        submitted: list[str] = []
+        try:
+            for i, ids in enumerate(prompts):
+                part_id = f"{request.custom_id}#{i}"
+                self._submit(part_id, ids, PoolingParams(task="embed", dimensions=dimensions))
+                submitted.append(part_id)
+                self._parts[part_id] = (request.custom_id, i)
+        except BadRequest:
+            if submitted:
+                self._engine.abort_request(submitted)
+            for part_id in submitted:
+                self._parts.pop(part_id, None)
+            raise
+
+    def _submit(self, request_id: str, prompt_ids: list[int], params: Any) -> None:
+        """Hand the tokenized request to vLLM; its own input checks become 400s too."""
+        from vllm.exceptions import VLLMClientError
+        from vllm.inputs import TokensPrompt
+
+        prompt: Any = TokensPrompt(prompt_token_ids=prompt_ids)
+        try:
+            # vLLM 0.32 deprecates raw prompts in add_request in favour of the renderer's output;
+            # older versions have no renderer and take the raw prompt.
+            renderer = getattr(self._engine, "renderer", None)
+            if renderer is not None and hasattr(renderer, "render_cmpl"):
+                prompt = renderer.render_cmpl([prompt])[0]
+            self._engine.add_request(request_id, prompt, params)
+        except (ValueError, TypeError, VLLMClientError) as exc:
+            raise BadRequest(str(exc)) from exc
+
+    # -- vLLM outputs -> outcomes -----------------------------------------------------------------
+
+    def _outcome(self, request: Request, output: Any, latency_s: float) -> Outcome:
+        """Turn a finished RequestOutput into a success, or a retryable failure if vLLM failed."""
+        completions = sorted(output.outputs, key=lambda c: int(c.index))
+        reasons = [
+            str(c.finish_reason) if c.finish_reason is not None else "stop" for c in completions
+        ]
+        # "error" is vLLM's retryable internal failure (e.g. a lost KV block); "abort" means the
+        # request was cancelled inside vLLM. Neither is an answer; another attempt may be.
+        for reason in ("error", "abort"):
+            if reason in reasons:
+                return failure(
+                    request,
+                    "engine_error" if reason == "error" else "aborted",
+                    f"vLLM finished the request with finish_reason={reason!r}",
+                    status_code=500,
+                    retryable=True,
+                    latency_s=latency_s,
+                )
+        body = request.body
+        top = logprobs_field(request)
+        parse_tools = bool(body.get("tools")) and body.get("tool_choice") != "none"
+        prefix = ""
+        if request.url == COMPLETIONS and body.get("echo") is True:
+            prefix = completion_prompt(body.get("prompt"))
+        choices = []
+        for c, reason in zip(completions, reasons, strict=True):
+            text = c.text
+            tool_calls = None
+            if parse_tools:
+                text, tool_calls = parse_tool_calls(text)
+            choices.append(
+                Choice(
+                    text=prefix + text,
+                    # OpenAI knows "stop" and "length"; vLLM's "repetition" (an early stop on a
+                    # detected loop, only when asked for) is a stop.
+                    finish_reason=_OPENAI_FINISH_REASONS.get(reason, "stop"),
+                    token_count=len(c.token_ids),
+                    logprobs=None if top is None else self._tokens.logprobs(c, top),
+                    tool_calls=tool_calls,
+                )
+            )
+        prompt_ids = output.prompt_token_ids
+        return success(
+            request,
+            choices,
+            model=response_model(request, self.model_name),
+            prompt_tokens=len(prompt_ids) if prompt_ids is not None else 0,
+            latency_s=latency_s,
+        )
+
+    def _embedding_part(self, part: tuple[str, int], output: Any, now: float) -> Outcome | None:
+        """Record one input's vector; return the request's outcome once its last one is in."""
+        custom_id, index = part
+        pending = self._in_flight.get(custom_id)
+        if pending is None:
+            return None  # the request already failed on another of its inputs
+        error = getattr(output, "error", None)
+        if error is not None:
+            self._in_flight.pop(custom_id)
+            siblings = [p for p, (cid, _) in self._parts.items() if cid == custom_id]
+            if siblings:
+                self._engine.abort_request(siblings)
+                for p in siblings:
+                    self._parts.pop(p, None)
+            return failure(
+                pending.request,
+                "engine_error",
+                f"vLLM failed the embedding: {getattr(error, 'message', error)}",
+                status_code=500,
+                retryable=True,
+                latency_s=now - pending.added,
+            )
+        data = output.outputs.data
+        pending.vectors[index] = [float(x) for x in data.float().tolist()]
+        pending.remaining -= 1
+        if pending.remaining > 0:
+            return None
+        self._in_flight.pop(custom_id)
+        vectors = [v for v in pending.vectors if v is not None]
+        return embedding_success(
+            pending.request,
+            vectors,
+            model=response_model(pending.request, self.model_name),
+            prompt_tokens=pending.prompt_tokens,
+            latency_s=now - pending.added,
+        )
+
+
+def _release_vllm_globals() -> None:
+    """Free what a closed in-process engine leaves behind, so that a new one can start."""
+    try:
+        from vllm.distributed import parallel_state
+
+        destroy: Any
+        for destroy in (
+            parallel_state.destroy_model_parallel,
+            parallel_state.destroy_distributed_environment,
+        ):
+            destroy()
+    except Exception:  # best effort: the process usually exits right after close()
+        pass
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,128 @@
+"""A request's prompt as token ids: chat messages through the model's chat template (with its
+extra inputs, tools and reasoning_effort, when the template takes them), or the completions prompt.
+
+Prompts are tokenized here, not inside vLLM, so that a request that cannot fit in the context
+becomes a per-request 400 outcome before it reaches the engine.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from batchrun.engines.vllm.errors import BadRequest
+from batchrun.engines.vllm.tools import template_tool_call
+from batchrun.records import CHAT, COMPLETIONS, Request
+
+
+def prompt_token_ids(
+    tokenizer: Any, request: Request, *, template: str, model_name: str
+) -> list[int]:
+    """Tokenize the request's prompt (chat messages through the model's chat template)."""
+    body = request.body
+    if request.url == CHAT:
+        messages = chat_messages(body.get("messages"))
+        kwargs = template_kwargs(body, template=template, model_name=model_name)
+        try:
+            text = tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True, **kwargs
+            )
+        except Exception as exc:  # a template may raise on roles or orders it rejects
+            raise BadRequest(f"the model's chat template rejected the messages: {exc}") from exc
+        # The template already wrote the special tokens the model expects.
+        ids = tokenizer.encode(str(text), add_special_tokens=False)
+    elif request.url == COMPLETIONS:
+        ids = tokenizer.encode(completion_prompt(body.get("prompt")))
+    else:
+        raise BadRequest(f"unsupported endpoint {request.url!r}")
+    if not ids:
+        raise BadRequest("the prompt is empty")
+    return [int(i) for i in ids]
+
+
+def template_kwargs(body: Mapping[str, Any], *, template: str, model_name: str) -> dict[str, Any]:
+    """The chat template's extra inputs (tools, reasoning_effort), if the template takes them."""
+    kwargs: dict[str, Any] = {}
+    tools = body.get("tools")
+    if tools:
+        if not template_takes(template, "tools"):
+            raise BadRequest(
+                f"body.tools is not supported with {model_name}: its chat template has "
+                "no place for tools, so the model would never see them; remove body.tools "
+                "or use a model whose chat template takes tools"
+            )
+        kwargs["tools"] = tools
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if not template_takes(template, "reasoning_effort"):
+            raise BadRequest(
+                f"body.reasoning_effort is not supported with {model_name}: its chat "
+                "template takes no reasoning effort (it is not a reasoning model); remove it"
+            )
+        kwargs["reasoning_effort"] = effort
+    return kwargs
+
+
+def template_takes(template: str, name: str) -> bool:
+    """Whether a chat template reads the variable `name` (e.g. tools), so it can be honoured."""
+    return re.search(rf"\b{re.escape(name)}\b", template) is not None
+
+
+def chat_messages(messages: object) -> list[dict[str, Any]]:
+    """The messages for the chat template: text content (parts joined), tool fields kept."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("`messages` must be a non-empty list")
+    result: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise BadRequest(f"messages[{i}] must be an object with a string `role`")
+        content = message.get("content")
+        if content is None:
+            text = ""  # e.g. an assistant turn that only called tools
+        elif isinstance(content, str):
+            text = content
+        elif isinstance(content, list):
+            text = _join_text_parts(content, i)
+        else:
+            raise BadRequest(f"messages[{i}].content must be a string or a list of parts")
+        entry: dict[str, Any] = {"role": str(message["role"]), "content": text}
+        for key in ("name", "tool_call_id"):
+            if isinstance(message.get(key), str):
+                entry[key] = message[key]
+        if isinstance(message.get("tool_calls"), list):
+            entry["tool_calls"] = [template_tool_call(c) for c in message["tool_calls"]]
+        result.append(entry)
+    return result
+
+
+def _join_text_parts(parts: list[Any], index: int) -> str:
+    """Join a message's text parts (with newlines, as vLLM's server does); refuse other parts."""
+    texts: list[str] = []
+    for j, part in enumerate(parts):
+        if not isinstance(part, Mapping):
+            raise BadRequest(f"messages[{index}].content[{j}] must be an object")
+        kind = part.get("type")
+        if kind != "text":
+            raise BadRequest(
+                f"messages[{index}].content[{j}]: content parts of type {kind!r} are not "
+                "supported (text only)"
+            )
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise BadRequest(f"messages[{index}].content[{j}].text must be a string")
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def completion_prompt(prompt: object) -> str:
+    """The completions prompt: a string, or a list holding exactly one string."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return prompt[0]
+    if isinstance(prompt, list):
+        raise BadRequest(
+            "`prompt` must be a string or a list of one string (one prompt per batch line)"
+        )
+    raise BadRequest("`prompt` must be a string")
