@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import multiprocessing as mp
 import multiprocessing.util  # registers its exit handler now, so that ours runs before it
+import os
 import queue
 import signal
 import threading
@@ -19,6 +20,8 @@ from batchrun.config import EngineSettings
 from batchrun.engines.worker import worker_main
 from batchrun.poison import Suspects
 from batchrun.records import Outcome, Request
+
+_QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
 
 
 @dataclass
@@ -68,6 +71,11 @@ class Worker:
     def start(self, inbox: queue.Queue[tuple[int, int, str, Any]]) -> None:
         """Spawn the process; its messages arrive in `inbox` as (index, generation, kind, payload)."""
         ctx = mp.get_context("spawn")
+        # The first spawn starts multiprocessing's resource tracker, a process of its own with this
+        # environment. The workers end with os._exit (an engine cannot be shut down cleanly
+        # from every state), so at exit it would warn of "leaked semaphore objects" that the
+        # exit already freed: noise after every real run.
+        os.environ.setdefault("PYTHONWARNINGS", _QUIET_TRACKER)
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         # Not a daemon: a vLLM engine with tensor parallelism starts children of its own.
         process = ctx.Process(
