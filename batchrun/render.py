@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from batchrun.runner import JobSummary
+from batchrun.text import command, plural
 
 
 def _fmt_rate(value: float | None, unit: str) -> str:
@@ -22,7 +23,8 @@ def print_summary(console: Console, summary: JobSummary, title: str) -> None:
     table.add_column()
     table.add_row("job", f"{m['job_id']} ({m['status']})")
     table.add_row(
-        "requests", f"{summary.total:,} ({m['requests']:,} valid, {st.invalid:,} invalid lines)"
+        "requests",
+        f"{summary.total:,} ({m['requests']:,} valid, {plural(st.invalid, 'invalid line')})",
     )
     table.add_row("succeeded", f"{st.succeeded:,}")
     table.add_row("failed", f"{st.failed:,}")
@@ -30,7 +32,9 @@ def print_summary(console: Console, summary: JobSummary, title: str) -> None:
     if pending:
         table.add_row("pending", f"{pending:,}")
     table.add_row("tokens", f"{st.prompt_tokens:,} prompt, {st.completion_tokens:,} generated")
-    table.add_row("this run", f"{summary.run_outcomes:,} attempts in {summary.wall_s:,.1f}s")
+    table.add_row(
+        "this run", f"{plural(summary.run_outcomes, 'attempt')} in {summary.wall_s:,.1f}s"
+    )
     wall = max(summary.wall_s, 1e-9)
     # Over the run's whole time, engine start included (status gives first to last result).
     table.add_row(
@@ -39,8 +43,35 @@ def print_summary(console: Console, summary: JobSummary, title: str) -> None:
         f"{summary.run_completion_tokens / wall:,.1f} generated tok/s (over the run's wall time)",
     )
     table.add_row("batch size", f"{m.get('batch_size')} ({m.get('batch_size_source')})")
+    if summary.overrides:
+        table.add_row("overrides", ", ".join(summary.overrides))
     table.add_row("job dir", str(summary.job_dir))
     console.print(table)
+
+
+def next_step(summary: JobSummary) -> str:
+    """What to run next: the command that makes progress (resume while requests are pending,
+    retry-failed when some failed), or, for invalid input lines only, that nothing will."""
+    st, job = summary.state, summary.job_dir
+    pending = int(summary.manifest["requests"]) - len(st.last)
+    if pending > 0:
+        return f"{plural(pending, 'request')} not run yet; continue with: {command('resume', job)}"
+    if st.failed:
+        them = "it" if st.failed == 1 else "them"
+        return (
+            f"{plural(st.failed, 'request')} failed: see {them} with "
+            f"`{command('export', job)}` (errors.jsonl), or run {them} again with "
+            f"`{command('retry-failed', job)}`."
+        )
+    if st.invalid:
+        them = "it" if st.invalid == 1 else "them"
+        return (
+            f"Every valid request succeeded; {plural(st.invalid, 'invalid input line')} cannot "
+            f"run: fix {them} in the input and submit {them} as a new job "
+            f"(`{command('export', job)}` writes the results, and errors.jsonl names each "
+            "invalid line by its number)."
+        )
+    return f"Write the results with: {command('export', job)}"
 
 
 def print_status(console: Console, s: dict[str, Any]) -> None:
@@ -54,7 +85,8 @@ def print_status(console: Console, s: dict[str, Any]) -> None:
     table.add_row("input", f"{s['input']} ({s['endpoint']})")
     table.add_row("model", f"{s['model']} on {s['engine']}")
     table.add_row(
-        "requests", f"{r['total']:,} total: {r['valid']:,} valid, {r['invalid']:,} invalid lines"
+        "requests",
+        f"{r['total']:,} total: {r['valid']:,} valid, {plural(r['invalid'], 'invalid line')}",
     )
     table.add_row("succeeded", f"{r['succeeded']:,}")
     table.add_row("failed", f"{r['failed']:,}")

@@ -6,6 +6,8 @@ import contextlib
 import os
 import shlex
 import shutil
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -13,7 +15,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchrun.config import EngineSettings
+from batchrun.config import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MIN_BATCH,
+    MAX_ATTEMPTS_LIMIT,
+    MAX_BATCH_SIZE,
+    EngineSettings,
+    GivenOptions,
+    OptionError,
+    check_gpus,
+    check_number,
+    parse_gpus,
+)
 from batchrun.devices import device_name, worker_envs
 from batchrun.errors import BatchrunError
 from batchrun.job import (
@@ -38,13 +52,11 @@ from batchrun.records import LineError, Request
 from batchrun.scheduler import Scheduler
 from batchrun.sizing import Probe
 from batchrun.supervisor import Worker
-from batchrun.tuning import (
-    DEFAULT_MAX_BATCH,
-    DEFAULT_MIN_BATCH,
-    cached_size,
-    remember_size,
-    search_batch_size,
-)
+from batchrun.text import command, plural
+from batchrun.tuning import cached_size, remember_size, search_batch_size
+
+# Where the runner says what it does before a run starts (the model conversion, the overrides).
+Notify = Callable[[str], None]
 
 
 @dataclass
@@ -52,7 +64,7 @@ class RunOptions:
     """How to run a job's engine workers (saved in the manifest so `resume` reuses them)."""
 
     settings: EngineSettings = field(default_factory=EngineSettings)
-    max_attempts: int = 3
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
     batch_size: int | None = None  # fixed by hand; None: search
     min_batch: int = DEFAULT_MIN_BATCH
     max_batch: int = DEFAULT_MAX_BATCH
@@ -62,6 +74,77 @@ class RunOptions:
     # A Ray cluster address ("local" starts one here); per run, not saved: a job started on Ray
     # can be resumed without it and the other way round.
     ray: str | None = None
+
+    @classmethod
+    def from_given(cls, given: GivenOptions, *, progress: bool, ray: str | None) -> RunOptions:
+        """The options of a new job: those given, the defaults for the rest."""
+        options = cls(progress=progress, ray=ray)
+        options.apply(given)
+        return options
+
+    def get(self, name: str) -> Any:
+        """The value of a GivenOptions field (e.g. `dtype`, `min_batch_size`) in these options."""
+        if name in _SETTINGS_FIELDS:
+            return getattr(self.settings, name)
+        return getattr(self, _RUN_FIELDS.get(name, name))
+
+    def apply(self, given: GivenOptions) -> dict[str, tuple[Any, Any]]:
+        """Put the options given over these; returns what changed, as {name: (old, new)}."""
+        changed: dict[str, tuple[Any, Any]] = {}
+        for name, value in given.given().items():
+            new = parse_gpus(value) if name == "gpus" else value
+            old = self.get(name)
+            if new == old:
+                continue
+            changed[name] = (old, new)
+            if name in _SETTINGS_FIELDS:
+                setattr(self.settings, name, new)
+            else:
+                setattr(self, _RUN_FIELDS.get(name, name), new)
+        return changed
+
+    def check(self) -> None:
+        """Refuse values no run could take, before they are saved into a job (OptionError)."""
+        self.settings.check()
+        check_number("--max-attempts", self.max_attempts, 1, MAX_ATTEMPTS_LIMIT)
+        if self.batch_size is not None:
+            check_number("--batch-size", self.batch_size, 1, MAX_BATCH_SIZE)
+        check_number("--min-batch-size", self.min_batch, 1, MAX_BATCH_SIZE)
+        check_number("--max-batch-size", self.max_batch, 1, MAX_BATCH_SIZE)
+        if self.min_batch > self.max_batch:
+            raise OptionError(
+                ("--min-batch-size", "--max-batch-size"),
+                f"the lower bound {self.min_batch} is above the upper bound {self.max_batch}",
+            )
+        if self.workers is not None:
+            check_number("--workers", self.workers, 1)
+        if self.gpus is not None:
+            check_gpus(self.gpus)
+            tp = self.settings.tensor_parallel_size
+            # Known before any worker starts only when the GPUs are named (otherwise the
+            # visible ones are counted when the workers start).
+            if self.settings.engine == "vllm" and self.ray is None and len(self.gpus) < tp:
+                raise OptionError(
+                    ("--tensor-parallel-size", "--gpus"),
+                    f"{tp} GPUs per engine need at least {tp} GPUs, but --gpus names "
+                    f"{len(self.gpus)}",
+                )
+
+
+# GivenOptions fields that live in EngineSettings, and those named differently in RunOptions.
+_SETTINGS_FIELDS = frozenset(
+    {
+        "engine",
+        "model",
+        "max_model_len",
+        "dtype",
+        "gpu_memory_utilization",
+        "tensor_parallel_size",
+        "enforce_eager",
+        "seed",
+    }
+)
+_RUN_FIELDS = {"min_batch_size": "min_batch", "max_batch_size": "max_batch"}
 
 
 @dataclass
@@ -74,6 +157,8 @@ class JobSummary:
     wall_s: float
     run_completion_tokens: int = 0
     run_outcomes: int = 0
+    # The options resume or retry-failed replaced, as `--dtype bfloat16 (was banana)`.
+    overrides: list[str] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -91,20 +176,28 @@ class JobSummary:
 
 
 def submit(
-    input_path: Path, job_dir: Path, options: RunOptions, *, tune_only: bool = False
+    input_path: Path,
+    job_dir: Path,
+    options: RunOptions,
+    *,
+    tune_only: bool = False,
+    notify: Notify | None = None,
 ) -> JobSummary:
     """Validate the input, create the job directory, and run the job to the end.
 
     With `tune_only`, stop after the batch-size search: the probes' results are kept in the
-    journal and `resume` continues the job at the size found.
+    journal and `resume` continues the job at the size found. Every option is checked before
+    the job directory is made: a value no engine takes must never be saved into a job.
     """
+    check_submit(job_dir, options)
     check_input_file(input_path)
     paths = JobPaths(job_dir)
     if paths.manifest.exists():
         raise BatchrunError(
             f"a job already exists in {job_dir}; continue it with "
-            f"`batchrun resume --job-dir {job_dir}`, or choose another --job-dir"
+            f"`{command('resume', job_dir)}`, or choose another --job-dir"
         )
+    prepare_model(options.settings, notify or _to_stderr)
     created = not job_dir.exists()
     try:
         job_dir.mkdir(parents=True, exist_ok=True)
@@ -126,6 +219,13 @@ def submit(
         return _run(paths, manifest, options, mode="tune" if tune_only else "submit")
 
 
+def check_submit(job_dir: Path, options: RunOptions) -> None:
+    """Refuse, before anything is made, options no run could take and a job dir that is a file."""
+    options.check()
+    if job_dir.exists() and not job_dir.is_dir():
+        raise OptionError("--job-dir", f"{job_dir} is a file, not a directory")
+
+
 def resume(
     job_dir: Path,
     *,
@@ -133,29 +233,167 @@ def resume(
     force: bool = False,
     ray: str | None = None,
     input_path: Path | None = None,
+    given: GivenOptions | None = None,
+    notify: Notify | None = None,
 ) -> JobSummary:
     """Continue a job: run only the requests with no finished attempt, then the retry passes.
 
-    `input_path` points the job at its input's new place (a moved file).
+    `input_path` points the job at its input's new place (a moved file); `given` holds engine
+    options that replace the job's (saved into it).
     """
+    return _continue(
+        job_dir,
+        "resume",
+        progress=progress,
+        ray=ray,
+        force=force,
+        input_path=input_path,
+        given=given,
+        notify=notify,
+    )
+
+
+def retry_failed(
+    job_dir: Path,
+    *,
+    progress: bool = True,
+    ray: str | None = None,
+    given: GivenOptions | None = None,
+    notify: Notify | None = None,
+) -> JobSummary:
+    """Run one more pass over the requests whose last attempt failed (`given`: as resume's)."""
+    return _continue(job_dir, "retry", progress=progress, ray=ray, given=given, notify=notify)
+
+
+def _continue(
+    job_dir: Path,
+    mode: str,
+    *,
+    progress: bool,
+    ray: str | None,
+    force: bool = False,
+    input_path: Path | None = None,
+    given: GivenOptions | None = None,
+    notify: Notify | None = None,
+) -> JobSummary:
+    """resume and retry-failed: the job's options with those given over them, then run `mode`."""
     paths = JobPaths(job_dir)
     manifest = load_manifest(paths)
     with job_lock(paths):
+        options = _options_from(manifest, progress)
+        options.ray = ray
+        say = notify or _to_stderr
+        # Before the input is looked at: a bad option must change nothing (a forced resume
+        # rewrites the job's idea of its input).
+        changed = _merge_options(options, given or GivenOptions())
+        if {"engine", "model"} & changed.keys():
+            prepare_model(options.settings, say)
         _check_input_unchanged(paths, manifest, force=force, new_input=input_path)
-        options = _options_from(manifest, progress)
-        options.ray = ray
-        return _run(paths, manifest, options, mode="resume")
+        overrides = _save_overrides(paths, manifest, options, changed, say)
+        summary = _run(paths, manifest, options, mode=mode)
+        summary.overrides = overrides
+        return summary
 
 
-def retry_failed(job_dir: Path, *, progress: bool = True, ray: str | None = None) -> JobSummary:
-    """Run one more pass over the requests whose last attempt failed."""
-    paths = JobPaths(job_dir)
-    manifest = load_manifest(paths)
-    with job_lock(paths):
-        _check_input_unchanged(paths, manifest, force=False)
-        options = _options_from(manifest, progress)
-        options.ray = ray
-        return _run(paths, manifest, options, mode="retry")
+def prepare_model(settings: EngineSettings, notify: Notify) -> None:
+    """Set the model to load and the name responses report: check --model, or convert the
+    embedded default model once (in a child process, so that this process, the journal's owner,
+    never imports torch or transformers)."""
+    from batchrun import models
+
+    if settings.engine != "vllm":
+        settings.model_name = Path(settings.model).name if settings.model else "echo"
+        return
+    if settings.model is not None:
+        settings.model, settings.model_name = models.resolve_model(settings.model)
+        return
+    if not models.default_model_ready():
+        models.packaged_gguf()  # a clear message when the package is missing
+        notify("converting the embedded default model once (about 20 s)...")
+        proc = subprocess.run(
+            [sys.executable, "-m", "batchrun.models"], capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
+            raise BatchrunError(f"could not prepare the default model: {last}")
+    settings.model_name = models.DEFAULT_MODEL_NAME
+
+
+def _to_stderr(line: str) -> None:
+    sys.stderr.write(line + "\n")
+
+
+def _merge_options(options: RunOptions, given: GivenOptions) -> dict[str, tuple[Any, Any]]:
+    """Put the options given over the job's and check the result; returns what changed.
+
+    A bad value given is a usage error (exit 2). A bad value the job saved (by an older
+    batchrun, or edited by hand) would fail every run: the message says which option replaces it.
+    """
+    changed = options.apply(given)
+    try:
+        options.check()
+    except OptionError as e:
+        named = {"--" + name.replace("_", "-") for name in given.given()}
+        if named & set(e.options):
+            raise
+        flags = " / ".join(e.options)
+        raise OptionError(
+            e.options,
+            f"the job's saved {flags} {e}; pass {' or '.join(e.options)} to replace it",
+            exit_code=1,
+        ) from e
+    return changed
+
+
+def _save_overrides(
+    paths: JobPaths,
+    manifest: dict[str, Any],
+    options: RunOptions,
+    changed: dict[str, tuple[Any, Any]],
+    notify: Notify,
+) -> list[str]:
+    """Save the options that replaced the job's into its manifest, and say so before the run."""
+    if not changed:
+        return []
+    if "batch_size" in changed:
+        manifest.update(batch_size=options.batch_size, batch_size_source="fixed")
+    elif {"min_batch_size", "max_batch_size"} & changed.keys():
+        size = manifest.get("batch_size")
+        fixed = manifest.get("batch_size_source") == "fixed"
+        if size and not fixed and not options.min_batch <= int(size) <= options.max_batch:
+            # Found within the old bounds: search again within the new ones.
+            manifest.update(batch_size=None, batch_size_source=None)
+    manifest.update(
+        engine=options.settings.to_dict(),
+        model=options.settings.model_name,
+        max_attempts=options.max_attempts,
+        batch_bounds=[options.min_batch, options.max_batch],
+        gpus=options.gpus,
+        workers=options.workers,
+    )
+    manifest.setdefault("overrides", []).append(
+        {"at": time.time(), "options": {k: {"old": o, "new": n} for k, (o, n) in changed.items()}}
+    )
+    save_manifest(paths, manifest)
+    lines = [_describe_override(name, old, new) for name, (old, new) in changed.items()]
+    notify("overrides: " + ", ".join(lines))
+    return lines
+
+
+def _describe_override(name: str, old: Any, new: Any) -> str:
+    """`--dtype bfloat16 (was banana)`; a switch shows as itself (`--no-enforce-eager`)."""
+
+    def shown(value: Any) -> str:
+        if value is None:
+            return "not set"
+        if isinstance(value, bool):
+            return f"--{'' if value else 'no-'}{name.replace('_', '-')}"
+        if isinstance(value, list):
+            return ",".join(map(str, value))
+        return str(value)
+
+    flag = shown(new) if isinstance(new, bool) else f"--{name.replace('_', '-')} {shown(new)}"
+    return f"{flag} (was {shown(old)})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,7 +414,7 @@ def _discard_unfinished_validation(paths: JobPaths) -> None:
         return
     raise BatchrunError(
         f"{paths.root} holds a journal with finished requests but no {paths.manifest.name}; "
-        f"export its results with `batchrun export --job-dir {paths.root}`, restore "
+        f"export its results with `{command('export', paths.root)}`, restore "
         f"{paths.manifest.name}, or choose another --job-dir"
     )
 
@@ -239,13 +477,16 @@ def _validate_into_job(input_path: Path, paths: JobPaths, options: RunOptions) -
 
 
 def _options_from(manifest: dict[str, Any], progress: bool) -> RunOptions:
-    bounds = manifest.get("batch_bounds") or [DEFAULT_MIN_BATCH, DEFAULT_MAX_BATCH]
+    """The options the job saved, as saved: RunOptions.check says which one is bad, if any."""
+    bounds = manifest.get("batch_bounds")
+    if not (isinstance(bounds, list) and len(bounds) == 2):
+        bounds = [DEFAULT_MIN_BATCH, DEFAULT_MAX_BATCH]
     return RunOptions(
-        settings=EngineSettings.from_dict(manifest["engine"]),
-        max_attempts=int(manifest.get("max_attempts", 3)),
+        settings=EngineSettings.from_dict(manifest.get("engine") or {}),
+        max_attempts=manifest.get("max_attempts", DEFAULT_MAX_ATTEMPTS),
         batch_size=manifest.get("batch_size"),
-        min_batch=int(bounds[0]),
-        max_batch=int(bounds[1]),
+        min_batch=bounds[0],
+        max_batch=bounds[1],
         gpus=manifest.get("gpus"),
         workers=manifest.get("workers"),
         progress=progress,
@@ -412,7 +653,7 @@ def _run(paths: JobPaths, manifest: dict[str, Any], options: RunOptions, mode: s
             scheduler = Scheduler(settings, envs, journal, state, reporter, worker_class)
             try:
                 if mode == "retry":
-                    reporter.event(f"retrying {len(failed_ids)} failed requests")
+                    reporter.event(f"retrying {plural(len(failed_ids), 'failed request')}")
                     _choose_size(scheduler, manifest, options, paths, iter(()), reporter)
                     scheduler.run(_requests_in(input_path, failed_ids))
                 else:
@@ -510,7 +751,7 @@ def _retry_passes(
             return
         attempt = min(state.attempts[c] for c in ids) + 1
         reporter.event(
-            f"retry pass (attempt {attempt} of {max_attempts}): {len(ids)} failed requests"
+            f"retry pass (attempt {attempt} of {max_attempts}): {plural(len(ids), 'failed request')}"
         )
         reporter.bar.total += len(ids)
         scheduler.run(_requests_in(input_path, ids))
@@ -544,4 +785,13 @@ def _finish_manifest(
         save_manifest(paths, manifest)
 
 
-__all__ = ["JobSummary", "Probe", "RunOptions", "resume", "retry_failed", "submit"]
+__all__ = [
+    "JobSummary",
+    "Probe",
+    "RunOptions",
+    "check_submit",
+    "prepare_model",
+    "resume",
+    "retry_failed",
+    "submit",
+]

@@ -63,21 +63,7 @@ def test_a_file_that_is_not_jsonl_at_all(tmp_path: Path) -> None:
     assert not (tmp_path / "j").exists()  # nothing half-made is left behind
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--engine", "gpt"], "--engine must be one of vllm, echo"),
-        (["--max-attempts", "0"], "--max-attempts must be at least 1"),
-        (["--batch-size", "0"], "--batch-size must be at least 1"),
-        (["--min-batch-size", "64", "--max-batch-size", "8"], "is below --min-batch-size"),
-        (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in (0, 1]"),
-    ],
-)
-def test_bad_options_are_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
-    src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi")])
-    code, output = run("submit", str(src), "--job-dir", str(tmp_path / "j"), *args)
-    assert code == 2
-    assert message in output
+# Bad engine options: tests/test_options.py (through a subprocess, every option).
 
 
 def test_model_that_is_not_a_directory(tmp_path: Path) -> None:

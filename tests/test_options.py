@@ -1,0 +1,341 @@
+"""Engine options through the real CLI: checked before a job exists, replaceable on resume and
+retry-failed, and the advice after a run names the command that makes progress."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, chat_line, cli, journal_records, write_jsonl
+
+# Wide enough that neither Typer's error box nor the summary table wraps a line.
+WIDE = {"COLUMNS": "1000"}
+ECHO = ["--engine", "echo", "--no-progress"]
+
+
+def box(proc: subprocess.CompletedProcess[str]) -> str:
+    """The message in Typer's error box on stderr (a usage error), its lines joined."""
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln.strip("│ ") for ln in proc.stderr.splitlines() if ln.startswith("│")]
+    return " ".join(lines)
+
+
+def advice(proc: subprocess.CompletedProcess[str]) -> str:
+    """The line printed after the summary table."""
+    return proc.stdout.rstrip("\n").splitlines()[-1]
+
+
+def env_hint(option: str) -> str:
+    return f"(env var: 'BATCHRUN_{option.lstrip('-').replace('-', '_').upper()}')"
+
+
+def at_least(option: str, low: int) -> str:
+    return f"Invalid value for '{option}' {env_hint(option)}: Input should be greater than or equal to {low}"
+
+
+def at_most(option: str, high: int) -> str:
+    return f"Invalid value for '{option}' {env_hint(option)}: Input should be less than or equal to {high}"
+
+
+def gpus_error(message: str) -> str:
+    return f"Invalid value for '--gpus' {env_hint('--gpus')}: {message}"
+
+
+BAD_SUBMIT_OPTIONS = [
+    (["--workers", "-2"], at_least("--workers", 1)),
+    (["--workers", "0"], at_least("--workers", 1)),
+    (
+        ["--dtype", "banana"],
+        f"Invalid value for '--dtype' {env_hint('--dtype')}: Value error, 'banana' is not one of "
+        "'auto', 'half', 'float16', 'bfloat16', 'float', 'float32'.",
+    ),
+    (["--seed", "-1"], at_least("--seed", 0)),
+    (["--seed", "99999999999999999999"], at_most("--seed", 2**32 - 1)),
+    (["--seed", str(2**32)], at_most("--seed", 2**32 - 1)),
+    (["--max-model-len", "0"], at_least("--max-model-len", 1)),
+    (["--max-model-len", "-10"], at_least("--max-model-len", 1)),
+    (["--batch-size", "0"], at_least("--batch-size", 1)),
+    (["--batch-size", "99999999999"], at_most("--batch-size", 2048)),
+    (["--min-batch-size", "0"], at_least("--min-batch-size", 1)),
+    (["--max-batch-size", "4096"], at_most("--max-batch-size", 2048)),
+    (
+        ["--min-batch-size", "64", "--max-batch-size", "8"],
+        "Invalid value for '--min-batch-size' / '--max-batch-size': "
+        "the lower bound 64 is above the upper bound 8",
+    ),
+    (
+        ["--gpu-memory-utilization", "0"],
+        f"Invalid value for '--gpu-memory-utilization' {env_hint('--gpu-memory-utilization')}: "
+        "must be above 0 and at most 1, got 0.0",
+    ),
+    (
+        ["--gpu-memory-utilization", "1.5"],
+        f"Invalid value for '--gpu-memory-utilization' {env_hint('--gpu-memory-utilization')}: "
+        "must be above 0 and at most 1, got 1.5",
+    ),
+    (["--tensor-parallel-size", "0"], at_least("--tensor-parallel-size", 1)),
+    (
+        ["--gpus", "a,b"],
+        gpus_error("takes GPU indices or UUIDs separated by commas (e.g. 0,1,2,3), got 'a,b'"),
+    ),
+    (
+        ["--gpus", ""],
+        gpus_error("names no GPU; give ids like 0,1,2,3, or leave it out for all visible GPUs"),
+    ),
+    (["--gpus", "0,0"], gpus_error("names GPU 0 more than once")),
+    (
+        ["--gpus", "0", "--tensor-parallel-size", "2", "--engine", "vllm"],
+        "Invalid value for '--tensor-parallel-size' / '--gpus': "
+        "2 GPUs per engine need at least 2 GPUs, but --gpus names 1",
+    ),
+    (["--max-attempts", "0"], at_least("--max-attempts", 1)),
+    (["--max-attempts", "101"], at_most("--max-attempts", 100)),
+    (
+        ["--engine", "gpt"],
+        f"Invalid value for '--engine' {env_hint('--engine')}: Value error, 'gpt' is not one of "
+        "'vllm', 'echo'.",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "message"),
+    [("submit", *case) for case in BAD_SUBMIT_OPTIONS]
+    # tune takes no --batch-size at all (tested on its own below).
+    + [("tune", *case) for case in BAD_SUBMIT_OPTIONS if "--batch-size" not in case[0]],
+)
+def test_a_bad_option_is_a_usage_error_and_creates_nothing(
+    tmp_path: Path, command: str, args: list[str], message: str
+) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi")])
+    job = tmp_path / "job"
+    r = cli(command, str(src), "--job-dir", str(job), *ECHO, *args, env=WIDE)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert box(r) == message
+    assert not job.exists()
+
+
+def test_the_environment_twin_is_checked_the_same_way(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi")])
+    job = tmp_path / "job"
+    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, env={**WIDE, "BATCHRUN_SEED": "-1"})
+    assert r.returncode == 2
+    assert box(r) == at_least("--seed", 0)
+    assert not job.exists()
+
+
+def test_an_empty_job_dir_is_refused_not_the_current_directory(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi")])
+    r = subprocess.run(
+        [sys.executable, "-m", "batchrun", "submit", str(src), "--job-dir", "", *ECHO],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, **WIDE, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert box(r) == (
+        "Invalid value for '--job-dir' / '-j' (env var: 'BATCHRUN_JOB_DIR'): "
+        "must name a directory, not be empty"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_a_job_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi")])
+    afile = tmp_path / "notes.txt"
+    afile.write_text("keep me\n")
+    r = cli("submit", str(src), "--job-dir", str(afile), *ECHO, env=WIDE)
+    assert r.returncode == 2
+    assert box(r) == f"Invalid value for '--job-dir': {afile} is a file, not a directory"
+    assert afile.read_text() == "keep me\n"
+
+
+def test_tune_is_its_own_command_without_a_batch_size(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", "hi") for i in range(20)])
+    job = tmp_path / "my job"
+    r = cli("tune", str(src), "--job-dir", str(job), *ECHO, "--batch-size", "8", env=WIDE)
+    assert r.returncode == 2
+    assert box(r).startswith("No such option: --batch-size")
+    assert not job.exists()
+
+    r = cli("tune", str(src), "--job-dir", str(job), *ECHO, "--max-batch-size", "16", env=WIDE)
+    assert r.returncode == 0, r.stdout + r.stderr
+    manifest = json.loads((job / "manifest.json").read_text())
+    assert manifest["batch_size_source"] == "search" and manifest["probes"]
+    assert advice(r) == (
+        f"batch size {manifest['batch_size']}; run the rest with: batchrun resume --job-dir '{job}'"
+    )
+
+
+# --- resume and retry-failed replace the job's options ---------------------------------------
+
+
+def _job_with_pending(tmp_path: Path, name: str = "my job", n: int = 3) -> Path:
+    """An echo job whose last request has no result (as after a kill)."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"hi {i}") for i in range(n)])
+    job = tmp_path / name
+    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, env=WIDE)
+    assert r.returncode == 0, r.stdout + r.stderr
+    kept = [rec for rec in journal_records(job) if rec.get("custom_id") != f"r{n - 1}"]
+    write_jsonl(job / "journal.jsonl", kept)
+    return job
+
+
+def _edit_manifest(job: Path, **engine: object) -> bytes:
+    manifest = json.loads((job / "manifest.json").read_text())
+    manifest["engine"].update(engine)
+    (job / "manifest.json").write_text(json.dumps(manifest))
+    return (job / "manifest.json").read_bytes()
+
+
+def test_resume_replaces_a_saved_option_no_engine_takes(tmp_path: Path) -> None:
+    job = _job_with_pending(tmp_path)
+    saved = _edit_manifest(job, dtype="banana")  # as an older batchrun let through
+    r = cli("resume", "--job-dir", str(job), "--no-progress", env=WIDE)
+    assert r.returncode == 1
+    assert r.stderr == (
+        "error: the job's saved --dtype must be one of auto, half, float16, bfloat16, float, "
+        "float32, got 'banana'; pass --dtype to replace it\n"
+    )
+    r = cli("resume", "--job-dir", str(job), "--no-progress", "--dtype", "banana", env=WIDE)
+    assert r.returncode == 2 and "'banana' is not one of" in box(r)
+    assert (job / "manifest.json").read_bytes() == saved  # refused: nothing changed
+
+    r = cli(
+        "resume", "--job-dir", str(job), "--no-progress", "--dtype", "bfloat16",
+        "--max-attempts", "5", env=WIDE,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = "overrides: --dtype bfloat16 (was banana), --max-attempts 5 (was 3)"
+    assert r.stderr.splitlines()[0] == line
+    assert f"│ overrides  │ {line.removeprefix('overrides: ')} " in r.stdout
+    manifest = json.loads((job / "manifest.json").read_text())
+    assert manifest["engine"]["dtype"] == "bfloat16" and manifest["max_attempts"] == 5
+    assert manifest["overrides"][-1]["options"] == {
+        "dtype": {"old": "banana", "new": "bfloat16"},
+        "max_attempts": {"old": 3, "new": 5},
+    }
+    assert manifest["counts"]["succeeded"] == 3
+
+
+def test_only_options_given_as_flags_override(tmp_path: Path) -> None:
+    job = _job_with_pending(tmp_path)
+    before = json.loads((job / "manifest.json").read_text())
+    # A variable left set in the shell is not an override: it would change the job unseen.
+    r = cli("resume", "--job-dir", str(job), "--no-progress", env={**WIDE, "BATCHRUN_SEED": "7"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "overrides" not in r.stderr + r.stdout
+    after = json.loads((job / "manifest.json").read_text())
+    assert after["engine"] == before["engine"] and "overrides" not in after
+
+
+def test_retry_failed_takes_the_same_options(tmp_path: Path) -> None:
+    job = _job_with_pending(tmp_path)
+    r = cli("retry-failed", "--job-dir", str(job), "--no-progress", "--seed", "-1", env=WIDE)
+    assert r.returncode == 2
+    assert box(r) == "Invalid value for '--seed': Input should be greater than or equal to 0"
+    r = cli(
+        "retry-failed", "--job-dir", str(job), "--no-progress", "--min-batch-size", "512",
+        env=WIDE,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert box(r) == (
+        "Invalid value for '--min-batch-size' / '--max-batch-size': "
+        "the lower bound 512 is above the upper bound 256"
+    )
+    r = cli(
+        "retry-failed", "--job-dir", str(job), "--no-progress", "--workers", "2",
+        "--no-enforce-eager", env=WIDE,
+    )  # fmt: skip
+    assert r.returncode == 1  # the pending request is still pending: retry-failed runs failures
+    assert r.stderr.splitlines()[0] == (
+        "overrides: --no-enforce-eager (was not set), --workers 2 (was not set)"
+    )
+    manifest = json.loads((job / "manifest.json").read_text())
+    assert manifest["workers"] == 2 and manifest["engine"]["enforce_eager"] is False
+
+
+# --- the advice after a run -------------------------------------------------------------------
+
+
+def test_retry_failed_on_an_interrupted_job_advises_resume(tmp_path: Path) -> None:
+    job = _job_with_pending(tmp_path)
+    r = cli("retry-failed", "--job-dir", str(job), "--no-progress", env=WIDE)
+    assert r.returncode == 1
+    assert advice(r) == f"1 request not run yet; continue with: batchrun resume --job-dir '{job}'"
+
+
+def test_failed_requests_advise_retry_failed(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line("r0", "hi"), chat_line("r1", "yo")])
+    job = tmp_path / "my job"
+    r = cli(
+        "submit", str(src), "--job-dir", str(job), *ECHO, "--max-attempts", "1",
+        env={**WIDE, "BATCHRUN_ECHO_FAIL": "r1"},
+    )  # fmt: skip
+    assert r.returncode == 1
+    assert advice(r) == (
+        f"1 request failed: see it with `batchrun export --job-dir '{job}'` (errors.jsonl), "
+        f"or run it again with `batchrun retry-failed --job-dir '{job}'`."
+    )
+
+
+def test_invalid_lines_only_advise_fixing_the_input(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line("r0", "hi"), "{not json"])
+    job = tmp_path / "my job"
+    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, env=WIDE)
+    assert r.returncode == 1
+    assert "│ requests   │ 2 (1 valid, 1 invalid line)" in r.stdout
+    assert "│ this run   │ 1 attempt in " in r.stdout
+    assert advice(r) == (
+        "Every valid request succeeded; 1 invalid input line cannot run: fix it in the input "
+        f"and submit it as a new job (`batchrun export --job-dir '{job}'` writes the results, "
+        "and errors.jsonl names each invalid line by its number)."
+    )
+
+
+def test_a_finished_job_advises_export_and_a_second_submit_resume(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line("r0", "hi")])
+    job = tmp_path / "my job"
+    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, env=WIDE)
+    assert r.returncode == 0
+    assert advice(r) == f"Write the results with: batchrun export --job-dir '{job}'"
+    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, env=WIDE)
+    assert r.returncode == 1
+    assert r.stderr.splitlines()[-1] == (
+        f"error: a job already exists in {job}; continue it with "
+        f"`batchrun resume --job-dir '{job}'`, or choose another --job-dir"
+    )
+
+
+# --- cosmetics --------------------------------------------------------------------------------
+
+
+def test_help_keeps_the_bracketed_texts() -> None:
+    r = cli("submit", "--help", env={"COLUMNS": "400"})
+    assert r.returncode == 0
+    assert "pip install 'batchrun[ray]'" in r.stdout
+    assert "[default: jobs/<input file name>]" in r.stdout
+    assert "[default: the embedded SmolLM2-135M-Instruct]" in r.stdout
+
+
+def test_status_of_a_file_says_it_is_a_file(tmp_path: Path) -> None:
+    afile = tmp_path / "somefile.txt"
+    afile.write_text("x\n")
+    r = cli("status", "--job-dir", str(afile), env=WIDE)
+    assert r.returncode == 1
+    assert r.stderr == f"error: no job at {afile}: it is a file, not a job directory\n"
+
+
+def test_every_engine_option_is_a_given_option() -> None:
+    from batchrun.cli import _ENGINE_OPTIONS
+    from batchrun.config import GivenOptions
+
+    fields = [f.name for f in dataclasses.fields(GivenOptions)]
+    assert sorted(o.name for o in _ENGINE_OPTIONS) == sorted(fields)
