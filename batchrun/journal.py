@@ -28,6 +28,23 @@ from batchrun.records import LineError, Outcome
 
 JOURNAL_NAME = "journal.jsonl"
 
+# Built once: json.dumps with options builds a new encoder on every call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+# For the rare record that UTF-8 cannot hold (a lone surrogate in a model's text, an error
+# message or an old journal's custom_id): every non-ASCII character becomes a \uXXXX escape,
+# which is still valid JSON and reads back as the same string.
+_ASCII_ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"))
+
+
+def encode_record(record: dict[str, Any]) -> bytes:
+    """One journal line: the record as compact JSON in UTF-8, with its newline."""
+    try:
+        return _ENCODER.encode(record).encode("utf-8") + b"\n"
+    except UnicodeEncodeError:
+        # Nothing a record holds may stop the journal: a result is lost otherwise, and with it
+        # possibly the job.
+        return _ASCII_ENCODER.encode(record).encode("ascii") + b"\n"
+
 
 def result_record(outcome: Outcome, line: int, attempt: int) -> dict[str, Any]:
     """The journal record of one attempt."""
@@ -141,10 +158,7 @@ class JournalWriter:
     def append(self, records: Iterable[dict[str, Any]]) -> None:
         """Write records in one system call; fsync when the group is full or old enough."""
         assert self._f is not None, "journal not open"
-        data = b"".join(
-            json.dumps(r, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
-            for r in records
-        )
+        data = b"".join(map(encode_record, records))
         if not data:
             return
         try:

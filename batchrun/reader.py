@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,12 +18,14 @@ from typing import Any
 from batchrun.errors import BatchrunError
 from batchrun.records import LineError, Request
 from batchrun.validation import (
+    SURROGATE_ESCAPE,
     InvalidLine,
     check_body,
     check_custom_id,
     check_method,
     check_url,
     json_type,
+    may_hold_lone_surrogate,
 )
 
 BOM = b"\xef\xbb\xbf"
@@ -47,6 +50,17 @@ _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 # The decoder's own scanner (set in JSONDecoder.__init__ since Python 2.6; typeshed omits it).
 _SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 JSON_WHITESPACE = " \t\r\n"
+# The magic bytes of the compressed formats an input file is most often shipped in, with the
+# format's name, what a file in it is, and the command that undoes it ({} is the file). Every JSONL
+# batch line starts with "{", so none of these can begin a valid input.
+COMPRESSED_FORMATS = (
+    (b"\x1f\x8b", "gzip", "gzip-compressed", "gunzip -k {}"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "zstd-compressed", "zstd -d {}"),
+    (b"\xfd7zXZ\x00", "xz", "xz-compressed", "unxz -k {}"),
+    (b"PK\x03\x04", "zip", "a zip archive", "unzip {}"),
+    (b"BZh", "bzip2", "bzip2-compressed", "bunzip2 -k {}"),
+)
+_BLOCK_SIZES = tuple(b"%d" % n for n in range(1, 10))  # the digit after bzip2's "BZh"
 
 
 def read_input(path: Path) -> Iterator[Request | LineError]:
@@ -56,6 +70,7 @@ def read_input(path: Path) -> Iterator[Request | LineError]:
     url_line = 0
     file_model: str | None = None
     model_line = 0
+    has_surrogate_escape = SURROGATE_ESCAPE.search  # bound once: this loop is hot
     with path.open("rb", buffering=READ_BUFFER) as f:
         for lineno, raw in enumerate(f, start=1):
             if lineno == 1 and raw.startswith(BOM):
@@ -64,6 +79,9 @@ def read_input(path: Path) -> Iterator[Request | LineError]:
             if not raw or raw.isspace():
                 continue
             obj = _parse_line(raw)
+            # Only a line holding a surrogate's escape (\uD800-\uDFFF) can hold a lone surrogate:
+            # the others (nearly all) skip the walk over every string of the body.
+            escaped = has_surrogate_escape(raw) is not None and may_hold_lone_surrogate(raw)
             del raw  # not held (a 50 MB line: 50 MB) while the consumer works on this line
             if isinstance(obj, _Unparsable):
                 yield LineError(lineno, None, "invalid_json", obj.message)
@@ -102,7 +120,7 @@ def read_input(path: Path) -> Iterator[Request | LineError]:
                         lineno, custom_id, "mixed_urls", _mixed("url", url, file_url, url_line)
                     )
                     continue
-                body = check_body(url, obj)
+                body = check_body(url, obj, scan_text=escaped)
             except InvalidLine as e:
                 yield LineError(lineno, custom_id, e.code, e.message)
                 continue
@@ -166,6 +184,12 @@ def _parse_slow(raw: bytes) -> object:
         return _Unparsable(
             "line is not valid JSON: it starts with a byte order mark (BOM), as joining files "
             "with `cat` leaves; remove it"
+        )
+    packed = compression_of(raw)
+    if packed is not None:
+        return _Unparsable(
+            f"line is not valid JSON: it starts like {packed[0]}-compressed data (is the file "
+            "compressed? decompress it first)"
         )
     if b"\x00" in raw:
         return _Unparsable(
@@ -234,6 +258,15 @@ def check_input_file(path: Path) -> None:
     try:
         # Opening is the only reliable readability test (os.access is wrong for root, ACLs).
         with path.open("rb") as f:
+            packed = compression_of(f.read(8))
+            if packed is not None:
+                # Read as text, it would only give a screenful of "not valid JSON" lines.
+                _, what, command = packed
+                raise BatchrunError(
+                    f"input file {path} is {what}; decompress it first "
+                    f"({command.format(shlex.quote(str(path)))})"
+                )
+            f.seek(0)
             if not _has_content(f.read, READ_BUFFER):
                 raise BatchrunError(f"input file is empty: {path}")
     except PermissionError:
@@ -252,6 +285,15 @@ def _has_content(read: Callable[[int], bytes], block: int) -> bool:
         if chunk.strip(WHITESPACE):
             return True
     return False
+
+
+def compression_of(head: bytes) -> tuple[str, str, str] | None:
+    """The compressed format `head` (a file's first bytes) starts: name, description, command."""
+    for magic, name, what, command in COMPRESSED_FORMATS:
+        # bzip2's "BZh" is followed by its block size, a digit 1-9: plain text rarely is.
+        if head.startswith(magic) and (magic != b"BZh" or head[3:4] in _BLOCK_SIZES):
+            return name, what, command
+    return None
 
 
 def is_probably_not_jsonl(first_bytes: bytes) -> bool:

@@ -11,6 +11,8 @@ that turns a body into engine parameters must treat ``None`` like an absent key.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -33,6 +35,31 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 _ROLE_SET = frozenset(CHAT_ROLES)
 # Echoed values are cut to this many characters so a message never carries a huge payload.
 SHOW_LIMIT = 80
+# The seeds vLLM takes: a signed 64-bit integer, the range its own OpenAI server enforces
+# (entrypoints/openai/*/protocol.py: _INT64_MIN/_INT64_MAX) and OpenAI documents. A larger seed
+# passes SamplingParams and then kills the engine: torch's Generator.manual_seed stops at 2**64-1
+# ("Overflow when unpacking long long"), the V2 model runner's int64 seed buffer at 2**63-1.
+SEED_MIN = -(2**63)
+SEED_MAX = 2**63 - 1
+# A UTF-16 surrogate code point. Strict UTF-8 decoding never yields one, but a JSON \uD83D escape
+# does, and the decoder only pairs it with a following low-surrogate escape: any surrogate left in
+# a parsed string is a lone one, which is not Unicode text. The tokenizer and every UTF-8 writer
+# (journal, outputs) refuse it, so such a line must be refused here, naming the field.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# The JSON escape of a surrogate (\uD800 to \uDFFF, in either case) in a line's raw bytes: only a
+# line holding one can parse into a string with a surrogate in it.
+# (A regex: its literal-prefix scan is faster here than `bytes.__contains__`.)
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# A surrogate escape the JSON decoder leaves alone (a high one not followed at once by a low one,
+# or a low one not right after a high one: the decoder pairs exactly those), or an escaped
+# backslash, after which "\\ud83d" is text that only looks like an escape (then the walk decides).
+# Every branch starts with a backslash, which keeps the search a fast scan (a leading lookbehind
+# would be tried at every position, ten times slower).
+_LONE_SURROGATE_ESCAPE = re.compile(
+    rb"\\(?:\\|u[dD](?:[89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])"
+    rb"|[c-fC-F][0-9a-fA-F]{2}(?<!\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})))"
+)
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 class InvalidLine(Exception):
@@ -103,6 +130,81 @@ def _endpoints() -> str:
     return ", ".join(repr(u) for u in SUPPORTED_ENDPOINTS)
 
 
+def _surrogate_problem(text: str) -> str | None:
+    """Why `text` is not Unicode text (it holds a lone surrogate), or None when it is."""
+    # isascii() is O(1) in CPython: the common string costs no regex search.
+    if text.isascii():
+        return None
+    found = _SURROGATE.search(text)
+    if found is None:
+        return None
+    return (
+        f"contains a lone surrogate (\\u{ord(found.group()):04x}) at character "
+        f"{found.start() + 1}; it is not valid Unicode text (a \\uD800-\\uDFFF escape must be "
+        "half of a pair: was the text cut in the middle of an emoji?)"
+    )
+
+
+def _path_key(where: str, key: str) -> str:
+    """The field path of `key` inside the object at `where`: a.b, or a["odd key"]."""
+    if _IDENTIFIER.match(key):
+        return f"{where}.{key}"
+    # The walk checks a key before it descends under it: a key on a path is valid text.
+    return f"{where}[{json.dumps(key, ensure_ascii=False)}]"
+
+
+def find_lone_surrogate(value: object, where: str) -> str | None:
+    """A message naming the first string (or object key) under `value` with a lone surrogate."""
+    # Iterative, with each path built only when it is reported: the parser accepts nesting
+    # about as deep as the recursion limit, and most walked lines hold only well-formed pairs.
+    stack: list[tuple[object, object]] = [(value, where)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            problem = _surrogate_problem(item)
+            if problem is not None:
+                return f"{_render_path(path)} {problem}"
+        elif isinstance(item, dict):
+            for key in item:
+                problem = _surrogate_problem(key)
+                if problem is not None:
+                    # ensure_ascii: the key is shown with its surrogate escaped, never raw.
+                    shown = json.dumps(key[:SHOW_LIMIT])
+                    return f"the key {shown} of {_render_path(path)} {problem}"
+            # Reversed, so that the stack pops the first field first: the first bad one is named.
+            stack.extend((child, (path, key)) for key, child in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((item[i], (path, i)) for i in range(len(item) - 1, -1, -1))
+    return None
+
+
+def _render_path(path: object) -> str:
+    """The dotted field path from the walk's (parent, key) links."""
+    keys: list[str | int] = []
+    while isinstance(path, tuple):
+        path, key = path
+        keys.append(key)
+    where = str(path)
+    for key in reversed(keys):
+        where = f"{where}[{key}]" if isinstance(key, int) else _path_key(where, key)
+    return where
+
+
+def may_hold_lone_surrogate(raw: bytes) -> bool:
+    """Whether a JSON line's raw bytes may parse into a string holding a lone surrogate."""
+    # Most lines with surrogate escapes hold only well-formed pairs (an emoji written by a JSON
+    # encoder with ensure_ascii): one regex search clears them without walking the body. (The
+    # reader calls this only for a line that SURROGATE_ESCAPE found something in.)
+    return _LONE_SURROGATE_ESCAPE.search(raw) is not None
+
+
+def check_text(body: dict[str, Any]) -> None:
+    """Raise if any string of the body (or key) holds a lone surrogate, naming the field."""
+    message = find_lone_surrogate(body, "body")
+    if message is not None:
+        _bad(message)
+
+
 def check_custom_id(obj: dict[str, Any]) -> str:
     """Return the line's custom_id, or raise if it is missing, not a string, empty or too long."""
     if "custom_id" not in obj:
@@ -118,6 +220,11 @@ def check_custom_id(obj: dict[str, Any]) -> str:
             f"custom_id is {len(cid)} characters long, the limit is {MAX_CUSTOM_ID_LEN}: "
             f"{show(cid)}",
         )
+    # The custom_id is written to the journal and the outputs, as UTF-8. (isascii() first, as in
+    # _surrogate_problem, inlined: this runs for every line.)
+    if not cid.isascii() and _SURROGATE.search(cid) is not None:
+        problem = _surrogate_problem(cid)
+        raise InvalidLine("invalid_custom_id", f"custom_id {show(cid)} {problem}")
     return cid
 
 
@@ -140,8 +247,12 @@ def check_url(obj: dict[str, Any]) -> str:
     return url
 
 
-def check_body(url: str, obj: dict[str, Any]) -> dict[str, Any]:
-    """Return the line's body, or raise if it breaks a rule of the endpoint `url`."""
+def check_body(url: str, obj: dict[str, Any], *, scan_text: bool = True) -> dict[str, Any]:
+    """Return the line's body, or raise if it breaks a rule of the endpoint `url`.
+
+    `scan_text` False skips the search for lone surrogates: for a caller (the reader) that saw
+    the line's raw text hold no surrogate escape, so none of its strings can hold one.
+    """
     if "body" not in obj:
         raise InvalidLine("invalid_body", "body is missing; expected a JSON object")
     body = obj["body"]
@@ -166,6 +277,9 @@ def check_body(url: str, obj: dict[str, Any]) -> dict[str, Any]:
         _check_chat_combinations(body)
     elif url == COMPLETIONS:
         _check_completion_combinations(body)
+    if scan_text:
+        # Last: a line with a structural mistake gets that field's own message first.
+        check_text(body)
     return body
 
 
@@ -273,6 +387,11 @@ def _number_in(low: float, high: float, low_open: bool = False) -> Callable[[str
 def _check_seed(key: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         _bad(f"body.{key} must be a whole number, got {describe(value)}")
+    if not SEED_MIN <= value <= SEED_MAX:
+        _bad(
+            f"body.{key} must be between {SEED_MIN} and {SEED_MAX} (a signed 64-bit integer), "
+            f"got {show(value)}"
+        )
 
 
 def _check_stop(key: str, value: object) -> None:

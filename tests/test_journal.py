@@ -80,3 +80,28 @@ def test_every_append_reaches_the_file_before_sync(tmp_path: Path) -> None:
     # Not yet fsync'd, but already written: a killed process would not lose it.
     assert b'"custom_id":"a"' in path.read_bytes()
     j.close()
+
+
+def test_a_record_utf8_cannot_hold_is_written_escaped_and_reads_back(tmp_path: Path) -> None:
+    """A lone surrogate (in a model's text, an error message, an old journal's custom_id) must
+    never stop the journal: that line is written with \\u escapes, still valid JSON."""
+    paths = JobPaths(tmp_path)
+    good = result_record(outcome("café"), 1, 1)
+    text = result_record(outcome("b"), 2, 1)
+    text["body"] = {"content": "cut \ud83d here, caf\u00e9"}
+    error = result_record(outcome("c", ok=False), 3, 1)
+    error["error"] = {"code": "engine_error", "message": "boom \udc80"}
+    odd_id = result_record(outcome("id\udfff"), 4, 1)
+    with JournalWriter(paths.journal) as j:
+        j.append([good, text, error, odd_id])
+    raw = paths.journal.read_bytes()
+    lines = raw.splitlines()
+    assert len(lines) == 4
+    raw.decode("utf-8")  # strict: the file stays UTF-8
+    # The fast path is untouched: a record UTF-8 can hold keeps its text as it is.
+    assert '"custom_id":"café"'.encode() in lines[0]
+    assert b'"content":"cut \\ud83d here, caf\\u00e9"' in lines[1]
+    assert [json.loads(x) for x in lines] == [good, text, error, odd_id]
+    assert list(read_records(paths.journal)) == [good, text, error, odd_id]
+    state = replay(paths)
+    assert state.succeeded == 3 and state.failed == 1

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import hashlib
+import io
 import json
+import lzma
 import os
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -750,3 +756,59 @@ def test_a_line_cut_off_inside_a_string_says_so(tmp_path: Path) -> None:
         f"line is not valid JSON: the string that starts at column {col} never ends "
         "(is the line cut off?)"
     )
+
+
+# --- compressed input ------------------------------------------------------------------------
+
+
+def _zipped(data: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        z.writestr("in.jsonl", data)
+    return buffer.getvalue()
+
+
+# zstd's frame magic, then bytes enough: the check reads only the start.
+_ZSTD = b"\x28\xb5\x2f\xfd\x24\x00\x01\x00\x00"
+
+
+@pytest.mark.parametrize(
+    ("name", "pack", "what", "command"),
+    [
+        ("in.jsonl.gz", gzip.compress, "gzip-compressed", "gunzip -k"),
+        ("in.jsonl.zst", lambda data: _ZSTD + data, "zstd-compressed", "zstd -d"),
+        ("in.jsonl.bz2", bz2.compress, "bzip2-compressed", "bunzip2 -k"),
+        ("in.jsonl.xz", lzma.compress, "xz-compressed", "unxz -k"),
+        ("in.zip", _zipped, "a zip archive", "unzip"),
+    ],
+)
+def test_a_compressed_input_is_named_with_the_command_that_undoes_it(
+    tmp_path: Path, name: str, pack: Callable[[bytes], bytes], what: str, command: str
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(pack(json.dumps(chat("a")).encode() + b"\n"))
+    with pytest.raises(BatchrunError) as e:
+        check_input_file(path)
+    assert str(e.value) == f"input file {path} is {what}; decompress it first ({command} {path})"
+    # Read anyway, its first line says the same instead of asking about UTF-16.
+    first = read(path)[0]
+    assert isinstance(first, LineError) and first.code == "invalid_json"
+    assert "compressed data (is the file compressed? decompress it first)" in first.message
+    assert "UTF-16" not in first.message
+
+
+def test_the_decompress_command_quotes_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "my input.jsonl.gz"
+    path.write_bytes(gzip.compress(b"{}\n"))
+    with pytest.raises(BatchrunError) as e:
+        check_input_file(path)
+    assert str(e.value).endswith(f"(gunzip -k '{path}')")
+
+
+@pytest.mark.parametrize("text", [b"BZh", b"BZhello\n", b"PK is not a zip\n"])
+def test_text_that_only_starts_like_a_magic_number_is_read_as_text(
+    tmp_path: Path, text: bytes
+) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(text)
+    check_input_file(path)  # not JSONL, but not compressed either: the reader says why per line

@@ -75,10 +75,12 @@ def echo_text(request: Request) -> str:
 
 
 def _content_text(content: Any) -> str:
+    """A message's text: its string content, or its text parts joined with newlines."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(
+        # Newlines, as the vLLM engine joins them (and vLLM's server does): the README says so.
+        return "\n".join(
             str(p.get("text", ""))
             for p in content
             if isinstance(p, dict) and p.get("type") == "text"

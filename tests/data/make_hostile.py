@@ -440,7 +440,8 @@ def cases() -> list[Case]:
                     },
                 }
             ),
-            (ok, "v-parts", "part two"),
+            # The echo engine joins text parts with a newline, as vLLM's server does.
+            (ok, "v-parts", "part \ntwo"),
         ),
         (
             "duplicate keys (the last wins, as in JSON parsers)",
@@ -453,6 +454,49 @@ def cases() -> list[Case]:
             "JSON-special characters in content",
             enc(req("v-quotes", 'quote " backslash \\ slash / {"json": [1]}')),
             (ok, "v-quotes", 'quote " backslash \\ slash / {"json": [1]}'),
+        ),
+        # -- text that is not Unicode, numbers the engine cannot hold ----------------------------
+        (
+            "a lone surrogate escape in a message (an emoji cut in half)",
+            rb'{"custom_id": "sur", "method": "POST", "url": "/v1/chat/completions", "body": '
+            rb'{"messages": [{"role": "user", "content": "truncated emoji \ud83d end"}], '
+            rb'"max_tokens": 4}}',
+            (bad, "invalid_request", "body.messages[0].content contains a lone surrogate", "sur"),
+        ),
+        (
+            "a lone low surrogate in a stop sequence",
+            enc(req("sur-stop", stop=["ok", "STOP"])).replace(b"STOP", rb"\uDE00"),
+            (
+                bad,
+                "invalid_request",
+                "body.stop[1] contains a lone surrogate (\\ude00)",
+                "sur-stop",
+            ),
+        ),
+        (
+            "a lone surrogate in the custom_id",
+            enc(req("sur-id-X", "id")).replace(b"-X", rb"-\udbff"),
+            (bad, "invalid_custom_id", "contains a lone surrogate (\\udbff)", None),
+        ),
+        (
+            "a surrogate pair written as escapes: one emoji",
+            enc(req("pair", "EMOJI pair")).replace(b"EMOJI", rb"\ud83d\ude00"),
+            (ok, "pair", "\U0001f600 pair"),
+        ),
+        (
+            "seed 2**70",
+            enc(req("seed-huge", seed=2**70)),
+            (
+                bad,
+                "invalid_request",
+                "body.seed must be between -9223372036854775808 and",
+                "seed-huge",
+            ),
+        ),
+        (
+            "seed 2**63 - 1, the largest",
+            enc(req("seed-max", "big seed", seed=2**63 - 1)),
+            (ok, "seed-max", "big seed"),
         ),
         ("valid, last", enc(req("v-last", "the end")), (ok, "v-last", "the end")),
     ]
