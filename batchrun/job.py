@@ -17,6 +17,7 @@ from typing import Any
 
 from batchrun.errors import BatchrunError
 from batchrun.journal import JOURNAL_NAME, read_records
+from batchrun.records import Request
 from batchrun.text import command
 
 MANIFEST_NAME = "manifest.json"
@@ -347,6 +348,10 @@ class JobState:
     def is_done(self, custom_id: str) -> bool:
         """Whether the request has any finished attempt."""
         return custom_id in self.last
+
+    def is_not_done(self, request: Request) -> bool:
+        """Whether the request still waits for its first finished attempt."""
+        return request.custom_id not in self.last
 
     def record(self, rec: dict[str, Any]) -> None:
         """Fold one journal record into the state."""

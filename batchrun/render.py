@@ -42,7 +42,7 @@ def print_summary(console: Console, summary: JobSummary, title: str) -> None:
         f"{summary.run_outcomes / wall:,.1f} req/s, "
         f"{summary.run_completion_tokens / wall:,.1f} generated tok/s (over the run's wall time)",
     )
-    table.add_row("batch size", f"{m.get('batch_size')} ({m.get('batch_size_source')})")
+    table.add_row("batch size", _batch_size(m.get("batch_size"), m.get("batch_size_source")))
     if summary.overrides:
         table.add_row("overrides", ", ".join(summary.overrides))
     table.add_row("job dir", str(summary.job_dir))
@@ -82,7 +82,7 @@ def print_status(console: Console, s: dict[str, Any]) -> None:
     table.add_column()
     state = s["status"] + (f" (pid {s['pid']})" if s.get("pid") else "")
     table.add_row("status", state)
-    table.add_row("input", f"{s['input']} ({s['endpoint']})")
+    table.add_row("input", f"{s['input']} ({s['endpoint'] or 'no valid request'})")
     table.add_row("model", f"{s['model']} on {s['engine']}")
     table.add_row(
         "requests",
@@ -100,7 +100,7 @@ def print_status(console: Console, s: dict[str, Any]) -> None:
         f"{_fmt_rate(t['requests_per_s'], 'req/s')}, "
         f"{_fmt_rate(t['completion_tokens_per_s'], 'tok/s')} (first to last result)",
     )
-    table.add_row("batch size", f"{s['batch_size']} ({s['batch_size_source']})")
+    table.add_row("batch size", _batch_size(s["batch_size"], s["batch_size_source"]))
     table.add_row("runs", f"{s['runs']} ({s['wall_s']:,.1f}s in all)")
     console.print(table)
 
@@ -142,3 +142,10 @@ def print_workers(console: Console, workers: list[dict[str, Any]]) -> None:
             _fmt_rate(w.get("tokens_per_s"), ""),
         )
     console.print(table)
+
+
+def _batch_size(size: object, source: object) -> str:
+    """The batch size and where it came from; none when nothing has run yet."""
+    if not size:
+        return "none yet (nothing has run)"
+    return f"{size} ({source})" if source else str(size)

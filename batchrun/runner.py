@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shlex
 import shutil
@@ -53,7 +54,7 @@ from batchrun.scheduler import Scheduler
 from batchrun.sizing import Probe
 from batchrun.supervisor import Worker
 from batchrun.text import command, plural
-from batchrun.tuning import cached_size, remember_size, search_batch_size
+from batchrun.tuning import cached_size, lower_size, remember_size, search_batch_size
 
 # Where the runner says what it does before a run starts (the model conversion, the overrides).
 Notify = Callable[[str], None]
@@ -651,13 +652,15 @@ def _run(paths: JobPaths, manifest: dict[str, Any], options: RunOptions, mode: s
     try:
         with JournalWriter(paths.journal) as journal:
             scheduler = Scheduler(settings, envs, journal, state, reporter, worker_class)
+            scheduler.job_dir = paths.root
+            scheduler.on_back_off = _keep_backed_off_size(paths, manifest, settings)
             try:
                 if mode == "retry":
-                    reporter.event(f"retrying {plural(len(failed_ids), 'failed request')}")
-                    _choose_size(scheduler, manifest, options, paths, iter(()), reporter)
-                    scheduler.run(_requests_in(input_path, failed_ids))
-                else:
-                    source = _requests(input_path, lambda r: not state.is_done(r.custom_id))
+                    if failed_ids:  # else nothing to size or start an engine for
+                        reporter.event(f"retrying {plural(len(failed_ids), 'failed request')}")
+                        _choose_size(scheduler, manifest, options, paths, iter(()), reporter)
+                        scheduler.run(_requests_in(input_path, failed_ids))
+                elif (source := _nonempty(_requests(input_path, state.is_not_done))) is not None:
                     _choose_size(
                         scheduler, manifest, options, paths, source, reporter, search=mode == "tune"
                     )
@@ -688,6 +691,28 @@ def _run(paths: JobPaths, manifest: dict[str, Any], options: RunOptions, mode: s
         run_completion_tokens=state.completion_tokens - tokens_before,
         run_outcomes=sum(state.attempts.values()) - outcomes_before,
     )
+
+
+def _nonempty(source: Iterator[Request]) -> Iterator[Request] | None:
+    """`source` as it was, or None when it is empty (nothing left to size or run)."""
+    first = next(source, None)
+    return None if first is None else itertools.chain([first], source)
+
+
+def _keep_backed_off_size(
+    paths: JobPaths, manifest: dict[str, Any], settings: EngineSettings
+) -> Callable[[int], None]:
+    """What to do when a worker backs off after running out of memory: the job records the size
+    now running (status shows it, resume starts there), and the size cache for this set-up comes
+    down to it, so that the next job does not pay the same restarts again."""
+
+    def backed_off(size: int) -> None:
+        manifest.update(batch_size=size, batch_size_source="out-of-memory back-off")
+        save_manifest(paths, manifest)
+        device = "echo" if settings.engine == "echo" else device_name()
+        lower_size(settings, device, size)
+
+    return backed_off
 
 
 def _choose_size(

@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from batchrun.config import EngineSettings
@@ -32,6 +33,7 @@ from batchrun.poison import ENGINE_CRASH, Isolator, crash_outcome, restarts_boun
 from batchrun.records import Outcome, Request
 from batchrun.sizing import back_off
 from batchrun.supervisor import Worker, WorkerDeath
+from batchrun.text import command, plural
 
 # A worker that dies this many times in a row holding no request and finishing none is given up on.
 MAX_DEATHS_WITHOUT_PROGRESS = 3
@@ -94,6 +96,8 @@ class Scheduler:
         self.isolator = Isolator()
         # Told the new size after an out-of-memory back-off (the job and the size cache keep it).
         self.on_back_off: Callable[[int], None] | None = None
+        # The job's directory, for the commands a message suggests.
+        self.job_dir: Path | str = "."
         self.worker_info: dict[str, dict[str, Any]] = {}
 
     # -- sizing ---------------------------------------------------------------------------------
@@ -310,7 +314,12 @@ class Scheduler:
         if death.oom or death.during_start:
             requeued = self._requeue(w)
             w.stop(timeout=5)
-            back = f"; {requeued} in-flight requests go back to pending" if requeued else ""
+            back = (
+                f"; {plural(requeued, 'in-flight request')} go{'es' if requeued == 1 else ''} "
+                "back to pending"
+                if requeued
+                else ""
+            )
             if not death.oom:
                 self._give_up(w, f"the engine failed to start: {death.message}")
                 return []
@@ -365,8 +374,8 @@ class Scheduler:
                     f"{iso.streak} requests in a row crashed the engine worker on their own with "
                     f"none finishing in between, so the engine itself looks broken (last: "
                     f"{death.message}); they are recorded as failed ({ENGINE_CRASH}). Once the "
-                    "engine is fixed, `batchrun resume` runs the rest and `batchrun retry-failed` "
-                    "runs them again",
+                    f"engine is fixed, `{command('resume', self.job_dir)}` runs the rest and "
+                    f"`{command('retry-failed', self.job_dir)}` runs them again",
                 )
                 return []
             return [(outcome, request)]

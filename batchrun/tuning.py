@@ -16,6 +16,7 @@ from batchrun.models import cache_root
 from batchrun.records import EMBEDDINGS, Request
 from batchrun.scheduler import Reporter, Scheduler
 from batchrun.sizing import BatchSizeSearch, Probe
+from batchrun.text import plural
 
 DEFAULT_MIN_BATCH = 8
 DEFAULT_MAX_BATCH = 256
@@ -45,7 +46,7 @@ def search_batch_size(
     while (size := search.next_size()) is not None:
         scheduler.resize(size)
         limit = max(PROBE_BATCHES * size, MIN_PROBE_REQUESTS)
-        reporter.event(f"probing batch size {size} on {limit} requests")
+        reporter.event(f"probing batch size {size} on {plural(limit, 'request')}")
         stats = scheduler.run(source, limit=limit, stop_on_oom=True)
         probe = Probe(
             size=size,
@@ -62,7 +63,7 @@ def search_batch_size(
             + (
                 "out of memory"
                 if stats.oom
-                else f"{probe.tokens_per_s:.1f} tok/s on {stats.outcomes} requests"
+                else f"{probe.tokens_per_s:.1f} tok/s on {plural(stats.outcomes, 'request')}"
             )
         )
         if not stats.oom and stats.outcomes < limit:

@@ -205,8 +205,8 @@ def test_an_engine_that_crashes_on_everything_is_given_up_on(tmp_path: Path) -> 
         "3 requests in a row crashed the engine worker on their own with none finishing in "
         "between, so the engine itself looks broken (last: the worker process died (killed by "
         "signal 9)); they are recorded as failed (engine_crash). Once the engine is fixed, "
-        "`batchrun resume` runs the rest and `batchrun retry-failed` runs them again. Everything "
-        "finished so far is saved"
+        "`batchrun resume --job-dir .` runs the rest and `batchrun retry-failed --job-dir .` runs "
+        "them again. Everything finished so far is saved"
     )
     by_id = results(tmp_path)
     assert len(by_id) == 3  # the three found; the rest stay pending for resume
