@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import secrets
 import shlex
 import sys
@@ -26,6 +27,7 @@ from typing import IO, Any, NamedTuple
 
 from batchrun.errors import BatchrunError
 from batchrun.job import InputMap, JobPaths, load_input_map, load_manifest, recorded_runner
+from batchrun.journal import encode_record
 
 OUTPUT_NAME = "output.jsonl"
 ERRORS_NAME = "errors.jsonl"
@@ -307,10 +309,10 @@ def _write_parquet(
                 for name, value in zip(names, row, strict=True):
                     columns[name].append(value)
                 if len(columns["line"]) >= row_group_size:
-                    writer.write_table(pa.table(columns, schema=schema))
+                    writer.write_table(_table(pa, columns, schema))
                     columns = {n: [] for n in names}
             if columns["line"]:
-                writer.write_table(pa.table(columns, schema=schema))
+                writer.write_table(_table(pa, columns, schema))
         finally:
             writer.close()  # writes the footer; the file object stays open for the fsync
 
@@ -321,6 +323,33 @@ def _write_parquet(
         failed=index.count(FAILED),
         invalid=index.count(INVALID),
     )
+
+
+def _table(pa: Any, columns: dict[str, list[Any]], schema: Any) -> Any:
+    """A row group as an Arrow table; text that is not valid Unicode (a lone surrogate in an old
+    journal) has its bad characters replaced (U+FFFD), as Parquet strings must be UTF-8."""
+    try:
+        return pa.table(columns, schema=schema)
+    except (UnicodeEncodeError, pa.ArrowException):
+        return pa.table({n: [_valid_text(v) for v in c] for n, c in columns.items()}, schema=schema)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _valid_text(value: Any) -> Any:
+    """`value` with every string in it made valid UTF-8 (lone surrogates replaced)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_valid_text(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _valid_text(v) for k, v in value.items()}
+    return value
 
 
 def _note_body(index: JournalIndex, body: object) -> None:
@@ -380,7 +409,9 @@ def _records(index: JournalIndex, statuses: set[int]) -> Iterator[tuple[Entry, d
 def _ids(salt: bytes, rec: dict[str, Any]) -> tuple[str, str]:
     """The batch line's `id` and `request_id`: stable per job and request, distinct otherwise."""
     if rec["kind"] == "result":
-        key = b"r\0" + str(rec["custom_id"]).encode("utf-8")
+        # surrogatepass: a lone surrogate in an old journal's custom_id still gets an id; other
+        # text encodes as plain UTF-8 does, so ids stay what they always were.
+        key = b"r\0" + str(rec["custom_id"]).encode("utf-8", "surrogatepass")
     else:
         key = b"i\0" + str(rec["line"]).encode("ascii")
     digest = hashlib.sha256(salt + b"\0" + key).hexdigest()
@@ -414,12 +445,9 @@ def _error_line(salt: bytes, rec: dict[str, Any], entry: Entry) -> dict[str, Any
     }
 
 
-# One encoder for every line: json.dumps with options builds a new encoder per call.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
-
-
 def _dumps(obj: dict[str, Any]) -> bytes:
-    return _ENCODER.encode(obj).encode("utf-8") + b"\n"
+    # As the journal writes: nothing a record holds (a lone surrogate) can stop an export.
+    return encode_record(obj)
 
 
 def _parquet_row(entry: Entry, rec: dict[str, Any]) -> tuple[Any, ...]:

@@ -14,8 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
-from conftest import cli, read_jsonl
+from conftest import chat_line, cli, read_jsonl, write_jsonl
 
 from batchrun.engines.echo import echo_text
 from batchrun.reader import read_input
@@ -360,3 +361,31 @@ def test_the_raw_text_check_never_misses_a_lone_surrogate() -> None:
                 assert may_hold_lone_surrogate(raw), raw
             elif b"\\\\" not in raw:
                 assert not may_hold_lone_surrogate(raw), raw
+
+
+def test_export_writes_a_journal_whose_records_hold_lone_surrogates(tmp_path: Path) -> None:
+    # Journals written before validation caught them may hold such text: export must not stop.
+    from batchrun.journal import JournalWriter, read_records
+
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(c, f"hello {c}") for c in "abc"])
+    job = tmp_path / "job"
+    assert cli("submit", str(src), "--job-dir", str(job), "--engine", "echo").returncode == 0
+    recs = {r["custom_id"]: r for r in read_records(job / "journal.jsonl")}
+    sick = dict(recs["b"], attempt=2)
+    sick["body"] = json.loads(json.dumps(sick["body"]))
+    sick["body"]["choices"][0]["message"]["content"] = "cut \ud83d here"
+    failed = dict(recs["c"], attempt=2, ok=False, status_code=500, body=None,
+                  error={"code": "engine_error", "message": "bad \udc80 byte"})  # fmt: skip
+    with JournalWriter(job / "journal.jsonl").open() as journal:
+        journal.append([sick, failed])
+    r = cli("export", "--job-dir", str(job))
+    assert r.returncode == 0, r.stderr
+    out = {o["custom_id"]: o for o in read_jsonl(job / "output.jsonl")}
+    assert out["b"]["response"]["body"]["choices"][0]["message"]["content"] == "cut \ud83d here"
+    err = read_jsonl(job / "errors.jsonl")
+    assert err[0]["error"]["message"] == "bad \udc80 byte"
+    r = cli("export", "--job-dir", str(job), "--parquet")
+    assert r.returncode == 0, r.stderr
+    frame = pd.read_parquet(job / "results.parquet").set_index("custom_id")
+    assert frame.loc["b", "content"] == "cut \ufffd here"
+    assert frame.loc["c", "error_message"] == "bad \ufffd byte"
