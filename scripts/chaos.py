@@ -730,7 +730,7 @@ class Harness:
                 continue
             index = ready.group(1)
             after = text[ready.end() :]
-            died = re.search(rf"ray worker {index}\b[^\n]* died: [^\n]*starting a fresh one", after)
+            died = re.search(rf"ray worker {index}\b[^\n]* died\b[^\n]*starting a fresh", after)
             if died:
                 self.actors_noticed += 1
             if died and re.search(rf"ray worker {index}\b[^\n]* ready \(pid ", after[died.end() :]):
