@@ -4,7 +4,8 @@ The handlers go in before the CLI's modules load (typer, rich: a tenth of a seco
 Ctrl-C at any moment exits 130 with no traceback.
 """
 
-from batchrun import stopping, streams
+from batchrun import stopping
+from batchrun.console import streams
 
 
 def main() -> None:

@@ -35,12 +35,12 @@ from batchrun.config import (
     check_number,
     parse_gpus,
 )
+from batchrun.console.text import command
 from batchrun.errors import BatchrunError
 from batchrun.stopping import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated
-from batchrun.text import command
 
 if TYPE_CHECKING:
-    from batchrun.runner import JobSummary
+    from batchrun.run.commands import JobSummary
 
 app = typer.Typer(
     name="batchrun",
@@ -310,7 +310,7 @@ def _interrupted(exc: KeyboardInterrupt) -> NoReturn:
 
 
 def _finish(summary: JobSummary, title: str) -> NoReturn:
-    from batchrun.render import next_step, print_summary
+    from batchrun.console.render import next_step, print_summary
 
     print_summary(out, summary, title)
     out.print(next_step(summary), highlight=False, markup=False, soft_wrap=True)
@@ -328,8 +328,8 @@ def _start(
     tune_only: bool,
 ) -> NoReturn:
     """submit and tune: check every option, create the job, run it (or only its search)."""
-    from batchrun.runner import RunOptions, check_submit
-    from batchrun.runner import submit as run_submit
+    from batchrun.run.commands import RunOptions, check_submit
+    from batchrun.run.commands import submit as run_submit
 
     job = job_dir or default_job_dir(input_file)
     stopping.set_job(job, again=shlex.join(["batchrun", *sys.argv[1:]]))
@@ -346,7 +346,7 @@ def _start(
         _interrupted(e)
     if not tune_only:
         _finish(summary, "submit")
-    from batchrun.render import print_probes
+    from batchrun.console.render import print_probes
 
     print_probes(out, summary.manifest.get("probes") or [], summary.manifest.get("batch_size"))
     out.print(
@@ -418,7 +418,7 @@ def resume(
 ) -> None:
     """Continue a job after a crash, a kill or Ctrl-C: runs only what is not done. Engine
     options given replace the job's own (and are saved into it)."""
-    from batchrun.runner import resume as run_resume
+    from batchrun.run.commands import resume as run_resume
 
     stopping.set_job(job_dir)
     try:
@@ -452,7 +452,7 @@ def retry_failed(
 ) -> None:
     """Run one more pass over the requests whose last attempt failed. Engine options given
     replace the job's own (and are saved into it)."""
-    from batchrun.runner import retry_failed as run_retry
+    from batchrun.run.commands import retry_failed as run_retry
 
     stopping.set_job(job_dir)
     try:
@@ -494,7 +494,7 @@ def export(
     ] = False,
 ) -> None:
     """Write the results: output.jsonl + errors.jsonl (OpenAI batch output format), or results.parquet."""
-    from batchrun.export import export_job
+    from batchrun.export.results import export_job
 
     try:
         summary = export_job(job_dir, output_dir or job_dir, parquet=parquet, partial=partial)
@@ -511,7 +511,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Show a job's request counts, tokens, throughput and state."""
-    from batchrun.status import job_status
+    from batchrun.job.status import job_status
 
     try:
         s = job_status(job_dir)
@@ -520,7 +520,7 @@ def status(
     if as_json:
         sys.stdout.write(json.dumps(s) + "\n")
         return
-    from batchrun.render import print_probes, print_status, print_workers
+    from batchrun.console.render import print_probes, print_status, print_workers
 
     print_status(out, s)
     if len(s["workers"]) > 1 or any(w.get("kind") == "ray" for w in s["workers"]):

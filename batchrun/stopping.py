@@ -78,7 +78,7 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 
 
 def _stop_now() -> None:
-    from batchrun.supervisor import kill_all_workers
+    from batchrun.workers.process import kill_all_workers
 
     kill_all_workers()
     # Everything else this process started: a local Ray instance's daemons and agents, say,

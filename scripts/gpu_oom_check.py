@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # batchrun from
 import torch
 
 from batchrun.engines.oom import is_oom
-from batchrun.sizing import BatchSizeSearch, Probe, back_off
+from batchrun.run.sizing import BatchSizeSearch, Probe, back_off
 
 # The workload: `rows` sequences of SEQ positions of HIDDEN float32 values, through two matmuls.
 # About 3 tensors of rows x SEQ x HIDDEN x 4 bytes live at the peak: 1.5 MiB a row, so an 80 GiB

@@ -12,8 +12,8 @@ from openai import BaseModel
 from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
 
-from batchrun.records import CHAT, COMPLETIONS, EMBEDDINGS
-from batchrun.responses import decode_base64
+from batchrun.openai.records import CHAT, COMPLETIONS, EMBEDDINGS
+from batchrun.openai.responses import decode_base64
 
 TYPES: dict[str, type[BaseModel]] = {
     CHAT: ChatCompletion,

@@ -311,7 +311,7 @@ SIGTERM_IN_START_UP = """
 import os, signal, sys, types
 
 if __name__ == "__main__":
-    import batchrun.runner as real
+    import batchrun.run.commands as real
 
     def __getattr__(name):
         if name == "resume":
@@ -319,9 +319,9 @@ if __name__ == "__main__":
             os.kill(os.getpid(), signal.SIGTERM)
         return getattr(real, name)
 
-    proxy = types.ModuleType("batchrun.runner")
+    proxy = types.ModuleType("batchrun.run.commands")
     proxy.__getattr__ = __getattr__
-    sys.modules["batchrun.runner"] = proxy
+    sys.modules["batchrun.run.commands"] = proxy
     from batchrun.cli import main
 
     sys.argv = ["batchrun", *sys.argv[1:]]

@@ -383,7 +383,7 @@ def test_a_full_disk_stops_the_job_clearly_and_resume_completes_it(tmp_path: Pat
     )
     assert proc.returncode == 1, proc.stderr
     assert "cannot write the journal" in proc.stderr and "Traceback" not in proc.stderr
-    from batchrun.journal import read_records
+    from batchrun.job.journal import read_records
 
     raw = (job / "journal.jsonl").read_bytes()
     assert not raw.endswith(b"\n")  # the failed write left a torn last line...

@@ -16,7 +16,7 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 from batchrun.errors import BatchrunError
-from batchrun.export import (
+from batchrun.export.results import (
     ERRORS_NAME,
     FAILED,
     INVALID,
@@ -28,10 +28,10 @@ from batchrun.export import (
     export_parquet,
     latest_by_request,
 )
-from batchrun.job import InputMap
-from batchrun.journal import JournalWriter, invalid_record, result_record
-from batchrun.records import CHAT, COMPLETIONS, LineError, Outcome, Request
-from batchrun.responses import Choice, failure, success
+from batchrun.job.inputmap import InputMap
+from batchrun.job.journal import JournalWriter, invalid_record, result_record
+from batchrun.openai.records import CHAT, COMPLETIONS, LineError, Outcome, Request
+from batchrun.openai.responses import Choice, failure, success
 
 
 def chat(custom_id: str, line: int) -> Request:
@@ -340,7 +340,7 @@ def test_failed_write_is_a_clear_error_and_keeps_the_old_file(
     def no_space(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("batchrun.export.os.fsync", no_space)
+    monkeypatch.setattr("batchrun.export.results.os.fsync", no_space)
     with pytest.raises(BatchrunError, match="No space left on device"):
         export_jsonl(tmp_path, mixed, tmp_path)
     with pytest.raises(BatchrunError, match="No space left on device"):

@@ -9,19 +9,13 @@ from pathlib import Path
 import pytest
 
 from batchrun.errors import BatchrunError
-from batchrun.job import (
-    InputMap,
-    JobPaths,
-    job_lock,
-    load_input_map,
-    load_manifest,
-    lock_holder,
-    replay,
-    save_manifest,
-    write_input_map,
-    write_json_atomic,
-)
-from batchrun.journal import JournalWriter
+from batchrun.job.files import write_json_atomic
+from batchrun.job.inputmap import InputMap, load_input_map, write_input_map
+from batchrun.job.journal import JournalWriter
+from batchrun.job.lock import job_lock, lock_holder
+from batchrun.job.manifest import load_manifest, save_manifest
+from batchrun.job.paths import JobPaths
+from batchrun.job.state import replay
 
 
 def test_manifest_is_replaced_atomically_and_leaves_no_temp_file(tmp_path: Path) -> None:
@@ -55,7 +49,7 @@ def test_lock_refuses_a_second_holder_and_names_the_pid(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from batchrun.job import JobPaths, job_lock\n"
+            "import sys, time; from pathlib import Path; from batchrun.job.paths import JobPaths; from batchrun.job.lock import job_lock\n"
             "with job_lock(JobPaths(Path(sys.argv[1]))):\n    print('held', flush=True); time.sleep(60)",
             str(tmp_path),
         ],

@@ -416,10 +416,11 @@ def test_lock_errors_map_to_one_clear_message(
     """ENOSPC cannot be provoked on demand outside a full file system: the mapping, in-process."""
     import errno
 
-    from batchrun import job as job_module
     from batchrun.errors import BatchrunError
+    from batchrun.job import lock as job_module
+    from batchrun.job.paths import JobPaths
 
-    paths = job_module.JobPaths(tmp_path)
+    paths = JobPaths(tmp_path)
 
     def full(*_: object) -> int:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -8,9 +8,16 @@ from pathlib import Path
 import pytest
 
 from batchrun.errors import BatchrunError
-from batchrun.job import JobPaths, replay
-from batchrun.journal import JournalWriter, invalid_record, read_records, repair_tail, result_record
-from batchrun.records import LineError, Outcome
+from batchrun.job.journal import (
+    JournalWriter,
+    invalid_record,
+    read_records,
+    repair_tail,
+    result_record,
+)
+from batchrun.job.paths import JobPaths
+from batchrun.job.state import replay
+from batchrun.openai.records import LineError, Outcome
 
 
 def outcome(cid: str, ok: bool = True) -> Outcome:

@@ -19,9 +19,9 @@ import pytest
 from conftest import chat_line, cli, read_jsonl, write_jsonl
 
 from batchrun.engines.echo import echo_text
-from batchrun.reader import read_input
-from batchrun.records import CHAT, COMPLETIONS, EMBEDDINGS, LineError, Request
-from batchrun.validation import (
+from batchrun.openai.reader import read_input
+from batchrun.openai.records import CHAT, COMPLETIONS, EMBEDDINGS, LineError, Request
+from batchrun.openai.validation import (
     SEED_MAX,
     SEED_MIN,
     InvalidLine,
@@ -365,7 +365,7 @@ def test_the_raw_text_check_never_misses_a_lone_surrogate() -> None:
 
 def test_export_writes_a_journal_whose_records_hold_lone_surrogates(tmp_path: Path) -> None:
     # Journals written before validation caught them may hold such text: export must not stop.
-    from batchrun.journal import JournalWriter, read_records
+    from batchrun.job.journal import JournalWriter, read_records
 
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line(c, f"hello {c}") for c in "abc"])
     job = tmp_path / "job"

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from batchrun.errors import BatchrunError
-from batchrun.reader import check_input_file, hash_file, is_probably_not_jsonl, read_input
-from batchrun.records import CHAT, COMPLETIONS, LineError, Request
+from batchrun.openai.reader import check_input_file, hash_file, is_probably_not_jsonl, read_input
+from batchrun.openai.records import CHAT, COMPLETIONS, LineError, Request
 
 ENDPOINTS = "'/v1/chat/completions', '/v1/completions', '/v1/embeddings'"
 

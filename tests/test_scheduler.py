@@ -18,12 +18,12 @@ import pytest
 
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
-from batchrun.job import JobState
-from batchrun.journal import JournalWriter, read_records
-from batchrun.records import CHAT, Outcome, Request
-from batchrun.responses import failure
-from batchrun.scheduler import Scheduler
-from batchrun.supervisor import Worker, WorkerDeath
+from batchrun.job.journal import JournalWriter, read_records
+from batchrun.job.state import JobState
+from batchrun.openai.records import CHAT, Outcome, Request
+from batchrun.openai.responses import failure
+from batchrun.run.scheduler import Scheduler
+from batchrun.workers.process import Worker, WorkerDeath
 
 
 class Events:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from batchrun.config import EngineSettings
-from batchrun.sizing import BatchSizeSearch, Probe, back_off, candidate_sizes
-from batchrun.tuning import cache_key
+from batchrun.run.sizing import BatchSizeSearch, Probe, back_off, candidate_sizes
+from batchrun.run.tuning import cache_key
 
 
 def run_search(

@@ -194,8 +194,8 @@ def test_kill_9_of_submit_then_of_the_worker_during_resume(tmp_path: Path) -> No
 
 def test_sample_data_is_valid(tmp_path: Path) -> None:
     """The README's first command runs sample_data/requests.jsonl: every line of it must be valid."""
-    from batchrun.reader import read_input
-    from batchrun.records import Request
+    from batchrun.openai.reader import read_input
+    from batchrun.openai.records import Request
 
     items = list(read_input(ROOT / "sample_data" / "requests.jsonl"))
     assert items and all(isinstance(i, Request) for i in items)

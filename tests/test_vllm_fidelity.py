@@ -21,7 +21,7 @@ import pytest
 from conftest import ROOT, cli
 from openai_checks import check_against_request, output_lines, parse_body, requests_of
 
-from batchrun.records import CHAT, COMPLETIONS, EMBEDDINGS
+from batchrun.openai.records import CHAT, COMPLETIONS, EMBEDDINGS
 
 pytestmark = pytest.mark.vllm
 

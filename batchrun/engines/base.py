@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from batchrun.config import EngineSettings
-from batchrun.records import Outcome, Request
+from batchrun.openai.records import Outcome, Request
 
 
 class Engine(Protocol):

@@ -35,8 +35,8 @@ import time
 from typing import Any
 
 from batchrun.config import EngineSettings
-from batchrun.records import CHAT, COMPLETIONS, EMBEDDINGS, Outcome, Request
-from batchrun.responses import (
+from batchrun.openai.records import CHAT, COMPLETIONS, EMBEDDINGS, Outcome, Request
+from batchrun.openai.responses import (
     Choice,
     TokenLogprob,
     embedding_success,
@@ -44,7 +44,7 @@ from batchrun.responses import (
     response_model,
     success,
 )
-from batchrun.validation import embedding_inputs
+from batchrun.openai.validation import embedding_inputs
 
 # The size of the echo engine's embeddings.
 ECHO_DIMENSIONS = 8

@@ -38,14 +38,8 @@ from batchrun.engines.vllm.prompts import completion_prompt, prompt_token_ids
 from batchrun.engines.vllm.tokens import TokenText
 from batchrun.engines.vllm.tools import parse_tool_calls
 from batchrun.models import DEFAULT_MODEL_NAME, resolve_model
-from batchrun.records import COMPLETIONS, EMBEDDINGS, Outcome, Request
-from batchrun.responses import (
-    Choice,
-    embedding_success,
-    failure,
-    response_model,
-    success,
-)
+from batchrun.openai.records import COMPLETIONS, EMBEDDINGS, Outcome, Request
+from batchrun.openai.responses import Choice, embedding_success, failure, response_model, success
 
 # On the CPU backend `gpu_memory_utilization` is the fraction of host memory vLLM reserves, and
 # vLLM's default (0.92) is refused at start-up on a machine that runs anything else.

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from batchrun.engines.vllm.errors import BadRequest
-from batchrun.records import CHAT, Request
+from batchrun.openai.records import CHAT, Request
 
 
 def sampling_params(

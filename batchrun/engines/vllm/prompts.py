@@ -13,7 +13,7 @@ from typing import Any
 
 from batchrun.engines.vllm.errors import BadRequest
 from batchrun.engines.vllm.tools import template_tool_call
-from batchrun.records import CHAT, COMPLETIONS, Request
+from batchrun.openai.records import CHAT, COMPLETIONS, Request
 
 
 def prompt_token_ids(

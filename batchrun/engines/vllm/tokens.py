@@ -6,7 +6,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from batchrun.responses import TokenLogprob
+from batchrun.openai.responses import TokenLogprob
 
 
 @lru_cache(maxsize=1)

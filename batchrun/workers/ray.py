@@ -22,8 +22,8 @@ from typing import Any
 
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
-from batchrun.records import Outcome, Request
-from batchrun.supervisor import Worker, WorkerDeath
+from batchrun.openai.records import Outcome, Request
+from batchrun.workers.process import Worker, WorkerDeath
 
 INSTALL_HINT = "--ray needs Ray: pip install 'batchrun[ray]' (or pip install ray)"
 # How long one poll of an actor may run the engine before it returns what finished.
@@ -73,7 +73,7 @@ def actor_count(resources: dict[str, float], tensor_parallel_size: int, workers:
 
 
 class EngineActor:
-    """The body of a Ray actor: one engine, fed like a local worker (see engines/worker.py)."""
+    """The body of a Ray actor: one engine, fed like a local worker (see workers/child.py)."""
 
     def __init__(self, settings: dict[str, Any], env: dict[str, str]) -> None:
         os.environ.update(env)
@@ -87,7 +87,7 @@ class EngineActor:
 
         from batchrun.engines.base import create_engine
         from batchrun.engines.oom import is_oom
-        from batchrun.engines.worker import Feeder, peak_memory_mb
+        from batchrun.workers.child import Feeder, peak_memory_mb
 
         started = time.monotonic()
         try:

@@ -7,8 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from batchrun.runner import JobSummary
-from batchrun.text import command, plural
+from batchrun.console.text import command, plural
+from batchrun.run.commands import JobSummary
 
 
 def _fmt_rate(value: float | None, unit: str) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from batchrun.records import CHAT, Outcome, Request
+from batchrun.openai.records import CHAT, Outcome, Request
 
 # OpenAI's stand-in for a logprob too small to show (and JSON has no -Infinity).
 MIN_LOGPROB = -9999.0

@@ -17,9 +17,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from batchrun.config import EngineSettings
-from batchrun.engines.worker import worker_main
-from batchrun.poison import Suspects
-from batchrun.records import Outcome, Request
+from batchrun.openai.records import Outcome, Request
+from batchrun.run.poison import Suspects
+from batchrun.workers.child import worker_main
 
 _QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
 

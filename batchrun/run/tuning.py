@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from batchrun.config import EngineSettings
+from batchrun.console.text import plural
 from batchrun.errors import BatchrunError
-from batchrun.job import write_json_atomic
+from batchrun.job.files import write_json_atomic
 from batchrun.models import cache_root
-from batchrun.records import EMBEDDINGS, Request
-from batchrun.scheduler import Reporter, Scheduler
-from batchrun.sizing import BatchSizeSearch, Probe
-from batchrun.text import plural
+from batchrun.openai.records import EMBEDDINGS, Request
+from batchrun.run.scheduler import Reporter, Scheduler
+from batchrun.run.sizing import BatchSizeSearch, Probe
 
 DEFAULT_MIN_BATCH = 8
 DEFAULT_MAX_BATCH = 256

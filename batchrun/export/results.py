@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 from batchrun.errors import BatchrunError
-from batchrun.job import InputMap, JobPaths, load_input_map, load_manifest, recorded_runner
-from batchrun.journal import encode_record
+from batchrun.job.inputmap import InputMap, load_input_map
+from batchrun.job.journal import encode_record
+from batchrun.job.manifest import load_manifest, recorded_runner
+from batchrun.job.paths import JobPaths
 
 OUTPUT_NAME = "output.jsonl"
 ERRORS_NAME = "errors.jsonl"

@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from batchrun.job import JobPaths, find_input, load_manifest, lock_holder, replay
+from batchrun.job.lock import lock_holder
+from batchrun.job.manifest import find_input, load_manifest
+from batchrun.job.paths import JobPaths
+from batchrun.job.state import replay
 
 
 def job_status(job_dir: Path) -> dict[str, Any]:

@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from batchrun.config import EngineSettings
+from batchrun.console.text import command, plural
 from batchrun.errors import BatchrunError
-from batchrun.job import JobState
-from batchrun.journal import JournalWriter, result_record
-from batchrun.poison import ENGINE_CRASH, Isolator, crash_outcome, restarts_bound
-from batchrun.records import Outcome, Request
-from batchrun.sizing import back_off
-from batchrun.supervisor import Worker, WorkerDeath
-from batchrun.text import command, plural
+from batchrun.job.journal import JournalWriter, result_record
+from batchrun.job.state import JobState
+from batchrun.openai.records import Outcome, Request
+from batchrun.run.poison import ENGINE_CRASH, Isolator, crash_outcome, restarts_bound
+from batchrun.run.sizing import back_off
+from batchrun.workers.process import Worker, WorkerDeath
 
 # A worker that dies this many times in a row holding no request and finishing none is given up on.
 MAX_DEATHS_WITHOUT_PROGRESS = 3

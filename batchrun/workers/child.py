@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from batchrun.config import EngineSettings
-from batchrun.records import Outcome, Request
+from batchrun.openai.records import Outcome, Request
 
 PR_SET_PDEATHSIG = 1
 

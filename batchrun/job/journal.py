@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from batchrun.errors import BatchrunError
-from batchrun.records import LineError, Outcome
+from batchrun.openai.records import LineError, Outcome
 
 JOURNAL_NAME = "journal.jsonl"
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from batchrun.errors import BatchrunError
-from batchrun.records import LineError, Request
-from batchrun.validation import (
+from batchrun.openai.records import LineError, Request
+from batchrun.openai.validation import (
     SURROGATE_ESCAPE,
     InvalidLine,
     check_body,

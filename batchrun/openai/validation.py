@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from batchrun.records import CHAT, COMPLETIONS, EMBEDDINGS, SUPPORTED_ENDPOINTS
+from batchrun.openai.records import CHAT, COMPLETIONS, EMBEDDINGS, SUPPORTED_ENDPOINTS
 
 MAX_CUSTOM_ID_LEN = 512
 MAX_TOKENS_LIMIT = 1_000_000

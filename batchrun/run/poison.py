@@ -15,8 +15,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from batchrun.records import Outcome, Request
-from batchrun.responses import failure
+from batchrun.openai.records import Outcome, Request
+from batchrun.openai.responses import failure
 
 # The error code of a request that crashed the engine worker on its own.
 ENGINE_CRASH = "engine_crash"

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
-from batchrun.records import Outcome
+from batchrun.openai.records import Outcome
 
 
 class ProgressReporter:

@@ -29,32 +29,28 @@ from batchrun.config import (
     check_number,
     parse_gpus,
 )
-from batchrun.devices import device_name, worker_envs
+from batchrun.console.progress import ProgressReporter
+from batchrun.console.text import command, plural
 from batchrun.errors import BatchrunError
-from batchrun.job import (
-    FAILED_RETRYABLE,
-    INPUT_MAP_PREFIX,
-    OK,
-    JobPaths,
-    JobState,
+from batchrun.job.inputmap import write_input_map
+from batchrun.job.journal import JournalWriter, invalid_record, read_records
+from batchrun.job.lock import job_lock
+from batchrun.job.manifest import (
     find_input,
     input_location,
-    job_lock,
     load_manifest,
     new_job_id,
-    replay,
     save_manifest,
-    write_input_map,
 )
-from batchrun.journal import JournalWriter, invalid_record, read_records
-from batchrun.progress import ProgressReporter
-from batchrun.reader import check_input_file, hash_file, read_input
-from batchrun.records import LineError, Request
-from batchrun.scheduler import Scheduler
-from batchrun.sizing import Probe
-from batchrun.supervisor import Worker
-from batchrun.text import command, plural
-from batchrun.tuning import cached_size, lower_size, remember_size, search_batch_size
+from batchrun.job.paths import INPUT_MAP_PREFIX, JobPaths
+from batchrun.job.state import FAILED_RETRYABLE, OK, JobState, replay
+from batchrun.openai.reader import check_input_file, hash_file, read_input
+from batchrun.openai.records import LineError, Request
+from batchrun.run.scheduler import Scheduler
+from batchrun.run.sizing import Probe
+from batchrun.run.tuning import cached_size, lower_size, remember_size, search_batch_size
+from batchrun.workers.devices import device_name, worker_envs
+from batchrun.workers.process import Worker
 
 # Where the runner says what it does before a run starts (the model conversion, the overrides).
 Notify = Callable[[str], None]
@@ -614,7 +610,7 @@ def _run(paths: JobPaths, manifest: dict[str, Any], options: RunOptions, mode: s
     settings = options.settings
     worker_class: type[Worker] = Worker
     if options.ray:
-        from batchrun import ray_backend
+        from batchrun.workers import ray as ray_backend
 
         resources = ray_backend.connect(options.ray, options.workers)
         count = ray_backend.actor_count(resources, settings.tensor_parallel_size, options.workers)
@@ -680,7 +676,7 @@ def _run(paths: JobPaths, manifest: dict[str, Any], options: RunOptions, mode: s
         run_info["ray"] = options.ray
         _finish_manifest(paths, manifest, state, status, run_info, started)
         if options.ray:
-            from batchrun import ray_backend
+            from batchrun.workers import ray as ray_backend
 
             ray_backend.shutdown()
     return JobSummary(

@@ -1,0 +1,1 @@
+"""Writing the results: output.jsonl + errors.jsonl (OpenAI batch output format), results.parquet."""

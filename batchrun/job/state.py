@@ -1,0 +1,103 @@
+"""A job's state, derived from its journal (the one source of truth)."""
+
+from __future__ import annotations
+
+from collections.abc import Container
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchrun.job.inputmap import load_input_map
+from batchrun.job.journal import read_records
+from batchrun.job.paths import JobPaths
+from batchrun.openai.records import Request
+
+# A request's state, derived from its last journal record.
+OK, FAILED_RETRYABLE, FAILED_FINAL = 0, 1, 2
+
+
+@dataclass
+class JobState:
+    """What the journal says: per request, attempts and how the last one ended; totals."""
+
+    attempts: dict[str, int] = field(default_factory=dict)
+    last: dict[str, int] = field(default_factory=dict)
+    invalid: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    first_time: float | None = None
+    last_time: float | None = None
+    # Per worker index: [attempts, completion tokens, first time, last time].
+    per_worker: dict[str, list[float]] = field(default_factory=dict)
+    # After a forced resume (see InputMap): only these custom_ids are part of the job, and only
+    # invalid-line records tagged with this generation are the current file's.
+    current: Container[str] | None = None
+    generation: str | None = None
+
+    @property
+    def succeeded(self) -> int:
+        """Requests whose last attempt succeeded."""
+        return sum(1 for v in self.last.values() if v == OK)
+
+    @property
+    def failed(self) -> int:
+        """Requests whose last attempt failed."""
+        return sum(1 for v in self.last.values() if v != OK)
+
+    def is_done(self, custom_id: str) -> bool:
+        """Whether the request has any finished attempt."""
+        return custom_id in self.last
+
+    def is_not_done(self, request: Request) -> bool:
+        """Whether the request still waits for its first finished attempt."""
+        return request.custom_id not in self.last
+
+    def record(self, rec: dict[str, Any]) -> None:
+        """Fold one journal record into the state."""
+        invalid = rec.get("kind") == "invalid"
+        if invalid:
+            # Untagged records are submit's; tagged ones a forced resume's (of `generation` only).
+            if rec.get("generation") != self.generation:
+                return
+        elif self.current is not None and rec["custom_id"] not in self.current:
+            return  # its line left the input file: no longer part of the job
+        t = rec.get("time")
+        if isinstance(t, (int, float)):
+            self.first_time = t if self.first_time is None else min(self.first_time, t)
+            self.last_time = t if self.last_time is None else max(self.last_time, t)
+        if invalid:
+            self.invalid += 1
+            return
+        cid = rec["custom_id"]
+        self.attempts[cid] = self.attempts.get(cid, 0) + 1
+        if rec.get("ok"):
+            self.last[cid] = OK
+        else:
+            self.last[cid] = FAILED_RETRYABLE if rec.get("retryable") else FAILED_FINAL
+        self.prompt_tokens += int(rec.get("prompt_tokens") or 0)
+        tokens = int(rec.get("completion_tokens") or 0)
+        self.completion_tokens += tokens
+        worker = rec.get("worker")
+        if worker is not None and isinstance(t, (int, float)):
+            stats = self.per_worker.get(str(worker))
+            if stats is None:
+                self.per_worker[str(worker)] = [1, tokens, t, t]
+            else:
+                stats[0] += 1
+                stats[1] += tokens
+                stats[2] = min(stats[2], t)
+                stats[3] = max(stats[3], t)
+
+
+def replay(paths: JobPaths, manifest: dict[str, Any] | None = None) -> JobState:
+    """Derive the job's state from its journal (the one source of truth).
+
+    With the manifest, of the input file as it is now: after a forced resume, requests that left
+    the file and the old file's invalid lines are not counted (see InputMap).
+    """
+    input_map = load_input_map(paths, manifest) if manifest is not None else None
+    state = JobState()
+    if input_map is not None:
+        state.current, state.generation = input_map.lines, input_map.generation
+    for rec in read_records(paths.journal):
+        state.record(rec)
+    return state

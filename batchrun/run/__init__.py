@@ -1,0 +1,1 @@
+"""Running a job: the commands, the scheduler, poison isolation, the batch-size search."""
