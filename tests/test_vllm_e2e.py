@@ -58,6 +58,11 @@ def chat_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         '{"custom_id": "broken", "method": "POST"',
         chat_line("toolong", LONG, max_tokens=8),
         chat_line("topp", "Name a color.", max_tokens=8, temperature=0.5, top_p=0.9, seed=3),
+        # The two lines that killed whole jobs: a lone surrogate escape (a truncated emoji, as
+        # text scraped from the web carries; json.dumps writes it as the escape \ud83d) crashed
+        # the tokenizer, and a seed beyond 64 bits crashed the sampler, in every worker.
+        chat_line("sur", "truncated emoji \ud83d end", max_tokens=4),
+        chat_line("bigseed", "Say hi.", max_tokens=4, seed=2**70),
     ]
     src = write_jsonl(tmp / "chat.jsonl", lines)
     job = tmp / "job"
@@ -84,6 +89,23 @@ def test_chat_job_runs_and_reports_bad_lines(chat_job: dict[str, Any]) -> None:
     assert errors[7]["custom_id"] == "toolong"
     assert errors[7]["error"]["code"] == "context_length_exceeded"
     assert errors[7]["response"]["status_code"] == 400
+
+
+def test_the_real_poison_lines_fail_alone_and_the_job_finishes(chat_job: dict[str, Any]) -> None:
+    raw = (chat_job["job"].parent / "chat.jsonl").read_text(encoding="utf-8").splitlines()
+    assert "\\ud83d" in raw[8] and "1180591620717411303424" in raw[9]  # as the file had
+    run = chat_job["submit"]
+    assert "error:" not in run.stderr, run.stderr[-3000:]
+    status = json.loads(cli("status", "--job-dir", str(chat_job["job"]), "--json").stdout)
+    assert status["status"] == "completed"
+    assert status["requests"]["pending"] == 0
+    errors = {e["custom_id"]: e for e in read_jsonl(chat_job["job"] / "errors.jsonl")}
+    sur, seed = errors["sur"]["error"], errors["bigseed"]["error"]
+    assert (sur["line"], seed["line"]) == (9, 10)
+    # Caught by validation, each names its field; the engine never saw them.
+    assert "body.messages[0].content" in sur["message"] and "surrogate" in sur["message"]
+    assert "body.seed" in seed["message"]
+    assert set(_outputs(chat_job["job"])) == {"math", "capital", "two", "stop", "short", "topp"}
 
 
 def test_chat_bodies_parse_with_the_openai_types(chat_job: dict[str, Any]) -> None:
