@@ -67,9 +67,9 @@ def next_step(summary: JobSummary) -> str:
         them = "it" if st.invalid == 1 else "them"
         return (
             f"Every valid request succeeded; {plural(st.invalid, 'invalid input line')} cannot "
-            f"run: fix {them} in the input and submit {them} as a new job "
-            f"(`{command('export', job)}` writes the results, and errors.jsonl names each "
-            "invalid line by its number)."
+            f"run as written: `{command('export', job)}` writes the results (errors.jsonl names "
+            f"each invalid line by its number); fix {them} in the input file, then "
+            f"`{command('resume', job, '--force')}` runs {them}."
         )
     return f"Write the results with: {command('export', job)}"
 
