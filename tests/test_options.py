@@ -294,10 +294,16 @@ def test_invalid_lines_only_advise_fixing_the_input(tmp_path: Path) -> None:
     assert "│ requests   │ 2 (1 valid, 1 invalid line)" in r.stdout
     assert "│ this run   │ 1 attempt in " in r.stdout
     assert advice(r) == (
-        "Every valid request succeeded; 1 invalid input line cannot run: fix it in the input "
-        f"and submit it as a new job (`batchrun export --job-dir '{job}'` writes the results, "
-        "and errors.jsonl names each invalid line by its number)."
+        "Every valid request succeeded; 1 invalid input line cannot run as written: "
+        f"`batchrun export --job-dir '{job}'` writes the results (errors.jsonl names each invalid "
+        f"line by its number); fix it in the input file, then "
+        f"`batchrun resume --job-dir '{job}' --force` runs it."
     )
+    # The advice works: the line fixed in place, the advised command runs it and ends the job.
+    write_jsonl(src, [chat_line("r0", "hi"), chat_line("r1", "fixed")])
+    again = cli("resume", "--job-dir", str(job), "--force", "--no-progress", env=WIDE)
+    assert again.returncode == 0, again.stderr
+    assert advice(again) == f"Write the results with: batchrun export --job-dir '{job}'"
 
 
 def test_a_finished_job_advises_export_and_a_second_submit_resume(tmp_path: Path) -> None:
