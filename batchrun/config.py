@@ -11,10 +11,9 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
+from batchrun.engines.registry import DEFAULT_ENGINE, EngineSpec, engine_spec
 from batchrun.errors import BatchrunError
 
-Engine = Literal["vllm", "echo"]
-ENGINES: tuple[str, ...] = get_args(Engine)
 # Exactly the strings vLLM's ModelConfig takes as its dtype (vllm/config/model.py, `ModelDType`,
 # a pydantic Literal, so case-sensitive); any other fails every engine start with a raw pydantic
 # error.
@@ -105,7 +104,8 @@ def _check_choice(option: str, value: object, choices: tuple[str, ...]) -> None:
 class EngineSettings:
     """What a worker needs to start an engine. Stored in the job manifest, so `resume` reuses it."""
 
-    engine: str = "vllm"
+    # A name in batchrun/engines/registry.py.
+    engine: str = DEFAULT_ENGINE
     # A local Hugging Face model directory; None means the embedded default model.
     model: str | None = None
     # The name reported in responses' `model` field when the request's body does not name one.
@@ -127,6 +127,11 @@ class EngineSettings:
     # (a job from an older batchrun) lets vLLM pick from the model's architecture.
     endpoint: str | None = None
 
+    @property
+    def spec(self) -> EngineSpec:
+        """The registry's entry for this engine (an OptionError naming --engine if unknown)."""
+        return engine_spec(self.engine)
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy."""
         return asdict(self)
@@ -139,7 +144,7 @@ class EngineSettings:
 
     def check(self) -> None:
         """Refuse a value no engine start could take (an OptionError naming its option)."""
-        _check_choice("--engine", self.engine, ENGINES)
+        engine_spec(self.engine)  # an unknown engine: OptionError naming --engine
         _check_choice("--dtype", self.dtype, DTYPES)
         check_number("--seed", self.seed, 0, SEED_MAX)
         if self.max_model_len is not None:

@@ -105,7 +105,7 @@ def test_worker_crashes_lose_nothing_and_the_job_finishes(tmp_path: Path) -> Non
         env=env,
     )
     assert r.returncode == 0, r.stderr
-    assert "worker 0 died holding 24 requests" in r.stderr  # its window of 16 + 8 prefetched
+    assert "worker 0 died holding 32 requests" in r.stderr  # its window of 16 + 16 prefetched
     assert "Running them again in halves, each alone" in r.stderr
     recs = journal_records(job)
     ids = [x["custom_id"] for x in recs]

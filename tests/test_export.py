@@ -16,20 +16,13 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 from batchrun.errors import BatchrunError
-from batchrun.export.results import (
-    ERRORS_NAME,
-    FAILED,
-    INVALID,
-    OUTPUT_NAME,
-    PARQUET_NAME,
-    PENDING,
-    SUCCEEDED,
-    export_jsonl,
-    export_parquet,
-    latest_by_request,
-)
+from batchrun.export.index import INVALID, PENDING, latest_by_request
+from batchrun.export.job import export_jsonl, export_parquet
+from batchrun.export.jsonl import ERRORS_NAME, OUTPUT_NAME
+from batchrun.export.parquet import PARQUET_NAME
 from batchrun.job.inputmap import InputMap
 from batchrun.job.journal import JournalWriter, invalid_record, result_record
+from batchrun.job.state import FAILED_RETRYABLE, OK
 from batchrun.openai.records import CHAT, COMPLETIONS, LineError, Outcome, Request
 from batchrun.openai.responses import Choice, failure, success
 
@@ -172,6 +165,15 @@ def test_corrupt_journal_line_is_a_clear_error(tmp_path: Path, mixed: Path) -> N
         export_jsonl(tmp_path, mixed, tmp_path)
 
 
+def test_journal_line_that_is_not_utf8_is_a_clear_error(tmp_path: Path, mixed: Path) -> None:
+    lines = mixed.read_bytes().splitlines(keepends=True)
+    mixed.write_bytes(
+        b"".join([*lines[:2], lines[2].replace(b"worker died", b"w\xff"), *lines[3:]])
+    )
+    with pytest.raises(BatchrunError, match="corrupt at line 3"):
+        export_jsonl(tmp_path, mixed, tmp_path)
+
+
 def test_index_keeps_last_record_offset_and_attempts(mixed: Path) -> None:
     index = latest_by_request(mixed)
     entries = list(index)
@@ -195,9 +197,9 @@ def test_index_with_an_input_map_is_of_the_file_as_it_is_now(mixed: Path) -> Non
     rows = [(e.line, e.status, e.attempts) for e in index]
     assert rows == [
         (1, PENDING, 0),
-        (2, FAILED, 2),
-        (3, SUCCEEDED, 2),
-        (4, SUCCEEDED, 1),
+        (2, FAILED_RETRYABLE, 2),
+        (3, OK, 2),
+        (4, OK, 1),
         (7, INVALID, 0),
     ]
     # Without a map (the file never changed), a forced resume's tagged records are not the job's.
@@ -340,7 +342,7 @@ def test_failed_write_is_a_clear_error_and_keeps_the_old_file(
     def no_space(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("batchrun.export.results.os.fsync", no_space)
+    monkeypatch.setattr("batchrun.job.files.os.fsync", no_space)
     with pytest.raises(BatchrunError, match="No space left on device"):
         export_jsonl(tmp_path, mixed, tmp_path)
     with pytest.raises(BatchrunError, match="No space left on device"):
@@ -361,3 +363,129 @@ def test_exported_files_get_the_usual_permissions(tmp_path: Path, mixed: Path) -
         os.umask(umask)
     for name in (OUTPUT_NAME, ERRORS_NAME, PARQUET_NAME):
         assert stat.S_IMODE((tmp_path / "out" / name).stat().st_mode) == 0o644, name
+
+
+# --- the fast paths (msgspec) and the json paths write the same ------------------------------
+
+
+def _body_record(custom_id: str, line: int, body: Any, ok: bool = True) -> dict[str, Any]:
+    return {
+        "kind": "result",
+        "custom_id": custom_id,
+        "line": line,
+        "attempt": 1,
+        "ok": ok,
+        "status_code": 200 if ok else 500,
+        "body": body,
+        "error": None if ok else {"code": "engine_error", "message": "m"},
+        "retryable": False,
+        "prompt_tokens": 1,
+        "completion_tokens": 2,
+        "latency_s": 0.5,
+        "time": 1.0,
+    }
+
+
+@pytest.fixture
+def shapes(tmp_path: Path, mixed: Path) -> Path:
+    """`mixed`, plus answers with logprobs and embeddings, floats json writes its own way, text
+    with escapes, and a line written by hand (not compact)."""
+    logprobs = {
+        "tokens": ["a", "b"],
+        "token_logprobs": [-0.25, -1e-05],
+        "top_logprobs": [{"a": -0.25, "x": -2.0}, None],
+    }
+    chat_logprobs = {
+        "content": [
+            {"token": "hi", "logprob": -0.5, "top_logprobs": [{"token": "hi", "logprob": -0.5}]}
+        ]
+    }
+    records = [
+        _body_record(
+            "lp",
+            7,
+            {
+                "id": "cmpl-1",
+                "model": "m",
+                "choices": [{"text": "ab", "logprobs": logprobs, "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3},
+            },
+        ),
+        _body_record(
+            "chat-lp",
+            8,
+            {
+                "id": "chatcmpl-1",
+                "choices": [
+                    {
+                        "message": {"content": 'a\x00\u2028"\\u0041 0.00001'},
+                        "logprobs": chat_logprobs,
+                        "finish_reason": "stop",
+                    }
+                ],
+            },
+        ),
+        _body_record(
+            "emb",
+            9,
+            {
+                "model": "e",
+                "data": [{"embedding": [0.5, 1, 1e16]}, {"embedding": "AACAPwAAAEAAAEBA"}],
+            },
+        ),
+        _body_record("emb-failed", 10, {"data": [{"embedding": [1.0]}]}, ok=False),
+        _body_record("tools", 12, {"choices": [{"message": {"content": None, "tool_calls": []}}]}),
+    ]
+    with JournalWriter(mixed) as w:
+        w.append(records)
+    # As older journals hold them: NaN as json writes it; a line not compact.
+    nan = _body_record("nan", 11, {"choices": [{"text": "x", "extra": float("nan")}]})
+    spaced = _body_record("spaced", 13, {"choices": [{"text": "s"}], "model": "m"})
+    with mixed.open("ab") as f:
+        f.write(json.dumps(nan, separators=(",", ":")).encode() + b"\n")
+        f.write(json.dumps(spaced).encode() + b"\n")
+    return mixed
+
+
+class _Refuses:
+    """A decoder that refuses everything: the json paths run."""
+
+    def decode(self, raw: object) -> Any:
+        import msgspec
+
+        raise msgspec.DecodeError("refused, to test the json path")
+
+
+def test_records_msgspec_refuses_are_read_as_json_reads_them(tmp_path: Path, shapes: Path) -> None:
+    export_jsonl(tmp_path, shapes, tmp_path / "out")
+    data = (tmp_path / "out" / OUTPUT_NAME).read_bytes()
+    lines = {x["custom_id"]: x for x in map(json.loads, data.splitlines())}  # bytes: \n only
+    assert lines["nan"]["response"]["body"]["choices"][0]["text"] == "x"
+    assert lines["chat-lp"]["response"]["body"]["choices"][0]["message"]["content"] == (
+        'a\x00\u2028"\\u0041 0.00001'
+    )
+    assert lines["spaced"]["response"]["body"] == {"choices": [{"text": "s"}], "model": "m"}
+    export_parquet(shapes, tmp_path / "out")
+    df = pd.read_parquet(tmp_path / "out" / PARQUET_NAME).set_index("custom_id")
+    assert df.loc["nan", "content"] == "x"
+    assert [t["token"] for t in df.loc["lp", "logprobs"]] == ["a", "b"]
+    assert len(df.loc["emb", "embeddings"]) == 2 and df.loc["emb", "n_choices"] == 2
+
+
+def test_fast_paths_write_the_bytes_the_json_paths_write(
+    tmp_path: Path, shapes: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    export_jsonl(tmp_path, shapes, tmp_path / "fast")
+    export_parquet(shapes, tmp_path / "fast", row_group_size=4)
+    for name in (
+        "index._INDEX_DECODER",
+        "index._SHAPED_DECODER",
+        "jsonl._RESULT_DECODER",
+        "jsonl._RECORD_DECODER",
+        "parquet._DECODER",
+    ):
+        monkeypatch.setattr(f"batchrun.export.{name}", _Refuses())
+    export_jsonl(tmp_path, shapes, tmp_path / "json")
+    export_parquet(shapes, tmp_path / "json", row_group_size=4)
+    for name in (OUTPUT_NAME, ERRORS_NAME, PARQUET_NAME):
+        assert (tmp_path / "fast" / name).read_bytes() == (tmp_path / "json" / name).read_bytes()

@@ -3,20 +3,32 @@
 from __future__ import annotations
 
 import json
+import os
+import random
+import time
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 
 from batchrun.errors import BatchrunError
+from batchrun.job import journal as journal_module
 from batchrun.job.journal import (
     JournalWriter,
+    encode_body,
+    encode_record,
+    encode_records,
+    exact_float,
     invalid_record,
+    plain_float,
+    plain_result,
     read_records,
     repair_tail,
     result_record,
 )
 from batchrun.job.paths import JobPaths
-from batchrun.job.state import replay
+from batchrun.job.state import JobState, replay
 from batchrun.openai.records import LineError, Outcome
 
 
@@ -112,3 +124,184 @@ def test_a_record_utf8_cannot_hold_is_written_escaped_and_reads_back(tmp_path: P
     assert list(read_records(paths.journal)) == [good, text, error, odd_id]
     state = replay(paths)
     assert state.succeeded == 3 and state.failed == 1
+
+
+# --- the fast encoder: msgspec, with json's bytes ---------------------------------------------
+
+
+def json_line(record: dict[str, Any]) -> bytes:
+    """The journal line as json writes it (the format the journal has always had)."""
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+AWKWARD_FLOATS = [
+    0.0, -0.0, 1.0, -2.5, 0.1, 1e-4, 9.999e-05, 1e-05, 1.234e-05, 5e-06, -1e-7, 2.5e-324,
+    1e15, 9999999999999998.0, 1e16, -1.5e16, 1.2345678901234567e17, 1e22, 1.7976931348623157e308,
+    1763881234.123, 0.000123, -9999.0, 0.30000000000000004,
+]  # fmt: skip
+
+
+def test_every_record_is_written_byte_for_byte_as_json_writes_it() -> None:
+    rng = random.Random(7)
+    floats = AWKWARD_FLOATS + [rng.uniform(-1, 1) * 10 ** rng.randint(-30, 30) for _ in range(2000)]
+    text = (
+        'plain, café, 日本, 🙂, \x00\x1f\x7f \u2028\u2029 "quoted" back\\slash 1e-5 0.00001 3e16,'
+    )
+    records: list[dict[str, Any]] = []
+    for i, x in enumerate(floats):
+        records.append(
+            {
+                "kind": "result",
+                "custom_id": f"id-{i}",
+                "n": [x, {"v": x}, -x],
+                "big": 2**70 + i,
+                "text": text[: i % len(text)],
+                "ok": i % 2 == 0,
+                "none": None,
+                "latency_s": x,
+            }
+        )
+    for rec in records:
+        assert encode_record(rec) == json_line(rec), rec
+    assert encode_records(records) == b"".join(map(json_line, records))
+    plain = [r for r in records if all(plain_float(v) for v in r["n"] if isinstance(v, float))]
+    assert encode_records(plain, plain=True) == b"".join(map(json_line, plain))
+
+
+def test_nan_and_infinities_are_written_as_null() -> None:
+    """The one difference from json's output: json writes NaN and Infinity, which are not JSON
+    (a strict reader rejects the line); msgspec writes null."""
+    line = encode_record({"x": [float("nan"), float("inf"), 1.5]})
+    assert line == b'{"x":[null,null,1.5]}\n'
+
+
+def test_a_pre_encoded_body_is_written_as_it_is() -> None:
+    body = {"id": "cmpl-1", "choices": [{"text": "hi", "logprobs": None}], "usage": {"n": 3}}
+    tiny = {"data": [{"embedding": [1e-05, -2.5e-7, 0.25, 1e17]}]}
+    for value in (body, tiny):
+        raw = encode_body(value)
+        assert isinstance(raw, msgspec.Raw)
+        assert bytes(raw) == json_line(value)[:-1]
+        ok = Outcome(custom_id="a", ok=True, status_code=200, body=raw, latency_s=5e-06)
+        rec = result_record(ok, 3, 1)
+        rec["latency_s"] = exact_float(rec["latency_s"])
+        expected = json_line({**rec, "body": value, "latency_s": 5e-06})
+        assert b'"latency_s":5e-06,' in expected
+        assert encode_record(rec) == expected
+        assert encode_records([rec], plain=True) == expected
+        assert plain_result(ok)
+    assert bytes(encode_body(body, floats=False)) == json_line(body)[:-1]
+    # UTF-8 cannot hold it: it stays an object, and its line is escaped as a whole, as before.
+    odd = {"content": "cut \ud83d here"}
+    assert encode_body(odd) is odd
+
+
+def test_a_journal_of_pre_encoded_bodies_reads_back_and_replays(tmp_path: Path) -> None:
+    paths = JobPaths(tmp_path)
+    bodies = [{"x": i, "text": f"t{i}", "lp": -1e-05 * i} for i in range(5)]
+    with JournalWriter(paths.journal) as j:
+        j.append(
+            [
+                result_record(
+                    Outcome(custom_id=f"r{i}", ok=True, status_code=200, body=encode_body(b)),
+                    i + 1,
+                    1,
+                )
+                for i, b in enumerate(bodies)
+            ]
+        )
+    assert [r["body"] for r in read_records(paths.journal)] == bodies
+    assert replay(paths).succeeded == 5
+
+
+def test_record_results_folds_outcomes_as_replaying_their_records_does(tmp_path: Path) -> None:
+    outcomes = [outcome("a"), outcome("b", ok=False), outcome("c"), outcome("b")]
+    outcomes[1].retryable = False
+    direct = JobState()
+    numbers = direct.record_results(outcomes[:3], 2, 1700000000.125)
+    numbers += direct.record_results(outcomes[3:], 2, 1700000001.5)
+    assert numbers == [1, 1, 1, 2]
+    replayed = JobState()
+    for o, n, t in zip(outcomes, numbers, [1700000000.125] * 3 + [1700000001.5], strict=True):
+        rec = result_record(o, 1, n, t)
+        rec["worker"] = 2
+        replayed.record(rec)
+    assert direct == replayed
+    # After a forced resume, an outcome for a line no longer in the input is not counted.
+    limited = JobState(current={"a"})
+    assert limited.record_results(outcomes[:2], 0, 1.0) == [1, 1]
+    assert limited.attempts == {"a": 1} and limited.per_worker == {"0": [1, 5, 1.0, 1.0]}
+
+
+# --- fsync in the background --------------------------------------------------------------
+
+
+class FsyncSpy:
+    def __init__(self, fail: bool = False) -> None:
+        self.calls = 0
+        self.fail = fail
+        self.real = os.fsync
+
+    def __call__(self, fd: int) -> None:
+        self.calls += 1
+        if self.fail:
+            raise OSError(5, "Input/output error")
+        self.real(fd)
+
+
+def wait_until(condition: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def test_fsync_runs_in_the_background_within_the_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = FsyncSpy()
+    monkeypatch.setattr(journal_module.os, "fsync", spy)
+    j = JournalWriter(tmp_path / "journal.jsonl", interval_s=0.05).open()
+    j.append([result_record(outcome("a"), 1, 1)])
+    assert spy.calls == 0  # append does not wait for the disk
+    assert wait_until(lambda: spy.calls == 1)  # nothing new: no more fsyncs
+    time.sleep(0.15)
+    assert spy.calls == 1
+    j.append([result_record(outcome("b"), 2, 1)])
+    assert wait_until(lambda: spy.calls == 2)
+    j.close()
+    assert spy.calls == 2  # everything was already synced
+
+
+def test_a_full_group_is_synced_at_once_and_close_syncs_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = FsyncSpy()
+    monkeypatch.setattr(journal_module.os, "fsync", spy)
+    j = JournalWriter(tmp_path / "journal.jsonl", group=3, interval_s=3600).open()
+    j.append([result_record(outcome("a"), 1, 1)])
+    time.sleep(0.1)
+    assert spy.calls == 0
+    j.append([result_record(outcome("b"), 2, 1), result_record(outcome("c"), 3, 1)])
+    assert wait_until(lambda: spy.calls == 1)
+    j.append([result_record(outcome("d"), 4, 1)])
+    j.close()  # a normal end (or a graceful stop) syncs before it returns
+    assert spy.calls == 2
+    assert [r["custom_id"] for r in read_records(tmp_path / "journal.jsonl")] == list("abcd")
+
+
+def test_a_failed_background_fsync_stops_the_next_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = FsyncSpy(fail=True)
+    monkeypatch.setattr(journal_module.os, "fsync", spy)
+    j = JournalWriter(tmp_path / "journal.jsonl", interval_s=0.01).open()
+    j.append([result_record(outcome("a"), 1, 1)])
+    assert wait_until(lambda: spy.calls == 1)
+    time.sleep(0.05)
+    with pytest.raises(BatchrunError, match="cannot sync the journal"):
+        j.append([result_record(outcome("b"), 2, 1)])
+    monkeypatch.setattr(journal_module.os, "fsync", spy.real)
+    j.close()

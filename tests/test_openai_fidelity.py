@@ -22,7 +22,7 @@ from batchrun.engines.echo import ECHO_DIMENSIONS, echo_vector
 from batchrun.engines.vllm.prompts import template_takes
 from batchrun.engines.vllm.tokens import TokenText, byte_decoder
 from batchrun.engines.vllm.tools import parse_tool_calls
-from batchrun.export.results import export_parquet
+from batchrun.export.job import export_parquet
 from batchrun.job.journal import JournalWriter, result_record
 from batchrun.openai.reader import read_input
 from batchrun.openai.records import CHAT, COMPLETIONS, EMBEDDINGS, LineError, Request

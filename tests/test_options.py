@@ -340,8 +340,8 @@ def test_status_of_a_file_says_it_is_a_file(tmp_path: Path) -> None:
 
 
 def test_every_engine_option_is_a_given_option() -> None:
-    from batchrun.cli import _ENGINE_OPTIONS
+    from batchrun.cli.options import ENGINE_OPTIONS
     from batchrun.config import GivenOptions
 
     fields = [f.name for f in dataclasses.fields(GivenOptions)]
-    assert sorted(o.name for o in _ENGINE_OPTIONS) == sorted(fields)
+    assert sorted(o.name for o in ENGINE_OPTIONS) == sorted(fields)

@@ -19,17 +19,12 @@ import pytest
 from conftest import chat_line, cli, read_jsonl, write_jsonl
 
 from batchrun.engines.echo import echo_text
+from batchrun.openai.fields import SEED_MAX, SEED_MIN
+from batchrun.openai.invalid import InvalidLine
 from batchrun.openai.reader import read_input
 from batchrun.openai.records import CHAT, COMPLETIONS, EMBEDDINGS, LineError, Request
-from batchrun.openai.validation import (
-    SEED_MAX,
-    SEED_MIN,
-    InvalidLine,
-    check_body,
-    check_custom_id,
-    find_lone_surrogate,
-    may_hold_lone_surrogate,
-)
+from batchrun.openai.text import find_lone_surrogate, may_hold_lone_surrogate
+from batchrun.openai.validation import check_body, check_custom_id
 
 # What every lone-surrogate message ends with, after "<field> contains a lone surrogate (\\uXXXX)".
 WHY = (

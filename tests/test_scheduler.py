@@ -8,9 +8,13 @@ The same behaviour through real worker processes and the CLI is in tests/test_po
 from __future__ import annotations
 
 import dataclasses
+import gc
+import json
 import math
+import pickle
 import queue
 from collections.abc import Iterator, Sequence
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -18,11 +22,12 @@ import pytest
 
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
-from batchrun.job.journal import JournalWriter, read_records
+from batchrun.job.journal import JournalWriter, encode_body, read_records
 from batchrun.job.state import JobState
 from batchrun.openai.records import CHAT, Outcome, Request
 from batchrun.openai.responses import failure
-from batchrun.run.scheduler import Scheduler
+from batchrun.run.scheduler import Scheduler, fewer_collections
+from batchrun.workers.child import GC_THRESHOLD
 from batchrun.workers.process import Worker, WorkerDeath
 
 
@@ -147,9 +152,9 @@ def test_a_poison_request_is_isolated_and_fails_alone(tmp_path: Path) -> None:
     assert bad["line"] == 14
     assert all(recs[0]["ok"] for cid, recs in by_id.items() if cid != "r13")
     assert stats.crashed == 1
-    # The first send holds window + prefetch = 24 requests: one death raised the suspicion, then
-    # at most ceil(log2(24)) more to corner the request.
-    held = 16 + 8
+    # The first send holds window + prefetch (as many again) = 32 requests: one death raised the
+    # suspicion, then at most ceil(log2(32)) more to corner the request.
+    held = 16 + 16
     assert FakeWorker.starts - 1 <= 1 + math.ceil(math.log2(held))
     found = [e for e in events.lines if "'r13' (line 14) on its own" in e]
     assert len(found) == 1 and "not retried; finding it took" in found[0]
@@ -282,3 +287,63 @@ def test_failed_outcomes_are_plain_outcomes_not_deaths(tmp_path: Path) -> None:
         FakeWorker.send = original  # type: ignore[method-assign]
     journal.close()
     assert stats.failed == 10 and stats.crashed == 0 and FakeWorker.starts == 1
+
+
+class WireWorker(FakeWorker):
+    """Answers as a real worker's messages arrive: pickled, each body pre-encoded (its JSON)."""
+
+    def send(self, requests: Sequence[Request]) -> None:
+        for r in requests:
+            self.inflight[r.custom_id] = r
+        outcomes = [
+            Outcome(
+                custom_id=r.custom_id, ok=True, status_code=200,
+                body=encode_body({"id": r.custom_id, "lp": [-1e-05 * r.line, 0.5], "n": r.line}),
+                prompt_tokens=1, completion_tokens=2, latency_s=[0.0, 5e-06, 0.25][r.line % 3],
+            )
+            for r in requests
+        ]  # fmt: skip
+        message = pickle.loads(bytes(ForkingPickler.dumps(("results", outcomes))))
+        self._inbox.put((self.index, self.generation, *message))
+
+
+def test_results_sent_as_json_are_journaled_byte_for_byte_as_json_writes_them(
+    tmp_path: Path,
+) -> None:
+    settings = EngineSettings(engine="echo", max_num_seqs=8, window=8)
+    journal = JournalWriter(tmp_path / "journal.jsonl").open()
+    state = JobState()
+    scheduler = Scheduler(settings, [{}], journal, state, Events(), WireWorker)
+    stats = scheduler.run(iter(requests(50)))
+    journal.close()
+    lines = (tmp_path / "journal.jsonl").read_bytes().splitlines(keepends=True)
+    assert len(lines) == 50 == stats.succeeded and stats.completion_tokens == 100
+    for line in lines:
+        rec = json.loads(line)
+        assert rec["body"]["id"] == rec["custom_id"] and rec["worker"] == 0
+        assert line == json.dumps(rec, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    assert b'"latency_s":5e-06,' in b"".join(lines)
+    assert state.succeeded == 50 and state.per_worker["0"][:2] == [50, 100]
+
+
+def test_the_collector_runs_less_often_while_the_scheduler_runs(tmp_path: Path) -> None:
+    before = gc.get_threshold()
+    seen: list[int] = []
+
+    class Probe(FakeWorker):
+        def send(self, requests: Sequence[Request]) -> None:
+            seen.append(gc.get_threshold()[0])
+            super().send(requests)
+
+    settings = EngineSettings(engine="echo", max_num_seqs=4, window=4)
+    journal = JournalWriter(tmp_path / "journal.jsonl").open()
+    Scheduler(settings, [{}], journal, JobState(), Events(), Probe).run(iter(requests(10)))
+    journal.close()
+    assert seen and set(seen) == {max(before[0], GC_THRESHOLD)}
+    assert gc.get_threshold() == before  # restored
+    gc.set_threshold(0)  # disabled by the program: left so
+    try:
+        with fewer_collections():
+            assert gc.get_threshold()[0] == 0
+    finally:
+        gc.set_threshold(*before)

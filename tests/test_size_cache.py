@@ -26,7 +26,7 @@ def test_a_back_off_lowers_the_cached_size_and_the_job_records_the_size_running(
     # An earlier job on this set-up found 256 (its probe ran 512 requests: a real measurement).
     first = cli(
         "submit", str(make_input(tmp_path, "a.jsonl", 600)), "--job-dir", str(tmp_path / "a"),
-        "--engine", "echo", "--no-progress",
+        "--engine", "echo", "--min-batch-size", "256", "--no-progress",
     )  # fmt: skip
     assert first.returncode == 0, first.stderr
     cache = isolated_cache / "batch_sizes.json"

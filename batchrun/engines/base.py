@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from batchrun.config import EngineSettings
+from batchrun.engines.registry import engine_spec
 from batchrun.openai.records import Outcome, Request
 
 
@@ -34,13 +35,7 @@ class Engine(Protocol):
 
 
 def create_engine(settings: EngineSettings) -> Engine:
-    """Start the engine that `settings.engine` names (imports vLLM only for the vllm engine)."""
-    if settings.engine == "echo":
-        from batchrun.engines.echo import EchoEngine
-
-        return EchoEngine(settings)
-    if settings.engine == "vllm":
-        from batchrun.engines.vllm.engine import VllmEngine
-
-        return VllmEngine(settings)
-    raise ValueError(f"unknown engine {settings.engine!r}")
+    """Start the engine that `settings.engine` names (see engines/registry.py); this imports the
+    engine's module (vLLM's only for the vllm engine). An unknown name is an OptionError."""
+    engine: Engine = engine_spec(settings.engine).factory()(settings)
+    return engine

@@ -25,16 +25,17 @@ environment, so failures are testable from the command line:
 from __future__ import annotations
 
 import hashlib
-import heapq
 import math
 import os
 import re
 import signal
 import struct
 import time
+from collections import deque
 from typing import Any
 
 from batchrun.config import EngineSettings
+from batchrun.openai.embeddings import embedding_inputs
 from batchrun.openai.records import CHAT, COMPLETIONS, EMBEDDINGS, Outcome, Request
 from batchrun.openai.responses import (
     Choice,
@@ -44,7 +45,6 @@ from batchrun.openai.responses import (
     response_model,
     success,
 )
-from batchrun.openai.validation import embedding_inputs
 
 # The size of the echo engine's embeddings.
 ECHO_DIMENSIONS = 8
@@ -111,9 +111,9 @@ class EchoEngine:
                 "CUDA out of memory. Tried to allocate 2.00 GiB (simulated by the echo engine: "
                 f"max_num_seqs {settings.max_num_seqs} > BATCHRUN_ECHO_OOM_ABOVE {self.oom_above})"
             )
-        # (due time, sequence, request, added time): a heap, so requests finish independently.
-        self._running: list[tuple[float, int, Request, float]] = []
-        self._seq = 0
+        # (added time, request), in the order added: every request takes the same delay, so they
+        # are also due in that order (a queue, not a heap).
+        self._running: deque[tuple[float, Request]] = deque()
 
     def add(self, request: Request) -> Outcome | None:
         """Queue a request; it finishes `BATCHRUN_ECHO_DELAY_MS` later."""
@@ -122,9 +122,7 @@ class EchoEngine:
         if request.custom_id in self.crash_on:
             # A poison request: the engine dies on it the way a native crash does, at once.
             os.kill(os.getpid(), signal.SIGKILL)
-        now = time.monotonic()
-        self._seq += 1
-        heapq.heappush(self._running, (now + self.delay_s, self._seq, request, now))
+        self._running.append((time.monotonic(), request))
         return None
 
     def step(self) -> list[Outcome]:
@@ -141,17 +139,19 @@ class EchoEngine:
                 f"{len(self._running)} sequences running > {self.oom_above})"
             )
         now = time.monotonic()
-        wait = self._running[0][0] - now
+        delay = self.delay_s
+        wait = self._running[0][0] + delay - now
         if wait > 0:
             # Cap the sleep so that the worker keeps reading new requests from its parent.
             time.sleep(min(wait, 0.01))
             now = time.monotonic()
         out: list[Outcome] = []
-        while self._running and self._running[0][0] <= now:
+        running, finish, due = self._running, self._finish, now - delay
+        while running and running[0][0] <= due:
             if self.crash_after is not None and self.produced >= self.crash_after:
                 break
-            _, _, request, added = heapq.heappop(self._running)
-            out.append(self._finish(request, now - added))
+            added, request = running.popleft()
+            out.append(finish(request, now - added))
         return out
 
     def _finish(self, request: Request, latency_s: float) -> Outcome:
@@ -167,19 +167,21 @@ class EchoEngine:
             )
         if request.url == EMBEDDINGS:
             return self._embed(request, latency_s)
+        body = request.body
         prompt = echo_text(request)
-        text, finish_reason = _limit(request, prompt)
-        n = request.body.get("n", 1)
+        prompt_words = len(prompt.split())
+        text, finish_reason = _limit(request, prompt, prompt_words)
+        n = body.get("n", 1)
         n = n if isinstance(n, int) and n > 0 else 1
-        tokens = max(1, len(text.split()))
-        prompt_tokens = max(1, len(prompt.split()))
+        tokens = max(1, prompt_words if text is prompt else len(text.split()))
+        prompt_tokens = max(1, prompt_words)
         logprobs = _echo_logprobs(request, text)
-        if request.url == COMPLETIONS and request.body.get("echo") is True:
+        if request.url == COMPLETIONS and body.get("echo") is True:
             text = prompt + text
-        choices = [
-            Choice(text=text, finish_reason=finish_reason, token_count=tokens, logprobs=logprobs)
-            for _ in range(n)
-        ]
+        choice = Choice(
+            text=text, finish_reason=finish_reason, token_count=tokens, logprobs=logprobs
+        )
+        choices = [choice] * n  # frozen: one object serves every copy
         return success(
             request,
             choices,
@@ -233,17 +235,26 @@ def echo_vector(item: str | list[int], size: int = ECHO_DIMENSIONS) -> list[floa
     return [struct.unpack("<f", struct.pack("<f", x / norm))[0] for x in raw]
 
 
-def _limit(request: Request, text: str) -> tuple[str, str]:
-    """The reply cut at the first stop sequence and at max_tokens words; its finish_reason."""
+def _limit(request: Request, text: str, words: int | None = None) -> tuple[str, str]:
+    """The reply cut at the first stop sequence and at max_tokens words; its finish_reason.
+
+    `words`: the number of words of `text`, when known. Uncut, `text` itself comes back.
+    """
     body = request.body
     stop = body.get("stop")
-    for s in [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []:
-        if isinstance(s, str) and s and s in text:
-            text = text[: text.index(s)]
+    if stop is not None:
+        for s in [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []:
+            if isinstance(s, str) and s and s in text:
+                text = text[: text.index(s)]
+                words = None
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
-    words = _WORDS.findall(text)
-    if isinstance(limit, int) and 0 < limit < len(words):
-        return "".join(words[:limit]), "length"
+    # Counting words is cheap; splitting into them (keeping the spaces between) is not.
+    if (
+        isinstance(limit, int)
+        and limit > 0
+        and (len(text.split()) if words is None else words) > limit
+    ):
+        return "".join(_WORDS.findall(text)[:limit]), "length"
     return text, "stop"
 
 

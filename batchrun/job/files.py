@@ -1,34 +1,58 @@
-"""Atomic state files: a crash leaves the old file or the new one, never a mix."""
+"""Atomic file writes: a crash leaves the old file or the new one, never a mix."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from batchrun.errors import BatchrunError
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON so that a crash leaves either the old file or the new one, never a mix."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    payload = json.dumps(data, indent=2, ensure_ascii=False).encode("utf-8") + b"\n"
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object], *, advice: str = "") -> None:
+    """Write `path` through a temp file in its directory, fsync'd and renamed over it: readers
+    (and a crash) see the old file or the new one. `write` fills the file.
+
+    An OSError is a BatchrunError naming `path`, with `advice` (what to do) when given.
+    """
+    tmp: str | None = None
     try:
-        with open(tmp, "wb") as f:
-            f.write(payload)
+        tmp = str(path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"))
+        # Not mkstemp: its 0600 mode would make the file unreadable to the user's group; 0666
+        # here is narrowed by the umask, like any file the user creates.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        tmp = None
         fsync_dir(path.parent)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise BatchrunError(f"cannot write {path}: {e.strerror or e}") from e
+        message = f"cannot write {path}: {e.strerror or e}"
+        raise BatchrunError(f"{message}; {advice}" if advice else message) from e
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON so that a crash leaves either the old file or the new one, never a mix."""
+    payload = json.dumps(data, indent=2, ensure_ascii=False).encode("utf-8") + b"\n"
+    atomic_write(path, lambda f: f.write(payload))
 
 
 def fsync_dir(path: Path) -> None:
-    """Make a rename in `path` durable."""
-    fd = os.open(path, os.O_RDONLY)
+    """Make a rename in `path` durable (where a directory can be opened: not on every platform)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
     try:
         os.fsync(fd)
     finally:

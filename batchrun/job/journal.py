@@ -1,8 +1,9 @@
 """The append-only journal: the job's checkpoint, one JSON line per finished attempt.
 
 Each record is written to the file as soon as it arrives (so a killed process loses nothing the
-kernel already has) and fsync'd in groups (so a power cut loses at most one group). On open, a
-torn last line left by a crash mid-write is cut off.
+kernel already has) and fsync'd by a background thread within about a second (so a power cut
+loses at most that); closing fsyncs the rest. On open, a torn last line left by a crash
+mid-write is cut off.
 
 Record shapes (one JSON object a line):
 
@@ -16,28 +17,60 @@ Record shapes (one JSON object a line):
 from __future__ import annotations
 
 import json
+import math
 import os
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
+
+import msgspec
 
 from batchrun.errors import BatchrunError
 from batchrun.openai.records import LineError, Outcome
 
 JOURNAL_NAME = "journal.jsonl"
 
-# Built once: json.dumps with options builds a new encoder on every call.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+# The fast encoder: msgspec writes compact JSON in UTF-8, with the same bytes as the json encoders
+# below for everything but some floats (see `_may_differ`) and NaN/Infinity (null, where json
+# writes the non-JSON NaN and Infinity).
+_FAST = msgspec.json.Encoder()
+
+
+def _raw_value(obj: Any) -> Any:
+    """For json: a pre-encoded value (a worker's response body, see `encode_body`), decoded."""
+    if isinstance(obj, msgspec.Raw):
+        return json.loads(bytes(obj))
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
+# The exact encoders, for what msgspec may write differently, and built once (json.dumps with
+# options builds a new encoder on every call).
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_raw_value)
 # For the rare record that UTF-8 cannot hold (a lone surrogate in a model's text, an error
 # message or an old journal's custom_id): every non-ASCII character becomes a \uXXXX escape,
 # which is still valid JSON and reads back as the same string.
-_ASCII_ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"))
+_ASCII_ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), default=_raw_value)
+
+# Digits to 0, and what can end a number in a document to a comma (see `_may_differ`).
+_NUMBER_SHAPES = bytes.maketrans(b"123456789]}\n", b"000000000,,,")
 
 
-def encode_record(record: dict[str, Any]) -> bytes:
-    """One journal line: the record as compact JSON in UTF-8, with its newline."""
+def _may_differ(data: bytes) -> bool:
+    """Whether msgspec may have written a number of `data` (a JSON object, or lines of them)
+    other than json does: json's float repr switches to an exponent below 1e-4 and from 1e16
+    (`1e-05`, `1e+16`), msgspec's later and without the padding (`0.00001`, `1e-7`, `1e16`).
+    Every such number holds "0.0000" or, digits read as 0, "0e-", "0e00," or "0e000,"; text
+    may too (the price is only the slow path)."""
+    if b"0.0000" in data:
+        return True
+    shapes = data.translate(_NUMBER_SHAPES)
+    return b"0e-" in shapes or b"0e00," in shapes or b"0e000," in shapes
+
+
+def _encode_exact(record: Any) -> bytes:
     try:
         return _ENCODER.encode(record).encode("utf-8") + b"\n"
     except UnicodeEncodeError:
@@ -46,8 +79,90 @@ def encode_record(record: dict[str, Any]) -> bytes:
         return _ASCII_ENCODER.encode(record).encode("ascii") + b"\n"
 
 
-def result_record(outcome: Outcome, line: int, attempt: int) -> dict[str, Any]:
-    """The journal record of one attempt."""
+def encode_record(record: dict[str, Any]) -> bytes:
+    """One journal line: the record as compact JSON in UTF-8, with its newline.
+
+    The bytes are json's (`ensure_ascii=False`, compact separators), written by msgspec when that
+    gives the same; a record UTF-8 cannot hold is written with \\u escapes.
+    """
+    try:
+        data = _FAST.encode(record)
+    except Exception:  # a lone surrogate; a type only json takes (or neither: json says so)
+        return _encode_exact(record)
+    if _may_differ(data):
+        return _encode_exact(record)
+    return data + b"\n"
+
+
+def encode_records(records: Sequence[dict[str, Any]], *, plain: bool = False) -> bytes:
+    """Journal lines for `records`, as `encode_record` writes each, in one go.
+
+    `plain`: the caller vouches that every float in the records is one msgspec writes as json
+    does (0, or between 1e-4 and 1e16 in size; pre-encoded bodies are checked by `encode_body`),
+    which saves the scan for the others.
+    """
+    try:
+        data = _FAST.encode_lines(records)
+    except Exception:
+        return b"".join(map(encode_record, records))
+    if not plain and _may_differ(data):
+        return b"".join(map(encode_record, records))
+    return data
+
+
+def plain_float(value: float) -> bool:
+    """Whether msgspec writes `value` as json does (see `encode_records`)."""
+    return value == 0 or 1e-4 <= abs(value) < 1e16
+
+
+def exact_float(value: float) -> float | msgspec.Raw:
+    """`value`, or, where msgspec would write it other than json does, json's bytes for it: a
+    record that holds it is `plain` (see `encode_records`)."""
+    if plain_float(value):
+        return value
+    # json writes a finite float as its repr (NaN and infinities by name).
+    return msgspec.Raw(repr(value) if math.isfinite(value) else _ENCODER.encode(value))
+
+
+def encode_body(body: dict[str, Any], *, floats: bool = True) -> dict[str, Any] | msgspec.Raw:
+    """A response body as its JSON, exactly as the journal writes it, for a worker to send
+    instead of the object: the parent writes those bytes as they are (no pickling of the object
+    on the way, no encoding in the one process every result goes through).
+
+    `floats=False`: the caller knows the body holds none, which saves checking how they were
+    written. A body UTF-8 cannot hold (a lone surrogate) stays an object: its journal line is
+    written with escapes, all of it.
+    """
+    try:
+        data = _FAST.encode(body)
+    except Exception:
+        return body
+    if floats and _may_differ(data):
+        try:
+            data = _ENCODER.encode(body).encode("utf-8")
+        except Exception:
+            return body
+    return msgspec.Raw(data)
+
+
+def plain_result(outcome: Outcome) -> bool:
+    """Whether the result record of `outcome` holds no float msgspec may write other than json
+    does (see `encode_records`), its latency aside (see `exact_float`): its body pre-encoded (or
+    none), its error text, its token counts integers."""
+    body, error = outcome.body, outcome.error
+    return (
+        (body is None or type(body) is msgspec.Raw)
+        and (error is None or all(type(v) is str for v in error.values()))
+        and type(outcome.prompt_tokens) is int
+        and type(outcome.completion_tokens) is int
+    )
+
+
+def result_record(
+    outcome: Outcome, line: int, attempt: int, now: float | None = None
+) -> dict[str, Any]:
+    """The journal record of one attempt, finished at `now` (as written: `time.time()` to the
+    millisecond; by default, now)."""
     return {
         "kind": "result",
         "custom_id": outcome.custom_id,
@@ -61,7 +176,7 @@ def result_record(outcome: Outcome, line: int, attempt: int) -> dict[str, Any]:
         "prompt_tokens": outcome.prompt_tokens,
         "completion_tokens": outcome.completion_tokens,
         "latency_s": round(outcome.latency_s, 6),
-        "time": round(time.time(), 3),
+        "time": round(time.time(), 3) if now is None else now,
     }
 
 
@@ -135,14 +250,27 @@ def read_records(path: Path, *, strict: bool = True) -> Iterator[dict[str, Any]]
 
 @dataclass
 class JournalWriter:
-    """Appends records to the journal: written at once, fsync'd every `group` records or `interval`."""
+    """Appends records to the journal: each written at once, fsync'd in the background.
+
+    Every append reaches the kernel before it returns (a killed process loses nothing), in one
+    system call. fsync, which only a power cut needs, runs in a thread of its own (it releases the
+    GIL): `interval_s` after the first write it has not covered, or at once when `group` records
+    wait. A power cut loses at most that: about `interval_s` of results, or `group` records.
+    `sync` and `close` fsync everything written before they return.
+    """
 
     path: Path
-    group: int = 256
+    group: int = 1 << 16
     interval_s: float = 1.0
     _f: BinaryIO | None = field(default=None, init=False)
+    # Written and not yet covered by an fsync (one in flight covers what was written before it).
     _unsynced: int = field(default=0, init=False)
-    _last_sync: float = field(default=0.0, init=False)
+    _dirty_since: float | None = field(default=None, init=False)
+    _urgent: bool = field(default=False, init=False)
+    _closing: bool = field(default=False, init=False)
+    _error: OSError | None = field(default=None, init=False)
+    _cond: threading.Condition = field(default_factory=threading.Condition, init=False)
+    _syncer: threading.Thread | None = field(default=None, init=False)
 
     def open(self) -> JournalWriter:
         """Repair a torn tail and open for appending."""
@@ -152,15 +280,25 @@ class JournalWriter:
             self._f = open(self.path, "ab", buffering=0)  # noqa: SIM115
         except OSError as e:  # a read-only or full job directory: one line, not a traceback
             raise BatchrunError(f"cannot open the journal {self.path}: {e.strerror or e}") from e
-        self._last_sync = time.monotonic()
+        self._closing = False
         return self
 
-    def append(self, records: Iterable[dict[str, Any]]) -> None:
-        """Write records in one system call; fsync when the group is full or old enough."""
+    def append(self, records: Iterable[dict[str, Any]], *, plain: bool = False) -> None:
+        """Write records in one system call; the background thread fsyncs them soon.
+
+        `plain`: see `encode_records`.
+        """
         assert self._f is not None, "journal not open"
-        data = b"".join(map(encode_record, records))
-        if not data:
+        if not isinstance(records, Sequence):
+            records = list(records)
+        if not records:
             return
+        self._write(encode_records(records, plain=plain), len(records))
+
+    def _write(self, data: bytes, count: int) -> None:
+        """Write `count` encoded journal lines in one system call (see `append`)."""
+        assert self._f is not None, "journal not open"
+        self._raise_sync_error()
         try:
             view = memoryview(data)
             while view:
@@ -168,27 +306,86 @@ class JournalWriter:
                 view = view[n or 0 :]
         except OSError as e:
             raise BatchrunError(f"cannot write the journal {self.path}: {e.strerror or e}") from e
-        self._unsynced += data.count(b"\n")
-        now = time.monotonic()
-        if self._unsynced >= self.group or now - self._last_sync >= self.interval_s:
-            self.sync()
+        cond = self._cond
+        with cond:
+            self._unsynced += count
+            wake = False
+            if self._dirty_since is None:
+                self._dirty_since = time.monotonic()
+                wake = True
+            if self._unsynced >= self.group and not self._urgent:
+                self._urgent = wake = True
+            if self._syncer is None:
+                self._syncer = threading.Thread(
+                    target=self._sync_loop, name="batchrun-journal-fsync", daemon=True
+                )
+                self._syncer.start()
+            elif wake:
+                cond.notify()
+
+    def _sync_loop(self) -> None:
+        """The background fsync: what was written, `interval_s` after the first of it (or at once
+        when `group` records wait), until the writer closes."""
+        cond = self._cond
+        with cond:
+            while not self._closing:
+                since = self._dirty_since
+                if since is None:
+                    cond.wait()
+                    continue
+                wait = since + self.interval_s - time.monotonic()
+                if wait > 0 and not self._urgent:
+                    cond.wait(wait)
+                    continue
+                f = self._f
+                self._unsynced, self._dirty_since, self._urgent = 0, None, False
+                if f is None:
+                    continue
+                error: OSError | None = None
+                cond.release()
+                try:
+                    os.fsync(f.fileno())
+                except (OSError, ValueError) as e:  # ValueError: closed under us
+                    error = e if isinstance(e, OSError) else OSError(str(e))
+                finally:
+                    cond.acquire()
+                if error is not None:
+                    self._error = self._error or error
+                    return
+
+    def _raise_sync_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise BatchrunError(
+                f"cannot sync the journal {self.path}: {error.strerror or error}"
+            ) from error
 
     def sync(self) -> None:
-        """Flush what was written to stable storage."""
-        if self._f is None or self._unsynced == 0:
+        """Flush everything written so far to stable storage, here and now."""
+        self._raise_sync_error()
+        if self._f is None:
             return
+        with self._cond:
+            if self._unsynced == 0:
+                return
+            self._unsynced, self._dirty_since, self._urgent = 0, None, False
         try:
             os.fsync(self._f.fileno())
         except OSError as e:
             raise BatchrunError(f"cannot sync the journal {self.path}: {e.strerror or e}") from e
-        self._unsynced = 0
-        self._last_sync = time.monotonic()
 
     def close(self) -> None:
         """Sync and close."""
         if self._f is None:
             return
         try:
+            syncer = self._syncer
+            if syncer is not None:
+                with self._cond:
+                    self._closing = True
+                    self._cond.notify()
+                syncer.join()  # an fsync in flight finishes first
+                self._syncer = None
             self.sync()
         finally:
             self._f.close()

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from batchrun.job.inputmap import load_input_map
 from batchrun.job.journal import read_records
 from batchrun.job.paths import JobPaths
-from batchrun.openai.records import Request
+from batchrun.openai.records import Outcome, Request
 
 # A request's state, derived from its last journal record.
 OK, FAILED_RETRYABLE, FAILED_FINAL = 0, 1, 2
@@ -86,6 +86,46 @@ class JobState:
                 stats[1] += tokens
                 stats[2] = min(stats[2], t)
                 stats[3] = max(stats[3], t)
+
+    def record_results(self, outcomes: Sequence[Outcome], worker: int, t: float) -> list[int]:
+        """Fold in the results of attempts as `record` folds their journal records (all from
+        worker `worker`, at time `t`), without building the records; return their attempt
+        numbers."""
+        attempts, last, current = self.attempts, self.last, self.current
+        numbers: list[int] = []
+        counted = prompt_tokens = tokens = 0
+        for outcome in outcomes:
+            cid = outcome.custom_id
+            attempt = attempts.get(cid, 0) + 1
+            numbers.append(attempt)
+            if current is not None and cid not in current:
+                continue  # its line left the input file: no longer part of the job
+            attempts[cid] = attempt
+            if outcome.ok:
+                last[cid] = OK
+            else:
+                last[cid] = FAILED_RETRYABLE if outcome.retryable else FAILED_FINAL
+            prompt_tokens += int(outcome.prompt_tokens or 0)
+            tokens += int(outcome.completion_tokens or 0)
+            counted += 1
+        if not counted:
+            return numbers
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += tokens
+        if self.first_time is None or t < self.first_time:
+            self.first_time = t
+        if self.last_time is None or t > self.last_time:
+            self.last_time = t
+        key = str(worker)
+        stats = self.per_worker.get(key)
+        if stats is None:
+            self.per_worker[key] = [counted, tokens, t, t]
+        else:
+            stats[0] += counted
+            stats[1] += tokens
+            stats[2] = min(stats[2], t)
+            stats[3] = max(stats[3], t)
+        return numbers
 
 
 def replay(paths: JobPaths, manifest: dict[str, Any] | None = None) -> JobState:

@@ -10,10 +10,11 @@ here, once, for every engine.
 from __future__ import annotations
 
 import base64
+import itertools
 import math
+import os
 import struct
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,27 @@ from batchrun.openai.records import CHAT, Outcome, Request
 
 # OpenAI's stand-in for a logprob too small to show (and JSON has no -Infinity).
 MIN_LOGPROB = -9999.0
+
+
+def _reseed_ids() -> None:
+    """A fresh random start for response ids: per process (a forked child included)."""
+    global _id_base, _id_counter
+    _id_base = int.from_bytes(os.urandom(16), "big")
+    _id_counter = itertools.count()
+
+
+_ID_MASK = (1 << 128) - 1
+_id_base = 0
+_id_counter = itertools.count()
+_reseed_ids()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reseed_ids)
+
+
+def response_id() -> str:
+    """32 hex digits that identify a response, like a uuid4's hex, but cheaper: a random 128-bit
+    start per process, plus a counter."""
+    return f"{(_id_base + next(_id_counter)) & _ID_MASK:032x}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +87,9 @@ def success(
     latency_s: float,
 ) -> Outcome:
     """A successful outcome whose body is a ChatCompletion or Completion object."""
-    completion_tokens = sum(c.token_count for c in choices)
+    completion_tokens = (
+        choices[0].token_count if len(choices) == 1 else sum([c.token_count for c in choices])
+    )
     created = int(time.time())
     usage = {
         "prompt_tokens": prompt_tokens,
@@ -75,7 +99,7 @@ def success(
     body: dict[str, Any]
     if request.url == CHAT:
         body = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "id": f"chatcmpl-{response_id()}",
             "object": "chat.completion",
             "created": created,
             "model": model,
@@ -87,7 +111,7 @@ def success(
             body["metadata"] = metadata  # ChatCompletion carries the request's metadata back
     else:
         body = {
-            "id": f"cmpl-{uuid.uuid4().hex}",
+            "id": f"cmpl-{response_id()}",
             "object": "text_completion",
             "created": created,
             "model": model,
@@ -111,6 +135,26 @@ def success(
         completion_tokens=completion_tokens,
         latency_s=latency_s,
     )
+
+
+# The bodies `success` builds, whose values are text and integers but for logprobs, tool calls
+# and metadata.
+_TEXT_OBJECTS = frozenset(("chat.completion", "text_completion"))
+
+
+def holds_no_float(body: dict[str, Any]) -> bool:
+    """Whether a body `success` built holds no float at all: no logprobs, tool calls or request
+    metadata. (Its JSON then needs no check for floats that encoders write differently; see
+    journal.encode_body.)"""
+    if body.get("object") not in _TEXT_OBJECTS or "metadata" in body:
+        return False
+    for choice in body["choices"]:
+        if choice["logprobs"] is not None:
+            return False
+        message = choice.get("message")
+        if message is not None and "tool_calls" in message:
+            return False
+    return True
 
 
 def embedding_success(

@@ -1,8 +1,9 @@
 """Pending work -> engine workers -> journal, with no batch barriers.
 
-Each worker is kept topped up with its window of requests plus a little prefetch; every outcome is
-journaled the moment it arrives. When a worker dies, a fresh one starts and nothing finished is
-lost. What happens to the requests the dead worker held depends on why it died:
+Each worker is kept topped up with its window of requests plus as many again queued (at most
+`MAX_PREFETCH`); every outcome is journaled the moment it arrives. When a worker dies, a fresh one
+starts and nothing finished is lost. What happens to the requests the dead worker held depends on
+why it died:
 
 - out of memory: they go back to the front of the pending queue (not counted as an attempt) and
   the fresh worker runs half the batch size;
@@ -16,7 +17,11 @@ after request with none finishing in between (the engine, not the input, is brok
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
+import itertools
+import operator
 import queue
 import time
 from collections import deque
@@ -28,17 +33,44 @@ from typing import Any, Protocol
 from batchrun.config import EngineSettings
 from batchrun.console.text import command, plural
 from batchrun.errors import BatchrunError
-from batchrun.job.journal import JournalWriter, result_record
+from batchrun.job.journal import JournalWriter, exact_float, plain_result, result_record
 from batchrun.job.state import JobState
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.poison import ENGINE_CRASH, Isolator, crash_outcome, restarts_bound
 from batchrun.run.sizing import back_off
+from batchrun.workers.child import GC_THRESHOLD
 from batchrun.workers.process import Worker, WorkerDeath
 
 # A worker that dies this many times in a row holding no request and finishing none is given up on.
 MAX_DEATHS_WITHOUT_PROGRESS = 3
 # The most custom_ids written to a worker's log at its death (the rest are counted).
 LOGGED_IDS = 200
+
+_OK = operator.attrgetter("ok")
+_PROMPT_TOKENS = operator.attrgetter("prompt_tokens")
+_COMPLETION_TOKENS = operator.attrgetter("completion_tokens")
+
+# Requests a worker holds beyond its window, queued in the worker for the moment one finishes:
+# as many again (at most this many), so that a worker whose results the parent is still
+# journaling always has work in hand. Isolating a poison request costs log2 of what it held.
+MAX_PREFETCH = 2048
+
+
+@contextlib.contextmanager
+def fewer_collections() -> Iterator[None]:
+    """Collect the first generation every GC_THRESHOLD allocations meanwhile (unless disabled)."""
+    old = gc.get_threshold()
+    if 0 < old[0] < GC_THRESHOLD:
+        gc.set_threshold(GC_THRESHOLD, *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
+def held_at_most(window: int) -> int:
+    """The most requests a worker with this window holds at once: the window plus prefetch."""
+    return window + min(MAX_PREFETCH, max(4, window))
 
 
 class Reporter(Protocol):
@@ -143,6 +175,10 @@ class Scheduler:
         With `stop_on_oom`, an out-of-memory death ends the run (stats.oom) instead of backing off,
         so that the caller's batch-size search can decide what to try next.
         """
+        with fewer_collections():
+            return self._run(source, limit, stop_on_oom)
+
+    def _run(self, source: Iterator[Request], limit: int | None, stop_on_oom: bool) -> RunStats:
         stats = RunStats()
         if not self.pending:
             # Nothing to do (a finished job resumed, say): do not start an engine for it.
@@ -167,7 +203,7 @@ class Scheduler:
                     busy_since = time.monotonic()
                 if self._isolating(w):
                     continue
-                room = w.settings.window + max(4, w.settings.window // 2) - len(w.inflight)
+                room = held_at_most(w.settings.window) - len(w.inflight)
                 if limit is not None:
                     room = min(room, limit - taken)
                 if room <= 0:
@@ -175,11 +211,11 @@ class Scheduler:
                 batch: list[Request] = []
                 while len(batch) < room and self.pending:
                     batch.append(self.pending.popleft())
-                while len(batch) < room and not exhausted:
-                    try:
-                        batch.append(next(source))
-                    except StopIteration:
-                        exhausted = True
+                if len(batch) < room and not exhausted:
+                    want = room - len(batch)
+                    got = list(itertools.islice(source, want))  # one C loop, not one per request
+                    exhausted = len(got) < want
+                    batch += got
                 if batch:
                     taken += len(batch)
                     w.send(batch)
@@ -221,15 +257,15 @@ class Scheduler:
             return
         records: list[dict[str, Any]] = []
         outcomes: list[Outcome] = []
+        plain = True
         while True:
             index, generation, kind, payload = item
             w = self.workers[index]
             if generation == w.generation and w.process is not None:
                 pairs = w.handle(kind, payload)
-                self.isolator.on_success(len(pairs))
-                for outcome, request in pairs:
-                    records.append(self._record(outcome, request, index))
-                    outcomes.append(outcome)
+                if pairs:
+                    self.isolator.on_success(len(pairs))
+                    plain = self._records(pairs, index, records, outcomes) and plain
                 if kind == "ready":
                     self.on_ready(w)
                     self.reporter.event(
@@ -238,40 +274,66 @@ class Scheduler:
                     )
                 if kind == "eof":
                     # Journal what the worker finished before it died, then deal with the death.
-                    self._journal(records, outcomes, stats)
-                    records, outcomes = [], []
-                    for outcome, request in self._on_death(w, stats, stop_on_oom):
-                        records.append(self._record(outcome, request, index))
-                        outcomes.append(outcome)
-                        stats.crashed += 1
+                    self._journal(records, outcomes, stats, plain)
+                    records, outcomes, plain = [], [], True
+                    crashed = self._on_death(w, stats, stop_on_oom)
+                    plain = self._records(crashed, index, records, outcomes)
+                    stats.crashed += len(crashed)
             try:
                 item = self.inbox.get_nowait()
             except queue.Empty:
                 break
-        self._journal(records, outcomes, stats)
+        self._journal(records, outcomes, stats, plain)
+
+    def _records(
+        self,
+        pairs: Sequence[tuple[Outcome, Request]],
+        index: int,
+        records: list[dict[str, Any]],
+        outcomes: list[Outcome],
+    ) -> bool:
+        """Count worker `index`'s outcomes in the job's state; add them and their journal records
+        to `outcomes` and `records`. Return whether they are `plain` (see journal.encode_records)."""
+        if not pairs:
+            return True
+        now = round(time.time(), 3)
+        done = [outcome for outcome, _ in pairs]
+        attempts = self.state.record_results(done, index, now)
+        plain = True
+        for (outcome, request), attempt in zip(pairs, attempts, strict=True):
+            rec = result_record(outcome, request.line, attempt, now)
+            rec["worker"] = index
+            latency = rec["latency_s"]
+            if not (latency == 0 or 1e-4 <= latency < 1e16):  # journal.plain_float, inline
+                rec["latency_s"] = exact_float(latency)
+            records.append(rec)
+            if plain:
+                plain = plain_result(outcome)
+        outcomes += done
+        return plain
 
     def _record(self, outcome: Outcome, request: Request, index: int) -> dict[str, Any]:
-        """The journal record of an outcome, counted in the job's state."""
-        attempt = self.state.attempts.get(outcome.custom_id, 0) + 1
-        rec = result_record(outcome, request.line, attempt)
-        rec["worker"] = index
-        self.state.record(rec)
-        return rec
+        """The journal record of one outcome, counted in the job's state."""
+        records: list[dict[str, Any]] = []
+        self._records([(outcome, request)], index, records, [])
+        return records[0]
 
     def _journal(
-        self, records: list[dict[str, Any]], outcomes: list[Outcome], stats: RunStats
+        self,
+        records: list[dict[str, Any]],
+        outcomes: list[Outcome],
+        stats: RunStats,
+        plain: bool = False,
     ) -> None:
         if not records:
             return
-        self.journal.append(records)
-        for o in outcomes:
-            stats.outcomes += 1
-            if o.ok:
-                stats.succeeded += 1
-            else:
-                stats.failed += 1
-            stats.prompt_tokens += o.prompt_tokens
-            stats.completion_tokens += o.completion_tokens
+        self.journal.append(records, plain=plain)
+        succeeded = sum(map(_OK, outcomes))
+        stats.outcomes += len(outcomes)
+        stats.succeeded += succeeded
+        stats.failed += len(outcomes) - succeeded
+        stats.prompt_tokens += sum(map(_PROMPT_TOKENS, outcomes))
+        stats.completion_tokens += sum(map(_COMPLETION_TOKENS, outcomes))
         self.reporter.advance(outcomes)
 
     def on_ready(self, w: Worker) -> None:

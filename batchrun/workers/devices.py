@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 
+from batchrun.engines.registry import engine_spec
 from batchrun.errors import BatchrunError
 
 
@@ -52,10 +53,11 @@ def worker_envs(
 ) -> list[dict[str, str]]:
     """The environment of each worker: one per group of `tensor_parallel_size` GPUs.
 
-    The echo engine needs no GPU: it starts `workers` workers (default 1). The vLLM engine on a
-    machine with no GPU starts `workers` workers (default 1) on the CPU, sharing its cores.
+    An engine that uses no GPU (echo; see engines/registry.py) starts `workers` workers (default
+    1). One that does (vLLM), on a machine with no GPU, starts `workers` workers (default 1) on
+    the CPU, sharing its cores.
     """
-    if engine == "echo":
+    if not engine_spec(engine).uses_gpus:
         return [{} for _ in range(workers or 1)]
     ids = gpus if gpus is not None else visible_gpus()
     if not ids:

@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import multiprocessing as mp
 import multiprocessing.util  # registers its exit handler now, so that ours runs before it
+import operator
 import os
 import queue
 import signal
@@ -22,6 +23,7 @@ from batchrun.run.poison import Suspects
 from batchrun.workers.child import worker_main
 
 _QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
+_CUSTOM_ID = operator.attrgetter("custom_id")
 
 
 @dataclass
@@ -109,11 +111,10 @@ class Worker:
     def send(self, requests: Sequence[Request]) -> None:
         """Hand requests to the worker; they count as in flight until their outcome comes back."""
         assert self.conn is not None
-        for r in requests:
-            self.inflight[r.custom_id] = r
+        self.inflight.update(zip(map(_CUSTOM_ID, requests), requests, strict=True))
         # A dead worker's death is noticed through its pipe's end-of-file, not here.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):
-            self.conn.send(("add", list(requests)))
+            self.conn.send(("add", requests if type(requests) is list else list(requests)))
 
     def handle(self, kind: str, payload: Any) -> list[tuple[Outcome, Request]]:
         """Apply one message from the worker; return the outcomes it carried with their requests."""

@@ -7,7 +7,7 @@ from typing import Any
 
 from batchrun.engines.vllm.errors import BadRequest
 from batchrun.engines.vllm.params import int_field
-from batchrun.openai.validation import embedding_inputs
+from batchrun.openai.embeddings import embedding_inputs
 
 
 def embedding_prompts(

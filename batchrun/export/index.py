@@ -1,0 +1,362 @@
+"""The journal index: per request (and invalid input line), where its last record is and how it
+ended, in input-line order; and reading those records back.
+
+The journal holds one record per attempt; export reports each request's last attempt. To keep
+memory bounded for millions of records, the index keeps only a few integers per request (the
+byte offset of its last record, its line, attempts, status), never a body; the writers then read
+the chosen records back by offset, in input-line order.
+
+Records are read with msgspec, which decodes only the fields asked for (the body stays raw
+bytes); a record it refuses (NaN, a lone surrogate escape: old journals) is read with json, as
+it always was.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import sys
+from array import array
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import msgspec
+
+from batchrun.errors import BatchrunError
+from batchrun.job.inputmap import InputMap
+from batchrun.job.state import FAILED_FINAL, FAILED_RETRYABLE, OK
+
+# A request's status in the index: how its last attempt ended, as job/state.py says (OK,
+# FAILED_RETRYABLE, FAILED_FINAL), or one of export's own: INVALID, an input line that failed
+# validation; PENDING, a request of a forced resume's input map with no finished attempt, never
+# written out.
+INVALID, PENDING = 3, 4
+FAILED = (FAILED_RETRYABLE, FAILED_FINAL)
+REPORTED = (OK, *FAILED, INVALID)  # every status but PENDING: the rows of the results
+STATUS_NAMES = {
+    OK: "succeeded",
+    FAILED_RETRYABLE: "failed",
+    FAILED_FINAL: "failed",
+    INVALID: "invalid",
+}
+
+
+class Entry(NamedTuple):
+    """One request (or invalid input line): where its last journal record is, and how it ended."""
+
+    offset: int
+    line: int
+    attempts: int
+    status: int  # OK, FAILED_RETRYABLE, FAILED_FINAL, INVALID or PENDING
+
+
+@dataclass
+class JournalIndex:
+    """Per request, the last journal record's offset; iterates in input-line order."""
+
+    path: Path
+    # Parallel arrays, not one object per request: a few bytes each instead of ~100.
+    offsets: array[int]
+    lines: array[int]
+    attempts: array[int]
+    statuses: array[int]
+    # Hash of the journal's first request record: the same for every export of one job,
+    # different between jobs, so derived ids are stable on re-export yet unlikely to collide.
+    job_salt: bytes
+    # What the succeeded bodies hold beyond text, so the Parquet schema gains only the columns
+    # that have data: any first choice with logprobs, and the sizes of the embeddings seen.
+    has_logprobs: bool = False
+    embedding_dims: set[int] = field(default_factory=set)
+    _order: array[int] | None = field(default=None, init=False, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __iter__(self) -> Iterator[Entry]:
+        for i in self.order():
+            yield Entry(self.offsets[i], self.lines[i], self.attempts[i], self.statuses[i])
+
+    def order(self) -> array[int]:
+        """The positions of the entries in the arrays, by line."""
+        if self._order is None or len(self._order) != len(self.lines):
+            self._order = array("q", sorted(range(len(self.lines)), key=self.lines.__getitem__))
+        return self._order
+
+    def count(self, *statuses: int) -> int:
+        """How many requests ended with one of `statuses`."""
+        return sum(self.statuses.count(s) for s in statuses)
+
+
+class _IndexRecord(msgspec.Struct):
+    """What the index reads of a journal record; the rest (the body) is skipped.
+
+    Untyped fields (Any) hold what json would read: the index checks them as it always did."""
+
+    kind: Any
+    line: Any = msgspec.UNSET
+    custom_id: Any = msgspec.UNSET
+    ok: Any = msgspec.UNSET
+    retryable: Any = None
+    generation: Any = None
+
+
+class _Choice(msgspec.Struct):
+    logprobs: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class _Item(msgspec.Struct):
+    embedding: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class _Body(msgspec.Struct):
+    """What the Parquet schema needs to know of a succeeded body: its shape, values unread."""
+
+    choices: list[_Choice] | None = None
+    data: list[_Item] | None = None  # an embeddings body's
+
+
+class _ShapedRecord(_IndexRecord):
+    """`_IndexRecord`, and the shape of the body. (A body of another shape: read by json.)"""
+
+    body: _Body | None = None
+
+
+_INDEX_DECODER = msgspec.json.Decoder(_IndexRecord)
+_SHAPED_DECODER = msgspec.json.Decoder(_ShapedRecord)
+
+
+def latest_by_request(
+    journal_path: Path, input_map: InputMap | None = None, *, shapes: bool = True
+) -> JournalIndex:
+    """Index the journal in one pass: each request's last record (by offset) and attempt count;
+    with `shapes`, what the succeeded bodies hold (logprobs, embeddings: the Parquet schema's).
+
+    Result records are keyed by custom_id (unique among valid lines); invalid-line records by
+    line number, since their custom_id may be null or duplicate a valid one. A torn last line is
+    ignored; any other unreadable line raises BatchrunError, as `journal.read_records` does.
+
+    With the input map of a forced resume, the index holds the requests of the input as it is
+    now, each at its current line (PENDING until it has a record): records of custom_ids that
+    left the file are skipped, and only that map's invalid-line records count.
+    """
+    index = JournalIndex(journal_path, array("q"), array("q"), array("i"), array("b"), b"")
+    by_id: dict[str, int] = {}
+    by_line: dict[int, int] = {}
+    generation = None
+    if input_map is not None:
+        generation = input_map.generation
+        for custom_id, line in input_map.lines.items():
+            by_id[custom_id] = len(index.offsets)
+            index.offsets.append(-1)
+            index.lines.append(line)
+            index.attempts.append(0)
+            index.statuses.append(PENDING)
+    if not journal_path.exists():
+        return index
+    try:
+        f = journal_path.open("rb", buffering=1 << 20)
+    except OSError as e:
+        raise BatchrunError(f"cannot read the journal {journal_path}: {e.strerror or e}") from e
+    decoder = _SHAPED_DECODER if shapes else _INDEX_DECODER
+    with f:
+        offset = 0
+        for lineno, raw in enumerate(f, start=1):
+            start, offset = offset, offset + len(raw)
+            if not raw.endswith(b"\n"):
+                break  # torn by a crash mid-write: never a finished attempt
+            try:
+                if not raw.isascii():
+                    raw.decode("utf-8")  # msgspec checks only the text it decodes, json all
+                try:
+                    rec: _IndexRecord | _JsonRecord = decoder.decode(raw)
+                except ValueError:  # msgspec.DecodeError, or bytes that are not UTF-8: ask json
+                    rec = _json_index_record(raw)
+                kind = rec.kind
+                if rec.line is msgspec.UNSET:
+                    raise KeyError("line")
+                line = int(rec.line)
+                if kind == "result":
+                    if rec.custom_id is msgspec.UNSET or rec.ok is msgspec.UNSET:
+                        raise KeyError("custom_id or ok")
+                    status = OK if rec.ok else FAILED_RETRYABLE if rec.retryable else FAILED_FINAL
+                    key: dict[Any, int] = by_id
+                    k: Any = str(rec.custom_id)
+                elif kind == "invalid":
+                    status, key, k = INVALID, by_line, line
+                else:
+                    continue  # a record kind from a newer batchrun: not a request outcome
+            except (KeyError, TypeError, ValueError):
+                raise _corrupt(journal_path, lineno) from None
+            if not index.job_salt:
+                index.job_salt = hashlib.sha256(raw).digest()
+            idx = key.get(k)
+            if status == INVALID:
+                # Untagged: submit's reading of the file; tagged: a forced resume's (see InputMap).
+                if rec.generation != generation:
+                    continue
+            elif input_map is not None:
+                if idx is None:
+                    continue  # its line left the input file: no longer part of the job
+                line = index.lines[idx]  # where the request is now, not where it was when it ran
+            if status == OK and shapes and isinstance(rec, _ShapedRecord | _JsonRecord):
+                _note_body(index, rec.body)
+            if idx is None:
+                key[k] = len(index.offsets)
+                index.offsets.append(start)
+                index.lines.append(line)
+                index.attempts.append(0 if status == INVALID else 1)
+                index.statuses.append(status)
+            else:
+                index.offsets[idx] = start
+                index.lines[idx] = line
+                index.statuses[idx] = status
+                if status != INVALID:
+                    index.attempts[idx] += 1
+    return index
+
+
+def _corrupt(journal_path: Path, lineno: int) -> BatchrunError:
+    return BatchrunError(
+        f"the journal {journal_path} is corrupt at line {lineno}; "
+        "move that line out of the file (or restore a backup) and run again"
+    )
+
+
+@dataclass
+class _JsonRecord:
+    """The index's fields of a record that msgspec refused, as json reads them."""
+
+    kind: Any
+    body: object  # the body json decoded, not its bytes
+    line: Any
+    custom_id: Any
+    ok: Any
+    retryable: Any
+    generation: Any
+
+
+def _json_index_record(raw: bytes) -> _JsonRecord:
+    """The index's fields of a journal record msgspec refused, as json reads them; ValueError
+    when the line is not a record."""
+    rec = parse_record(raw)
+    return _JsonRecord(
+        kind=rec["kind"],
+        body=rec.get("body"),
+        line=rec.get("line", msgspec.UNSET),
+        custom_id=rec.get("custom_id", msgspec.UNSET),
+        ok=rec.get("ok", msgspec.UNSET),
+        retryable=rec.get("retryable"),
+        generation=rec.get("generation"),
+    )
+
+
+# --- what the bodies hold ----------------------------------------------------------------
+
+
+def _note_body(index: JournalIndex, body: object) -> None:
+    """Record in `index` whether a succeeded body (its shape, or as json read it) has logprobs or
+    embeddings (and their size)."""
+    if not isinstance(body, _Body):
+        _note_decoded_body(index, body)
+    elif body.data is not None:
+        for item in body.data:
+            size = _raw_embedding_size(item.embedding)
+            if size is not None:
+                index.embedding_dims.add(size)
+    elif body.choices and not index.has_logprobs:
+        index.has_logprobs = bytes(body.choices[0].logprobs) != b"null"
+
+
+def _note_decoded_body(index: JournalIndex, body: object) -> None:
+    """`_note_body` for a body json decoded."""
+    if not isinstance(body, dict):
+        return
+    data = body.get("data")
+    if isinstance(data, list):
+        for item in data:
+            vector = embedding(item.get("embedding")) if isinstance(item, dict) else None
+            if vector is not None:
+                index.embedding_dims.add(len(vector))
+        return
+    choices = body.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        index.has_logprobs = index.has_logprobs or choices[0].get("logprobs") is not None
+
+
+def _raw_embedding_size(raw: msgspec.Raw) -> int | None:
+    """How many floats an embedding (its JSON) holds; None when it is not one."""
+    data = bytes(raw)
+    if data.startswith(b"["):
+        inner = data[1:-1]
+        if b'"' in inner or b"[" in inner or b"{" in inner:
+            return len(json.loads(data))  # not a flat list of numbers: count what json reads
+        # Numbers hold no commas: a flat list's size is its commas, plus one unless empty.
+        return inner.count(b",") + 1 if inner.strip() else 0
+    if data.startswith(b'"'):  # base64
+        try:
+            return len(base64.b64decode(json.loads(data), validate=True)) // 4
+        except (binascii.Error, ValueError):
+            return None
+    return None
+
+
+def embedding(vector: object) -> list[float] | None:
+    """An embedding's floats, from a float list or OpenAI's base64 (little-endian float32)."""
+    if isinstance(vector, list):
+        return vector
+    if isinstance(vector, str):
+        try:
+            raw = base64.b64decode(vector, validate=True)
+        except (binascii.Error, ValueError):
+            return None
+        values = array("f", raw[: len(raw) // 4 * 4])
+        if sys.byteorder == "big":
+            values.byteswap()
+        return values.tolist()
+    return None
+
+
+# --- reading records back ------------------------------------------------------------------
+
+
+def parse_record(raw: bytes) -> dict[str, Any]:
+    """A journal record, as json reads it; ValueError when the line is not one."""
+    # Decoding first skips json's per-call encoding sniffing; a bad byte is a ValueError too.
+    rec = json.loads(raw.decode("utf-8"))
+    if not isinstance(rec, dict) or "kind" not in rec:
+        raise ValueError("not a journal record")
+    return rec
+
+
+def read_back(index: JournalIndex, statuses: Collection[int]) -> Iterator[tuple[Entry, bytes]]:
+    """Entries with one of `statuses`, each with its last record's line (bytes), by line."""
+    wanted = set(statuses)
+    if not any(index.statuses.count(s) for s in wanted):
+        return
+    try:
+        f = index.path.open("rb", buffering=1 << 20)
+    except OSError as e:
+        raise BatchrunError(f"cannot read the journal {index.path}: {e.strerror or e}") from e
+    offsets, lines, attempts, statuses_ = index.offsets, index.lines, index.attempts, index.statuses
+    with f:
+        pos = -1
+        for i in index.order():
+            status = statuses_[i]
+            if status not in wanted:
+                continue  # skipped before the read: no I/O or parsing for the other file's lines
+            offset = offsets[i]
+            if offset != pos:  # not the line after the last one read
+                f.seek(offset)
+            raw = f.readline()
+            pos = offset + len(raw)
+            yield Entry(offset, lines[i], attempts[i], status), raw
+
+
+def changed(index: JournalIndex) -> BatchrunError:
+    """The error for a record read back that is not one."""
+    # The index was built from this file a moment ago; only a rewrite can cause this.
+    return BatchrunError(f"the journal {index.path} changed during export; run the export again")

@@ -1,0 +1,222 @@
+"""A job's input: validated into a new job, checked on resume (changed, moved, forced), and a
+changed file adopted as the job's input (resume --force)."""
+
+from __future__ import annotations
+
+import shlex
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from batchrun.console.text import command
+from batchrun.errors import BatchrunError
+from batchrun.job.inputmap import write_input_map
+from batchrun.job.journal import JournalWriter, invalid_record, read_records
+from batchrun.job.manifest import (
+    find_input,
+    input_location,
+    new_job_id,
+    save_manifest,
+)
+from batchrun.job.paths import INPUT_MAP_PREFIX, JobPaths
+from batchrun.openai.reader import check_input_file, hash_file, read_input
+from batchrun.openai.records import LineError, Request
+from batchrun.run.options import RunOptions
+from batchrun.run.source import InputIndex
+
+
+def discard_unfinished_validation(paths: JobPaths) -> None:
+    """Drop the journal a submit killed while validating left behind (there is no manifest yet).
+
+    Such a journal holds only invalid-line records, which validating again writes anew; keeping
+    them would count every invalid line twice. A journal with anything else in it is finished
+    work whose manifest went missing: never thrown away.
+    """
+    if not paths.journal.exists():
+        return
+    kinds = {rec.get("kind") for rec in read_records(paths.journal, strict=False)}
+    if kinds <= {"invalid"}:
+        paths.journal.unlink()
+        return
+    raise BatchrunError(
+        f"{paths.root} holds a journal with finished requests but no {paths.manifest.name}; "
+        f"export its results with `{command('export', paths.root)}`, restore "
+        f"{paths.manifest.name}, or choose another --job-dir"
+    )
+
+
+def validate_into_job(
+    input_path: Path, paths: JobPaths, options: RunOptions, index: InputIndex
+) -> dict[str, Any]:
+    """Stream-validate the input; invalid lines go to the journal as error records.
+
+    `index` records what the pass finds, so that the run pass after it reads the file cheaply.
+    """
+    valid = invalid = json_errors = 0
+    url: str | None = None
+    first_error: LineError | None = None
+    with JournalWriter(paths.journal, group=4096) as journal:
+        batch: list[dict[str, Any]] = []
+        for item in index.read(input_path):
+            if isinstance(item, Request):
+                valid += 1
+                url = url or item.url
+                continue
+            invalid += 1
+            if item.code == "invalid_json":
+                json_errors += 1
+            first_error = first_error or item
+            batch.append(invalid_record(item))
+            if len(batch) >= 1024:
+                journal.append(batch)
+                batch = []
+        journal.append(batch)
+    if valid == 0 and invalid > 0 and json_errors == invalid:
+        assert first_error is not None
+        raise BatchrunError(
+            f"{input_path} is not a JSONL file of requests (line {first_error.line}: "
+            f"{first_error.message})"
+        )
+    # The engine needs the endpoint: embeddings run vLLM as a pooling model.
+    options.settings.endpoint = url
+    now = time.time()
+    manifest: dict[str, Any] = {
+        "format": 1,
+        "job_id": new_job_id(),
+        "created_at": now,
+        **input_location(paths, input_path),
+        "input_sha256": hash_file(input_path),
+        "input_bytes": input_path.stat().st_size,
+        "requests": valid,
+        "invalid": invalid,
+        "endpoint": url,
+        "model": options.settings.model_name,
+        "engine": options.settings.to_dict(),
+        "max_attempts": options.max_attempts,
+        "batch_size": options.batch_size,
+        "batch_size_source": "fixed" if options.batch_size else None,
+        "batch_bounds": [options.min_batch, options.max_batch],
+        "probes": [],
+        "gpus": options.gpus,
+        "workers": options.workers,
+        "status": "validated",
+        "counts": {"total": valid + invalid, "succeeded": 0, "failed": 0, "invalid": invalid},
+        "runs": [],
+    }
+    save_manifest(paths, manifest)
+    return manifest
+
+
+def check_input_unchanged(
+    paths: JobPaths,
+    manifest: dict[str, Any],
+    *,
+    force: bool,
+    new_input: Path | None = None,
+    index: InputIndex | None = None,
+) -> None:
+    """Find the job's input and check it is the file submitted; with `force`, take it as it is.
+
+    The input is `new_input` (resume --input), else the file at its recorded path, else the one
+    at its path relative to the job directory (a job moved together with its input). The
+    manifest is updated to where it was found. `index` records a forced read of the file, for
+    the run pass after it.
+    """
+    if new_input is not None:
+        check_input_file(new_input)
+        path = new_input
+    else:
+        found = find_input(paths, manifest)
+        if found is None:
+            job = shlex.quote(str(paths.root))
+            raise BatchrunError(
+                f"the job's input file {manifest['input_path']} is gone; put it back, or point "
+                f"the job at its new place with: batchrun resume --job-dir {job} --input PATH "
+                "(finished results can still be exported)"
+            )
+        check_input_file(found)  # unreadable or emptied: a clear line, not a traceback
+        path = found
+    digest = hash_file(path)
+    # A forced resume reads the file again even when it is unchanged: that rebuilds a lost or
+    # damaged input map, which is what the map's error messages advise.
+    if digest == manifest["input_sha256"] and not (force and "input_map" in manifest):
+        location = input_location(paths, path)
+        if any(manifest.get(k) != v for k, v in location.items()):
+            manifest.update(location)
+            save_manifest(paths, manifest)
+        return
+    if force:
+        _adopt_input(paths, manifest, path, digest, index)
+        return
+    if new_input is not None:
+        raise BatchrunError(
+            f"{path} is not the job's input file (its sha256 differs from the one submitted); "
+            "pass --force to run it as the job's input as it is now "
+            "(requests already finished are kept and not run again)"
+        )
+    raise BatchrunError(
+        f"the input file {path} changed since the job was submitted (its sha256 differs); "
+        "restore the original, or pass --force to run the file as it is now "
+        "(requests already finished are kept and not run again)"
+    )
+
+
+def _adopt_input(
+    paths: JobPaths,
+    manifest: dict[str, Any],
+    path: Path,
+    digest: str,
+    index: InputIndex | None = None,
+) -> None:
+    """Make the file as it is now the job's input (resume --force), read in one streaming pass.
+
+    Its valid requests and their lines go to a new input map, its invalid lines to the journal
+    tagged with the map's generation; the manifest, written last, makes both current at once.
+    A crash before that leaves a map and records of a generation no manifest names: ignored.
+    Requests whose custom_id left the file stay in the journal (it is append-only) but are no
+    longer part of the job; finished ones still in it are not run again.
+    """
+    generation = uuid.uuid4().hex[:12]
+    counts = {"requests": 0, "invalid": 0}
+    urls: set[str] = set()
+    with JournalWriter(paths.journal, group=4096) as journal:
+
+        def requests() -> Iterator[tuple[str, int]]:
+            batch: list[dict[str, Any]] = []
+            for item in index.read(path) if index is not None else read_input(path):
+                if isinstance(item, Request):
+                    counts["requests"] += 1
+                    urls.add(item.url)
+                    yield item.custom_id, item.line
+                    continue
+                counts["invalid"] += 1
+                batch.append({**invalid_record(item), "generation": generation})
+                if len(batch) >= 1024:
+                    journal.append(batch)
+                    batch = []
+            journal.append(batch)
+
+        name = write_input_map(paths, generation, requests())
+    endpoint = manifest.get("endpoint")
+    if endpoint and urls and urls != {endpoint}:
+        (paths.root / name).unlink(missing_ok=True)
+        raise BatchrunError(
+            f"{path} now asks for {next(iter(urls))}, the job runs {endpoint}; "
+            "submit it as a new job instead"
+        )
+    manifest.update(
+        requests=counts["requests"],
+        invalid=counts["invalid"],
+        input_sha256=digest,
+        input_bytes=path.stat().st_size,
+        input_map={"file": name, "generation": generation},
+        **input_location(paths, path),
+    )
+    manifest.setdefault("forced", []).append(time.time())
+    save_manifest(paths, manifest)
+    # Nothing reads an older map once the manifest names this one.
+    for old in paths.root.glob(f"{INPUT_MAP_PREFIX}*.jsonl"):
+        if old.name != name:
+            old.unlink(missing_ok=True)

@@ -1,0 +1,206 @@
+"""A job's run options: those given on the command line over the job's saved ones, their checks,
+and the overrides that resume and retry-failed save into the job."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchrun.config import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MIN_BATCH,
+    MAX_ATTEMPTS_LIMIT,
+    MAX_BATCH_SIZE,
+    EngineSettings,
+    GivenOptions,
+    OptionError,
+    check_gpus,
+    check_number,
+    parse_gpus,
+)
+from batchrun.job.manifest import save_manifest
+from batchrun.job.paths import JobPaths
+
+# Where the runner says what it does before a run starts (the model conversion, the overrides).
+Notify = Callable[[str], None]
+
+
+@dataclass
+class RunOptions:
+    """How to run a job's engine workers (saved in the manifest so `resume` reuses them)."""
+
+    settings: EngineSettings = field(default_factory=EngineSettings)
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    batch_size: int | None = None  # fixed by hand; None: search
+    min_batch: int = DEFAULT_MIN_BATCH
+    max_batch: int = DEFAULT_MAX_BATCH
+    gpus: list[str] | None = None
+    workers: int | None = None
+    progress: bool = True
+    # A Ray cluster address ("local" starts one here); per run, not saved: a job started on Ray
+    # can be resumed without it and the other way round.
+    ray: str | None = None
+
+    @classmethod
+    def from_given(cls, given: GivenOptions, *, progress: bool, ray: str | None) -> RunOptions:
+        """The options of a new job: those given, the defaults for the rest."""
+        options = cls(progress=progress, ray=ray)
+        options.apply(given)
+        return options
+
+    def get(self, name: str) -> Any:
+        """The value of a GivenOptions field (e.g. `dtype`, `min_batch_size`) in these options."""
+        if name in _SETTINGS_FIELDS:
+            return getattr(self.settings, name)
+        return getattr(self, _RUN_FIELDS.get(name, name))
+
+    def apply(self, given: GivenOptions) -> dict[str, tuple[Any, Any]]:
+        """Put the options given over these; returns what changed, as {name: (old, new)}."""
+        changed: dict[str, tuple[Any, Any]] = {}
+        for name, value in given.given().items():
+            new = parse_gpus(value) if name == "gpus" else value
+            old = self.get(name)
+            if new == old:
+                continue
+            changed[name] = (old, new)
+            if name in _SETTINGS_FIELDS:
+                setattr(self.settings, name, new)
+            else:
+                setattr(self, _RUN_FIELDS.get(name, name), new)
+        return changed
+
+    def check(self) -> None:
+        """Refuse values no run could take, before they are saved into a job (OptionError)."""
+        self.settings.check()
+        check_number("--max-attempts", self.max_attempts, 1, MAX_ATTEMPTS_LIMIT)
+        if self.batch_size is not None:
+            check_number("--batch-size", self.batch_size, 1, MAX_BATCH_SIZE)
+        check_number("--min-batch-size", self.min_batch, 1, MAX_BATCH_SIZE)
+        check_number("--max-batch-size", self.max_batch, 1, MAX_BATCH_SIZE)
+        if self.min_batch > self.max_batch:
+            raise OptionError(
+                ("--min-batch-size", "--max-batch-size"),
+                f"the lower bound {self.min_batch} is above the upper bound {self.max_batch}",
+            )
+        if self.workers is not None:
+            check_number("--workers", self.workers, 1)
+        if self.gpus is not None:
+            check_gpus(self.gpus)
+            tp = self.settings.tensor_parallel_size
+            # Known before any worker starts only when the GPUs are named (otherwise the
+            # visible ones are counted when the workers start).
+            if self.settings.spec.uses_gpus and self.ray is None and len(self.gpus) < tp:
+                raise OptionError(
+                    ("--tensor-parallel-size", "--gpus"),
+                    f"{tp} GPUs per engine need at least {tp} GPUs, but --gpus names "
+                    f"{len(self.gpus)}",
+                )
+
+
+# GivenOptions fields that live in EngineSettings, and those named differently in RunOptions.
+_SETTINGS_FIELDS = frozenset(
+    {
+        "engine",
+        "model",
+        "max_model_len",
+        "dtype",
+        "gpu_memory_utilization",
+        "tensor_parallel_size",
+        "enforce_eager",
+        "seed",
+    }
+)
+_RUN_FIELDS = {"min_batch_size": "min_batch", "max_batch_size": "max_batch"}
+
+
+def options_from(manifest: dict[str, Any], progress: bool) -> RunOptions:
+    """The options the job saved, as saved: RunOptions.check says which one is bad, if any."""
+    bounds = manifest.get("batch_bounds")
+    if not (isinstance(bounds, list) and len(bounds) == 2):
+        bounds = [DEFAULT_MIN_BATCH, DEFAULT_MAX_BATCH]
+    return RunOptions(
+        settings=EngineSettings.from_dict(manifest.get("engine") or {}),
+        max_attempts=manifest.get("max_attempts", DEFAULT_MAX_ATTEMPTS),
+        batch_size=manifest.get("batch_size"),
+        min_batch=bounds[0],
+        max_batch=bounds[1],
+        gpus=manifest.get("gpus"),
+        workers=manifest.get("workers"),
+        progress=progress,
+    )
+
+
+def merge_options(options: RunOptions, given: GivenOptions) -> dict[str, tuple[Any, Any]]:
+    """Put the options given over the job's and check the result; returns what changed.
+
+    A bad value given is a usage error (exit 2). A bad value the job saved (by an older
+    batchrun, or edited by hand) would fail every run: the message says which option replaces it.
+    """
+    changed = options.apply(given)
+    try:
+        options.check()
+    except OptionError as e:
+        named = {"--" + name.replace("_", "-") for name in given.given()}
+        if named & set(e.options):
+            raise
+        flags = " / ".join(e.options)
+        raise OptionError(
+            e.options,
+            f"the job's saved {flags} {e}; pass {' or '.join(e.options)} to replace it",
+            exit_code=1,
+        ) from e
+    return changed
+
+
+def save_overrides(
+    paths: JobPaths,
+    manifest: dict[str, Any],
+    options: RunOptions,
+    changed: dict[str, tuple[Any, Any]],
+    notify: Notify,
+) -> list[str]:
+    """Save the options that replaced the job's into its manifest, and say so before the run."""
+    if not changed:
+        return []
+    if "batch_size" in changed:
+        manifest.update(batch_size=options.batch_size, batch_size_source="fixed")
+    elif {"min_batch_size", "max_batch_size"} & changed.keys():
+        size = manifest.get("batch_size")
+        fixed = manifest.get("batch_size_source") == "fixed"
+        if size and not fixed and not options.min_batch <= int(size) <= options.max_batch:
+            # Found within the old bounds: search again within the new ones.
+            manifest.update(batch_size=None, batch_size_source=None)
+    manifest.update(
+        engine=options.settings.to_dict(),
+        model=options.settings.model_name,
+        max_attempts=options.max_attempts,
+        batch_bounds=[options.min_batch, options.max_batch],
+        gpus=options.gpus,
+        workers=options.workers,
+    )
+    manifest.setdefault("overrides", []).append(
+        {"at": time.time(), "options": {k: {"old": o, "new": n} for k, (o, n) in changed.items()}}
+    )
+    save_manifest(paths, manifest)
+    lines = [_describe_override(name, old, new) for name, (old, new) in changed.items()]
+    notify("overrides: " + ", ".join(lines))
+    return lines
+
+
+def _describe_override(name: str, old: Any, new: Any) -> str:
+    """`--dtype bfloat16 (was banana)`; a switch shows as itself (`--no-enforce-eager`)."""
+
+    def shown(value: Any) -> str:
+        if value is None:
+            return "not set"
+        if isinstance(value, bool):
+            return f"--{'' if value else 'no-'}{name.replace('_', '-')}"
+        if isinstance(value, list):
+            return ",".join(map(str, value))
+        return str(value)
+
+    flag = shown(new) if isinstance(new, bool) else f"--{name.replace('_', '-')} {shown(new)}"
+    return f"{flag} (was {shown(old)})"

@@ -1,0 +1,278 @@
+"""The run of a job: its passes (the run, the retry passes), the batch size chosen for them,
+every outcome journaled, and the manifest finished at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from batchrun.config import EngineSettings
+from batchrun.console.progress import ProgressReporter
+from batchrun.console.text import plural
+from batchrun.errors import BatchrunError
+from batchrun.job.journal import JournalWriter
+from batchrun.job.manifest import save_manifest
+from batchrun.job.paths import JobPaths
+from batchrun.job.state import FAILED_RETRYABLE, OK, JobState, replay
+from batchrun.openai.records import Request
+from batchrun.run.options import RunOptions
+from batchrun.run.scheduler import Scheduler
+from batchrun.run.source import InputIndex, requests
+from batchrun.run.tuning import cached_size, lower_size, remember_size, search_batch_size
+from batchrun.workers.devices import worker_envs
+from batchrun.workers.process import Worker
+
+
+@dataclass
+class JobSummary:
+    """What a command did, for the summary table and the exit code."""
+
+    job_dir: Path
+    manifest: dict[str, Any]
+    state: JobState
+    wall_s: float
+    run_completion_tokens: int = 0
+    run_outcomes: int = 0
+    # The options resume or retry-failed replaced, as `--dtype bfloat16 (was banana)`.
+    overrides: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        """Valid requests plus invalid lines."""
+        return int(self.manifest["requests"]) + int(self.manifest["invalid"])
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every request succeeded, 1 otherwise."""
+        ok = self.state.succeeded == int(self.manifest["requests"]) and self.state.invalid == 0
+        return 0 if ok else 1
+
+
+def run_job(
+    paths: JobPaths,
+    manifest: dict[str, Any],
+    options: RunOptions,
+    mode: str,
+    index: InputIndex | None = None,
+) -> JobSummary:
+    """Run the passes a command calls for, journaling every outcome; update the manifest.
+
+    Each pass reads the input again: cheaply with an `index` a validating pass of this process
+    made ready; an index not ready yet is recorded by the first pass, for the retry passes.
+    """
+    started = time.monotonic()
+    # Of the input as it is now: after a forced resume, only the requests still in the file.
+    state = replay(paths, manifest)
+    input_path = Path(manifest["input_path"])
+    settings = options.settings
+    worker_class: type[Worker] = Worker
+    if options.ray:
+        from batchrun.workers import ray as ray_backend
+
+        resources = ray_backend.connect(options.ray, options.workers)
+        count = ray_backend.actor_count(resources, settings.tensor_parallel_size, options.workers)
+        envs: list[dict[str, str]] = [{} for _ in range(count)]
+        worker_class = ray_backend.RayWorker
+    else:
+        envs = worker_envs(
+            settings.engine, options.gpus, settings.tensor_parallel_size, options.workers
+        )
+        logs = paths.logs
+        with contextlib.suppress(OSError):  # without it, worker output goes to the terminal
+            logs.mkdir(exist_ok=True)
+            for i, env in enumerate(envs):
+                env["BATCHRUN_WORKER_LOG"] = str((logs / f"worker-{i}.log").resolve())
+    requests_total = int(manifest["requests"])
+    if mode == "retry":
+        failed_ids = {cid for cid, last in state.last.items() if last != OK}
+        total, initial = len(failed_ids), 0
+    else:
+        total, initial = requests_total, sum(1 for _ in state.last)
+    reporter = ProgressReporter(
+        total=total,
+        initial=initial,
+        desc="retry" if mode == "retry" else "requests",
+        enabled=options.progress,
+    )
+    manifest["status"] = "running"
+    run_info: dict[str, Any] = {"mode": mode, "started_at": time.time(), "pid": os.getpid()}
+    manifest.setdefault("runs", []).append(run_info)
+    save_manifest(paths, manifest)
+    scheduler: Scheduler | None = None
+    outcomes_before = sum(state.attempts.values())
+    tokens_before = state.completion_tokens
+    status = "failed"
+    try:
+        with JournalWriter(paths.journal) as journal:
+            scheduler = Scheduler(settings, envs, journal, state, reporter, worker_class)
+            scheduler.job_dir = paths.root
+            scheduler.on_back_off = _keep_backed_off_size(paths, manifest, settings)
+            try:
+                if mode == "retry":
+                    if failed_ids:  # else nothing to size or start an engine for
+                        reporter.event(f"retrying {plural(len(failed_ids), 'failed request')}")
+                        _choose_size(scheduler, manifest, options, paths, iter(()), reporter)
+                        scheduler.run(_requests_in(input_path, failed_ids, index))
+                elif (
+                    source := _nonempty(requests(input_path, state.is_not_done, index))
+                ) is not None:
+                    _choose_size(
+                        scheduler, manifest, options, paths, source, reporter, search=mode == "tune"
+                    )
+                    if mode != "tune":
+                        scheduler.run(source)
+                        _retry_passes(
+                            scheduler, state, input_path, options.max_attempts, reporter, index
+                        )
+            finally:
+                scheduler.close()
+        status = "completed"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        reporter.close()
+        if scheduler is not None:
+            manifest["worker_info"] = scheduler.worker_info
+        run_info["ray"] = options.ray
+        _finish_manifest(paths, manifest, state, status, run_info, started)
+        if options.ray:
+            from batchrun.workers import ray as ray_backend
+
+            ray_backend.shutdown()
+    return JobSummary(
+        job_dir=paths.root,
+        manifest=manifest,
+        state=state,
+        wall_s=time.monotonic() - started,
+        run_completion_tokens=state.completion_tokens - tokens_before,
+        run_outcomes=sum(state.attempts.values()) - outcomes_before,
+    )
+
+
+def _requests_in(input_path: Path, ids: set[str], index: InputIndex | None) -> Iterator[Request]:
+    return requests(input_path, lambda r: r.custom_id in ids, index)
+
+
+def _nonempty(source: Iterator[Request]) -> Iterator[Request] | None:
+    """`source` as it was, or None when it is empty (nothing left to size or run)."""
+    first = next(source, None)
+    return None if first is None else itertools.chain([first], source)
+
+
+def _keep_backed_off_size(
+    paths: JobPaths, manifest: dict[str, Any], settings: EngineSettings
+) -> Callable[[int], None]:
+    """What to do when a worker backs off after running out of memory: the job records the size
+    now running (status shows it, resume starts there), and the size cache for this set-up comes
+    down to it, so that the next job does not pay the same restarts again."""
+
+    def backed_off(size: int) -> None:
+        manifest.update(batch_size=size, batch_size_source="out-of-memory back-off")
+        save_manifest(paths, manifest)
+        device = settings.spec.device_key()
+        lower_size(settings, device, size)
+
+    return backed_off
+
+
+def _choose_size(
+    scheduler: Scheduler,
+    manifest: dict[str, Any],
+    options: RunOptions,
+    paths: JobPaths,
+    source: Iterator[Request],
+    reporter: ProgressReporter,
+    *,
+    search: bool = False,
+) -> None:
+    """Use the job's batch size, a fixed one, a cached one, or search for one on `source`."""
+    settings = options.settings
+    device = settings.spec.device_key()
+    # `search` (from `tune`) measures afresh, whatever an earlier job found.
+    if not search and manifest.get("batch_size"):
+        size = int(manifest["batch_size"])
+        how = manifest.get("batch_size_source") or "job"
+        reporter.event(f"batch size {size} ({how})")
+        scheduler.resize(size)
+        return
+    if not search and (size_cached := cached_size(settings, device)) is not None:
+        reporter.event(f"batch size {size_cached} (found by an earlier job on this set-up)")
+        scheduler.resize(size_cached)
+        manifest.update(batch_size=size_cached, batch_size_source="cache")
+        save_manifest(paths, manifest)
+        return
+    reporter.event(
+        f"searching for the batch size between {options.min_batch} and {options.max_batch} "
+        "(the probes run this job's own requests)"
+    )
+    result = search_batch_size(scheduler, source, reporter, options.min_batch, options.max_batch)
+    reporter.event(f"batch size {result.size} chosen")
+    manifest.update(
+        batch_size=result.size,
+        batch_size_source="search",
+        probes=[p.to_dict() for p in result.probes],
+    )
+    save_manifest(paths, manifest)
+    # A search cut short by a small job measured too little to teach the next job anything.
+    if any(p.ok and p.requests >= 2 * p.size for p in result.probes):
+        remember_size(settings, device, result.size)
+
+
+def _retry_passes(
+    scheduler: Scheduler,
+    state: JobState,
+    input_path: Path,
+    max_attempts: int,
+    reporter: ProgressReporter,
+    index: InputIndex | None,
+) -> None:
+    """Re-run retryable failures, a whole pass at a time, until `max_attempts` attempts in all."""
+    while True:
+        ids = {
+            cid
+            for cid, last in state.last.items()
+            if last == FAILED_RETRYABLE and state.attempts.get(cid, 0) < max_attempts
+        }
+        if not ids:
+            return
+        attempt = min(state.attempts[c] for c in ids) + 1
+        reporter.event(
+            f"retry pass (attempt {attempt} of {max_attempts}): {plural(len(ids), 'failed request')}"
+        )
+        reporter.bar.total += len(ids)
+        scheduler.run(_requests_in(input_path, ids, index))
+
+
+def _finish_manifest(
+    paths: JobPaths,
+    manifest: dict[str, Any],
+    state: JobState,
+    status: str,
+    run_info: dict[str, Any],
+    started: float,
+) -> None:
+    if status == "completed":
+        # "completed" only when every valid request has a finished attempt.
+        done = sum(1 for _ in state.last)
+        status = "completed" if done >= int(manifest["requests"]) else "incomplete"
+    manifest["status"] = status
+    manifest["counts"] = {
+        "total": int(manifest["requests"]) + state.invalid,
+        "succeeded": state.succeeded,
+        "failed": state.failed,
+        "invalid": state.invalid,
+        "pending": max(0, int(manifest["requests"]) - len(state.last)),
+    }
+    manifest["tokens"] = {"prompt": state.prompt_tokens, "completion": state.completion_tokens}
+    run_info.update(
+        ended_at=time.time(), wall_s=round(time.monotonic() - started, 3), status=status
+    )
+    with contextlib.suppress(BatchrunError):
+        save_manifest(paths, manifest)

@@ -1,0 +1,131 @@
+"""What crosses between the parent and its workers, and the echo engine's cheap paths.
+
+Requests and outcomes pickle by their fields; a worker sends each response body as its JSON (a
+msgspec.Raw), which the journal writes as it is. The echo engine's ids and its max_tokens fast
+path must give what the slow ways gave.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import re
+from multiprocessing.reduction import ForkingPickler
+
+import msgspec
+
+from batchrun.config import EngineSettings
+from batchrun.engines import echo
+from batchrun.job.journal import encode_body
+from batchrun.openai import responses
+from batchrun.openai.records import CHAT, COMPLETIONS, Outcome, Request
+
+
+def roundtrip(obj: object) -> object:
+    return pickle.loads(bytes(ForkingPickler.dumps(obj)))
+
+
+def test_requests_and_outcomes_pickle_by_their_fields() -> None:
+    request = Request(custom_id="a", line=3, url=CHAT, body={"messages": [{"role": "user"}]})
+    assert roundtrip(request) == request
+    out = Outcome(
+        custom_id="a", ok=False, status_code=500, error={"code": "x", "message": "y"},
+        prompt_tokens=1, completion_tokens=2, latency_s=0.5, retryable=True, extra={"k": 1},
+    )  # fmt: skip
+    assert roundtrip(out) == out
+    body = {"id": "cmpl-1", "choices": [], "usage": {"prompt_tokens": 1}}
+    sent = Outcome(custom_id="b", ok=True, status_code=200, body=encode_body(body))
+    back = roundtrip([sent, sent])
+    assert isinstance(back, list)
+    assert type(back[0].body) is msgspec.Raw
+    assert msgspec.json.decode(back[0].body) == body
+    assert (back[0].custom_id, back[0].ok, back[0].status_code) == ("b", True, 200)
+
+
+def test_response_ids_look_like_uuid_hex_and_do_not_repeat() -> None:
+    ids = [responses.response_id() for _ in range(10_000)]
+    assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
+    assert len(set(ids)) == len(ids)
+
+
+def test_a_forked_child_draws_ids_of_its_own() -> None:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report one id, and leave without running anything else
+        os.write(write, responses.response_id().encode())
+        os._exit(0)
+    os.close(write)
+    theirs = os.read(read, 64).decode()
+    os.waitpid(pid, 0)
+    os.close(read)
+    mine = {responses.response_id() for _ in range(100)}
+    assert re.fullmatch(r"[0-9a-f]{32}", theirs) and theirs not in mine
+    assert abs(int(theirs, 16) - int(next(iter(mine)), 16)) > 10**6  # not our sequence
+
+
+def old_limit(request: Request, text: str) -> tuple[str, str]:
+    """The echo engine's cut as it was: split into words first, always."""
+    body = request.body
+    stop = body.get("stop")
+    for s in [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []:
+        if isinstance(s, str) and s and s in text:
+            text = text[: text.index(s)]
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    words = re.findall(r"\s*\S+", text)
+    if isinstance(limit, int) and 0 < limit < len(words):
+        return "".join(words[:limit]), "length"
+    return text, "stop"
+
+
+def test_the_echo_cut_is_the_same_with_and_without_its_fast_path() -> None:
+    rng = random.Random(3)
+    pieces = ["a", "bb", " ", "  ", "\n", "\t", "\u3000", "\xa0", "stop", "é", "x.y", ""]
+    for _ in range(5000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        body: dict[str, object] = {}
+        if rng.random() < 0.5:
+            body["max_tokens"] = rng.choice([None, 0, 1, 2, 3, 5, True, "3", -1])
+        if rng.random() < 0.3:
+            body["max_completion_tokens"] = rng.choice([1, 2, 4])
+        if rng.random() < 0.3:
+            body["stop"] = rng.choice(["stop", ["bb", "x"], [], "", None, 3])
+        request = Request(custom_id="a", line=1, url=COMPLETIONS, body=body)
+        expected = old_limit(request, text)
+        assert echo._limit(request, text) == expected, (text, body)
+        assert echo._limit(request, text, len(text.split())) == expected, (text, body)
+
+
+def test_an_echo_reply_with_n_choices_and_echo_keeps_its_shape() -> None:
+    engine = echo.EchoEngine(EngineSettings(engine="echo"))
+    request = Request(
+        custom_id="a", line=1, url=COMPLETIONS,
+        body={"prompt": "one two three four", "max_tokens": 2, "n": 3, "echo": True},
+    )  # fmt: skip
+    out = engine._finish(request, 0.0)
+    assert out.body is not None and not isinstance(out.body, msgspec.Raw)
+    assert [c["text"] for c in out.body["choices"]] == ["one two three four" + "one two"] * 3
+    assert [c["index"] for c in out.body["choices"]] == [0, 1, 2]
+    assert {c["finish_reason"] for c in out.body["choices"]} == {"length"}
+    assert out.body["usage"] == {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10}
+    assert out.completion_tokens == 6
+    assert responses.holds_no_float(out.body)
+
+
+def test_bodies_with_logprobs_tools_or_metadata_may_hold_floats() -> None:
+    engine = echo.EchoEngine(EngineSettings(engine="echo"))
+    chat = {"messages": [{"role": "user", "content": "hi there"}]}
+    for extra, plain in [
+        ({}, True),
+        ({"logprobs": True}, False),
+        ({"metadata": {"k": "v"}}, False),
+    ]:
+        request = Request(custom_id="a", line=1, url=CHAT, body={**chat, **extra})
+        out = engine._finish(request, 0.0)
+        assert out.body is not None and not isinstance(out.body, msgspec.Raw)
+        assert responses.holds_no_float(out.body) is plain
+    embedding = engine._finish(
+        Request(custom_id="e", line=1, url="/v1/embeddings", body={"input": "x"}), 0.0
+    )
+    assert embedding.body is not None and not isinstance(embedding.body, msgspec.Raw)
+    assert not responses.holds_no_float(embedding.body)
