@@ -191,7 +191,7 @@ SECOND_INTERRUPT_WHILE_STOPPING = """
 import sys
 
 if __name__ == "__main__":
-    from batchrun import supervisor
+    from batchrun.workers import process as supervisor
 
     stop = supervisor.Worker.stop
     calls = []
