@@ -135,3 +135,34 @@ def group_alive(pgid: int) -> list[int]:
             if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
                 alive.append(p.pid)
     return alive
+
+
+# --- the real-engine jobs the vLLM tests share (tests/vllm_jobs.py) -------------------------
+# Session-scoped: each runs once, the first time a test asks for it; 5 engine starts in all.
+
+
+@pytest.fixture(scope="session")
+def vllm_chat_job(tmp_path_factory: pytest.TempPathFactory, isolated_cache: Path) -> dict[str, Any]:
+    """The chat job (1 engine start): the e2e chat lines, then sample_data/chat_fidelity.jsonl."""
+    from vllm_jobs import run_chat_job
+
+    (isolated_cache / "batch_sizes.json").unlink(missing_ok=True)  # its batch size is searched
+    return run_chat_job(tmp_path_factory.mktemp("vllm-chat"))
+
+
+@pytest.fixture(scope="session")
+def vllm_completions_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The completions job (3 engine starts: its worker killed with SIGKILL in submit, then
+    submit killed, then resumed in a local Ray actor): 32 requests, the e2e completions lines,
+    sample_data/completions_fidelity.jsonl."""
+    from vllm_jobs import run_completions_job
+
+    return run_completions_job(tmp_path_factory.mktemp("vllm-completions"))
+
+
+@pytest.fixture(scope="session")
+def vllm_embeddings_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The embeddings job (1 engine start): sample_data/embeddings.jsonl on all-MiniLM-L6-v2."""
+    from vllm_jobs import run_embeddings_job
+
+    return run_embeddings_job(tmp_path_factory.mktemp("vllm-embeddings"))

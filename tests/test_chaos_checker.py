@@ -23,7 +23,7 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from chaos_check import Checker, Expected, read_journal  # noqa: E402
+from chaos_check import Checker, Expected, read_journal
 
 CLEAN = Path(__file__).resolve().parent / "fixtures" / "chaos_clean"
 FINAL = "final journal"  # what the harness calls the check after its last, unkilled run

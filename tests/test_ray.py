@@ -1,13 +1,15 @@
 """Jobs on a Ray cluster (a local Ray instance here): same journal, same guarantees.
 
 The actors ask for CPU resources only; the echo engine stands in where many workers or a killed
-actor are needed, and one job runs the real vLLM engine in one actor.
+actor are needed, and the real vLLM engine runs in one actor when the shared completions job
+(tests/vllm_jobs.py), started locally and killed, is resumed on Ray.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -76,7 +78,9 @@ def test_ray_results_match_a_single_machine_run(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr[-3000:]
     for i in range(3):
-        assert f"ray worker {i}" in r.stderr
+        assert f"[batchrun] ray worker {i} starting echo engine (batch size 16)" in (
+            r.stderr.splitlines()
+        )
     for job in (local, on_ray):
         assert cli("export", "--job-dir", str(job)).returncode == 0
     assert answers(on_ray) == answers(local)
@@ -118,6 +122,15 @@ def test_a_killed_actor_is_replaced_and_nothing_is_lost(tmp_path: Path) -> None:
             os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == 0, stderr[-3000:]
     assert "the Ray actor was lost" in stderr and "Running them again in halves" in stderr
+    lost = [line for line in stderr.splitlines() if "the Ray actor was lost" in line]
+    assert len(lost) == 1, stderr[-3000:]
+    # Ray's own words for the loss vary; the rest of the line does not.
+    assert re.fullmatch(
+        r"\[batchrun\] ray worker [01] \(\S+\) died holding \d+ requests: the Ray actor was "
+        r"lost: .+\. Running them again in halves, each alone, to find the one that crashes it "
+        r"\(at most \d+ more restarts?\); starting a fresh worker",
+        lost[0],
+    ), lost[0]
     assert sorted(x["custom_id"] for x in journal_records(job)) == sorted(
         f"r{i}" for i in range(600)
     )
@@ -195,32 +208,32 @@ def test_ctrl_c_on_ray_leaves_no_process_behind(tmp_path: Path, second_after: fl
 
 
 @pytest.mark.vllm
-def test_the_real_vllm_engine_in_one_actor(tmp_path: Path) -> None:
-    lines = [
-        chat_line("math", "What is 1 plus 1? Answer briefly.", max_tokens=16, temperature=0),
-        chat_line(
-            "capital", "What is the capital of France? One word.", max_tokens=8, temperature=0
-        ),
+def test_the_real_vllm_engine_in_one_actor(vllm_completions_job: dict[str, Any]) -> None:
+    """The completions job, started without Ray and killed, is resumed with --ray local
+    --workers 1: the rest of it (lines 33-44 at least, tests/vllm_jobs.py) runs in one actor."""
+    job = vllm_completions_job["job"]
+    r = vllm_completions_job["resume"]
+    assert r.returncode == 1, r.stderr[-3000:]  # 1: the completions sample's refused lines only
+    assert "[batchrun] ray worker 0 starting vllm engine (batch size 4)" in r.stderr.splitlines()
+    assert vllm_completions_job["export"].returncode == 0
+    manifest = json.loads((job / "manifest.json").read_text())
+    # (A run killed with SIGKILL never recorded how it ended, nor whether it ran on Ray.)
+    assert [(run["mode"], run.get("ray")) for run in manifest["runs"]] == [
+        ("submit", None),
+        ("resume", "local"),
     ]
-    src = write_jsonl(tmp_path / "in.jsonl", lines)
-    job = tmp_path / "job"
-    r = cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--max-model-len",
-        "512",
-        "--batch-size",
-        "4",
-        "--ray",
-        "local",
-        "--workers",
-        "1",
-        "--no-progress",
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "ray worker 0" in r.stderr
-    assert cli("export", "--job-dir", str(job)).returncode == 0
-    got = answers(job)
-    assert "2" in got["math"] and "paris" in got["capital"].lower()
+    status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
+    assert [(w["worker"], w["kind"]) for w in status["workers"]] == [(0, "ray")]
+    # The answers that the actor gave (journaled after the resume started) are right.
+    resumed_at = manifest["runs"][1]["started_at"]
+    on_ray = {
+        rec["custom_id"]: rec
+        for rec in journal_records(job)
+        if rec["kind"] == "result" and rec["time"] >= resumed_at
+    }
+    assert {"c0", "c1", "c2"} <= set(on_ray)
+    got = {
+        o["custom_id"]: o["response"]["body"]["choices"][0]["text"]
+        for o in read_jsonl(job / "output.jsonl")
+    }
+    assert "5" in got["c1"] and "paris" in got["c0"].lower()  # "1, 2, 3, 4," and the capital

