@@ -12,7 +12,8 @@ why it died:
   found and fails by itself (`engine_crash`) while every other request runs.
 
 A job is given up on only when its workers cannot start, die holding nothing, or crash on request
-after request with none finishing in between (the engine, not the input, is broken).
+after request with none finishing in between (the engine, not the input, is broken). That policy
+lives in `run/restarts.py`.
 """
 
 from __future__ import annotations
@@ -31,20 +32,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from batchrun.config import EngineSettings
-from batchrun.console.text import command, plural
 from batchrun.errors import BatchrunError
 from batchrun.job.journal import JournalWriter, exact_float, plain_result, result_record
 from batchrun.job.state import JobState
 from batchrun.openai.records import Outcome, Request
-from batchrun.run.poison import ENGINE_CRASH, Isolator, crash_outcome, restarts_bound
-from batchrun.run.sizing import back_off
+from batchrun.run.poison import Isolator
+from batchrun.run.restarts import RestartPolicy
 from batchrun.workers.child import GC_THRESHOLD
-from batchrun.workers.process import Worker, WorkerDeath
-
-# A worker that dies this many times in a row holding no request and finishing none is given up on.
-MAX_DEATHS_WITHOUT_PROGRESS = 3
-# The most custom_ids written to a worker's log at its death (the rest are counted).
-LOGGED_IDS = 200
+from batchrun.workers.process import Worker
 
 _OK = operator.attrgetter("ok")
 _PROMPT_TOKENS = operator.attrgetter("prompt_tokens")
@@ -104,7 +99,7 @@ class RunStats:
         return self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-class Scheduler:
+class Scheduler(RestartPolicy):
     """Feeds requests to one or more engine workers and journals what comes back."""
 
     def __init__(
@@ -356,108 +351,6 @@ class Scheduler:
             f"{w.label} starting {w.settings.engine} engine ({where}batch size {w.settings.window})"
         )
 
-    def _requeue(self, w: Worker) -> int:
-        """Put back what `w` held, untested: suspects stay suspects, the rest go back to pending."""
-        held = w.take_inflight()
-        if w.isolating is not None:
-            self.isolator.put_back(dataclasses.replace(w.isolating, requests=held))
-            w.isolating = None
-        else:
-            self.pending.extendleft(reversed(held))
-        return len(held)
-
-    def _on_death(
-        self, w: Worker, stats: RunStats, stop_on_oom: bool
-    ) -> list[tuple[Outcome, Request]]:
-        """Deal with a dead worker; return the failed outcomes of requests found to crash it."""
-        death = w.death
-        assert death is not None
-        progressed = w.results > 0
-        if death.oom or death.during_start:
-            requeued = self._requeue(w)
-            w.stop(timeout=5)
-            back = (
-                f"; {plural(requeued, 'in-flight request')} go{'es' if requeued == 1 else ''} "
-                "back to pending"
-                if requeued
-                else ""
-            )
-            if not death.oom:
-                self._give_up(w, f"the engine failed to start: {death.message}")
-                return []
-            size = w.settings.window
-            self.reporter.event(f"{w.label} ran out of memory at batch size {size}{back}")
-            if stop_on_oom:
-                stats.oom = True
-                return []
-            smaller = back_off(size)
-            if smaller is None:
-                self._give_up(w, f"out of memory even at batch size 1 ({death.message})")
-                return []
-            self.reporter.event(f"{w.label}: backing off, batch size {size} -> {smaller}")
-            w.settings.window = smaller
-            w.settings.max_num_seqs = smaller
-            if self.on_back_off is not None:
-                self.on_back_off(smaller)
-            return []
-        held = w.take_inflight()
-        group, w.isolating = w.isolating, None
-        deaths = (group.deaths if group is not None else 0) + 1
-        w.stop(timeout=5)
-        _log_death(w, death, held)
-        if not held:
-            w.deaths_without_progress = 0 if progressed else w.deaths_without_progress + 1
-            self.reporter.event(f"{w.label} died: {death.message}; starting a fresh one")
-            if w.deaths_without_progress >= MAX_DEATHS_WITHOUT_PROGRESS:
-                self._give_up(
-                    w,
-                    f"the engine worker died {MAX_DEATHS_WITHOUT_PROGRESS} times in a row "
-                    f"without finishing a request (last: {death.message})",
-                )
-            return []
-        w.deaths_without_progress = 0
-        iso = self.isolator
-        if len(held) == 1:
-            request = held[0]
-            outcome = crash_outcome(request, death.message, w.log)
-            iso.on_found()
-            cost = f"; finding it took {deaths} restart{'s' if deaths != 1 else ''}"
-            self.reporter.event(
-                f"{w.label} died running request {request.custom_id!r} (line {request.line}) "
-                f"on its own: {death.message}. It is recorded as failed ({ENGINE_CRASH}) "
-                f"and not retried{cost}; the job goes on"
-            )
-            if iso.engine_looks_broken():
-                # Journaled before giving up, which raises when no other worker is left.
-                self._journal([self._record(outcome, request, w.index)], [outcome], stats)
-                stats.crashed += 1
-                self._give_up(
-                    w,
-                    f"{iso.streak} requests in a row crashed the engine worker on their own with "
-                    f"none finishing in between, so the engine itself looks broken (last: "
-                    f"{death.message}); they are recorded as failed ({ENGINE_CRASH}). Once the "
-                    f"engine is fixed, `{command('resume', self.job_dir)}` runs the rest and "
-                    f"`{command('retry-failed', self.job_dir)}` runs them again",
-                )
-                return []
-            return [(outcome, request)]
-        iso.suspect(held, deaths)
-        how = "running a group of {} suspects alone" if group else "holding {} requests"
-        bound = restarts_bound(len(held))
-        self.reporter.event(
-            f"{w.label} died {how.format(len(held))}: {death.message}. Running them again in "
-            f"halves, each alone, to find the one that crashes it (at most {bound} more "
-            f"restart{'s' if bound != 1 else ''}); starting a fresh worker"
-        )
-        return []
-
-    def _give_up(self, w: Worker, reason: str) -> None:
-        w.retired = True
-        if any(not other.retired for other in self.workers):
-            self.reporter.event(f"{w.label} retired: {reason}; the other workers go on")
-            return
-        raise BatchrunError(f"{reason}. Everything finished so far is saved")
-
     def close(self) -> None:
         """Stop every worker (the requests they held stay pending in the journal's eyes)."""
         for w in self.workers:
@@ -465,21 +358,3 @@ class Scheduler:
                 self._requeue(w)
                 w.stop(timeout=10)
 
-
-def _log_death(w: Worker, death: WorkerDeath, held: Sequence[Request]) -> None:
-    """Append the death and the custom_ids the worker held to its log, after its own last words
-    (a Python traceback, which the worker writes there itself)."""
-    if not w.log:
-        return
-    ids = ", ".join(repr(r.custom_id) for r in held[:LOGGED_IDS])
-    more = f" and {len(held) - LOGGED_IDS} more" if len(held) > LOGGED_IDS else ""
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    text = (
-        f"\n=== [batchrun {stamp}] {w.label} (pid {w.pid}) died: {death.message}\n"
-        + f"=== in flight at its death ({len(held)}): {ids or '(none)'}{more}\n"
-    )
-    try:
-        with open(w.log, "a", encoding="utf-8", errors="backslashreplace") as f:
-            f.write(text)
-    except OSError:
-        pass  # the log is an aid; a full or read-only disk must not stop the job here
