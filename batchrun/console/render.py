@@ -28,7 +28,7 @@ def print_summary(console: Console, summary: JobSummary, title: str) -> None:
     )
     table.add_row("succeeded", f"{st.succeeded:,}")
     table.add_row("failed", f"{st.failed:,}")
-    pending = int(m["requests"]) - len(st.last)
+    pending = st.pending(int(m["requests"]))
     if pending:
         table.add_row("pending", f"{pending:,}")
     table.add_row("tokens", f"{st.prompt_tokens:,} prompt, {st.completion_tokens:,} generated")
@@ -53,7 +53,7 @@ def next_step(summary: JobSummary) -> str:
     """What to run next: the command that makes progress (resume while requests are pending,
     retry-failed when some failed), or, for invalid input lines only, that nothing will."""
     st, job = summary.state, summary.job_dir
-    pending = int(summary.manifest["requests"]) - len(st.last)
+    pending = st.pending(int(summary.manifest["requests"]))
     if pending > 0:
         return f"{plural(pending, 'request')} not run yet; continue with: {command('resume', job)}"
     if st.failed:

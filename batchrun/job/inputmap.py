@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from batchrun.console.text import command
 from batchrun.errors import BatchrunError
-from batchrun.job.files import fsync_dir
+from batchrun.job.files import atomic_write
 from batchrun.job.paths import INPUT_MAP_PREFIX, JobPaths
 
 
@@ -34,23 +33,12 @@ def write_input_map(paths: JobPaths, generation: str, requests: Iterable[tuple[s
     One `[custom_id, line]` JSON array a line, streamed: a million requests never sit in memory.
     """
     name = f"{INPUT_MAP_PREFIX}{generation}.jsonl"
-    path = paths.root / name
-    tmp = paths.root / f".{name}.{os.getpid()}.tmp"
-    done = False
-    try:
-        with open(tmp, "wb", buffering=1 << 20) as f:
-            for custom_id, line in requests:
-                f.write(json.dumps([custom_id, line], ensure_ascii=False).encode("utf-8") + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        done = True
-        fsync_dir(paths.root)
-    except OSError as e:
-        raise BatchrunError(f"cannot write {path}: {e.strerror or e}") from e
-    finally:
-        if not done:
-            tmp.unlink(missing_ok=True)
+
+    def write(f: IO[bytes]) -> None:
+        for custom_id, line in requests:
+            f.write(json.dumps([custom_id, line], ensure_ascii=False).encode("utf-8") + b"\n")
+
+    atomic_write(paths.root / name, write)
     return name
 
 

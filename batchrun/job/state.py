@@ -47,6 +47,10 @@ class JobState:
         """Whether the request has any finished attempt."""
         return custom_id in self.last
 
+    def pending(self, requests: int) -> int:
+        """Of a job's `requests` valid requests, those with no finished attempt yet."""
+        return max(0, requests - len(self.last))
+
     def is_not_done(self, request: Request) -> bool:
         """Whether the request still waits for its first finished attempt."""
         return request.custom_id not in self.last

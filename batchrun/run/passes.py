@@ -260,15 +260,14 @@ def _finish_manifest(
 ) -> None:
     if status == "completed":
         # "completed" only when every valid request has a finished attempt.
-        done = sum(1 for _ in state.last)
-        status = "completed" if done >= int(manifest["requests"]) else "incomplete"
+        status = "incomplete" if state.pending(int(manifest["requests"])) else "completed"
     manifest["status"] = status
     manifest["counts"] = {
         "total": int(manifest["requests"]) + state.invalid,
         "succeeded": state.succeeded,
         "failed": state.failed,
         "invalid": state.invalid,
-        "pending": max(0, int(manifest["requests"]) - len(state.last)),
+        "pending": state.pending(int(manifest["requests"])),
     }
     manifest["tokens"] = {"prompt": state.prompt_tokens, "completion": state.completion_tokens}
     run_info.update(
