@@ -19,6 +19,7 @@ from batchrun.config import EngineSettings
 from batchrun.engines import echo
 from batchrun.job.journal import encode_body
 from batchrun.openai import responses
+from batchrun.openai.params import Sampling
 from batchrun.openai.records import CHAT, COMPLETIONS, Outcome, Request
 
 
@@ -64,16 +65,14 @@ def test_a_forked_child_draws_ids_of_its_own() -> None:
     assert abs(int(theirs, 16) - int(next(iter(mine)), 16)) > 10**6  # not our sequence
 
 
-def old_limit(request: Request, text: str) -> tuple[str, str]:
+def old_limit(params: Sampling, text: str) -> tuple[str, str]:
     """The echo engine's cut as it was: split into words first, always."""
-    body = request.body
-    stop = body.get("stop")
-    for s in [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []:
-        if isinstance(s, str) and s and s in text:
+    for s in params.stop:
+        if s and s in text:
             text = text[: text.index(s)]
-    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    limit = params.max_tokens
     words = re.findall(r"\s*\S+", text)
-    if isinstance(limit, int) and 0 < limit < len(words):
+    if limit is not None and limit < len(words):
         return "".join(words[:limit]), "length"
     return text, "stop"
 
@@ -83,17 +82,14 @@ def test_the_echo_cut_is_the_same_with_and_without_its_fast_path() -> None:
     pieces = ["a", "bb", " ", "  ", "\n", "\t", "\u3000", "\xa0", "stop", "é", "x.y", ""]
     for _ in range(5000):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
-        body: dict[str, object] = {}
-        if rng.random() < 0.5:
-            body["max_tokens"] = rng.choice([None, 0, 1, 2, 3, 5, True, "3", -1])
-        if rng.random() < 0.3:
-            body["max_completion_tokens"] = rng.choice([1, 2, 4])
-        if rng.random() < 0.3:
-            body["stop"] = rng.choice(["stop", ["bb", "x"], [], "", None, 3])
-        request = Request(custom_id="a", line=1, url=COMPLETIONS, body=body)
-        expected = old_limit(request, text)
-        assert echo._limit(request, text) == expected, (text, body)
-        assert echo._limit(request, text, len(text.split())) == expected, (text, body)
+        # Every value validation lets through: max_tokens at least 1, stop strings.
+        params = Sampling(
+            max_tokens=rng.choice([None, 1, 2, 3, 4, 5]),
+            stop=rng.choice([(), ("stop",), ("bb", "x"), ("",)]),
+        )
+        expected = old_limit(params, text)
+        assert echo._limit(params, text) == expected, (text, params)
+        assert echo._limit(params, text, len(text.split())) == expected, (text, params)
 
 
 def test_an_echo_reply_with_n_choices_and_echo_keeps_its_shape() -> None:

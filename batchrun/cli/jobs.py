@@ -65,8 +65,8 @@ def _start(
         finish(summary, "submit")
     from batchrun.console.render import print_probes
 
-    print_probes(out, summary.manifest.get("probes") or [], summary.manifest.get("batch_size"))
-    size = summary.manifest.get("batch_size")
+    print_probes(out, summary.manifest.probes, summary.manifest.batch_size)
+    size = summary.manifest.batch_size
     plain(f"batch size {size}; run the rest with: {command('resume', job)}")
     raise typer.Exit(0)
 

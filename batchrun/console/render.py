@@ -21,14 +21,14 @@ def print_summary(console: Console, summary: JobSummary, title: str) -> None:
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("job", f"{m['job_id']} ({m['status']})")
+    table.add_row("job", f"{m.job_id} ({m.status})")
     table.add_row(
         "requests",
-        f"{summary.total:,} ({m['requests']:,} valid, {plural(st.invalid, 'invalid line')})",
+        f"{summary.total:,} ({m.requests:,} valid, {plural(st.invalid, 'invalid line')})",
     )
     table.add_row("succeeded", f"{st.succeeded:,}")
     table.add_row("failed", f"{st.failed:,}")
-    pending = st.pending(int(m["requests"]))
+    pending = st.pending(m.requests)
     if pending:
         table.add_row("pending", f"{pending:,}")
     table.add_row("tokens", f"{st.prompt_tokens:,} prompt, {st.completion_tokens:,} generated")
@@ -42,7 +42,7 @@ def print_summary(console: Console, summary: JobSummary, title: str) -> None:
         f"{summary.run_outcomes / wall:,.1f} req/s, "
         f"{summary.run_completion_tokens / wall:,.1f} generated tok/s (over the run's wall time)",
     )
-    table.add_row("batch size", _batch_size(m.get("batch_size"), m.get("batch_size_source")))
+    table.add_row("batch size", _batch_size(m.batch_size, m.batch_size_source))
     if summary.overrides:
         table.add_row("overrides", ", ".join(summary.overrides))
     table.add_row("job dir", str(summary.job_dir))
@@ -53,7 +53,7 @@ def next_step(summary: JobSummary) -> str:
     """What to run next: the command that makes progress (resume while requests are pending,
     retry-failed when some failed), or, for invalid input lines only, that nothing will."""
     st, job = summary.state, summary.job_dir
-    pending = st.pending(int(summary.manifest["requests"]))
+    pending = st.pending(summary.manifest.requests)
     if pending > 0:
         return f"{plural(pending, 'request')} not run yet; continue with: {command('resume', job)}"
     if st.failed:

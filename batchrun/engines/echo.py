@@ -35,8 +35,8 @@ from collections import deque
 from typing import Any
 
 from batchrun.config import EngineSettings
-from batchrun.openai.embeddings import embedding_inputs
-from batchrun.openai.records import CHAT, COMPLETIONS, EMBEDDINGS, Outcome, Request
+from batchrun.openai.params import Sampling, embedding_params, sampling
+from batchrun.openai.records import CHAT, EMBEDDINGS, Outcome, Request
 from batchrun.openai.responses import (
     Choice,
     TokenLogprob,
@@ -167,21 +167,19 @@ class EchoEngine:
             )
         if request.url == EMBEDDINGS:
             return self._embed(request, latency_s)
-        body = request.body
+        params = sampling(request)
         prompt = echo_text(request)
         prompt_words = len(prompt.split())
-        text, finish_reason = _limit(request, prompt, prompt_words)
-        n = body.get("n", 1)
-        n = n if isinstance(n, int) and n > 0 else 1
+        text, finish_reason = _limit(params, prompt, prompt_words)
         tokens = max(1, prompt_words if text is prompt else len(text.split()))
         prompt_tokens = max(1, prompt_words)
-        logprobs = _echo_logprobs(request, text)
-        if request.url == COMPLETIONS and body.get("echo") is True:
+        logprobs = _echo_logprobs(params, text)
+        if params.echo:
             text = prompt + text
         choice = Choice(
             text=text, finish_reason=finish_reason, token_count=tokens, logprobs=logprobs
         )
-        choices = [choice] * n  # frozen: one object serves every copy
+        choices = [choice] * params.n  # frozen: one object serves every copy
         return success(
             request,
             choices,
@@ -191,9 +189,10 @@ class EchoEngine:
         )
 
     def _embed(self, request: Request, latency_s: float) -> Outcome:
-        inputs = embedding_inputs(request.body.get("input"))
-        dimensions = request.body.get("dimensions")
-        size = dimensions if isinstance(dimensions, int) else ECHO_DIMENSIONS
+        fields = embedding_params(request)
+        inputs = fields.inputs
+        dimensions = fields.dimensions
+        size = dimensions if dimensions is not None else ECHO_DIMENSIONS
         if not 1 <= size <= ECHO_DIMENSIONS:
             return failure(
                 request,
@@ -235,40 +234,27 @@ def echo_vector(item: str | list[int], size: int = ECHO_DIMENSIONS) -> list[floa
     return [struct.unpack("<f", struct.pack("<f", x / norm))[0] for x in raw]
 
 
-def _limit(request: Request, text: str, words: int | None = None) -> tuple[str, str]:
+def _limit(params: Sampling, text: str, words: int | None = None) -> tuple[str, str]:
     """The reply cut at the first stop sequence and at max_tokens words; its finish_reason.
 
     `words`: the number of words of `text`, when known. Uncut, `text` itself comes back.
     """
-    body = request.body
-    stop = body.get("stop")
-    if stop is not None:
-        for s in [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []:
-            if isinstance(s, str) and s and s in text:
-                text = text[: text.index(s)]
-                words = None
-    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    for s in params.stop:
+        if s and s in text:
+            text = text[: text.index(s)]
+            words = None
+    limit = params.max_tokens
     # Counting words is cheap; splitting into them (keeping the spaces between) is not.
-    if (
-        isinstance(limit, int)
-        and limit > 0
-        and (len(text.split()) if words is None else words) > limit
-    ):
+    if limit is not None and (len(text.split()) if words is None else words) > limit:
         return "".join(_WORDS.findall(text)[:limit]), "length"
     return text, "stop"
 
 
-def _echo_logprobs(request: Request, text: str) -> list[TokenLogprob] | None:
+def _echo_logprobs(params: Sampling, text: str) -> list[TokenLogprob] | None:
     """Logprobs for the echo reply when asked for: each word a token, certain (logprob 0)."""
-    body = request.body
-    if request.url == CHAT:
-        if body.get("logprobs") is not True:
-            return None
-        top = body.get("top_logprobs") or 0
-    else:
-        if body.get("logprobs") is None:
-            return None
-        top = body["logprobs"]
+    top = params.logprobs
+    if top is None:
+        return None
     result = []
     for word in _WORDS.findall(text):
         raw = word.encode("utf-8")

@@ -28,16 +28,13 @@ import msgspec
 
 from batchrun.errors import BatchrunError
 from batchrun.job.inputmap import InputMap
-from batchrun.job.state import FAILED_FINAL, FAILED_RETRYABLE, OK
+from batchrun.job.state import FAILED_FINAL, FAILED_RETRYABLE, INVALID, OK, PENDING
 
-# A request's status in the index: how its last attempt ended, as job/state.py says (OK,
-# FAILED_RETRYABLE, FAILED_FINAL), or one of export's own: INVALID, an input line that failed
-# validation; PENDING, a request of a forced resume's input map with no finished attempt, never
-# written out.
-INVALID, PENDING = 3, 4
+# A request's status in the index is job/state.py's RequestStatus: PENDING is a request of a
+# forced resume's input map with no finished attempt, never written out.
 FAILED = (FAILED_RETRYABLE, FAILED_FINAL)
 REPORTED = (OK, *FAILED, INVALID)  # every status but PENDING: the rows of the results
-STATUS_NAMES = {
+STATUS_NAMES: dict[int, str] = {
     OK: "succeeded",
     FAILED_RETRYABLE: "failed",
     FAILED_FINAL: "failed",

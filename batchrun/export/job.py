@@ -11,17 +11,17 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 from batchrun.errors import BatchrunError
-from batchrun.export.index import FAILED, INVALID, PENDING, JournalIndex, latest_by_request
+from batchrun.export.index import FAILED, JournalIndex, latest_by_request
 from batchrun.export.jsonl import ERRORS_NAME, OUTPUT_NAME, write_errors, write_output
 from batchrun.export.parquet import PARQUET_NAME, write_parquet
 from batchrun.job.files import atomic_write
 from batchrun.job.inputmap import load_input_map
-from batchrun.job.manifest import load_manifest, recorded_runner
+from batchrun.job.manifest import Manifest, load_manifest, recorded_runner
 from batchrun.job.paths import JobPaths
-from batchrun.job.state import OK
+from batchrun.job.state import INVALID, OK, PENDING
 
 _WRITE_ADVICE = "check free space and permissions, or choose another --output-dir"
 
@@ -86,7 +86,7 @@ def export_job(
     The requests are those of the input as it is now (after a forced resume, its input map).
     """
     paths = JobPaths(job_dir)
-    manifest: dict[str, Any] | None = None
+    manifest: Manifest | None = None
     try:
         manifest = load_manifest(paths)
     except BatchrunError as e:
@@ -107,7 +107,7 @@ def export_job(
             pending = index.count(PENDING)
         else:
             finished = index.count(OK, *FAILED)
-            pending = max(0, int(manifest["requests"]) - finished)
+            pending = max(0, manifest.requests - finished)
         running = recorded_runner(manifest)
     if pending and not partial:
         are = "request is" if pending == 1 else "requests are"

@@ -17,7 +17,6 @@ import msgspec
 
 from batchrun.export.index import (
     FAILED,
-    INVALID,
     Entry,
     JournalIndex,
     changed,
@@ -25,7 +24,7 @@ from batchrun.export.index import (
     read_back,
 )
 from batchrun.job.journal import encode_record
-from batchrun.job.state import OK
+from batchrun.job.state import INVALID, OK
 
 OUTPUT_NAME = "output.jsonl"
 ERRORS_NAME = "errors.jsonl"

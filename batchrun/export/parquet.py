@@ -20,7 +20,6 @@ from typing import IO, Any
 import msgspec
 
 from batchrun.export.index import (
-    INVALID,
     REPORTED,
     STATUS_NAMES,
     Entry,
@@ -30,7 +29,7 @@ from batchrun.export.index import (
     parse_record,
     read_back,
 )
-from batchrun.job.state import OK
+from batchrun.job.state import INVALID, OK
 
 PARQUET_NAME = "results.parquet"
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO
 
 from batchrun.console.text import command
 from batchrun.errors import BatchrunError
 from batchrun.job.files import atomic_write
+from batchrun.job.manifest import Manifest
 from batchrun.job.paths import INPUT_MAP_PREFIX, JobPaths
 
 
@@ -42,12 +43,12 @@ def write_input_map(paths: JobPaths, generation: str, requests: Iterable[tuple[s
     return name
 
 
-def load_input_map(paths: JobPaths, manifest: dict[str, Any]) -> InputMap | None:
+def load_input_map(paths: JobPaths, manifest: Manifest) -> InputMap | None:
     """The job's input map, or None when its input never changed (no forced resume)."""
-    info = manifest.get("input_map")
-    if not isinstance(info, dict):
+    info = manifest.input_map
+    if info is None:
         return None
-    path = paths.root / str(info.get("file"))
+    path = paths.root / info.file
     lines: dict[str, int] = {}
     try:
         with path.open("rb") as f:
@@ -64,4 +65,4 @@ def load_input_map(paths: JobPaths, manifest: dict[str, Any]) -> InputMap | None
             f"the job's input map {path} is corrupt; "
             f"`{command('resume', paths.root, '--force')}` writes it again"
         ) from None
-    return InputMap(str(info.get("generation")), lines)
+    return InputMap(info.generation, lines)

@@ -5,7 +5,7 @@ kernel already has) and fsync'd by a background thread within about a second (so
 loses at most that); closing fsyncs the rest. On open, a torn last line left by a crash
 mid-write is cut off.
 
-Record shapes (one JSON object a line):
+Record shapes (one JSON object a line; typed in batchrun.job.records):
 
 - ``{"kind": "result", "custom_id", "line", "attempt", "ok", "status_code", "body", "error",
   "retryable", "prompt_tokens", "completion_tokens", "latency_s", "time"}``: one attempt.
@@ -21,7 +21,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -29,7 +29,11 @@ from typing import Any, BinaryIO
 import msgspec
 
 from batchrun.errors import BatchrunError
-from batchrun.openai.records import LineError, Outcome
+from batchrun.job.records import InvalidRecord as InvalidRecord
+from batchrun.job.records import ResultRecord as ResultRecord
+from batchrun.job.records import invalid_record as invalid_record
+from batchrun.job.records import result_record as result_record
+from batchrun.openai.records import Outcome
 
 JOURNAL_NAME = "journal.jsonl"
 
@@ -79,7 +83,7 @@ def _encode_exact(record: Any) -> bytes:
         return _ASCII_ENCODER.encode(record).encode("ascii") + b"\n"
 
 
-def encode_record(record: dict[str, Any]) -> bytes:
+def encode_record(record: Mapping[str, Any]) -> bytes:
     """One journal line: the record as compact JSON in UTF-8, with its newline.
 
     The bytes are json's (`ensure_ascii=False`, compact separators), written by msgspec when that
@@ -94,7 +98,7 @@ def encode_record(record: dict[str, Any]) -> bytes:
     return data + b"\n"
 
 
-def encode_records(records: Sequence[dict[str, Any]], *, plain: bool = False) -> bytes:
+def encode_records(records: Sequence[Mapping[str, Any]], *, plain: bool = False) -> bytes:
     """Journal lines for `records`, as `encode_record` writes each, in one go.
 
     `plain`: the caller vouches that every float in the records is one msgspec writes as json
@@ -156,39 +160,6 @@ def plain_result(outcome: Outcome) -> bool:
         and type(outcome.prompt_tokens) is int
         and type(outcome.completion_tokens) is int
     )
-
-
-def result_record(
-    outcome: Outcome, line: int, attempt: int, now: float | None = None
-) -> dict[str, Any]:
-    """The journal record of one attempt, finished at `now` (as written: `time.time()` to the
-    millisecond; by default, now)."""
-    return {
-        "kind": "result",
-        "custom_id": outcome.custom_id,
-        "line": line,
-        "attempt": attempt,
-        "ok": outcome.ok,
-        "status_code": outcome.status_code,
-        "body": outcome.body,
-        "error": outcome.error,
-        "retryable": outcome.retryable,
-        "prompt_tokens": outcome.prompt_tokens,
-        "completion_tokens": outcome.completion_tokens,
-        "latency_s": round(outcome.latency_s, 6),
-        "time": round(time.time(), 3) if now is None else now,
-    }
-
-
-def invalid_record(err: LineError) -> dict[str, Any]:
-    """The journal record of an input line that failed validation."""
-    return {
-        "kind": "invalid",
-        "custom_id": err.custom_id,
-        "line": err.line,
-        "error": {"code": err.code, "message": err.message},
-        "time": round(time.time(), 3),
-    }
 
 
 def repair_tail(path: Path) -> int:
@@ -283,7 +254,7 @@ class JournalWriter:
         self._closing = False
         return self
 
-    def append(self, records: Iterable[dict[str, Any]], *, plain: bool = False) -> None:
+    def append(self, records: Iterable[Mapping[str, Any]], *, plain: bool = False) -> None:
         """Write records in one system call; the background thread fsyncs them soon.
 
         `plain`: see `encode_records`.

@@ -10,11 +10,76 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from batchrun.config import DEFAULT_MAX_ATTEMPTS
 from batchrun.errors import BatchrunError
-from batchrun.job.files import write_json_atomic
+from batchrun.job.files import atomic_write
 from batchrun.job.paths import MANIFEST_NAME, JobPaths
 
 FORMAT_VERSION = 1
+
+
+class Run(msgspec.Struct, kw_only=True):
+    """One command's run of the job: submit, tune, resume or retry."""
+
+    mode: str
+    started_at: float
+    pid: int
+    ray: str | None = None
+    ended_at: float | None = None
+    wall_s: float | None = None
+    status: str | None = None
+
+
+class InputMapRef(msgspec.Struct):
+    """The input map a forced resume wrote: its file name and generation."""
+
+    file: str
+    generation: str
+
+
+class Manifest(msgspec.Struct, kw_only=True):
+    """The job's manifest (manifest.json): what the job is, how it runs, where it stands.
+
+    Decoded and encoded by msgspec; a field added later has a default, so older jobs still load,
+    and keys this version does not know are kept out of the way (ignored, not refused).
+    """
+
+    format: int = FORMAT_VERSION
+    job_id: str
+    created_at: float
+    updated_at: float | None = None
+    input_path: str
+    input_relpath: str | None = None
+    input_sha256: str
+    input_bytes: int
+    requests: int
+    invalid: int
+    endpoint: str | None = None
+    model: str | None = None
+    engine: dict[str, Any] = msgspec.field(default_factory=dict)
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    batch_size: int | None = None
+    # How batch_size was found: fixed, search, cache, job, out-of-memory back-off.
+    batch_size_source: str | None = None
+    batch_bounds: list[int] | None = None
+    probes: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    gpus: list[str] | None = None
+    workers: int | None = None
+    # validated, running, completed, incomplete, interrupted, failed, stopped
+    status: str = "validated"
+    counts: dict[str, int] = msgspec.field(default_factory=dict)
+    tokens: dict[str, int] | None = None
+    runs: list[Run] = msgspec.field(default_factory=list)
+    worker_info: dict[str, dict[str, Any]] | None = None
+    input_map: InputMapRef | None = None
+    forced: list[float] = msgspec.field(default_factory=list)
+    overrides: list[dict[str, Any]] = msgspec.field(default_factory=list)
+
+
+_DECODER = msgspec.json.Decoder(Manifest)
+_ENCODER = msgspec.json.Encoder()
 
 
 def new_job_id() -> str:
@@ -22,7 +87,7 @@ def new_job_id() -> str:
     return f"batch_{uuid.uuid4().hex[:24]}"
 
 
-def load_manifest(paths: JobPaths) -> dict[str, Any]:
+def load_manifest(paths: JobPaths) -> Manifest:
     """Read the manifest, with a clear message when the directory is not a job or the file is bad."""
     if paths.root.exists() and not paths.root.is_dir():
         raise BatchrunError(f"no job at {paths.root}: it is a file, not a job directory")
@@ -39,38 +104,47 @@ def load_manifest(paths: JobPaths) -> dict[str, Any]:
             f"no job at {paths.root}: there is no {MANIFEST_NAME} (start one with submit)"
         )
     try:
-        data = json.loads(paths.manifest.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        raw = paths.manifest.read_bytes()
+    except OSError as e:
         raise BatchrunError(f"the manifest {paths.manifest} cannot be read: {e}") from e
-    if not isinstance(data, dict) or "job_id" not in data:
-        raise BatchrunError(f"the manifest {paths.manifest} is not a batchrun manifest")
-    return data
+    try:
+        return _DECODER.decode(raw)
+    except msgspec.DecodeError as e:
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            raise BatchrunError(f"the manifest {paths.manifest} cannot be read: {e}") from e
+        if not isinstance(data, dict) or "job_id" not in data:
+            raise BatchrunError(f"the manifest {paths.manifest} is not a batchrun manifest") from e
+        raise BatchrunError(f"the manifest {paths.manifest} is damaged: {e}") from e
 
 
-def save_manifest(paths: JobPaths, manifest: dict[str, Any]) -> None:
+def save_manifest(paths: JobPaths, manifest: Manifest) -> None:
     """Stamp and atomically write the manifest."""
-    manifest["updated_at"] = time.time()
-    write_json_atomic(paths.manifest, manifest)
+    manifest.updated_at = time.time()
+    # Indented: people read manifests (`cat manifest.json`), and it is written a few times a run.
+    payload = msgspec.json.format(_ENCODER.encode(manifest), indent=2) + b"\n"
+    atomic_write(paths.manifest, lambda f: f.write(payload))
 
 
-def input_location(paths: JobPaths, path: Path) -> dict[str, str]:
-    """The manifest's fields for the input's place: absolute, and relative to the job directory.
+def input_location(paths: JobPaths, path: Path) -> tuple[str, str | None]:
+    """The input's place as the manifest keeps it: absolute, and relative to the job directory.
 
     The relative one lets a job moved together with its input (a project directory renamed)
     find the file again.
     """
     absolute = path.resolve()
-    location = {"input_path": str(absolute)}
+    relative = None
     with contextlib.suppress(ValueError):  # no relative path between two drives (Windows)
-        location["input_relpath"] = os.path.relpath(absolute, paths.root.resolve())
-    return location
+        relative = os.path.relpath(absolute, paths.root.resolve())
+    return str(absolute), relative
 
 
-def find_input(paths: JobPaths, manifest: dict[str, Any]) -> Path | None:
+def find_input(paths: JobPaths, manifest: Manifest) -> Path | None:
     """The job's input file: at its recorded absolute path, else relative to the job directory."""
-    candidates = [Path(manifest["input_path"])]
-    relative = manifest.get("input_relpath")
-    if isinstance(relative, str):
+    candidates = [Path(manifest.input_path)]
+    relative = manifest.input_relpath
+    if relative is not None:
         candidates.append(paths.root / relative)
     for candidate in candidates:
         try:
@@ -81,17 +155,16 @@ def find_input(paths: JobPaths, manifest: dict[str, Any]) -> Path | None:
     return None
 
 
-def recorded_runner(manifest: dict[str, Any]) -> int | None:
+def recorded_runner(manifest: Manifest) -> int | None:
     """The pid of the process the manifest says runs the job, if that process is alive.
 
     Read-only, unlike `lock_holder`: probing the lock takes it for an instant, which could make a
     `resume` starting at that moment think the job runs; export must never disturb a run.
     """
-    runs = manifest.get("runs") or []
-    if manifest.get("status") != "running" or not runs or not isinstance(runs[-1], dict):
+    if manifest.status != "running" or not manifest.runs:
         return None
-    pid = runs[-1].get("pid")
-    if not isinstance(pid, int) or pid <= 0:
+    pid = manifest.runs[-1].pid
+    if pid <= 0:
         return None
     try:
         os.kill(pid, 0)

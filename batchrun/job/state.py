@@ -4,15 +4,31 @@ from __future__ import annotations
 
 from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any
 
 from batchrun.job.inputmap import load_input_map
 from batchrun.job.journal import read_records
+from batchrun.job.manifest import Manifest
 from batchrun.job.paths import JobPaths
 from batchrun.openai.records import Outcome, Request
 
-# A request's state, derived from its last journal record.
-OK, FAILED_RETRYABLE, FAILED_FINAL = 0, 1, 2
+
+class RequestStatus(IntEnum):
+    """Where a request (or an input line) stands: the one status scale run, status and export share.
+
+    Derived from its last journal record; ints underneath, so that the per-request tables of a
+    million-line job stay plain int arrays and dicts.
+    """
+
+    OK = 0
+    FAILED_RETRYABLE = 1  # a failed attempt another may fix (engine error, OOM), attempts left
+    FAILED_FINAL = 2  # a failed attempt that would fail the same way (a 400), or attempts spent
+    INVALID = 3  # an input line that failed validation: it never runs
+    PENDING = 4  # a request with no finished attempt yet
+
+
+OK, FAILED_RETRYABLE, FAILED_FINAL, INVALID, PENDING = RequestStatus
 
 
 @dataclass
@@ -132,7 +148,7 @@ class JobState:
         return numbers
 
 
-def replay(paths: JobPaths, manifest: dict[str, Any] | None = None) -> JobState:
+def replay(paths: JobPaths, manifest: Manifest | None = None) -> JobState:
     """Derive the job's state from its journal (the one source of truth).
 
     With the manifest, of the input file as it is now: after a forced resume, requests that left

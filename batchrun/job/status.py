@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from batchrun.job.lock import lock_holder
-from batchrun.job.manifest import find_input, load_manifest
+from batchrun.job.manifest import Manifest, find_input, load_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.state import replay
 
@@ -20,26 +20,25 @@ def job_status(job_dir: Path) -> dict[str, Any]:
     # Where resume would find the input: a job moved together with its input finds it there.
     found = find_input(paths, manifest)
     holder = lock_holder(paths)
-    requests = int(manifest["requests"])
+    requests = manifest.requests
     done = len(state.last)
-    status = manifest.get("status", "unknown")
+    status = manifest.status
     if holder is not None:
         status = "running"
     elif status == "running":
         status = "interrupted"  # the manifest says running but no process holds the lock
     span = (state.last_time - state.first_time) if state.first_time and state.last_time else 0.0
-    runs = manifest.get("runs") or []
     return {
-        "job_id": manifest["job_id"],
+        "job_id": manifest.job_id,
         "job_dir": str(job_dir),
         "status": status,
         "pid": holder if holder and holder > 0 else None,
-        "input": str(found) if found is not None else manifest["input_path"],
-        "endpoint": manifest.get("endpoint"),
-        "model": manifest.get("model"),
-        "engine": manifest.get("engine", {}).get("engine"),
-        "batch_size": manifest.get("batch_size"),
-        "batch_size_source": manifest.get("batch_size_source"),
+        "input": str(found) if found is not None else manifest.input_path,
+        "endpoint": manifest.endpoint,
+        "model": manifest.model,
+        "engine": manifest.engine.get("engine"),
+        "batch_size": manifest.batch_size,
+        "batch_size_source": manifest.batch_size_source,
         "requests": {
             "total": requests + state.invalid,
             "valid": requests,
@@ -56,16 +55,16 @@ def job_status(job_dir: Path) -> dict[str, Any]:
             if span > 0
             else None,
         },
-        "runs": len(runs),
-        "wall_s": round(sum(float(r.get("wall_s") or 0.0) for r in runs), 3),
-        "probes": manifest.get("probes") or [],
+        "runs": len(manifest.runs),
+        "wall_s": round(sum(r.wall_s or 0.0 for r in manifest.runs), 3),
+        "probes": manifest.probes,
         "workers": _workers(manifest, state.per_worker),
     }
 
 
-def _workers(manifest: dict[str, Any], per_worker: dict[str, list[float]]) -> list[dict[str, Any]]:
+def _workers(manifest: Manifest, per_worker: dict[str, list[float]]) -> list[dict[str, Any]]:
     """Per-worker progress of the latest run: where it ran, requests, generated tokens/s."""
-    info: dict[str, Any] = manifest.get("worker_info") or {}
+    info = manifest.worker_info or {}
     rows = []
     for key in sorted(set(info) | set(per_worker), key=lambda k: int(k)):
         n, tokens, first, last = per_worker.get(key, [0, 0, 0.0, 0.0])

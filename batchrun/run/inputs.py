@@ -8,19 +8,21 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from batchrun.console.text import command
 from batchrun.errors import BatchrunError
 from batchrun.job.inputmap import write_input_map
-from batchrun.job.journal import JournalWriter, invalid_record, read_records
+from batchrun.job.journal import JournalWriter, read_records
 from batchrun.job.manifest import (
+    InputMapRef,
+    Manifest,
     find_input,
     input_location,
     new_job_id,
     save_manifest,
 )
 from batchrun.job.paths import INPUT_MAP_PREFIX, JobPaths
+from batchrun.job.records import InvalidRecord, invalid_record
 from batchrun.openai.reader import check_input_file, hash_file, read_input
 from batchrun.openai.records import LineError, Request
 from batchrun.run.options import RunOptions
@@ -49,7 +51,7 @@ def discard_unfinished_validation(paths: JobPaths) -> None:
 
 def validate_into_job(
     input_path: Path, paths: JobPaths, options: RunOptions, index: InputIndex
-) -> dict[str, Any]:
+) -> Manifest:
     """Stream-validate the input; invalid lines go to the journal as error records.
 
     `index` records what the pass finds, so that the run pass after it reads the file cheaply.
@@ -58,7 +60,7 @@ def validate_into_job(
     url: str | None = None
     first_error: LineError | None = None
     with JournalWriter(paths.journal, group=4096) as journal:
-        batch: list[dict[str, Any]] = []
+        batch: list[InvalidRecord] = []
         for item in index.read(input_path):
             if isinstance(item, Request):
                 valid += 1
@@ -82,36 +84,34 @@ def validate_into_job(
     # The engine needs the endpoint: embeddings run vLLM as a pooling model.
     options.settings.endpoint = url
     now = time.time()
-    manifest: dict[str, Any] = {
-        "format": 1,
-        "job_id": new_job_id(),
-        "created_at": now,
-        **input_location(paths, input_path),
-        "input_sha256": hash_file(input_path),
-        "input_bytes": input_path.stat().st_size,
-        "requests": valid,
-        "invalid": invalid,
-        "endpoint": url,
-        "model": options.settings.model_name,
-        "engine": options.settings.to_dict(),
-        "max_attempts": options.max_attempts,
-        "batch_size": options.batch_size,
-        "batch_size_source": "fixed" if options.batch_size else None,
-        "batch_bounds": [options.min_batch, options.max_batch],
-        "probes": [],
-        "gpus": options.gpus,
-        "workers": options.workers,
-        "status": "validated",
-        "counts": {"total": valid + invalid, "succeeded": 0, "failed": 0, "invalid": invalid},
-        "runs": [],
-    }
+    input_abs, input_rel = input_location(paths, input_path)
+    manifest = Manifest(
+        job_id=new_job_id(),
+        created_at=now,
+        input_path=input_abs,
+        input_relpath=input_rel,
+        input_sha256=hash_file(input_path),
+        input_bytes=input_path.stat().st_size,
+        requests=valid,
+        invalid=invalid,
+        endpoint=url,
+        model=options.settings.model_name,
+        engine=options.settings.to_dict(),
+        max_attempts=options.max_attempts,
+        batch_size=options.batch_size,
+        batch_size_source="fixed" if options.batch_size else None,
+        batch_bounds=[options.min_batch, options.max_batch],
+        gpus=options.gpus,
+        workers=options.workers,
+        counts={"total": valid + invalid, "succeeded": 0, "failed": 0, "invalid": invalid},
+    )
     save_manifest(paths, manifest)
     return manifest
 
 
 def check_input_unchanged(
     paths: JobPaths,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     *,
     force: bool,
     new_input: Path | None = None,
@@ -132,7 +132,7 @@ def check_input_unchanged(
         if found is None:
             job = shlex.quote(str(paths.root))
             raise BatchrunError(
-                f"the job's input file {manifest['input_path']} is gone; put it back, or point "
+                f"the job's input file {manifest.input_path} is gone; put it back, or point "
                 f"the job at its new place with: batchrun resume --job-dir {job} --input PATH "
                 "(finished results can still be exported)"
             )
@@ -141,10 +141,10 @@ def check_input_unchanged(
     digest = hash_file(path)
     # A forced resume reads the file again even when it is unchanged: that rebuilds a lost or
     # damaged input map, which is what the map's error messages advise.
-    if digest == manifest["input_sha256"] and not (force and "input_map" in manifest):
+    if digest == manifest.input_sha256 and not (force and manifest.input_map is not None):
         location = input_location(paths, path)
-        if any(manifest.get(k) != v for k, v in location.items()):
-            manifest.update(location)
+        if location != (manifest.input_path, manifest.input_relpath):
+            manifest.input_path, manifest.input_relpath = location
             save_manifest(paths, manifest)
         return
     if force:
@@ -165,7 +165,7 @@ def check_input_unchanged(
 
 def _adopt_input(
     paths: JobPaths,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     path: Path,
     digest: str,
     index: InputIndex | None = None,
@@ -184,7 +184,7 @@ def _adopt_input(
     with JournalWriter(paths.journal, group=4096) as journal:
 
         def requests() -> Iterator[tuple[str, int]]:
-            batch: list[dict[str, Any]] = []
+            batch: list[InvalidRecord] = []
             for item in index.read(path) if index is not None else read_input(path):
                 if isinstance(item, Request):
                     counts["requests"] += 1
@@ -199,22 +199,20 @@ def _adopt_input(
             journal.append(batch)
 
         name = write_input_map(paths, generation, requests())
-    endpoint = manifest.get("endpoint")
+    endpoint = manifest.endpoint
     if endpoint and urls and urls != {endpoint}:
         (paths.root / name).unlink(missing_ok=True)
         raise BatchrunError(
             f"{path} now asks for {next(iter(urls))}, the job runs {endpoint}; "
             "submit it as a new job instead"
         )
-    manifest.update(
-        requests=counts["requests"],
-        invalid=counts["invalid"],
-        input_sha256=digest,
-        input_bytes=path.stat().st_size,
-        input_map={"file": name, "generation": generation},
-        **input_location(paths, path),
-    )
-    manifest.setdefault("forced", []).append(time.time())
+    manifest.requests = counts["requests"]
+    manifest.invalid = counts["invalid"]
+    manifest.input_sha256 = digest
+    manifest.input_bytes = path.stat().st_size
+    manifest.input_map = InputMapRef(name, generation)
+    manifest.input_path, manifest.input_relpath = input_location(paths, path)
+    manifest.forced.append(time.time())
     save_manifest(paths, manifest)
     # Nothing reads an older map once the manifest names this one.
     for old in paths.root.glob(f"{INPUT_MAP_PREFIX}*.jsonl"):

@@ -21,7 +21,7 @@ from batchrun.config import (
     check_number,
     parse_gpus,
 )
-from batchrun.job.manifest import save_manifest
+from batchrun.job.manifest import Manifest, save_manifest
 from batchrun.job.paths import JobPaths
 
 # Where the runner says what it does before a run starts (the model conversion, the overrides).
@@ -116,19 +116,19 @@ _SETTINGS_FIELDS = frozenset(
 _RUN_FIELDS = {"min_batch_size": "min_batch", "max_batch_size": "max_batch"}
 
 
-def options_from(manifest: dict[str, Any], progress: bool) -> RunOptions:
+def options_from(manifest: Manifest, progress: bool) -> RunOptions:
     """The options the job saved, as saved: RunOptions.check says which one is bad, if any."""
-    bounds = manifest.get("batch_bounds")
-    if not (isinstance(bounds, list) and len(bounds) == 2):
+    bounds = manifest.batch_bounds
+    if not (bounds is not None and len(bounds) == 2):
         bounds = [DEFAULT_MIN_BATCH, DEFAULT_MAX_BATCH]
     return RunOptions(
-        settings=EngineSettings.from_dict(manifest.get("engine") or {}),
-        max_attempts=manifest.get("max_attempts", DEFAULT_MAX_ATTEMPTS),
-        batch_size=manifest.get("batch_size"),
+        settings=EngineSettings.from_dict(manifest.engine),
+        max_attempts=manifest.max_attempts,
+        batch_size=manifest.batch_size,
         min_batch=bounds[0],
         max_batch=bounds[1],
-        gpus=manifest.get("gpus"),
-        workers=manifest.get("workers"),
+        gpus=manifest.gpus,
+        workers=manifest.workers,
         progress=progress,
     )
 
@@ -157,7 +157,7 @@ def merge_options(options: RunOptions, given: GivenOptions) -> dict[str, tuple[A
 
 def save_overrides(
     paths: JobPaths,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     options: RunOptions,
     changed: dict[str, tuple[Any, Any]],
     notify: Notify,
@@ -166,22 +166,20 @@ def save_overrides(
     if not changed:
         return []
     if "batch_size" in changed:
-        manifest.update(batch_size=options.batch_size, batch_size_source="fixed")
+        manifest.batch_size, manifest.batch_size_source = options.batch_size, "fixed"
     elif {"min_batch_size", "max_batch_size"} & changed.keys():
-        size = manifest.get("batch_size")
-        fixed = manifest.get("batch_size_source") == "fixed"
-        if size and not fixed and not options.min_batch <= int(size) <= options.max_batch:
+        size = manifest.batch_size
+        fixed = manifest.batch_size_source == "fixed"
+        if size and not fixed and not options.min_batch <= size <= options.max_batch:
             # Found within the old bounds: search again within the new ones.
-            manifest.update(batch_size=None, batch_size_source=None)
-    manifest.update(
-        engine=options.settings.to_dict(),
-        model=options.settings.model_name,
-        max_attempts=options.max_attempts,
-        batch_bounds=[options.min_batch, options.max_batch],
-        gpus=options.gpus,
-        workers=options.workers,
-    )
-    manifest.setdefault("overrides", []).append(
+            manifest.batch_size, manifest.batch_size_source = None, None
+    manifest.engine = options.settings.to_dict()
+    manifest.model = options.settings.model_name
+    manifest.max_attempts = options.max_attempts
+    manifest.batch_bounds = [options.min_batch, options.max_batch]
+    manifest.gpus = options.gpus
+    manifest.workers = options.workers
+    manifest.overrides.append(
         {"at": time.time(), "options": {k: {"old": o, "new": n} for k, (o, n) in changed.items()}}
     )
     save_manifest(paths, manifest)

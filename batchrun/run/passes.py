@@ -10,14 +10,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from batchrun.config import EngineSettings
 from batchrun.console.progress import ProgressReporter
 from batchrun.console.text import plural
 from batchrun.errors import BatchrunError
 from batchrun.job.journal import JournalWriter
-from batchrun.job.manifest import save_manifest
+from batchrun.job.manifest import Manifest, Run, save_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.state import FAILED_RETRYABLE, OK, JobState, replay
 from batchrun.openai.records import Request
@@ -34,7 +33,7 @@ class JobSummary:
     """What a command did, for the summary table and the exit code."""
 
     job_dir: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     state: JobState
     wall_s: float
     run_completion_tokens: int = 0
@@ -45,18 +44,18 @@ class JobSummary:
     @property
     def total(self) -> int:
         """Valid requests plus invalid lines."""
-        return int(self.manifest["requests"]) + int(self.manifest["invalid"])
+        return self.manifest.requests + self.manifest.invalid
 
     @property
     def exit_code(self) -> int:
         """0 when every request succeeded, 1 otherwise."""
-        ok = self.state.succeeded == int(self.manifest["requests"]) and self.state.invalid == 0
+        ok = self.state.succeeded == self.manifest.requests and self.state.invalid == 0
         return 0 if ok else 1
 
 
 def run_job(
     paths: JobPaths,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     options: RunOptions,
     mode: str,
     index: InputIndex | None = None,
@@ -69,7 +68,7 @@ def run_job(
     started = time.monotonic()
     # Of the input as it is now: after a forced resume, only the requests still in the file.
     state = replay(paths, manifest)
-    input_path = Path(manifest["input_path"])
+    input_path = Path(manifest.input_path)
     settings = options.settings
     worker_class: type[Worker] = Worker
     if options.ray:
@@ -88,7 +87,7 @@ def run_job(
             logs.mkdir(exist_ok=True)
             for i, env in enumerate(envs):
                 env["BATCHRUN_WORKER_LOG"] = str((logs / f"worker-{i}.log").resolve())
-    requests_total = int(manifest["requests"])
+    requests_total = manifest.requests
     if mode == "retry":
         failed_ids = {cid for cid, last in state.last.items() if last != OK}
         total, initial = len(failed_ids), 0
@@ -100,9 +99,9 @@ def run_job(
         desc="retry" if mode == "retry" else "requests",
         enabled=options.progress,
     )
-    manifest["status"] = "running"
-    run_info: dict[str, Any] = {"mode": mode, "started_at": time.time(), "pid": os.getpid()}
-    manifest.setdefault("runs", []).append(run_info)
+    manifest.status = "running"
+    run_info = Run(mode=mode, started_at=time.time(), pid=os.getpid())
+    manifest.runs.append(run_info)
     save_manifest(paths, manifest)
     scheduler: Scheduler | None = None
     outcomes_before = sum(state.attempts.values())
@@ -139,8 +138,8 @@ def run_job(
     finally:
         reporter.close()
         if scheduler is not None:
-            manifest["worker_info"] = scheduler.worker_info
-        run_info["ray"] = options.ray
+            manifest.worker_info = scheduler.worker_info
+        run_info.ray = options.ray
         _finish_manifest(paths, manifest, state, status, run_info, started)
         if options.ray:
             from batchrun.workers import ray as ray_backend
@@ -167,14 +166,14 @@ def _nonempty(source: Iterator[Request]) -> Iterator[Request] | None:
 
 
 def _keep_backed_off_size(
-    paths: JobPaths, manifest: dict[str, Any], settings: EngineSettings
+    paths: JobPaths, manifest: Manifest, settings: EngineSettings
 ) -> Callable[[int], None]:
     """What to do when a worker backs off after running out of memory: the job records the size
     now running (status shows it, resume starts there), and the size cache for this set-up comes
     down to it, so that the next job does not pay the same restarts again."""
 
     def backed_off(size: int) -> None:
-        manifest.update(batch_size=size, batch_size_source="out-of-memory back-off")
+        manifest.batch_size, manifest.batch_size_source = size, "out-of-memory back-off"
         save_manifest(paths, manifest)
         device = settings.spec.device_key()
         lower_size(settings, device, size)
@@ -184,7 +183,7 @@ def _keep_backed_off_size(
 
 def _choose_size(
     scheduler: Scheduler,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     options: RunOptions,
     paths: JobPaths,
     source: Iterator[Request],
@@ -196,16 +195,16 @@ def _choose_size(
     settings = options.settings
     device = settings.spec.device_key()
     # `search` (from `tune`) measures afresh, whatever an earlier job found.
-    if not search and manifest.get("batch_size"):
-        size = int(manifest["batch_size"])
-        how = manifest.get("batch_size_source") or "job"
+    if not search and manifest.batch_size:
+        size = manifest.batch_size
+        how = manifest.batch_size_source or "job"
         reporter.event(f"batch size {size} ({how})")
         scheduler.resize(size)
         return
     if not search and (size_cached := cached_size(settings, device)) is not None:
         reporter.event(f"batch size {size_cached} (found by an earlier job on this set-up)")
         scheduler.resize(size_cached)
-        manifest.update(batch_size=size_cached, batch_size_source="cache")
+        manifest.batch_size, manifest.batch_size_source = size_cached, "cache"
         save_manifest(paths, manifest)
         return
     reporter.event(
@@ -214,11 +213,8 @@ def _choose_size(
     )
     result = search_batch_size(scheduler, source, reporter, options.min_batch, options.max_batch)
     reporter.event(f"batch size {result.size} chosen")
-    manifest.update(
-        batch_size=result.size,
-        batch_size_source="search",
-        probes=[p.to_dict() for p in result.probes],
-    )
+    manifest.batch_size, manifest.batch_size_source = result.size, "search"
+    manifest.probes = [p.to_dict() for p in result.probes]
     save_manifest(paths, manifest)
     # A search cut short by a small job measured too little to teach the next job anything.
     if any(p.ok and p.requests >= 2 * p.size for p in result.probes):
@@ -252,26 +248,26 @@ def _retry_passes(
 
 def _finish_manifest(
     paths: JobPaths,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     state: JobState,
     status: str,
-    run_info: dict[str, Any],
+    run_info: Run,
     started: float,
 ) -> None:
     if status == "completed":
         # "completed" only when every valid request has a finished attempt.
-        status = "incomplete" if state.pending(int(manifest["requests"])) else "completed"
-    manifest["status"] = status
-    manifest["counts"] = {
-        "total": int(manifest["requests"]) + state.invalid,
+        status = "incomplete" if state.pending(manifest.requests) else "completed"
+    manifest.status = status
+    manifest.counts = {
+        "total": manifest.requests + state.invalid,
         "succeeded": state.succeeded,
         "failed": state.failed,
         "invalid": state.invalid,
-        "pending": state.pending(int(manifest["requests"])),
+        "pending": state.pending(manifest.requests),
     }
-    manifest["tokens"] = {"prompt": state.prompt_tokens, "completion": state.completion_tokens}
-    run_info.update(
-        ended_at=time.time(), wall_s=round(time.monotonic() - started, 3), status=status
-    )
+    manifest.tokens = {"prompt": state.prompt_tokens, "completion": state.completion_tokens}
+    run_info.ended_at = time.time()
+    run_info.wall_s = round(time.monotonic() - started, 3)
+    run_info.status = status
     with contextlib.suppress(BatchrunError):
         save_manifest(paths, manifest)

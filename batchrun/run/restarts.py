@@ -14,10 +14,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from batchrun.console.text import command, plural
 from batchrun.errors import BatchrunError
+from batchrun.job.records import ResultRecord
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.poison import ENGINE_CRASH, Isolator, crash_outcome, restarts_bound
 from batchrun.run.sizing import back_off
@@ -42,12 +43,12 @@ class RestartPolicy:
     on_back_off: Callable[[int], None] | None
     job_dir: Path | str
 
-    def _record(self, outcome: Outcome, request: Request, index: int) -> dict[str, Any]:
+    def _record(self, outcome: Outcome, request: Request, index: int) -> ResultRecord:
         raise NotImplementedError  # the Scheduler's
 
     def _journal(
         self,
-        records: list[dict[str, Any]],
+        records: list[ResultRecord],
         outcomes: list[Outcome],
         stats: RunStats,
         plain: bool = False,

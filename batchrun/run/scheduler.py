@@ -33,7 +33,8 @@ from typing import Any, Protocol
 
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
-from batchrun.job.journal import JournalWriter, exact_float, plain_result, result_record
+from batchrun.job.journal import JournalWriter, exact_float, plain_result
+from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.state import JobState
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.poison import Isolator
@@ -126,6 +127,10 @@ class Scheduler(RestartPolicy):
         # The job's directory, for the commands a message suggests.
         self.job_dir: Path | str = "."
         self.worker_info: dict[str, dict[str, Any]] = {}
+        # A live source (the server's queue of batches) runs dry and fills again: while this says
+        # True, a short read from it is not its end, so the run goes on (engines stay loaded) and
+        # new work is taken as it comes. None: the source ends when it first runs dry.
+        self.live: Callable[[], bool] | None = None
 
     # -- sizing ---------------------------------------------------------------------------------
 
@@ -209,7 +214,7 @@ class Scheduler(RestartPolicy):
                 if len(batch) < room and not exhausted:
                     want = room - len(batch)
                     got = list(itertools.islice(source, want))  # one C loop, not one per request
-                    exhausted = len(got) < want
+                    exhausted = len(got) < want and not (self.live is not None and self.live())
                     batch += got
                 if batch:
                     taken += len(batch)
@@ -250,7 +255,7 @@ class Scheduler(RestartPolicy):
             item = self.inbox.get(timeout=0.25)
         except queue.Empty:
             return
-        records: list[dict[str, Any]] = []
+        records: list[ResultRecord] = []
         outcomes: list[Outcome] = []
         plain = True
         while True:
@@ -284,7 +289,7 @@ class Scheduler(RestartPolicy):
         self,
         pairs: Sequence[tuple[Outcome, Request]],
         index: int,
-        records: list[dict[str, Any]],
+        records: list[ResultRecord],
         outcomes: list[Outcome],
     ) -> bool:
         """Count worker `index`'s outcomes in the job's state; add them and their journal records
@@ -298,7 +303,7 @@ class Scheduler(RestartPolicy):
         for (outcome, request), attempt in zip(pairs, attempts, strict=True):
             rec = result_record(outcome, request.line, attempt, now)
             rec["worker"] = index
-            latency = rec["latency_s"]
+            latency = round(outcome.latency_s, 6)  # as result_record wrote it
             if not (latency == 0 or 1e-4 <= latency < 1e16):  # journal.plain_float, inline
                 rec["latency_s"] = exact_float(latency)
             records.append(rec)
@@ -307,15 +312,15 @@ class Scheduler(RestartPolicy):
         outcomes += done
         return plain
 
-    def _record(self, outcome: Outcome, request: Request, index: int) -> dict[str, Any]:
+    def _record(self, outcome: Outcome, request: Request, index: int) -> ResultRecord:
         """The journal record of one outcome, counted in the job's state."""
-        records: list[dict[str, Any]] = []
+        records: list[ResultRecord] = []
         self._records([(outcome, request)], index, records, [])
         return records[0]
 
     def _journal(
         self,
-        records: list[dict[str, Any]],
+        records: list[ResultRecord],
         outcomes: list[Outcome],
         stats: RunStats,
         plain: bool = False,

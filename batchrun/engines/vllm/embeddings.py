@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from batchrun.engines.vllm.errors import BadRequest
-from batchrun.engines.vllm.params import int_field
-from batchrun.openai.embeddings import embedding_inputs
+from batchrun.openai.params import EmbeddingParams
 
 
 def embedding_prompts(
-    tokenizer: Any, body: Mapping[str, Any], *, max_model_len: int, vocab_size: int
+    tokenizer: Any, fields: EmbeddingParams, *, max_model_len: int, vocab_size: int
 ) -> list[list[int]]:
     """Each input of the request as token ids; one the model cannot take is a 400."""
     prompts: list[list[int]] = []
-    for i, item in enumerate(embedding_inputs(body.get("input"))):
+    for i, item in enumerate(fields.inputs):
         if isinstance(item, str):
             ids = [int(t) for t in tokenizer.encode(item)]
         else:
@@ -27,11 +25,7 @@ def embedding_prompts(
                     f"(ids 0 to {vocab_size - 1})"
                 )
         if len(ids) > max_model_len:
-            where = (
-                "body.input"
-                if i == 0 and isinstance(body.get("input"), str)
-                else f"body.input[{i}]"
-            )
+            where = "body.input" if fields.single else f"body.input[{i}]"
             raise BadRequest(
                 f"this model's maximum context length is {max_model_len} tokens; "
                 f"{where} has {len(ids)} tokens",
@@ -42,10 +36,9 @@ def embedding_prompts(
 
 
 def embedding_dimensions(
-    body: Mapping[str, Any], *, embedding_size: int, matryoshka: bool, model_name: str
+    dimensions: int | None, *, embedding_size: int, matryoshka: bool, model_name: str
 ) -> int | None:
     """`dimensions` for vLLM (None: the model's own size); a 400 if the model cannot shorten."""
-    dimensions = int_field(body, "dimensions")
     if dimensions is not None and dimensions == embedding_size:
         dimensions = None  # the model's own size: nothing to reduce
     if dimensions is not None and not matryoshka:

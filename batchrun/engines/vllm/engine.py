@@ -33,12 +33,13 @@ from batchrun.config import EngineSettings
 from batchrun.engines.vllm.dtype import resolve_dtype
 from batchrun.engines.vllm.embeddings import embedding_dimensions, embedding_prompts
 from batchrun.engines.vllm.errors import BadRequest
-from batchrun.engines.vllm.params import capped_max_model_len, logprobs_field, sampling_params
+from batchrun.engines.vllm.params import capped_max_model_len, sampling_params
 from batchrun.engines.vllm.prompts import completion_prompt, prompt_token_ids
 from batchrun.engines.vllm.tokens import TokenText
 from batchrun.engines.vllm.tools import parse_tool_calls
 from batchrun.models import DEFAULT_MODEL_NAME, resolve_model
-from batchrun.openai.records import COMPLETIONS, EMBEDDINGS, Outcome, Request
+from batchrun.openai.params import Sampling, embedding_params, sampling
+from batchrun.openai.records import EMBEDDINGS, Outcome, Request
 from batchrun.openai.responses import Choice, embedding_success, failure, response_model, success
 
 # On the CPU backend `gpu_memory_utilization` is the fraction of host memory vLLM reserves, and
@@ -54,6 +55,7 @@ class _Pending:
 
     request: Request
     added: float
+    params: Sampling | None = None  # generation requests: what _outcome reads back
     # /v1/embeddings: one slot per input, filled as each input's vLLM request finishes.
     vectors: list[list[float] | None] = field(default_factory=list)
     remaining: int = 0
@@ -149,8 +151,9 @@ class VllmEngine:
                 prompt_ids = prompt_token_ids(
                     self._tokenizer, request, template=self._template, model_name=self.model_name
                 )
+                pending.params = sampling(request)
                 params = sampling_params(
-                    request,
+                    pending.params,
                     len(prompt_ids),
                     max_model_len=self.max_model_len,
                     vocab_size=self.vocab_size,
@@ -178,7 +181,7 @@ class VllmEngine:
             pending = self._in_flight.pop(output.request_id, None)
             if pending is None:
                 continue
-            outcomes.append(self._outcome(pending.request, output, now - pending.added))
+            outcomes.append(self._outcome(pending, output, now - pending.added))
         if self._in_flight and not self._engine.has_unfinished_requests():
             # vLLM holds none of them any more yet never answered them: fail them (retryable)
             # rather than let the caller step an idle engine forever.
@@ -236,12 +239,12 @@ class VllmEngine:
         from vllm.pooling_params import PoolingParams
 
         request = pending.request
-        body = request.body
+        fields = embedding_params(request)
         prompts = embedding_prompts(
-            self._tokenizer, body, max_model_len=self.max_model_len, vocab_size=self.vocab_size
+            self._tokenizer, fields, max_model_len=self.max_model_len, vocab_size=self.vocab_size
         )
         dimensions = embedding_dimensions(
-            body,
+            fields.dimensions,
             embedding_size=self.embedding_size,
             matryoshka=self.matryoshka,
             model_name=self.model_name,
@@ -281,8 +284,9 @@ class VllmEngine:
 
     # -- vLLM outputs -> outcomes -----------------------------------------------------------------
 
-    def _outcome(self, request: Request, output: Any, latency_s: float) -> Outcome:
+    def _outcome(self, pending: _Pending, output: Any, latency_s: float) -> Outcome:
         """Turn a finished RequestOutput into a success, or a retryable failure if vLLM failed."""
+        request = pending.request
         completions = sorted(output.outputs, key=lambda c: int(c.index))
         reasons = [
             str(c.finish_reason) if c.finish_reason is not None else "stop" for c in completions
@@ -299,12 +303,10 @@ class VllmEngine:
                     retryable=True,
                     latency_s=latency_s,
                 )
-        body = request.body
-        top = logprobs_field(request)
-        parse_tools = bool(body.get("tools")) and body.get("tool_choice") != "none"
-        prefix = ""
-        if request.url == COMPLETIONS and body.get("echo") is True:
-            prefix = completion_prompt(body.get("prompt"))
+        params = pending.params or sampling(request)
+        top = params.logprobs
+        parse_tools = params.tools
+        prefix = completion_prompt(request.body.get("prompt")) if params.echo else ""
         choices = []
         for c, reason in zip(completions, reasons, strict=True):
             text = c.text

@@ -1,0 +1,79 @@
+"""The journal's record shapes, typed: one attempt's result, one invalid input line.
+
+TypedDicts, not classes: a record is built per finished request on the parent's hot path and
+handed to msgspec as it is, so the type costs nothing at run time and mypy checks every key.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal, TypedDict
+
+import msgspec
+from typing_extensions import NotRequired
+
+from batchrun.openai.records import LineError, Outcome
+
+
+class ResultRecord(TypedDict):
+    """One finished attempt at one request."""
+
+    kind: Literal["result"]
+    custom_id: str
+    line: int  # the request's 1-based input line
+    attempt: int  # 1 for the first attempt
+    ok: bool
+    status_code: int
+    body: dict[str, Any] | msgspec.Raw | None  # the OpenAI response object when ok
+    error: dict[str, str] | None  # {"code", "message"} when not ok
+    retryable: bool
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float | msgspec.Raw  # Raw: a float written with all its digits
+    time: float  # when it was journaled, seconds since the epoch, to the millisecond
+    worker: NotRequired[int]  # the index of the worker that ran it
+
+
+class InvalidRecord(TypedDict):
+    """An input line that failed validation; it never runs."""
+
+    kind: Literal["invalid"]
+    custom_id: str | None  # null when none could be read from the line
+    line: int
+    error: dict[str, str]
+    time: float
+    # A forced resume's reading of a changed input: its input map's generation.
+    generation: NotRequired[str]
+
+
+def result_record(
+    outcome: Outcome, line: int, attempt: int, now: float | None = None
+) -> ResultRecord:
+    """The journal record of one attempt, finished at `now` (as written: `time.time()` to the
+    millisecond; by default, now)."""
+    return {
+        "kind": "result",
+        "custom_id": outcome.custom_id,
+        "line": line,
+        "attempt": attempt,
+        "ok": outcome.ok,
+        "status_code": outcome.status_code,
+        "body": outcome.body,
+        "error": outcome.error,
+        "retryable": outcome.retryable,
+        "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "latency_s": round(outcome.latency_s, 6),
+        "time": round(time.time(), 3) if now is None else now,
+    }
+
+
+def invalid_record(err: LineError) -> InvalidRecord:
+    """The journal record of an input line that failed validation."""
+    return {
+        "kind": "invalid",
+        "custom_id": err.custom_id,
+        "line": err.line,
+        "error": {"code": err.code, "message": err.message},
+        "time": round(time.time(), 3),
+    }

@@ -1,0 +1,131 @@
+"""A validated request's parameters as typed objects: what every engine reads, defined once.
+
+Validation (batchrun.openai.validation) has already refused every value outside its rules, so
+these readers only take values apart; they never judge them. Both engines (echo and vLLM) build
+their work from these objects, never from the body, so a field means the same thing to each.
+
+Why not carried from validation in the Request: the run pass reads its requests again from the
+input file (memory stays flat at millions of lines), and typed objects pickled to the workers
+would cost the parent more than reading a handful of keys costs the worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from batchrun.openai.embeddings import embedding_inputs
+from batchrun.openai.records import CHAT, COMPLETIONS, Request
+
+# A completions request without max_tokens generates 16 tokens, as OpenAI's legacy API does.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+class OutputFormat(msgspec.Struct, frozen=True):
+    """A `response_format` that constrains the output: any JSON object, or one JSON Schema."""
+
+    kind: Literal["json_object", "json_schema"]
+    schema: dict[str, Any] | None = None  # None with json_schema: any JSON object
+
+
+class Sampling(msgspec.Struct, frozen=True):
+    """The generation fields of a chat or completions request, with OpenAI's defaults."""
+
+    n: int = 1
+    # None: up to the model's context window (chat without max_(completion_)tokens).
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    # How many top logprobs per token; None when no logprobs were asked for at all.
+    logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
+    output_format: OutputFormat | None = None
+    # Completions' `echo`: the prompt is returned before the completion.
+    echo: bool = False
+    # Tools were given and may be called: the answer is parsed for tool calls.
+    tools: bool = False
+
+
+class EmbeddingParams(msgspec.Struct, frozen=True):
+    """The fields of an embeddings request: its inputs and the vector size asked for."""
+
+    inputs: list[str | list[int]]
+    # `input` was one string (not an array): errors name body.input, not body.input[0].
+    single: bool = False
+    dimensions: int | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+
+
+def sampling(request: Request) -> Sampling:
+    """The typed generation parameters of a validated chat or completions request."""
+    body = request.body
+    chat = request.url == CHAT
+    if chat:
+        # max_completion_tokens replaced max_tokens in the chat API; either is honoured.
+        max_tokens = body.get("max_completion_tokens")
+        if max_tokens is None:
+            max_tokens = body.get("max_tokens")
+        top = body.get("top_logprobs")
+        logprobs = (top or 0) if body.get("logprobs") is True else None
+    else:
+        max_tokens = body.get("max_tokens")
+        if max_tokens is None and request.url == COMPLETIONS:
+            max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+        logprobs = body.get("logprobs")
+    stop = body.get("stop")
+    return Sampling(
+        n=_or(body.get("n"), 1),
+        max_tokens=max_tokens,
+        temperature=float(_or(body.get("temperature"), 1.0)),
+        top_p=float(_or(body.get("top_p"), 1.0)),
+        presence_penalty=float(_or(body.get("presence_penalty"), 0.0)),
+        frequency_penalty=float(_or(body.get("frequency_penalty"), 0.0)),
+        seed=body.get("seed"),
+        stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
+        logprobs=logprobs,
+        logit_bias=_logit_bias(body.get("logit_bias")),
+        output_format=_output_format(body.get("response_format")),
+        echo=not chat and body.get("echo") is True,
+        tools=chat and bool(body.get("tools")) and body.get("tool_choice") != "none",
+    )
+
+
+def embedding_params(request: Request) -> EmbeddingParams:
+    """The typed fields of a validated embeddings request."""
+    body = request.body
+    return EmbeddingParams(
+        inputs=embedding_inputs(body.get("input")),
+        single=isinstance(body.get("input"), str),
+        dimensions=body.get("dimensions"),
+        encoding_format=_or(body.get("encoding_format"), "float"),
+    )
+
+
+def _or(value: Any, default: Any) -> Any:
+    """An optional field: JSON null means "not set", as in the OpenAI API."""
+    return default if value is None else value
+
+
+def _logit_bias(value: object) -> dict[int, float] | None:
+    if not isinstance(value, dict) or not value:
+        return None
+    # Validation made every key a decimal token id and every value a number.
+    return {int(token): float(bias) for token, bias in value.items()}
+
+
+def _output_format(value: object) -> OutputFormat | None:
+    if not isinstance(value, dict):
+        return None
+    kind = value.get("type")
+    if kind == "json_object":
+        return OutputFormat("json_object")
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        return OutputFormat("json_schema", dict(schema) if isinstance(schema, dict) else None)
+    return None  # "text": no constraint

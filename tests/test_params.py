@@ -1,0 +1,98 @@
+"""The typed parameters every engine reads: OpenAI's defaults, null as "not set", one meaning."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batchrun.openai.params import OutputFormat, Sampling, embedding_params, sampling
+from batchrun.openai.records import CHAT, COMPLETIONS, EMBEDDINGS, Request
+
+
+def chat(**body: Any) -> Sampling:
+    return sampling(Request("a", 1, CHAT, {"messages": [{"role": "user", "content": "hi"}], **body}))
+
+
+def completion(**body: Any) -> Sampling:
+    return sampling(Request("a", 1, COMPLETIONS, {"prompt": "hi", **body}))
+
+
+def test_an_empty_chat_body_has_openai_defaults() -> None:
+    assert chat() == Sampling()
+    # JSON null on an optional field means "not set".
+    assert chat(n=None, temperature=None, top_p=None, stop=None, seed=None) == Sampling()
+
+
+def test_chat_max_completion_tokens_wins_over_max_tokens() -> None:
+    assert chat(max_tokens=5).max_tokens == 5
+    assert chat(max_tokens=5, max_completion_tokens=7).max_tokens == 7
+    assert chat(max_tokens=5, max_completion_tokens=None).max_tokens == 5
+
+
+def test_completions_generate_16_tokens_unless_told() -> None:
+    assert completion().max_tokens == 16
+    assert completion(max_tokens=3).max_tokens == 3
+    assert completion(max_completion_tokens=3).max_tokens == 16  # a chat field, not read here
+
+
+def test_logprobs_are_asked_differently_by_chat_and_completions() -> None:
+    assert chat().logprobs is None
+    assert chat(logprobs=False, top_logprobs=None).logprobs is None
+    assert chat(logprobs=True).logprobs == 0
+    assert chat(logprobs=True, top_logprobs=3).logprobs == 3
+    assert completion().logprobs is None
+    assert completion(logprobs=0).logprobs == 0
+    assert completion(logprobs=2).logprobs == 2
+
+
+def test_fields_are_typed() -> None:
+    params = chat(
+        n=2, temperature=0, top_p=1, seed=-5, stop="END", logit_bias={"50": 3, "7": -1.5},
+        presence_penalty=1, frequency_penalty=-1,
+    )  # fmt: skip
+    assert params == Sampling(
+        n=2, temperature=0.0, top_p=1.0, seed=-5, stop=("END",),
+        logit_bias={50: 3.0, 7: -1.5}, presence_penalty=1.0, frequency_penalty=-1.0,
+    )  # fmt: skip
+    assert type(params.temperature) is float
+    assert chat(stop=["a", "b"]).stop == ("a", "b")
+
+
+def test_response_format_becomes_an_output_constraint() -> None:
+    assert chat(response_format={"type": "text"}).output_format is None
+    assert chat(response_format={"type": "json_object"}).output_format == OutputFormat(
+        "json_object"
+    )
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    assert chat(response_format=fmt).output_format == OutputFormat("json_schema", schema)
+    no_schema = {"type": "json_schema", "json_schema": {"name": "x"}}
+    assert chat(response_format=no_schema).output_format == OutputFormat("json_schema", None)
+
+
+def test_tools_are_parsed_unless_tool_choice_is_none() -> None:
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert chat(tools=tools).tools is True
+    assert chat(tools=tools, tool_choice="auto").tools is True
+    assert chat(tools=tools, tool_choice="none").tools is False
+    assert chat(tools=[]).tools is False
+
+
+def test_echo_is_a_completions_field() -> None:
+    assert completion(echo=True).echo is True
+    assert completion(echo=None).echo is False
+    assert chat(echo=True).echo is False
+
+
+def test_embedding_inputs_are_listed_one_per_item() -> None:
+    def fields(value: Any, **body: Any) -> Any:
+        return embedding_params(Request("a", 1, EMBEDDINGS, {"input": value, **body}))
+
+    one = fields("hello")
+    assert (one.inputs, one.single, one.dimensions, one.encoding_format) == (
+        ["hello"], True, None, "float",
+    )  # fmt: skip
+    assert fields(["a", "b"]).inputs == ["a", "b"] and not fields(["a", "b"]).single
+    assert fields([1, 2, 3]).inputs == [[1, 2, 3]]
+    assert fields([[1], [2, 3]], dimensions=8, encoding_format="base64").inputs == [[1], [2, 3]]
+    assert fields("x", dimensions=8, encoding_format="base64").dimensions == 8
+    assert fields("x", encoding_format=None).encoding_format == "float"
