@@ -11,4 +11,7 @@ echo "[test] ruff" >&2
 echo "[test] mypy" >&2
 "$PY" -m mypy
 echo "[test] pytest" >&2
-"$PY" -m pytest "$@"
+# Two test processes (pytest-xdist): much of the suite waits on subprocesses, so two share the
+# cores well. The real-engine tests stay together in one of them (one xdist group: they share
+# session-scoped vLLM jobs, see tests/conftest.py), as do the Ray tests (one local Ray at a time).
+"$PY" -m pytest -n "${BATCHRUN_TEST_PROCESSES:-2}" --dist loadgroup "$@"

@@ -112,8 +112,11 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def journal_records(job_dir: Path) -> list[dict[str, Any]]:
-    """The job's journal records."""
-    return read_jsonl(job_dir / "journal.jsonl")
+    """The job's journal records: its whole lines (one being written while a job runs is not
+    one yet, as the journal's own reader says)."""
+    text = (job_dir / "journal.jsonl").read_text(encoding="utf-8")
+    whole = text[: text.rfind("\n") + 1]
+    return [json.loads(x) for x in whole.splitlines() if x.strip()]
 
 
 def worker_pids(parent_pid: int) -> list[int]:
@@ -143,7 +146,8 @@ def group_alive(pgid: int) -> list[int]:
 
 @pytest.fixture(scope="session")
 def vllm_chat_job(tmp_path_factory: pytest.TempPathFactory, isolated_cache: Path) -> dict[str, Any]:
-    """The chat job (1 engine start): the e2e chat lines, then sample_data/chat_fidelity.jsonl."""
+    """The chat job (1 engine start): the e2e chat lines, then sample_data/chat_fidelity.jsonl,
+    on the default model given as a hub id, resolved offline from a temporary HF_HOME."""
     from vllm_jobs import run_chat_job
 
     (isolated_cache / "batch_sizes.json").unlink(missing_ok=True)  # its batch size is searched
@@ -166,3 +170,13 @@ def vllm_embeddings_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
     from vllm_jobs import run_embeddings_job
 
     return run_embeddings_job(tmp_path_factory.mktemp("vllm-embeddings"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (scripts/test.sh), keep the vLLM tests in one process, so that each
+    session-scoped vLLM job starts once, and the Ray tests in one other (one local Ray at a time)."""
+    for item in items:
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(pytest.mark.xdist_group("vllm"))
+        elif item.get_closest_marker("ray") is not None:
+            item.add_marker(pytest.mark.xdist_group("ray"))

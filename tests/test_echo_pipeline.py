@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -105,7 +106,9 @@ def test_worker_crashes_lose_nothing_and_the_job_finishes(tmp_path: Path) -> Non
         env=env,
     )
     assert r.returncode == 0, r.stderr
-    assert "worker 0 died holding 32 requests" in r.stderr  # its window of 16 + 16 prefetched
+    # At most its window of 16 + 16 prefetched (fewer when the parent had not refilled it yet).
+    died = re.search(r"^\[batchrun\] worker 0 died holding (\d+) requests?", r.stderr, re.M)
+    assert died is not None and 1 <= int(died.group(1)) <= 32, r.stderr
     assert "Running them again in halves, each alone" in r.stderr
     recs = journal_records(job)
     ids = [x["custom_id"] for x in recs]

@@ -12,6 +12,7 @@ import typer
 from batchrun import stopping
 from batchrun.cli.jobs import resume, retry_failed, submit, tune
 from batchrun.cli.results import export, status
+from batchrun.cli.serve import serve
 from batchrun.stopping import EXIT_INTERRUPTED
 
 app = typer.Typer(
@@ -28,6 +29,7 @@ for _name, _command in (
     ("retry-failed", retry_failed),
     ("export", export),
     ("status", status),
+    ("serve", serve),
 ):
     app.command(_name)(_command)
 

@@ -1,0 +1,257 @@
+"""The FastAPI app: OpenAI's Files and Batches paths and shapes over the stores and the runner."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from batchrun.serve.batches import TERMINAL, BatchRecord, BatchStore, new_batch
+from batchrun.serve.checks import (
+    check_endpoint,
+    check_file_endpoint,
+    check_metadata,
+    window_seconds,
+)
+from batchrun.serve.errors import ApiError, not_found
+from batchrun.serve.files import FileStore
+from batchrun.serve.ids import new_batch_id
+from batchrun.serve.metrics import Metrics
+from batchrun.serve.runner import Runner
+from batchrun.serve.uploads import receive_upload
+
+
+@dataclass
+class Services:
+    """What the routes use."""
+
+    files: FileStore
+    batches: BatchStore
+    runner: Runner
+    metrics: Metrics
+    model: str
+    api_key: str | None
+    max_file_bytes: int
+
+
+class CreateBatch(BaseModel):
+    """POST /v1/batches."""
+
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+    output_expires_after: dict[str, Any] | None = None
+
+
+def create_app(services: Services) -> FastAPI:
+    """The app; starting it starts the runner, stopping it stops the runner."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        services.runner.start()
+        try:
+            yield
+        finally:
+            services.runner.stop()
+
+    # No redirects: an odd path (a trailing slash, an encoded one) is a 404, never another request.
+    app = FastAPI(
+        title="batchrun serve",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        redirect_slashes=False,
+    )
+    _errors(app)
+    auth = [Depends(_authorize(services.api_key))]
+    files, batches = services.files, services.batches
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics", dependencies=auth, response_class=PlainTextResponse)
+    def metrics() -> str:
+        return services.metrics.render()
+
+    @app.post("/v1/files", dependencies=auth)
+    async def upload(request: Request) -> dict[str, Any]:
+        tmp = files.temp_path()
+        got = await receive_upload(request, tmp, services.max_file_bytes)
+        purpose = got.fields.get("purpose")
+        problem = None
+        if not got.has_file:
+            problem = ApiError(
+                400, "the upload has no file (a multipart field named file)", param="file"
+            )
+        elif purpose != "batch":
+            problem = ApiError(400, f"purpose must be 'batch', got {purpose!r}", param="purpose")
+        elif got.size == 0:
+            problem = ApiError(400, "the file is empty", param="file")
+        if problem is not None:
+            tmp.unlink(missing_ok=True)
+            raise problem
+        return files.add(tmp, got.filename, "batch")
+
+    @app.get("/v1/files", dependencies=auth)
+    def list_files(
+        purpose: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=10000)] = 10000,
+        after: str | None = None,
+        order: Literal["asc", "desc"] = "desc",
+    ) -> dict[str, Any]:
+        records = files.list(purpose)
+        if order == "asc":
+            records.reverse()
+        return _page(records, limit, after)
+
+    @app.get("/v1/files/{file_id}", dependencies=auth)
+    def get_file(file_id: str) -> dict[str, Any]:
+        record = files.get(file_id)
+        if record is None:
+            raise not_found("file", file_id)
+        return record
+
+    @app.get("/v1/files/{file_id}/content", dependencies=auth)
+    def file_content(file_id: str) -> FileResponse:
+        record = files.get(file_id)
+        if record is None:
+            raise not_found("file", file_id)
+        return FileResponse(files.content(file_id), media_type="application/octet-stream")
+
+    @app.delete("/v1/files/{file_id}", dependencies=auth)
+    def delete_file(file_id: str) -> dict[str, Any]:
+        if not files.delete(file_id):
+            raise not_found("file", file_id)
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    @app.post("/v1/batches", dependencies=auth)
+    def create_batch(body: CreateBatch) -> dict[str, Any]:
+        check_endpoint(body.endpoint)
+        window_s = window_seconds(body.completion_window)
+        priority = check_metadata(body.metadata)
+        record = files.get(body.input_file_id)
+        if record is None or record.get("purpose") != "batch":
+            raise ApiError(
+                400,
+                f"no input file {body.input_file_id!r} with purpose 'batch'",
+                param="input_file_id",
+            )
+        check_file_endpoint(files.content(body.input_file_id), body.endpoint)
+        batch = new_batch(
+            new_batch_id(),
+            body.input_file_id,
+            body.endpoint,
+            body.completion_window,
+            window_s,
+            body.metadata,
+            services.model,
+        )
+        if body.output_expires_after is not None:
+            batch["output_expires_after"] = body.output_expires_after
+        new = BatchRecord(batch, priority)
+        batches.add(new)
+        services.runner.submit(new.id)
+        return _shown(new)
+
+    @app.get("/v1/batches", dependencies=auth)
+    def list_batches(
+        limit: Annotated[int, Query(ge=1, le=100)] = 20, after: str | None = None
+    ) -> dict[str, Any]:
+        return _page([_shown(r) for r in batches.all()], limit, after)
+
+    @app.get("/v1/batches/{batch_id}", dependencies=auth)
+    def get_batch(batch_id: str) -> dict[str, Any]:
+        record = batches.get(batch_id)
+        if record is None:
+            raise not_found("batch", batch_id)
+        return _shown(record)
+
+    @app.post("/v1/batches/{batch_id}/cancel", dependencies=auth)
+    def cancel_batch(batch_id: str) -> dict[str, Any]:
+        record = batches.get(batch_id)
+        if record is None:
+            raise not_found("batch", batch_id)
+        if record.status in TERMINAL:
+            raise ApiError(
+                400, f"cannot cancel a batch that is {record.status}", code="invalid_state"
+            )
+        if record.status != "cancelling":
+            services.runner.cancel(batch_id)
+        current = batches.get(batch_id)
+        assert current is not None
+        return _shown(current)
+
+    return app
+
+
+def _shown(record: BatchRecord) -> dict[str, Any]:
+    """The Batch object as the API returns it."""
+    return dict(record.batch)
+
+
+def _page(items: list[dict[str, Any]], limit: int, after: str | None) -> dict[str, Any]:
+    """One page of a list, OpenAI's cursor style: the items after the one with id `after`."""
+    if after is not None:
+        ids = [item["id"] for item in items]
+        items = items[ids.index(after) + 1 :] if after in ids else []
+    page = items[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(items) > limit,
+    }
+
+
+def _authorize(api_key: str | None) -> Callable[[Request], None]:
+    """The check of `Authorization: Bearer KEY` (constant-time), or none without a key."""
+    expected = api_key.encode() if api_key else None
+
+    def check(request: Request) -> None:
+        if expected is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+            raise ApiError(
+                401,
+                "Incorrect API key provided. Pass it as 'Authorization: Bearer KEY'.",
+                code="invalid_api_key",
+            )
+
+    return check
+
+
+def _errors(app: FastAPI) -> None:
+    """Every error in OpenAI's shape."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, e: ApiError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if e.status_code == 404 else None
+        error = ApiError(e.status_code, str(e.detail), code=code)
+        return JSONResponse(error.body(), status_code=e.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0] if e.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = (
+            f"{where}: {first.get('msg', 'invalid request')}" if where else "invalid request body"
+        )
+        error = ApiError(400, message, param=where or None)
+        return JSONResponse(error.body(), status_code=400)

@@ -1,0 +1,130 @@
+"""The file store: uploads and batch outputs under ROOT/files, each listed only once whole.
+
+A file is `<id>.jsonl` (its bytes) and `<id>.json` (what the API shows); the record, written
+atomically after the bytes are in place, is what makes a file exist. A killed upload leaves at
+most a temporary file or bytes with no record, both removed at the next start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from batchrun.job.files import fsync_dir, write_json_atomic
+from batchrun.serve.ids import is_file_id, new_file_id
+
+TMP_PREFIX = ".upload-"
+
+
+class FileStore:
+    """The files of one server root: add, list, read and delete, safe across threads."""
+
+    def __init__(self, root: Path) -> None:
+        self.dir = root / "files"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._records: dict[str, dict[str, Any]] = {}
+        self._load()
+
+    def _load(self) -> None:
+        """Read every record; drop what a killed upload or delete left behind."""
+        for tmp in self.dir.glob(f"{TMP_PREFIX}*"):
+            tmp.unlink(missing_ok=True)
+        for tmp in self.dir.glob(".*.tmp"):  # an atomic record write cut short
+            tmp.unlink(missing_ok=True)
+        for meta in self.dir.glob("*.json"):
+            try:
+                record = json.loads(meta.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if (
+                isinstance(record, dict)
+                and is_file_id(meta.stem)
+                and self.content(meta.stem).exists()
+            ):
+                self._records[meta.stem] = record
+        for data in self.dir.glob("*.jsonl"):
+            if data.stem not in self._records:
+                data.unlink(missing_ok=True)
+
+    def content(self, file_id: str) -> Path:
+        """Where a file's bytes are (the id must have passed `is_file_id`)."""
+        return self.dir / f"{file_id}.jsonl"
+
+    def temp_path(self) -> Path:
+        """A fresh temporary path for an upload in progress (removed at the next start)."""
+        return self.dir / f"{TMP_PREFIX}{os.getpid()}-{new_file_id()}.tmp"
+
+    def add(self, tmp: Path, filename: str, purpose: str) -> dict[str, Any]:
+        """Make the finished, fsync'd temporary file `tmp` a file; return its record."""
+        file_id = new_file_id()
+        os.replace(tmp, self.content(file_id))
+        fsync_dir(self.dir)
+        return self._publish(file_id, filename, purpose)
+
+    def add_copy(self, source: Path, filename: str, purpose: str) -> dict[str, Any]:
+        """Make a file of `source` (a batch's output): a hard link, else a copy."""
+        file_id = new_file_id()
+        tmp = self.temp_path()
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, self.content(file_id))
+        fsync_dir(self.dir)
+        return self._publish(file_id, filename, purpose)
+
+    def _publish(self, file_id: str, filename: str, purpose: str) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "id": file_id,
+            "object": "file",
+            "bytes": self.content(file_id).stat().st_size,
+            "created_at": int(time.time()),
+            "filename": filename,
+            "purpose": purpose,
+            "status": "processed",
+            "expires_at": None,
+            "status_details": None,
+        }
+        write_json_atomic(self.dir / f"{file_id}.json", record)
+        with self._lock:
+            self._records[file_id] = record
+        return record
+
+    def get(self, file_id: str) -> dict[str, Any] | None:
+        """A file's record, or None when there is no such file."""
+        if not is_file_id(file_id):
+            return None
+        with self._lock:
+            record = self._records.get(file_id)
+        return dict(record) if record is not None else None
+
+    def list(self, purpose: str | None = None) -> list[dict[str, Any]]:
+        """Every file's record (of one purpose, when given), newest first."""
+        with self._lock:
+            records = [dict(r) for r in self._records.values()]
+        if purpose:
+            records = [r for r in records if r.get("purpose") == purpose]
+        records.sort(key=lambda r: (r.get("created_at", 0), r["id"]), reverse=True)
+        return records
+
+    def delete(self, file_id: str) -> bool:
+        """Remove a file (its record first, so it is never listed without its bytes)."""
+        if not is_file_id(file_id):
+            return False
+        with self._lock:
+            if self._records.pop(file_id, None) is None:
+                return False
+        (self.dir / f"{file_id}.json").unlink(missing_ok=True)
+        fsync_dir(self.dir)
+        with contextlib.suppress(OSError):
+            self.content(file_id).unlink()
+        return True

@@ -1,0 +1,87 @@
+"""The server's counters, written as Prometheus text at GET /metrics."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from batchrun.openai.records import Outcome
+
+
+class Metrics:
+    """Requests by outcome and tokens (counters); queue depth, batches by status and engine
+    restarts come from `gauges`, read when the page is asked for."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests = {"succeeded": 0, "failed": 0}
+        self.tokens = {"prompt": 0, "completion": 0}
+        self.gauges: Callable[[], Mapping[str, object]] = dict
+
+    def count(self, outcomes: Sequence[Outcome]) -> None:
+        """Count journaled outcomes."""
+        ok = sum(1 for o in outcomes if o.ok)
+        with self._lock:
+            self.requests["succeeded"] += ok
+            self.requests["failed"] += len(outcomes) - ok
+            self.tokens["prompt"] += sum(int(o.prompt_tokens or 0) for o in outcomes)
+            self.tokens["completion"] += sum(int(o.completion_tokens or 0) for o in outcomes)
+
+    def render(self) -> str:
+        """The Prometheus text exposition."""
+        with self._lock:
+            requests, tokens = dict(self.requests), dict(self.tokens)
+        gauges = self.gauges()
+        lines: list[str] = []
+        _family(
+            lines,
+            "batchrun_requests_total",
+            "counter",
+            "Request attempts journaled, by outcome.",
+            (({"outcome": k}, v) for k, v in requests.items()),
+        )
+        _family(
+            lines,
+            "batchrun_tokens_total",
+            "counter",
+            "Tokens of journaled attempts.",
+            (({"kind": k}, v) for k, v in tokens.items()),
+        )
+        _family(
+            lines,
+            "batchrun_queue_depth",
+            "gauge",
+            "Requests of running batches not finished yet.",
+            [({}, gauges.get("queue_depth", 0))],
+        )
+        by_status = gauges.get("batches", {})
+        assert isinstance(by_status, Mapping)
+        _family(
+            lines,
+            "batchrun_batches",
+            "gauge",
+            "Batches by status.",
+            (({"status": k}, v) for k, v in sorted(by_status.items())),
+        )
+        _family(
+            lines,
+            "batchrun_engine_restarts_total",
+            "counter",
+            "Engine worker starts beyond the first of each worker.",
+            [({}, gauges.get("engine_restarts", 0))],
+        )
+        return "\n".join(lines) + "\n"
+
+
+def _family(
+    lines: list[str],
+    name: str,
+    kind: str,
+    help_text: str,
+    samples: Iterable[tuple[dict[str, str], object]],
+) -> None:
+    lines.append(f"# HELP {name} {help_text}")
+    lines.append(f"# TYPE {name} {kind}")
+    for labels, value in samples:
+        shown = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        lines.append(f"{name}{{{shown}}} {value}" if shown else f"{name} {value}")

@@ -1,0 +1,239 @@
+"""One engine pool shared by every batch: requests of several batches in flight at once, each
+result journaled into its own batch's journal.
+
+A batch's requests enter the pool with their custom_id prefixed by the batch's slot (digits) and
+a separator, so that two batches may use the same custom_ids (the engine workers key what they
+hold by custom_id); the prefix, split off at the first separator, is taken off before anything is
+journaled, whatever the custom_id itself holds. The pool is the
+job runner's Scheduler (back-off, poison isolation, restarts), with its journaling routed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from batchrun.config import EngineSettings
+from batchrun.job.journal import JournalWriter, exact_float, plain_result
+from batchrun.job.manifest import Manifest, load_manifest
+from batchrun.job.paths import JobPaths
+from batchrun.job.records import ResultRecord, result_record
+from batchrun.job.state import OK, JobState, replay
+from batchrun.openai.records import EMBEDDINGS, Outcome, Request
+from batchrun.run.options import RunOptions
+from batchrun.run.scheduler import Reporter, RunStats, Scheduler
+from batchrun.run.source import InputIndex
+from batchrun.run.tuning import cached_size, lower_size
+from batchrun.serve.jobview import JobFacts, job_facts
+from batchrun.workers.devices import worker_envs
+from batchrun.workers.process import Worker
+
+# Between a batch's slot and a request's custom_id inside the pool.
+SEP = "\x00"
+
+
+def engine_kind(endpoint: str | None) -> str:
+    """Which engine a batch needs: embeddings run vLLM as a pooling model, the rest generate."""
+    return "embed" if endpoint == EMBEDDINGS else "generate"
+
+
+@dataclass
+class ActiveJob:
+    """A batch the server runs: its job, its journal open, and where its passes stand."""
+
+    batch_id: str
+    slot: str
+    paths: JobPaths
+    manifest: Manifest
+    facts: JobFacts
+    state: JobState
+    # The queue's order: priority (high first), then creation time, then id.
+    order: tuple[int, int, str]
+    deadline: float
+    journal: JournalWriter
+    locks: contextlib.ExitStack
+    # Requests handed to the pool whose outcome has not come back.
+    outstanding: int = 0
+    # The pass being fed (None: the next one is chosen when needed) and its next request.
+    source: Iterator[Request] | None = None
+    ahead: Request | None = None
+    passes: int = 0
+    # Set once no pass has anything left to feed: the batch ends when `outstanding` is 0.
+    drained: bool = False
+    # Why it stops early: "cancelled", "expired" or "failed" (then `error` says why).
+    stop: str | None = None
+    error: str | None = None
+    # The pass fed is over but some of its requests are still out: the next waits for them.
+    waiting: bool = False
+    completed: int = 0
+    failed: int = 0
+    # What a fresh validation of this process found, for a cheap first pass (see run/source.py).
+    index: InputIndex | None = None
+
+    @property
+    def kind(self) -> str:
+        """The engine kind this batch needs."""
+        return engine_kind(self.facts.endpoint)
+
+
+def open_job(
+    batch_id: str,
+    slot: str,
+    job_dir: Path,
+    order: tuple[int, int, str],
+    deadline: float,
+    locks: contextlib.ExitStack,
+) -> ActiveJob:
+    """Open a validated job for running: replay its journal, open it for appending."""
+    paths = JobPaths(job_dir)
+    manifest = load_manifest(paths)
+    state = replay(paths, manifest)
+    journal = JournalWriter(paths.journal).open()
+    locks.callback(journal.close)
+    job = ActiveJob(
+        batch_id=batch_id,
+        slot=slot,
+        paths=paths,
+        manifest=manifest,
+        facts=job_facts(manifest),
+        state=state,
+        order=order,
+        deadline=deadline,
+        journal=journal,
+        locks=locks,
+    )
+    job.completed = state.succeeded
+    job.failed = state.failed
+    return job
+
+
+class SharedScheduler(Scheduler):
+    """The Scheduler over one set of engine workers, journaling each outcome into its batch's job."""
+
+    def __init__(
+        self,
+        settings: EngineSettings,
+        envs: Sequence[dict[str, str]],
+        jobs: dict[str, ActiveJob],
+        reporter: Reporter,
+        worker_class: type[Worker] = Worker,
+        on_results: Callable[[ActiveJob, Sequence[Outcome]], None] | None = None,
+    ) -> None:
+        # The base class's own journal and state are never used: every job has its own.
+        super().__init__(
+            settings, envs, JournalWriter(Path(os.devnull)), JobState(), reporter, worker_class
+        )
+        self.jobs = jobs
+        self.on_results = on_results
+        self.starts = 0
+
+    def _records(
+        self,
+        pairs: Sequence[tuple[Outcome, Request]],
+        index: int,
+        records: list[ResultRecord],
+        outcomes: list[Outcome],
+    ) -> bool:
+        """Journal each outcome into its batch's journal at once (grouped by batch)."""
+        if not pairs:
+            return True
+        now = round(time.time(), 3)
+        groups: dict[str, list[tuple[Outcome, Request]]] = {}
+        for outcome, request in pairs:
+            slot, _, custom_id = request.custom_id.partition(SEP)
+            outcome.custom_id = custom_id
+            plain_request = Request(custom_id, request.line, request.url, request.body)
+            groups.setdefault(slot, []).append((outcome, plain_request))
+        for slot, group in groups.items():
+            job = self.jobs.get(slot)
+            if job is None:  # cannot happen: a job stays open while it has outstanding requests
+                self.reporter.event(f"dropped {len(group)} results of an unknown batch slot {slot}")
+                continue
+            done = [outcome for outcome, _ in group]
+            before = [job.state.last.get(o.custom_id) for o in done]
+            attempts = job.state.record_results(done, index, now)
+            recs: list[ResultRecord] = []
+            plain = True
+            for (outcome, request), attempt in zip(group, attempts, strict=True):
+                rec = result_record(outcome, request.line, attempt, now)
+                rec["worker"] = index
+                latency = round(outcome.latency_s, 6)  # as result_record wrote it
+                if not (latency == 0 or 1e-4 <= latency < 1e16):  # as Scheduler._records
+                    rec["latency_s"] = exact_float(latency)
+                recs.append(rec)
+                plain = plain and plain_result(outcome)
+            job.journal.append(recs, plain=plain)
+            for outcome, old in zip(done, before, strict=True):
+                new = job.state.last.get(outcome.custom_id)
+                job.completed += (new == OK) - (old == OK)
+                job.failed += (new is not None and new != OK) - (old is not None and old != OK)
+            job.outstanding -= len(done)
+            records += recs
+            outcomes += done
+            if self.on_results is not None:
+                self.on_results(job, done)
+        return True
+
+    def _journal(
+        self,
+        records: list[ResultRecord],
+        outcomes: list[Outcome],
+        stats: RunStats,
+        plain: bool = False,
+    ) -> None:
+        """Count what `_records` already journaled, and tell the reporter."""
+        if not outcomes:
+            return
+        succeeded = sum(1 for o in outcomes if o.ok)
+        stats.outcomes += len(outcomes)
+        stats.succeeded += succeeded
+        stats.failed += len(outcomes) - succeeded
+        stats.prompt_tokens += sum(o.prompt_tokens for o in outcomes)
+        stats.completion_tokens += sum(o.completion_tokens for o in outcomes)
+        self.reporter.advance(outcomes)
+
+    def _start(self, w: Worker) -> None:
+        self.starts += 1
+        super()._start(w)
+
+
+def build_pool(
+    root: Path,
+    options: RunOptions,
+    endpoint: str | None,
+    jobs: dict[str, ActiveJob],
+    reporter: Reporter,
+    on_results: Callable[[ActiveJob, Sequence[Outcome]], None],
+) -> SharedScheduler:
+    """An engine pool for batches of `endpoint`'s kind, as `run_job` sets up a job's workers: on
+    Ray or local processes (their output in ROOT/logs), at the fixed, remembered or largest
+    batch size (an out-of-memory death backs off, and the size cache remembers it)."""
+    settings = dataclasses.replace(options.settings, endpoint=endpoint)
+    worker_class: type[Worker] = Worker
+    if options.ray:
+        from batchrun.workers import ray as ray_backend
+
+        resources = ray_backend.connect(options.ray, options.workers)
+        count = ray_backend.actor_count(resources, settings.tensor_parallel_size, options.workers)
+        envs: list[dict[str, str]] = [{} for _ in range(count)]
+        worker_class = ray_backend.RayWorker
+    else:
+        envs = worker_envs(
+            settings.engine, options.gpus, settings.tensor_parallel_size, options.workers
+        )
+        logs = root / "logs"
+        with contextlib.suppress(OSError):
+            logs.mkdir(exist_ok=True)
+            for i, env in enumerate(envs):
+                env["BATCHRUN_WORKER_LOG"] = str((logs / f"worker-{i}.log").resolve())
+    pool = SharedScheduler(settings, envs, jobs, reporter, worker_class, on_results)
+    pool.job_dir = root
+    device = settings.spec.device_key()
+    pool.resize(options.batch_size or cached_size(settings, device) or options.max_batch)
+    pool.on_back_off = lambda size: lower_size(settings, device, size)
+    return pool

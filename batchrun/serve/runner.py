@@ -1,0 +1,416 @@
+"""The queue of batches: validated in turn, fed to one shared engine pool by priority then age,
+stopped early when cancelled or past their window, and finalized.
+
+Three threads: the validator (a batch's input into its job), the runner (the engine pool and the
+feed, which alone touch a running job's state and journal), and the finisher (export and files).
+A restart puts every batch that had not ended back on the validator's queue: a validated job
+is simply opened again, and its journal says what is left to run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from batchrun.errors import BatchrunError
+from batchrun.job.state import FAILED_RETRYABLE
+from batchrun.openai.records import Outcome, Request
+from batchrun.run.options import RunOptions
+from batchrun.run.source import requests
+from batchrun.serve import lifecycle
+from batchrun.serve.batches import PRIORITIES, BatchStore
+from batchrun.serve.files import FileStore
+from batchrun.serve.jobview import stamp_job
+from batchrun.serve.metrics import Metrics
+from batchrun.serve.router import SEP, ActiveJob, SharedScheduler, build_pool, open_job
+
+SWEEP_EVERY_S = 0.2
+
+
+class StopServing(Exception):
+    """Raised inside the pool's run to end it at once: the server is shutting down."""
+
+
+class _Log:
+    """The pool's reporter: its events go to the server's log."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+
+    def event(self, message: str) -> None:
+        self.say(message.replace(SEP, ":"))
+
+    def advance(self, outcomes: Sequence[Outcome]) -> None:
+        """Counted by the runner's own callback."""
+
+
+class Runner:
+    """Runs every batch of a server root on one engine pool."""
+
+    def __init__(
+        self,
+        root: Path,
+        options: RunOptions,
+        files: FileStore,
+        batches: BatchStore,
+        metrics: Metrics,
+        say: Callable[[str], None],
+    ) -> None:
+        self.root, self.options, self.files, self.batches = root, options, files, batches
+        self.metrics, self.say = metrics, say
+        self.lock = threading.RLock()
+        self._wake = threading.Condition(self.lock)
+        self.active: dict[str, ActiveJob] = {}  # by slot
+        self._slots = itertools.count()
+        self._version = 0  # changes whenever which job to feed may change
+        self._top: dict[str, tuple[int, ActiveJob | None]] = {}
+        self._stopping = False
+        self._last_sweep = 0.0
+        self.pool: SharedScheduler | None = None
+        self._pool_kind: str | None = None
+        self.restarts = 0
+        self._to_validate: queue.Queue[str | None] = queue.Queue()
+        self._to_finalize: queue.Queue[str | None] = queue.Queue()
+        self._threads = [
+            threading.Thread(target=self._loop, name="batchrun-runner", daemon=True),
+            threading.Thread(target=self._validate_loop, name="batchrun-validator", daemon=True),
+            threading.Thread(target=self._finalize_loop, name="batchrun-finisher", daemon=True),
+        ]
+
+    # -- the API's side -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Take up every batch that had not ended (after a restart), then start the threads."""
+        for record in sorted(self.batches.all(), key=lambda r: (r.batch["created_at"], r.id)):
+            if record.status in ("completed", "failed", "expired", "cancelled"):
+                continue
+            if record.final is not None:
+                self._to_finalize.put(record.id)
+            else:
+                self._to_validate.put(record.id)
+        for t in self._threads:
+            t.start()
+
+    def submit(self, batch_id: str) -> None:
+        """Queue a batch just created."""
+        self._to_validate.put(batch_id)
+
+    def cancel(self, batch_id: str) -> None:
+        """Ask a batch to stop: nothing more of it is fed; what is in flight finishes."""
+        with self.lock:
+            now = int(time.time())
+            self.batches.update(batch_id, status="cancelling", cancelling_at=now)
+            for job in self.active.values():
+                if job.batch_id == batch_id and job.stop is None:
+                    job.stop = "cancelled"
+                    self._changed()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop the threads (the pool's workers with them); what is in flight runs again later."""
+        with self.lock:
+            self._stopping = True
+            self._wake.notify_all()
+        self._to_validate.put(None)
+        self._to_finalize.put(None)
+        for t in self._threads:
+            if t.is_alive():
+                t.join(timeout)
+        with self.lock:
+            # Journals synced and locks let go: `batchrun status` calls these jobs interrupted.
+            for job in list(self.active.values()):
+                with contextlib.suppress(Exception):
+                    job.locks.close()
+
+    def gauges(self) -> dict[str, object]:
+        """Queue depth, batches by status and engine restarts, for /metrics."""
+        with self.lock:
+            depth = sum(
+                max(0, j.facts.requests - j.completed - j.failed) for j in self.active.values()
+            )
+            restarts = self.restarts + (self._pool_restarts(self.pool) if self.pool else 0)
+        by_status: dict[str, int] = {}
+        for record in self.batches.all():
+            by_status[record.status] = by_status.get(record.status, 0) + 1
+        return {"queue_depth": depth, "batches": by_status, "engine_restarts": restarts}
+
+    # -- validation and finalizing --------------------------------------------------------------
+
+    def _validate_loop(self) -> None:
+        while (batch_id := self._to_validate.get()) is not None:
+            try:
+                done = lifecycle.validate(self.batches, self.files, self.options, batch_id)
+                if done is not None:
+                    self._activate(batch_id, done)
+            except BatchrunError as e:
+                lifecycle.fail(self.batches, batch_id, [_error("invalid_input", str(e))])
+            except Exception as e:  # a bug: this batch fails, the server goes on
+                self.say(f"validating {batch_id} failed:\n{traceback.format_exc()}")
+                lifecycle.fail(self.batches, batch_id, [_error("internal_error", repr(e))])
+
+    def _activate(self, batch_id: str, done: lifecycle.Validated) -> None:
+        record = self.batches.get(batch_id)
+        assert record is not None
+        order = (
+            PRIORITIES.get(record.priority, 1),
+            int(record.batch["created_at"]),
+            batch_id,
+        )
+        slot = str(next(self._slots))
+        job_dir = self.batches.job_dir(batch_id)
+        try:
+            job = open_job(
+                batch_id, slot, job_dir, order, float(record.batch["expires_at"]), done.locks
+            )
+        except BaseException:
+            done.locks.close()
+            raise
+        job.index = done.index
+        stamp_job(job.paths, job.manifest, "running", job.state)
+        if record.status == "validating":
+            record = self.batches.update(
+                batch_id, status="in_progress", in_progress_at=int(time.time())
+            )
+        with self.lock:
+            if record.status == "cancelling":
+                job.stop = "cancelled"
+            self.active[slot] = job
+            self._publish(job)
+            self._changed()
+
+    def _finalize_loop(self) -> None:
+        while (batch_id := self._to_finalize.get()) is not None:
+            try:
+                lifecycle.finalize(self.batches, self.files, batch_id)
+            except Exception:  # left finalizing: the next start tries again
+                self.say(f"finalizing {batch_id} failed:\n{traceback.format_exc()}")
+
+    # -- the runner thread ----------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self.lock:
+                    if self._stopping:
+                        return
+                    self._sweep(force=True)
+                    top = self._wanted()
+                    if top is None:
+                        self._wake.wait(0.25)
+                        continue
+                kind, endpoint = top.kind, top.facts.endpoint
+                try:
+                    pool = self._pool(kind, endpoint)
+                    pool.run(_Feed(self, kind))
+                except StopServing:
+                    return
+                except Exception as e:  # the engine pool failed: so do the batches it ran
+                    if not isinstance(e, BatchrunError):
+                        self.say(f"the engine pool failed:\n{traceback.format_exc()}")
+                    self._close_pool()
+                    self._fail_kind(kind, str(e))
+        finally:
+            self._close_pool()
+
+    def _pool(self, kind: str, endpoint: str | None) -> SharedScheduler:
+        """The engine pool for `kind`, made (its engines load on the first request) if need be."""
+        if self.pool is not None and self._pool_kind == kind:
+            return self.pool
+        self._close_pool()
+        pool = build_pool(
+            self.root, self.options, endpoint, self.active, _Log(self.say), self._on_results
+        )
+        pool.live = lambda: self._live(kind)
+        self.pool, self._pool_kind = pool, kind
+        return pool
+
+    @staticmethod
+    def _pool_restarts(pool: SharedScheduler) -> int:
+        return max(0, pool.starts - len(pool.workers))
+
+    def _close_pool(self) -> None:
+        if self.pool is not None:
+            self.restarts += self._pool_restarts(self.pool)
+            with contextlib.suppress(Exception):
+                self.pool.close()
+            self.pool, self._pool_kind = None, None
+
+    def _fail_kind(self, kind: str, message: str) -> None:
+        """The pool for `kind` failed: its batches end as failed (what finished is kept)."""
+        with self.lock:
+            for job in list(self.active.values()):
+                if job.kind == kind:
+                    job.stop, job.error, job.outstanding = "failed", message, 0
+                    self._finish(job)
+
+    def _live(self, kind: str) -> bool:
+        """While the pool runs: go on unless the server stops or only another kind has work."""
+        if self._stopping:
+            raise StopServing
+        with self.lock:
+            self._sweep()
+            top = self._wanted()
+            return top is None or top.kind == kind
+
+    def _on_results(self, job: ActiveJob, outcomes: Sequence[Outcome]) -> None:
+        self.metrics.count(outcomes)
+        with self.lock:
+            self._publish(job)
+            if job.outstanding == 0:
+                self._settle(job)
+
+    # -- which job to feed ----------------------------------------------------------------------
+
+    def _changed(self) -> None:
+        self._version += 1
+        self._wake.notify_all()
+
+    @staticmethod
+    def _feedable(job: ActiveJob) -> bool:
+        return job.stop is None and not job.drained and not job.waiting
+
+    def _wanted(self) -> ActiveJob | None:
+        """The first job in the queue's order with requests to feed."""
+        jobs = [j for j in self.active.values() if self._feedable(j)]
+        return min(jobs, key=lambda j: j.order) if jobs else None
+
+    def top(self, kind: str) -> ActiveJob | None:
+        """The first job of `kind` to feed (cached until the queue changes)."""
+        cached = self._top.get(kind)
+        if cached is not None and cached[0] == self._version:
+            return cached[1]
+        jobs = [j for j in self.active.values() if j.kind == kind and self._feedable(j)]
+        job = min(jobs, key=lambda j: j.order) if jobs else None
+        self._top[kind] = (self._version, job)
+        return job
+
+    def take(self, job: ActiveJob) -> Request | None:
+        """The next request of `job` for the pool, or None when it has none to give now."""
+        while True:
+            if job.source is None:
+                job.source = self._next_pass(job)
+                if job.source is None:  # nothing is left to run, and nothing is out
+                    job.drained = True
+                    self._changed()
+                    self._finish(job)
+                    return None
+            try:
+                request = next(job.source, None)
+            except (BatchrunError, OSError) as e:  # its input went bad: this batch fails alone
+                job.source, job.stop, job.error = None, "failed", str(e)
+                self._changed()
+                self._settle(job)
+                return None
+            if request is not None:
+                job.outstanding += 1
+                return Request(
+                    f"{job.slot}{SEP}{request.custom_id}", request.line, request.url, request.body
+                )
+            job.source = None
+            if job.outstanding > 0:  # the next pass (the retries) waits for this one's results
+                job.waiting = True
+                self._changed()
+                return None
+
+    def _next_pass(self, job: ActiveJob) -> Iterator[Request] | None:
+        """The run pass first, then retry passes while retryable failures have attempts left."""
+        if job.stop is not None:
+            return None
+        state, path = job.state, job.facts.input_path
+        job.passes += 1
+        if job.passes == 1:
+            return requests(path, state.is_not_done, job.index)
+        ids = {
+            cid
+            for cid, last in state.last.items()
+            if last == FAILED_RETRYABLE and state.attempts.get(cid, 0) < job.facts.max_attempts
+        }
+        return requests(path, lambda r: r.custom_id in ids, job.index) if ids else None
+
+    # -- ending a job ---------------------------------------------------------------------------
+
+    def _sweep(self, force: bool = False) -> None:
+        """Expire jobs past their window; end stopped jobs with nothing out (at most every
+        SWEEP_EVERY_S unless forced)."""
+        now = time.time()
+        if not force and now - self._last_sweep < SWEEP_EVERY_S:
+            return
+        self._last_sweep = now
+        for job in list(self.active.values()):
+            if job.stop is None and now >= job.deadline:
+                job.stop = "expired"
+                self._changed()
+            if job.stop is not None and job.outstanding == 0:
+                self._finish(job)
+
+    def _settle(self, job: ActiveJob) -> None:
+        """`job` has nothing out: end it if it was stopped, else let its next pass be fed."""
+        if job.stop is not None:
+            self._finish(job)
+        elif job.waiting:
+            job.waiting = False
+            self._changed()
+
+    def _finish(self, job: ActiveJob) -> None:
+        """Close a job with nothing out and hand it to the finisher."""
+        if self.active.pop(job.slot, None) is None:
+            return
+        self._changed()
+        final = job.stop or "completed"
+        try:
+            if final == "expired":
+                lifecycle.expire_rest(job)
+            pending = job.state.pending(job.facts.requests)
+            stamp_job(job.paths, job.manifest, "incomplete" if pending else "completed", job.state)
+        except BatchrunError as e:  # the journal cannot be written: the batch fails
+            final, job.error = "failed", str(e)
+        finally:
+            job.locks.close()
+        fields: dict[str, object] = {}
+        if final == "completed":
+            fields["status"] = "finalizing"
+            fields["finalizing_at"] = int(time.time())
+        if job.error is not None:
+            fields["errors"] = {"object": "list", "data": [_error("batch_failed", job.error)]}
+        self.batches.update(job.batch_id, final=final, **fields)
+        self._to_finalize.put(job.batch_id)
+
+    def _publish(self, job: ActiveJob) -> None:
+        """The batch's moving request counts, for the API."""
+        invalid = job.state.invalid
+        self.batches.set_counts(
+            job.batch_id, job.facts.requests + invalid, job.completed, job.failed + invalid
+        )
+
+
+class _Feed:
+    """The pool's source: requests of the jobs of one engine kind, the first in the queue's order
+    first; it runs dry and fills again (the pool is `live`)."""
+
+    def __init__(self, runner: Runner, kind: str) -> None:
+        self.runner, self.kind = runner, kind
+
+    def __iter__(self) -> _Feed:
+        return self
+
+    def __next__(self) -> Request:
+        runner = self.runner
+        with runner.lock:
+            runner._sweep()
+            while not runner._stopping:
+                job = runner.top(self.kind)
+                if job is None:
+                    break
+                request = runner.take(job)
+                if request is not None:
+                    return request
+        raise StopIteration
+
+
+def _error(code: str, message: str) -> dict[str, object]:
+    return {"code": code, "message": message, "line": None, "param": None}

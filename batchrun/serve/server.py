@@ -1,0 +1,89 @@
+"""`batchrun serve`: check everything, take the root, build the app, run uvicorn."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from batchrun.errors import BatchrunError
+from batchrun.run.model import prepare_model
+from batchrun.run.options import RunOptions
+
+DEFAULT_MAX_FILE_BYTES = 200 * 1000 * 1000  # OpenAI's limit for a batch input file
+ROOT_LOCK = "server.lock"
+
+
+def say(line: str) -> None:
+    """A line of the server's log, on stderr."""
+    sys.stderr.write(f"[batchrun serve] {line}\n")
+    sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def root_lock(root: Path) -> Iterator[None]:
+    """Hold ROOT/server.lock: two servers on one root would run the same batches twice."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root / ROOT_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise BatchrunError(f"cannot use {root} as the server's root: {e.strerror or e}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise BatchrunError(
+                    f"another batchrun serve already runs on {root}; stop it first, or choose "
+                    "another --root"
+                ) from None
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)
+
+
+def serve(
+    root: Path,
+    options: RunOptions,
+    *,
+    host: str,
+    port: int,
+    api_key: str | None,
+    max_file_bytes: int,
+) -> None:
+    """Serve the Files and Batches API on `host:port` until stopped; every batch lives in `root`."""
+    import uvicorn
+
+    from batchrun.serve.app import Services, create_app
+    from batchrun.serve.batches import BatchStore
+    from batchrun.serve.files import FileStore
+    from batchrun.serve.metrics import Metrics
+    from batchrun.serve.runner import Runner
+
+    options.check()
+    if root.exists() and not root.is_dir():
+        raise BatchrunError(f"--root {root} is a file, not a directory")
+    prepare_model(options.settings, say)
+    with root_lock(root):
+        files, batches, metrics = FileStore(root), BatchStore(root), Metrics()
+        runner = Runner(root, options, files, batches, metrics, say)
+        metrics.gauges = runner.gauges
+        services = Services(
+            files, batches, runner, metrics, options.settings.model_name, api_key, max_file_bytes
+        )
+        app = create_app(services)
+        where = (
+            "" if host in ("127.0.0.1", "localhost", "::1") else " (not loopback: use --api-key)"
+        )
+        say(
+            f"serving the OpenAI Files and Batches API on http://{host}:{port}/v1{where}; "
+            f"root {root}, model {options.settings.model_name} on {options.settings.engine}"
+        )
+        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

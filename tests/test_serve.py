@@ -1,0 +1,435 @@
+"""`batchrun serve` driven by the `openai` package: files, the batch lifecycle, cancel, expiry,
+priorities, auth and bad input, on one shared server running the echo engine."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from conftest import ROOT, chat_line, journal_records, read_jsonl, wait_until, write_jsonl
+from openai import OpenAI
+from openai.types import Batch
+
+API_KEY = "test-key-123"
+DONE = ("completed", "failed", "expired", "cancelled")
+# Slow enough that a batch of a few hundred requests takes seconds (the echo engine's requests
+# overlap: 4 at a time of 20 ms each, about 200 requests a second).
+SLOW_ENGINE = ("--batch-size", "4")
+SLOW_ENV = {"BATCHRUN_ECHO_DELAY_MS": "20"}
+
+
+@dataclass
+class Server:
+    """A running `batchrun serve` and how to reach it."""
+
+    process: subprocess.Popen[bytes]
+    root: Path
+    url: str
+    log: Path
+
+    def client(self, api_key: str = API_KEY) -> OpenAI:
+        """An openai client for this server (no retries: every answer is seen as it is)."""
+        return OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=30)
+
+    def batch_dir(self, batch_id: str) -> Path:
+        """The batch's job directory."""
+        return self.root / "batches" / batch_id
+
+
+def free_port() -> int:
+    """A port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(root: Path, *args: str, env: dict[str, str] | None = None) -> Server:
+    """Start `batchrun serve` on the echo engine in its own process group; wait for /health."""
+    port = free_port()
+    log = root.parent / f"{root.name}-serve-{port}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "batchrun",
+                "serve",
+                "--root",
+                str(root),
+                "--port",
+                str(port),
+                "--engine",
+                "echo",
+                *args,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            cwd=ROOT,
+            start_new_session=True,
+        )
+    server = Server(process, root, f"http://127.0.0.1:{port}", log)
+
+    def healthy() -> bool:
+        assert process.poll() is None, f"the server exited: {log.read_text()}"
+        try:
+            return httpx.get(f"{server.url}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(healthy, "the server answers /health", timeout=30)
+    return server
+
+
+def stop_server(server: Server, sig: int = signal.SIGTERM) -> None:
+    """Signal the server's whole process group and wait for it."""
+    if server.process.poll() is None:
+        os.killpg(server.process.pid, sig)
+    server.process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server for this module, with an API key, a small upload cap and a slow echo engine."""
+    root = tmp_path_factory.mktemp("serve") / "root"
+    s = start_server(
+        root, "--api-key", API_KEY, "--max-file-bytes", "1000000", *SLOW_ENGINE, env=SLOW_ENV
+    )
+    yield s
+    stop_server(s)
+
+
+def requests_file(path: Path, n: int, prefix: str = "req") -> Path:
+    """A chat batch input file of `n` requests."""
+    return write_jsonl(path, [chat_line(f"{prefix}-{i:04d}", f"hello {i}") for i in range(n)])
+
+
+def create_batch(client: OpenAI, path: Path, window: str = "24h", **extra: Any) -> Batch:
+    """Upload `path` and create a chat batch of it."""
+    with path.open("rb") as f:
+        uploaded = client.files.create(file=f, purpose="batch")
+    return client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/chat/completions",
+        completion_window=window,  # type: ignore[arg-type]
+        **extra,
+    )
+
+
+def wait_done(client: OpenAI, batch_id: str, timeout: float = 30) -> Batch:
+    """Poll a batch until it ends, as a client would."""
+    seen: list[Batch] = []
+
+    def ended() -> bool:
+        seen.append(client.batches.retrieve(batch_id))
+        return seen[-1].status in DONE
+
+    wait_until(ended, f"batch {batch_id} ends", timeout=timeout, every=0.1)
+    return seen[-1]
+
+
+def lines_of(client: OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    """A file's JSONL lines, read through the API."""
+    assert file_id is not None
+    return [json.loads(x) for x in client.files.content(file_id).text.splitlines() if x.strip()]
+
+
+def test_the_flow_of_the_issue_runs_and_status_agrees(server: Server, tmp_path: Path) -> None:
+    """Upload, create, poll, download: every request answered once; invalid lines are failed
+    requests with their line; `batchrun status` on the batch's job says what the API says."""
+    client = server.client()
+    path = requests_file(tmp_path / "in.jsonl", 30)
+    with path.open("a") as f:
+        f.write("not json\n")
+        f.write(
+            json.dumps(
+                {
+                    "custom_id": "no-messages",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {"model": "m"},
+                }
+            )
+            + "\n"
+        )
+    batch = create_batch(client, path, metadata={"team": "a"})
+    assert batch.status == "validating" and batch.metadata == {"team": "a"}
+    done = wait_done(client, batch.id)
+    assert done.status == "completed"
+    assert done.request_counts is not None
+    assert (
+        done.request_counts.total,
+        done.request_counts.completed,
+        done.request_counts.failed,
+    ) == (32, 30, 2)
+    assert done.usage is not None and done.usage.total_tokens > 0
+    assert done.in_progress_at and done.finalizing_at and done.completed_at
+    output = lines_of(client, done.output_file_id)
+    assert sorted(line["custom_id"] for line in output) == [f"req-{i:04d}" for i in range(30)]
+    assert output[0]["response"]["body"]["choices"][0]["message"]["content"] == "hello 0"
+    errors = lines_of(client, done.error_file_id)
+    assert [(e["custom_id"], e["error"]["line"]) for e in errors] == [
+        (None, 31),
+        ("no-messages", 32),
+    ]
+    status = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "batchrun",
+            "status",
+            "--json",
+            "--job-dir",
+            str(server.batch_dir(batch.id)),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    )
+    requests = json.loads(status.stdout)["requests"]
+    assert (requests["succeeded"], requests["invalid"], requests["pending"]) == (30, 2, 0)
+    assert read_jsonl(server.batch_dir(batch.id) / "output.jsonl") == output
+    ids = [b.id for b in client.batches.list(limit=100).data]
+    assert batch.id in ids
+    assert client.files.retrieve(done.output_file_id or "").purpose == "batch_output"
+
+
+def test_a_batch_of_only_invalid_lines_fails_with_its_errors(
+    server: Server, tmp_path: Path
+) -> None:
+    """No valid line: failed, with errors.data naming each line and why."""
+    client = server.client()
+    path = write_jsonl(
+        tmp_path / "bad.jsonl",
+        [
+            {
+                "custom_id": "a",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "m"},
+            },
+            {"custom_id": "a", "method": "GET", "url": "/v1/chat/completions", "body": {}},
+        ],
+    )
+    done = wait_done(client, create_batch(client, path).id)
+    assert done.status == "failed" and done.failed_at
+    assert done.errors is not None and done.errors.data is not None
+    assert [e.line for e in done.errors.data] == [1, 2]
+    assert all(e.code and e.message for e in done.errors.data)
+
+
+def test_cancel_keeps_what_finished(server: Server, tmp_path: Path) -> None:
+    """cancelling, then cancelled: what finished is in the output file, nothing ran twice."""
+    client = server.client()
+    batch = create_batch(client, requests_file(tmp_path / "in.jsonl", 3000))
+    job = server.batch_dir(batch.id)
+    wait_until(
+        lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 50,
+        "50 requests of the batch finish",
+    )
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status == "cancelling" and cancelling.cancelling_at
+    done = wait_done(client, batch.id)
+    assert done.status == "cancelled" and done.cancelled_at
+    output = lines_of(client, done.output_file_id)
+    ids = [line["custom_id"] for line in output]
+    assert 50 <= len(ids) < 3000 and len(set(ids)) == len(ids)
+    assert done.request_counts is not None and done.request_counts.completed == len(ids)
+    with pytest.raises(openai.BadRequestError):
+        client.batches.cancel(batch.id)
+
+
+def test_expiry_returns_finished_work_and_the_rest_as_batch_expired(
+    server: Server, tmp_path: Path
+) -> None:
+    """A window of 2s (the duration extension): expired, finished work in the output file,
+    every other request a batch_expired error; each custom_id exactly once."""
+    client = server.client()
+    batch = create_batch(client, requests_file(tmp_path / "in.jsonl", 3000), window="2s")
+    assert batch.expires_at == batch.created_at + 2
+    done = wait_done(client, batch.id)
+    assert done.status == "expired" and done.expired_at
+    ok = [line["custom_id"] for line in lines_of(client, done.output_file_id)]
+    errors = lines_of(client, done.error_file_id)
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+    assert 0 < len(ok) < 3000
+    assert sorted(ok + [e["custom_id"] for e in errors]) == [f"req-{i:04d}" for i in range(3000)]
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (len(ok), len(errors))
+
+
+def test_priority_high_runs_before_normal_before_low(server: Server, tmp_path: Path) -> None:
+    """While a normal batch runs, a low then a high one arrive: high runs first, low last."""
+    client = server.client()
+    normal = create_batch(client, requests_file(tmp_path / "n.jsonl", 600, "n"))
+    job = server.batch_dir(normal.id)
+    wait_until(
+        lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 20,
+        "the normal batch runs",
+    )
+    low = create_batch(
+        client, requests_file(tmp_path / "l.jsonl", 100, "l"), metadata={"priority": "low"}
+    )
+    high = create_batch(
+        client, requests_file(tmp_path / "h.jsonl", 100, "h"), metadata={"priority": "high"}
+    )
+    for b in (normal, low, high):
+        assert wait_done(client, b.id, timeout=60).status == "completed"
+
+    def span(batch_id: str) -> tuple[float, float]:
+        times = [
+            r["time"] for r in journal_records(server.batch_dir(batch_id)) if r["kind"] == "result"
+        ]
+        return min(times), max(times)
+
+    assert span(high.id)[1] < span(normal.id)[1] < span(low.id)[1]
+    assert span(high.id)[1] <= span(low.id)[0]
+    with pytest.raises(openai.BadRequestError, match="priority"):
+        create_batch(
+            client, requests_file(tmp_path / "x.jsonl", 1), metadata={"priority": "urgent"}
+        )
+
+
+def test_auth_needs_the_key_everywhere_but_health(server: Server) -> None:
+    """401 in OpenAI's shape without the right key; /health needs none."""
+    with pytest.raises(openai.AuthenticationError) as e:
+        server.client("wrong").files.list()
+    assert e.value.body == {
+        "message": e.value.body["message"],
+        "type": "invalid_request_error",  # type: ignore[index]
+        "param": None,
+        "code": "invalid_api_key",
+    }
+    for path in ("/v1/batches", "/metrics", "/v1/files/file-000000000000000000000000"):
+        assert httpx.get(server.url + path).status_code == 401
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    metrics = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"})
+    assert 'batchrun_requests_total{outcome="succeeded"}' in metrics.text
+    assert "batchrun_engine_restarts_total 0" in metrics.text
+
+
+def test_ids_that_are_not_ours_are_404_and_reach_no_path(server: Server) -> None:
+    """Traversal, unknown and encoded ids: 404 in OpenAI's shape."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    for path in (
+        "/v1/files/..%2F..%2Fserver.lock/content",
+        "/v1/files/..%2Fbatches",
+        "/v1/files/file-%2e%2e",
+        "/v1/files/file-ffffffffffffffffffffffff/content",
+        "/v1/batches/batch_%2e%2e%2f",
+        "/v1/batches/batch_ffffffffffffffffffffffff",
+        "/v1/batches/..%2F..%2Fetc/cancel",
+    ):
+        method = "POST" if path.endswith("/cancel") else "GET"
+        answer = httpx.request(method, server.url + path, headers=headers)
+        assert answer.status_code == 404, path
+        assert answer.json()["error"]["code"] == "not_found", path
+    with pytest.raises(openai.NotFoundError):
+        server.client().files.delete("file-ffffffffffffffffffffffff")
+
+
+def test_bad_input_is_400_and_a_big_upload_413(server: Server, tmp_path: Path) -> None:
+    """Wrong purpose, missing file, wrong endpoint, bad window: 400; over the cap: 413, nothing
+    kept (a declared size, or a chunked body that runs over)."""
+    client = server.client()
+    small = requests_file(tmp_path / "small.jsonl", 2)
+    with pytest.raises(openai.BadRequestError, match="purpose"):
+        client.files.create(file=small.open("rb"), purpose="fine-tune")
+    with pytest.raises(openai.BadRequestError, match=r"no input file"):
+        client.batches.create(
+            input_file_id="file-ffffffffffffffffffffffff",
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+        )
+    uploaded = client.files.create(file=small.open("rb"), purpose="batch")
+    with pytest.raises(openai.BadRequestError, match="not the batch's endpoint"):
+        client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h"
+        )
+    with pytest.raises(openai.BadRequestError, match="completion_window"):
+        client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="soon"
+        )  # type: ignore[arg-type]
+    before = {f.id for f in client.files.list()}
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(b"x" * 1_500_000)
+    with pytest.raises(openai.APIStatusError) as e:
+        client.files.create(file=big.open("rb"), purpose="batch")
+    assert e.value.status_code == 413
+
+    def chunks() -> Iterator[bytes]:
+        yield b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        yield b'--b\r\nContent-Disposition: form-data; name="file"; filename="x.jsonl"\r\n\r\n'
+        for _ in range(150):
+            yield b"y" * 10_000
+
+    answer = httpx.post(
+        server.url + "/v1/files",
+        content=chunks(),
+        headers={
+            "Authorization": f"Bearer {API_KEY}",
+            "Content-Type": "multipart/form-data; boundary=b",
+        },
+    )
+    assert answer.status_code == 413
+    assert answer.json()["error"]["code"] == "file_too_large"
+    assert {f.id for f in client.files.list()} == before
+    assert not list((server.root / "files").glob(".upload-*"))
+
+
+def test_fifty_clients_at_once_lose_nothing(server: Server, tmp_path: Path) -> None:
+    """50 clients upload, create and poll at the same time: no error, every file listed."""
+
+    def one(i: int) -> tuple[str, Batch]:
+        client = server.client()
+        path = requests_file(tmp_path / f"c{i}.jsonl", 3, f"c{i}")
+        batch = create_batch(client, path)
+        return batch.input_file_id, wait_done(client, batch.id, timeout=60)
+
+    with concurrent.futures.ThreadPoolExecutor(50) as pool:
+        results = list(pool.map(one, range(50)))
+    listed = {f.id for f in server.client().files.list()}
+    assert all(file_id in listed for file_id, _ in results)
+    assert all(b.status == "completed" for _, b in results)
+    assert all(b.request_counts is not None and b.request_counts.completed == 3 for _, b in results)
+
+
+def test_a_second_server_on_the_same_root_is_refused(server: Server) -> None:
+    """One line, exit 1: two servers would run the same batches twice."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "batchrun",
+            "serve",
+            "--root",
+            str(server.root),
+            "--engine",
+            "echo",
+            "--port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"error: another batchrun serve already runs on {server.root}; stop it first, or "
+        "choose another --root"
+    )
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,79 @@
+"""kill -9 of `batchrun serve` mid-batch, then a restart on the same root: every file and batch
+is back, the batch continues, and each custom_id is answered exactly once."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import openai
+from conftest import group_alive, journal_records, wait_until
+from openai.types import Batch
+from test_serve import (
+    SLOW_ENGINE,
+    SLOW_ENV,
+    create_batch,
+    lines_of,
+    requests_file,
+    start_server,
+    stop_server,
+    wait_done,
+)
+
+
+def test_kill_9_mid_batch_then_restart_answers_each_request_once(tmp_path: Path) -> None:
+    """A client polls across the kill and the restart and sees the batch complete."""
+    root = tmp_path / "root"
+    n = 800
+    first = start_server(root, *SLOW_ENGINE, env=SLOW_ENV)
+    client = first.client()
+    batch = create_batch(client, requests_file(tmp_path / "in.jsonl", n), metadata={"k": "v"})
+    job = first.batch_dir(batch.id)
+    wait_until(
+        lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 200,
+        "200 requests of the batch finish",
+    )
+    # A client keeps polling across the kill and the restart, as the issue's loop does.
+    seen: list[str] = []
+    final: list[Batch] = []
+    clients = [client]  # the poller uses the last: the restarted server has another port
+
+    def poll() -> None:
+        while not final:
+            try:
+                b = clients[-1].batches.retrieve(batch.id)
+            except (openai.APIConnectionError, httpx.HTTPError):
+                seen.append("down")
+                threading.Event().wait(0.05)
+                continue
+            seen.append(b.status)
+            if b.status in ("completed", "failed", "expired", "cancelled"):
+                final.append(b)
+            threading.Event().wait(0.05)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    stop_server(first, signal.SIGKILL)  # the server and its engine worker, at once
+    wait_until(lambda: not group_alive(first.process.pid), "the killed server's processes are gone")
+    assert len(journal_records(job)) < n  # killed mid-batch
+    second = start_server(root, *SLOW_ENGINE, env=SLOW_ENV)
+    try:
+        client = second.client()
+        clients.append(client)
+        poller.join(timeout=60)
+        assert final, "the poller never saw the batch end"
+        done = wait_done(client, batch.id)
+        assert done.status == "completed" and done.metadata == {"k": "v"}
+        assert "down" in seen and seen[-1] == "completed"
+        assert done.request_counts is not None
+        assert (done.request_counts.total, done.request_counts.completed) == (n, n)
+        results = Counter(r["custom_id"] for r in journal_records(job) if r["kind"] == "result")
+        assert set(results.values()) == {1} and len(results) == n
+        output = [line["custom_id"] for line in lines_of(client, done.output_file_id)]
+        assert sorted(output) == [f"req-{i:04d}" for i in range(n)]
+        assert batch.input_file_id in {f.id for f in client.files.list()}
+    finally:
+        stop_server(second)
