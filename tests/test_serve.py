@@ -55,8 +55,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(root: Path, *args: str, env: dict[str, str] | None = None) -> Server:
-    """Start `batchrun serve` on the echo engine in its own process group; wait for /health."""
+def start_server(
+    root: Path, *args: str, env: dict[str, str] | None = None, engine: str | None = "echo"
+) -> Server:
+    """Start `batchrun serve` (on the echo engine unless `engine` is None: the default, vLLM) in
+    its own process group; wait for /health."""
     port = free_port()
     log = root.parent / f"{root.name}-serve-{port}.log"
     with log.open("wb") as out:
@@ -70,8 +73,7 @@ def start_server(root: Path, *args: str, env: dict[str, str] | None = None) -> S
                 str(root),
                 "--port",
                 str(port),
-                "--engine",
-                "echo",
+                *(("--engine", engine) if engine else ()),
                 *args,
             ],
             stdout=out,
