@@ -6,6 +6,7 @@ handed to msgspec as it is, so the type costs nothing at run time and mypy check
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Literal, TypedDict
 
@@ -51,6 +52,7 @@ def result_record(
 ) -> ResultRecord:
     """The journal record of one attempt, finished at `now` (as written: `time.time()` to the
     millisecond; by default, now)."""
+    latency = round(outcome.latency_s, 6)
     return {
         "kind": "result",
         "custom_id": outcome.custom_id,
@@ -63,9 +65,16 @@ def result_record(
         "retryable": outcome.retryable,
         "prompt_tokens": outcome.prompt_tokens,
         "completion_tokens": outcome.completion_tokens,
-        "latency_s": round(outcome.latency_s, 6),
+        # msgspec writes a float below 1e-4 other than json does (`0.00005` for `5e-05`): the
+        # journal's bytes are json's, so such a latency goes as json's text (journal.exact_float).
+        "latency_s": latency if latency == 0 or 1e-4 <= latency < 1e16 else _json_float(latency),
         "time": round(time.time(), 3) if now is None else now,
     }
+
+
+def _json_float(value: float) -> msgspec.Raw:
+    """`value` as json writes it (a latency: finite)."""
+    return msgspec.Raw(repr(value) if math.isfinite(value) else "null")
 
 
 def invalid_record(err: LineError) -> InvalidRecord:

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
-from batchrun.job.journal import JournalWriter, exact_float, plain_result
+from batchrun.job.journal import JournalWriter, plain_result
 from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.state import JobState
 from batchrun.openai.records import Outcome, Request
@@ -303,9 +303,6 @@ class Scheduler(RestartPolicy):
         for (outcome, request), attempt in zip(pairs, attempts, strict=True):
             rec = result_record(outcome, request.line, attempt, now)
             rec["worker"] = index
-            latency = round(outcome.latency_s, 6)  # as result_record wrote it
-            if not (latency == 0 or 1e-4 <= latency < 1e16):  # journal.plain_float, inline
-                rec["latency_s"] = exact_float(latency)
             records.append(rec)
             if plain:
                 plain = plain_result(outcome)

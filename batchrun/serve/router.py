@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchrun.config import EngineSettings
-from batchrun.job.journal import JournalWriter, exact_float, plain_result
+from batchrun.job.journal import JournalWriter, plain_result
 from batchrun.job.manifest import Manifest, load_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.records import ResultRecord, result_record
@@ -162,9 +162,6 @@ class SharedScheduler(Scheduler):
             for (outcome, request), attempt in zip(group, attempts, strict=True):
                 rec = result_record(outcome, request.line, attempt, now)
                 rec["worker"] = index
-                latency = round(outcome.latency_s, 6)  # as result_record wrote it
-                if not (latency == 0 or 1e-4 <= latency < 1e16):  # as Scheduler._records
-                    rec["latency_s"] = exact_float(latency)
                 recs.append(rec)
                 plain = plain and plain_result(outcome)
             job.journal.append(recs, plain=plain)
