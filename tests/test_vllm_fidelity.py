@@ -20,6 +20,7 @@ import jsonschema
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from hub_cache import HUB_ID
 from openai_checks import check_against_request, parse_body, requests_of
 from vllm_jobs import CHAT_SAMPLE, COMPLETIONS_SAMPLE, EMBEDDINGS_SAMPLE, line_numbers, part
 
@@ -100,7 +101,7 @@ def test_chat_sample_parses_with_the_openai_types_and_matches_the_requests(
     tools = chat["errors"]["refused-tools"]
     assert tools["response"]["status_code"] == 400
     assert tools["error"]["message"] == (
-        "body.tools is not supported with SmolLM2-135M-Instruct: its chat template has no place "
+        f"body.tools is not supported with {HUB_ID}: its chat template has no place "
         "for tools, so the model would never see them; remove body.tools or use a model whose "
         "chat template takes tools"
     )
@@ -121,7 +122,7 @@ def test_chat_sample_parses_with_the_openai_types_and_matches_the_requests(
 def test_chat_the_body_model_is_reported_and_the_given_model_runs(chat: dict[str, Any]) -> None:
     assert {body(chat, cid)["model"] for cid in chat["outputs"]} == {"gpt-4o-mini"}
     manifest = json.loads((chat["job"] / "manifest.json").read_text())
-    assert manifest["model"] == "SmolLM2-135M-Instruct"
+    assert manifest["model"] == HUB_ID  # --model HUB_ID (tests/vllm_jobs.py)
     assert "1 + 1 = 2" in body(chat, "plain")["choices"][0]["message"]["content"]
 
 

@@ -6,7 +6,9 @@ vllm_embeddings_job) that runs the first time a test asks for it.
 
 - The chat job, 1 start: the e2e chat lines (CHAT_E2E: varied sampling fields, an invalid line, a
   prompt too long, the two real poison lines, as lines 1-10), then sample_data/chat_fidelity.jsonl
-  (lines 11-30), on the default model. Read by tests/test_vllm_e2e.py and test_vllm_fidelity.py.
+  (lines 11-30), on the default model given as a hub id (`--model HUB_ID`), found offline in a
+  Hugging Face cache built from the packaged model in a temporary HF_HOME (tests/hub_cache.py).
+  Read by tests/test_vllm_e2e.py and test_vllm_fidelity.py.
 - The completions job, 3 starts: 32 longer requests (k0-k31, lines 1-32), the e2e completions
   lines (c0-c2, lines 33-35), then sample_data/completions_fidelity.jsonl (lines 36-44). `submit`
   (start 1) has its engine worker alone killed with SIGKILL mid-run; the fresh worker it starts
@@ -28,12 +30,14 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import ROOT, chat_line, cli, journal_records, start_cli, worker_pids, write_jsonl
+from hub_cache import HUB_ID, make_hub_cache
 
 SAMPLES = ROOT / "sample_data"
 CHAT_SAMPLE = SAMPLES / "chat_fidelity.jsonl"
@@ -51,8 +55,14 @@ def _chat(cid: str, text: str, **body: Any) -> dict[str, Any]:
     return chat_line(cid, text, model=CHAT_MODEL, **body)
 
 
+def _unnamed(line: dict[str, Any]) -> dict[str, Any]:
+    """A line whose body names no model: its answer reports the served name (here, HUB_ID)."""
+    del line["body"]["model"]
+    return line
+
+
 CHAT_E2E: list[Any] = [
-    _chat("math", "What is 1 plus 1? Answer briefly.", max_tokens=16, temperature=0),
+    _unnamed(_chat("math", "What is 1 plus 1? Answer briefly.", max_tokens=16, temperature=0)),
     _chat(
         "capital",
         "What is the capital of France? One word.",
@@ -152,11 +162,21 @@ def _exports(job: Path) -> dict[str, Any]:
 
 
 def run_chat_job(tmp: Path) -> dict[str, Any]:
-    """The chat job: the e2e lines, then the chat sample; the batch size is searched for."""
+    """The chat job: the e2e lines, then the chat sample; the batch size is searched for. The
+    model is the default one, as the hub id HUB_ID, found offline in a hub cache made from it."""
     src = write_jsonl(tmp / "chat.jsonl", [*CHAT_E2E, *sample_lines(CHAT_SAMPLE)])
     job = tmp / "job"
-    run = cli("submit", str(src), "--job-dir", str(job), "--max-model-len", "1024", "--no-progress")
-    return {"job": job, "src": src, "submit": run, **_exports(job)}
+    converted = subprocess.run(
+        [sys.executable, "-m", "batchrun.models"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert converted.returncode == 0, converted.stderr[-3000:]
+    hf_home = tmp / "hf-home"
+    make_hub_cache(hf_home, Path(converted.stdout.strip()))
+    run = cli(
+        "submit", str(src), "--job-dir", str(job), "--max-model-len", "1024", "--no-progress",
+        "--model", HUB_ID, env={"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    return {"job": job, "src": src, "submit": run, "hf_home": hf_home, **_exports(job)}
 
 
 def _wait_for_results(job: Path, count: int, proc: subprocess.Popen[str], timeout: float) -> None:

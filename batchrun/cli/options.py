@@ -23,6 +23,7 @@ from batchrun.config import (
     Dtype,
     GivenOptions,
     OptionError,
+    check_name,
     check_number,
     parse_gpus,
 )
@@ -131,8 +132,31 @@ ENGINE_OPTIONS = (
     EngineOption(
         "model",
         str,
-        "A local Hugging Face model directory.",
+        "A Hugging Face hub id (ORG/NAME; from the HF cache, or downloaded unless HF_HUB_OFFLINE "
+        "is set), a local Hugging Face model directory, or a .gguf file.",
         default="the embedded SmolLM2-135M-Instruct",
+    ),
+    EngineOption(
+        "revision",
+        str,
+        "The hub id's branch, tag or commit.",
+        default="main",
+        callback=_checked(lambda v: check_name("--revision", v)),
+    ),
+    EngineOption(
+        "tokenizer",
+        str,
+        "A tokenizer (hub id or directory) other than the model's own; for a .gguf file, its "
+        "base model's.",
+        default="the model's",
+        callback=_checked(lambda v: check_name("--tokenizer", v)),
+    ),
+    EngineOption(
+        "served_model_name",
+        str,
+        "The model name answers report when a request names none.",
+        default="the hub id, else the directory or file name",
+        callback=_checked(lambda v: check_name("--served-model-name", v)),
     ),
     # Its choices and help come from the engine registry (engines/registry.py).
     EngineOption("engine", engine_choice(), engine_help(), default=DEFAULT_ENGINE),

@@ -20,10 +20,11 @@ if TYPE_CHECKING:
     from batchrun.config import EngineSettings
 
 # How an engine's model is prepared before its workers start:
-# "none": the engine loads no model; --model, if given, only names the responses' `model` (its
-#   directory's name), else the engine's name does.
-# "huggingface": a local Hugging Face model directory (--model, checked), or the embedded default
-#   model, converted once in a child process (batchrun/models.py).
+# "none": the engine loads no model; --served-model-name, else --model if given (a path's name, or
+#   the value as given: a hub id), names the responses' `model`, else the engine's name does.
+# "huggingface": what vLLM loads (batchrun/models/): a hub id, found in the Hugging Face cache
+#   or downloaded; a local Hugging Face model directory; a .gguf file or the embedded default
+#   model, converted once in a child process.
 ModelSource = Literal["none", "huggingface"]
 
 

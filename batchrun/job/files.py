@@ -47,6 +47,15 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     atomic_write(path, lambda f: f.write(payload))
 
 
+def fsync_file(path: Path) -> None:
+    """Flush one file's data to disk (before a marker or a rename that vouches for it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename in `path` durable (where a directory can be opened: not on every platform)."""
     try:

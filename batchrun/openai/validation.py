@@ -68,12 +68,39 @@ def check_method(obj: dict[str, Any]) -> None:
         raise InvalidLine("invalid_method", f'method must be "POST", got {show(method)}')
 
 
+# Endpoints OpenAI's Batch API takes that no local text model can serve (the url itself, or one
+# below it: /v1/images/generations, /v1/audio/speech), and what each needs instead.
+_UNSERVABLE = (
+    ("/v1/moderations", "a moderation classifier"),
+    ("/v1/images", "an image generation model"),
+    ("/v1/videos", "a video generation model"),
+    ("/v1/audio", "a speech or transcription model"),
+)
+
+
+def _unservable(url: str) -> str | None:
+    """What an OpenAI Batch API endpoint that batchrun cannot serve needs; None for others."""
+    for endpoint, needs in _UNSERVABLE:
+        if url == endpoint or url.startswith(endpoint + "/"):
+            return needs
+    return None
+
+
 def check_url(obj: dict[str, Any]) -> str:
     """Return the line's url, or raise unless it is one of the supported endpoints."""
     if "url" not in obj:
         raise InvalidLine("invalid_url", f"url is missing; expected one of {_endpoints()}")
     url = obj["url"]
     if not isinstance(url, str) or url not in SUPPORTED_ENDPOINTS:
+        needs = _unservable(url) if isinstance(url, str) else None
+        if needs is not None:
+            # A real OpenAI batch file, not a typo: say why it cannot run here.
+            raise InvalidLine(
+                "invalid_url",
+                f"url {show(url)} is an OpenAI Batch API endpoint that batchrun cannot serve: "
+                f"it needs {needs}, and batchrun runs local text and embedding models; "
+                f"supported are {_endpoints()}",
+            )
         raise InvalidLine("invalid_url", f"url must be one of {_endpoints()}, got {show(url)}")
     return url
 

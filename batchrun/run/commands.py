@@ -139,8 +139,9 @@ def _continue(
         # Before the input is looked at: a bad option must change nothing (a forced resume
         # rewrites the job's idea of its input).
         changed = merge_options(options, given or GivenOptions())
-        if {"engine", "model"} & changed.keys():
-            prepare_model(options.settings, say)
+        # Every run resolves the model again: a hub id may have left the cache, a .gguf file
+        # changed, the default model's conversion been deleted.
+        prepare_model(options.settings, say)
         index = InputIndex()
         check_input_unchanged(paths, manifest, force=force, new_input=input_path, index=index)
         overrides = save_overrides(paths, manifest, options, changed, say)

@@ -1,4 +1,5 @@
-"""The model a job runs: --model checked, or the embedded default model converted once."""
+"""The model a job runs, checked before each run: --model, --revision, --tokenizer and the name
+answers report (batchrun/models/ says what a --model value may be)."""
 
 from __future__ import annotations
 
@@ -6,30 +7,75 @@ import subprocess
 import sys
 from pathlib import Path
 
-from batchrun.config import EngineSettings
+from batchrun.config import EngineSettings, OptionError
 from batchrun.errors import BatchrunError
 from batchrun.run.options import Notify
 
 
 def prepare_model(settings: EngineSettings, notify: Notify) -> None:
-    """Set the model to load and the name responses report: check --model, or convert the
-    embedded default model once (in a child process, so that this process, the journal's owner,
-    never imports torch or transformers)."""
+    """Find the model before a job exists (and again on every resume), and set the name answers
+    report: a hub id is looked up in the Hugging Face cache (downloading only its config.json
+    when online) and its commit kept for the workers; a directory is checked; a .gguf file, or
+    the embedded default model, is converted once in a child process, so that this process, the
+    journal's owner, never imports torch or transformers."""
     from batchrun import models
 
+    served = settings.served_model_name
     if settings.spec.model == "none":
-        settings.model_name = Path(settings.model).name if settings.model else "echo"
+        settings.model_name = served or _echo_name(settings.model)
         return
-    if settings.model is not None:
-        settings.model, settings.model_name = models.resolve_model(settings.model)
-        return
-    if not models.default_model_ready():
-        models.packaged_gguf()  # a clear message when the package is missing
-        notify("converting the embedded default model once (about 20 s)...")
-        proc = subprocess.run(
-            [sys.executable, "-m", "batchrun.models"], capture_output=True, text=True
+    kind = models.model_kind(settings.model)
+    if settings.revision is not None and kind != "hub":
+        what = {"directory": "a local directory", "gguf": "a local GGUF file"}
+        raise OptionError(
+            "--revision",
+            "applies to a Hugging Face hub id only, "
+            + (
+                f"and --model {settings.model} is {what[kind]}"
+                if settings.model
+                else "and no --model names one"
+            ),
         )
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
-            raise BatchrunError(f"could not prepare the default model: {last}")
-    settings.model_name = models.DEFAULT_MODEL_NAME
+    if settings.tokenizer is not None:
+        settings.tokenizer = models.check_tokenizer(settings.tokenizer)
+    settings.model_commit = None
+    if kind == "hub":
+        assert settings.model is not None
+        snapshot = models.resolve_hub(settings.model, settings.revision)
+        settings.model_commit = snapshot.commit
+        name = settings.model
+    elif kind == "directory":
+        assert settings.model is not None
+        directory = models.check_directory(settings.model)
+        settings.model, name = str(directory), directory.name
+    elif kind == "gguf":
+        assert settings.model is not None
+        gguf = models.check_gguf(settings.model)
+        settings.model, name = str(gguf), gguf.stem
+        if not models.gguf_model_ready(gguf):
+            _convert_in_child(notify, f"converting {gguf.name} once", [str(gguf)])
+    else:
+        if not models.default_model_ready():
+            models.packaged_gguf()  # a clear message when the package is missing
+            _convert_in_child(notify, "converting the embedded default model once (about 20 s)", [])
+        name = models.DEFAULT_MODEL_NAME
+    settings.model_name = served or name
+
+
+def _echo_name(model: str | None) -> str:
+    """The name a model-less engine reports for --model: a path's last part, or a hub id."""
+    if model is None:
+        return "echo"
+    path = Path(model).expanduser()
+    return path.name if path.exists() else model
+
+
+def _convert_in_child(notify: Notify, what: str, args: list[str]) -> None:
+    """Run `python -m batchrun.models ARGS`: torch and transformers load in the child only."""
+    notify(f"{what}...")
+    proc = subprocess.run(
+        [sys.executable, "-m", "batchrun.models", *args], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
+        raise BatchrunError(f"could not prepare the model: {last}")

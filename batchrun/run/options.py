@@ -105,6 +105,9 @@ _SETTINGS_FIELDS = frozenset(
     {
         "engine",
         "model",
+        "revision",
+        "tokenizer",
+        "served_model_name",
         "max_model_len",
         "dtype",
         "gpu_memory_utilization",

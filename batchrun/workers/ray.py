@@ -17,7 +17,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from batchrun.config import EngineSettings
@@ -25,6 +25,15 @@ from batchrun.errors import BatchrunError
 from batchrun.openai.records import Outcome, Request
 from batchrun.workers.process import Worker, WorkerDeath
 
+# The variables the engine and the model need, passed to every actor through Ray's runtime_env:
+# an actor on another node starts from that node's environment, not this process's. HF_*
+# (HF_HOME, HF_HUB_CACHE, HF_TOKEN, HF_HUB_OFFLINE, HF_ENDPOINT, ...) says where and whether
+# the model is found; VLLM_* and BATCHRUN_* (the model cache, fault injection) configure them.
+ACTOR_ENV_PREFIXES = ("HF_", "VLLM_", "BATCHRUN_")
+ACTOR_ENV_NAMES = frozenset({"HUGGING_FACE_HUB_TOKEN", "TRANSFORMERS_OFFLINE"})
+# Set per machine or per worker, never to be copied to another node: VLLM_HOST_IP is this
+# node's address; the worker log and CPU pinning are chosen per local worker process.
+ACTOR_ENV_SKIPPED = frozenset({"VLLM_HOST_IP", "BATCHRUN_WORKER_LOG", "BATCHRUN_CPU_AFFINITY"})
 INSTALL_HINT = "--ray needs Ray: pip install 'batchrun[ray]' (or pip install ray)"
 # How long one poll of an actor may run the engine before it returns what finished.
 POLL_S = 0.05
@@ -62,6 +71,16 @@ def shutdown() -> None:
     ray = import_ray()
     if ray.is_initialized():
         ray.shutdown()
+
+
+def actor_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The part of `environ` every actor gets (see ACTOR_ENV_PREFIXES), whatever its node."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if (name.startswith(ACTOR_ENV_PREFIXES) or name in ACTOR_ENV_NAMES)
+        and name not in ACTOR_ENV_SKIPPED
+    }
 
 
 def actor_count(resources: dict[str, float], tensor_parallel_size: int, workers: int | None) -> int:
@@ -151,6 +170,7 @@ class RayWorker(Worker):
             num_gpus=gpus,
             max_restarts=0,  # batchrun replaces a lost actor itself (see the module docstring)
             name=None,
+            runtime_env={"env_vars": actor_env(os.environ)},
         ).remote(self.settings.to_dict(), self.env)
         self.conn = None
         self.pid = None

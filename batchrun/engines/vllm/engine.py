@@ -37,7 +37,7 @@ from batchrun.engines.vllm.params import capped_max_model_len, sampling_params
 from batchrun.engines.vllm.prompts import completion_prompt, prompt_token_ids
 from batchrun.engines.vllm.tokens import TokenText
 from batchrun.engines.vllm.tools import parse_tool_calls
-from batchrun.models import DEFAULT_MODEL_NAME, resolve_model
+from batchrun.models import engine_model
 from batchrun.openai.params import Sampling, embedding_params, sampling
 from batchrun.openai.records import EMBEDDINGS, Outcome, Request
 from batchrun.openai.responses import Choice, embedding_success, failure, response_model, success
@@ -67,13 +67,15 @@ class VllmEngine:
 
     def __init__(self, settings: EngineSettings) -> None:
         self._settings = settings
-        model_dir, display_name = resolve_model(settings.model)
-        # settings.model_name names the default model unless the user set it; for a model
-        # directory given without a name, report the directory's name instead.
-        if settings.model is not None and settings.model_name == DEFAULT_MODEL_NAME:
-            self.model_name = display_name
-        else:
-            self.model_name = settings.model_name
+        # A directory (the default model or a .gguf file converted here if this machine has no
+        # conversion yet), or a hub id that vLLM finds in this machine's cache or downloads.
+        target = engine_model(
+            settings.model,
+            tokenizer=settings.tokenizer,
+            revision=settings.model_commit or settings.revision,
+        )
+        # Set by prepare_model: --served-model-name, else the hub id or the directory's name.
+        self.model_name = settings.model_name
 
         # Run vLLM's engine core in this process rather than in a child it spawns: the worker is
         # then the only process holding the model, so killing it (kill -9 included) frees the
@@ -95,16 +97,20 @@ class VllmEngine:
         if settings.endpoint == EMBEDDINGS:
             extra["runner"] = "pooling"
 
+        model_args: dict[str, Any] = {
+            "model": target.model,
+            "tokenizer": target.tokenizer,
+            "revision": target.revision,
+            "served_model_name": self.model_name,
+        }
         # EngineArgs types dtype as a Literal; the value is validated by vLLM itself.
         dtype: Any = resolve_dtype(settings.dtype, cuda=torch.cuda.is_available())
         if settings.max_model_len is not None:
             extra["max_model_len"] = capped_max_model_len(
-                EngineArgs(model=model_dir, tokenizer=model_dir, dtype=dtype, **extra),
-                settings.max_model_len,
+                EngineArgs(**model_args, dtype=dtype, **extra), settings.max_model_len
             )
         args = EngineArgs(
-            model=model_dir,
-            tokenizer=model_dir,
+            **model_args,
             dtype=dtype,
             tensor_parallel_size=settings.tensor_parallel_size,
             # Unset: eager on the CPU backend, where compiling costs more start-up than it saves.

