@@ -28,6 +28,7 @@ class Terminated(KeyboardInterrupt):
 _first: int | None = None  # the signal that started the graceful stop
 _job_dir: str | None = None
 _again: str | None = None
+_resume: str | None = None  # the command that continues, when it is not `batchrun resume`
 
 
 def set_job(job_dir: object, again: str | None = None) -> None:
@@ -37,9 +38,18 @@ def set_job(job_dir: object, again: str | None = None) -> None:
     _job_dir, _again = str(job_dir), again
 
 
+def set_resume(command: str) -> None:
+    """Name the command that continues after a stop, for a command other than a job's
+    (`batchrun serve` continues every batch when it starts again on the same root)."""
+    global _resume
+    _resume = command
+
+
 def next_command() -> tuple[bool, str]:
     """How to go on after a stop: whether the job exists, and the command that continues it
     (or, for a submit stopped before it created the job, the same submit again)."""
+    if _resume is not None:
+        return True, _resume
     if _job_dir and _again and not os.path.exists(os.path.join(_job_dir, "manifest.json")):
         return False, _again
     return True, "batchrun resume" + (f" --job-dir {shlex.quote(_job_dir)}" if _job_dir else "")

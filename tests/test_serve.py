@@ -435,3 +435,30 @@ def test_a_second_server_on_the_same_root_is_refused(server: Server) -> None:
         "choose another --root"
     )
     assert "Traceback" not in result.stderr
+
+
+def test_a_port_in_use_is_one_line_and_nothing_runs(server: Server, tmp_path: Path) -> None:
+    """The socket is bound before the banner and before any batch of the root resumes."""
+    port = server.url.rsplit(":", 1)[1]
+    other = tmp_path / "other-root"
+    result = subprocess.run(
+        [sys.executable, "-m", "batchrun", "serve", "--root", str(other), "--engine", "echo",
+         "--port", port],
+        capture_output=True, text=True, cwd=ROOT, timeout=30,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"error: cannot listen on 127.0.0.1:{port}: Address already in use; choose another --port"
+    )
+    assert not (other / "batches").exists()
+
+
+def test_a_stopped_server_says_how_to_go_on(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    s = start_server(root)
+    stop_server(s)
+    assert s.process.returncode == 143
+    assert s.log.read_text().splitlines()[-1] == (
+        f"terminated: the journal is flushed; nothing finished is lost. Continue with: "
+        f"batchrun serve --root {root}"
+    )

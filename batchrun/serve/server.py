@@ -6,10 +6,13 @@ import contextlib
 import errno
 import fcntl
 import os
+import shlex
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from batchrun import stopping
 from batchrun.errors import BatchrunError
 from batchrun.run.model import prepare_model
 from batchrun.run.options import RunOptions
@@ -71,7 +74,12 @@ def serve(
     if root.exists() and not root.is_dir():
         raise BatchrunError(f"--root {root} is a file, not a directory")
     prepare_model(options.settings, say)
+    # After Ctrl-C or SIGTERM: the batches go on when the server starts again on this root.
+    stopping.set_resume(f"batchrun serve --root {shlex.quote(str(root))}")
     with root_lock(root):
+        # Bound before anything else, before the banner and before any batch resumes: a port
+        # in use is one line and nothing runs (uvicorn would log it as an error and exit 3).
+        sock = listen(host, port)
         files, batches, metrics = FileStore(root), BatchStore(root), Metrics()
         runner = Runner(root, options, files, batches, metrics, say)
         metrics.gauges = runner.gauges
@@ -86,4 +94,26 @@ def serve(
             f"serving the OpenAI Files and Batches API on http://{host}:{port}/v1{where}; "
             f"root {root}, model {options.settings.model_name} on {options.settings.engine}"
         )
-        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+        config = uvicorn.Config(app, log_level="warning", access_log=False)
+        uvicorn.Server(config).run(sockets=[sock])
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on `host:port`, or a BatchrunError that says why not."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except (OSError, UnicodeError) as e:
+        raise BatchrunError(f"--host {host}: not an address this machine has ({e})") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        hint = "; choose another --port" if e.errno == errno.EADDRINUSE else ""
+        raise BatchrunError(f"cannot listen on {host}:{port}: {e.strerror or e}{hint}") from None
+    sock.set_inheritable(True)
+    return sock
