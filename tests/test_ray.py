@@ -7,6 +7,7 @@ actor are needed, and the real vLLM engine runs in one actor when the shared com
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from conftest import (
     chat_line,
@@ -44,17 +46,18 @@ def answers(job: Path) -> dict[str, Any]:
     }
 
 
-def actor_pids() -> list[int]:
-    """Processes of batchrun's Ray actors (Ray names them after the actor class)."""
+def actor_pids(root: int) -> list[int]:
+    """Processes of batchrun's Ray actors under the process `root` (its local Ray instance's
+    workers: another test's Ray instance, running at the same time, is not counted). Ray names
+    them after the actor class."""
     pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if cmdline.startswith(b"ray::EngineActor"):
-                pids.append(int(entry.name))
+    for proc in psutil.Process(root).children(recursive=True):
+        try:
+            cmdline = proc.cmdline()
+        except psutil.Error:
+            continue
+        if cmdline and cmdline[0].startswith("ray::EngineActor"):
+            pids.append(proc.pid)
     return pids
 
 
@@ -113,7 +116,7 @@ def test_a_killed_actor_is_replaced_and_nothing_is_lost(tmp_path: Path) -> None:
     )
     try:
         wait_until(results_at_least(job, 50), "the job has 50 results")
-        pids = actor_pids()
+        pids = actor_pids(p.pid)
         assert len(pids) == 2
         os.kill(pids[0], signal.SIGKILL)
         _, stderr = p.communicate(timeout=300)
@@ -156,10 +159,12 @@ def test_a_job_started_on_ray_is_resumed_without_it(tmp_path: Path) -> None:
         env={"BATCHRUN_ECHO_DELAY_MS": "40"},
     )
     wait_until(results_at_least(job, 50), "the job has 50 results")
+    actors = actor_pids(p.pid)
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
-    for pid in actor_pids():  # a killed driver's local Ray instance goes down with it
-        os.kill(pid, signal.SIGKILL)
+    for pid in actors:  # a killed driver's local Ray instance goes down with it
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     done = len(journal_records(job))
     assert 50 <= done < 500
     r = cli("resume", "--job-dir", str(job), "--no-progress")
