@@ -172,6 +172,7 @@ def vllm_embeddings_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
     return run_embeddings_job(tmp_path_factory.mktemp("vllm-embeddings"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (scripts/test.sh), keep the vLLM tests in one process, so that each
     session-scoped vLLM job starts once, and the Ray tests in one other (one local Ray at a time)."""
