@@ -142,6 +142,8 @@ class EngineSettings:
     # None: eager on the CPU backend (compiling there costs more start-up than it saves), graphs on GPU.
     enforce_eager: bool | None = None
     seed: int = 0
+    # vLLM's KV cache in bytes (its kv_cache_memory_bytes); None: sized from the memory fraction.
+    kv_cache_memory_bytes: int | None = None
     # The number of sequences the engine runs at once (vLLM's max_num_seqs).
     max_num_seqs: int = 256
     # The number of requests the worker keeps inside the engine at once (<= max_num_seqs).
@@ -149,6 +151,9 @@ class EngineSettings:
     # The job's endpoint (its input's url). "/v1/embeddings" starts vLLM as a pooling model; None
     # (a job from an older batchrun) lets vLLM pick from the model's architecture.
     endpoint: str | None = None
+    # --reasoning-parser: one of vLLM's reasoning parsers (qwen3, deepseek_r1, ...), which splits
+    # chat and responses answers into reasoning and content; None: answers stay whole.
+    reasoning_parser: str | None = None
 
     @property
     def spec(self) -> EngineSpec:
@@ -182,11 +187,14 @@ class EngineSettings:
                 low_open=True,
             )
         check_number("--tensor-parallel-size", self.tensor_parallel_size, 1)
+        if self.kv_cache_memory_bytes is not None:
+            check_number("--kv-cache-memory-bytes", self.kv_cache_memory_bytes, 1)
         for option, value in (
             ("--model", self.model),
             ("--revision", self.revision),
             ("--tokenizer", self.tokenizer),
             ("--served-model-name", self.served_model_name),
+            ("--reasoning-parser", self.reasoning_parser),
         ):
             check_name(option, value)
         if self.enforce_eager not in (None, True, False):
@@ -217,6 +225,10 @@ class GivenOptions:
     # As typed (0,1,2,3); parse_gpus makes the list.
     gpus: str | None = None
     workers: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    # The dispatch plan: "auto" or "input" (run/planner.py).
+    order: str | None = None
+    reasoning_parser: str | None = None
 
     def given(self) -> dict[str, Any]:
         """The options given, by field name."""

@@ -5,6 +5,7 @@ own overhead with the echo engine.
     .venv/bin/python scripts/bench.py --quick           # 40 requests, 20k overhead requests
     .venv/bin/python scripts/bench.py --skip-overhead   # part A only
     .venv/bin/python scripts/bench.py --overhead        # part B only
+    .venv/bin/python scripts/bench.py --dispatch --rounds 2   # part C only (scripts/bench_dispatch.py)
 
 Part A runs the same generated chat requests (seeded, varied prompts, max_tokens drawn from
 8..128, temperature 0) through four contenders with the same engine settings, each in its own
@@ -953,6 +954,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=1,
         help="run the part A contenders this many times, interleaved (median ratio reported)",
     )
+    p.add_argument(
+        "--dispatch",
+        action="store_true",
+        help="run part C only: the dispatch plan on workloads (a)-(d) (scripts/bench_dispatch.py)",
+    )
+    p.add_argument(
+        "--dispatch-scale",
+        type=float,
+        default=1.0,
+        help="part C: workload sizes as a fraction of the issue's (1.0: 200/400/200/200 lines)",
+    )
+    p.add_argument(
+        "--kv-cache-bytes",
+        type=int,
+        default=150_000_000,
+        help="part C: the KV cache budget every contender gets (kv_cache_memory_bytes)",
+    )
     p.add_argument("--work-dir", type=Path, default=None, help="keep the files here")
     p.add_argument("--no-docs", action="store_true", help="do not write docs/benchmarks.md")
     # internal: one contender's child process
@@ -1326,6 +1344,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         keep = False
     print(f"Work dir: {work}\n")
     try:
+        if args.dispatch:
+            import bench_dispatch
+
+            bench_dispatch.part_c(args, work, command, machine)
+            return 0
         if not args.overhead:
             part_a(args, work, command, machine)
         if args.overhead or not args.skip_overhead:

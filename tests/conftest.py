@@ -141,7 +141,8 @@ def group_alive(pgid: int) -> list[int]:
 
 
 # --- the real-engine jobs the vLLM tests share (tests/vllm_jobs.py) -------------------------
-# Session-scoped: each runs once, the first time a test asks for it; 5 engine starts in all.
+# Session-scoped: each runs once, the first time a test asks for it (tests/vllm_jobs.py counts
+# the engine starts).
 
 
 @pytest.fixture(scope="session")
@@ -172,12 +173,25 @@ def vllm_embeddings_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
     return run_embeddings_job(tmp_path_factory.mktemp("vllm-embeddings"))
 
 
+@pytest.fixture(scope="session")
+def vllm_responses_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The responses job (1 engine start): sample_data/responses.jsonl and reasoning lines, on the
+    default model with a thinking chat template and --reasoning-parser qwen3."""
+    from vllm_jobs import run_responses_job
+
+    return run_responses_job(tmp_path_factory.mktemp("vllm-responses"))
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (scripts/test.sh), keep the vLLM tests in one process, so that each
-    session-scoped vLLM job starts once, and the Ray tests in one other (one local Ray at a time)."""
+    """Under pytest-xdist (scripts/test.sh), keep the tests of each vLLM job in one process, so
+    that each session-scoped job starts once, and the Ray tests together (one local Ray at a
+    time)."""
     for item in items:
         if item.get_closest_marker("vllm") is not None:
-            item.add_marker(pytest.mark.xdist_group("vllm"))
+            # Two groups of real-engine tests, each with its own jobs: the completions job (killed,
+            # then resumed on Ray) runs beside the others.
+            uses = "vllm_completions_job" in item.fixturenames  # fixtures' own fixtures included
+            item.add_marker(pytest.mark.xdist_group("vllm-completions" if uses else "vllm"))
         elif item.get_closest_marker("ray") is not None:
             item.add_marker(pytest.mark.xdist_group("ray"))

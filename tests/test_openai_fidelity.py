@@ -181,8 +181,7 @@ def test_fields_that_are_honoured_pass_validation(
         (
             CHAT,
             {"tool_choice": "required"},
-            "body.tool_choice 'required' is not supported: batchrun cannot force a tool call; "
-            "use 'auto' or 'none'",
+            "body.tool_choice 'required' needs body.tools, the functions it may call",
         ),
         (
             CHAT,
@@ -372,7 +371,7 @@ def test_tool_calls_make_a_tool_calls_choice() -> None:
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     outcome = success(
         _req(CHAT),
-        [Choice("", "stop", 5, tool_calls=[call])],
+        [Choice("", "tool_calls", 5, tool_calls=[call])],
         model="m",
         prompt_tokens=1,
         latency_s=0,

@@ -20,7 +20,7 @@ from batchrun.errors import BatchrunError
 from batchrun.openai.reader import check_input_file, hash_file, is_probably_not_jsonl, read_input
 from batchrun.openai.records import CHAT, COMPLETIONS, LineError, Request
 
-ENDPOINTS = "'/v1/chat/completions', '/v1/completions', '/v1/embeddings'"
+ENDPOINTS = "'/v1/chat/completions', '/v1/completions', '/v1/embeddings', '/v1/responses'"
 
 
 def chat(custom_id: Any = "req-1", **body: Any) -> dict[str, Any]:
@@ -343,11 +343,9 @@ def test_method_missing(tmp_path: Path) -> None:
 
 def test_unsupported_url(tmp_path: Path) -> None:
     line = chat("a")
-    line["url"] = "/v1/responses"
+    line["url"] = "/v1/chat"
     err = only_error(write(tmp_path, line))
-    assert err == LineError(
-        1, "a", "invalid_url", f"url must be one of {ENDPOINTS}, got '/v1/responses'"
-    )
+    assert err == LineError(1, "a", "invalid_url", f"url must be one of {ENDPOINTS}, got '/v1/chat'")
 
 
 def test_url_missing(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from openai.types.chat import ChatCompletion
 from vllm_jobs import (
     CHAT_E2E_IDS,
     CHAT_MODEL,
+    CHAT_PREFIX_IDS,
     CHAT_SAMPLE,
     COMPLETIONS_E2E,
     COMPLETIONS_SAMPLE,
@@ -77,9 +78,10 @@ def test_the_real_poison_lines_fail_alone_and_the_job_finishes(chat_job: dict[st
     status = json.loads(cli("status", "--job-dir", str(chat_job["job"]), "--json").stdout)
     assert status["status"] == "completed"
     assert status["requests"]["pending"] == 0
-    # The whole chat job: these 10 lines and the 20 of sample_data/chat_fidelity.jsonl.
+    # The whole chat job: these 10 lines, the 20 of sample_data/chat_fidelity.jsonl, the
+    # 5 of CHAT_PREFIX and the 3 of sample_data/chat_tool_choice.jsonl.
     assert status["requests"] == {
-        "total": 30, "valid": 24, "succeeded": 22, "failed": 2, "invalid": 6, "pending": 0,
+        "total": 38, "valid": 32, "succeeded": 30, "failed": 2, "invalid": 6, "pending": 0,
     }  # fmt: skip
     errors = {e["custom_id"]: e for e in read_jsonl(chat_job["job"] / "errors.jsonl")}
     sur, seed = errors["sur"]["error"], errors["bigseed"]["error"]
@@ -133,8 +135,9 @@ def test_per_request_sampling_fields_reach_vllm(chat_job: dict[str, Any]) -> Non
 def test_chat_parquet_is_readable_by_pandas(chat_job: dict[str, Any]) -> None:
     assert chat_job["parquet"].returncode == 0
     df = pd.read_parquet(chat_job["job"] / "results.parquet")
-    # One row per line of the job, in input order: these 10, then the chat sample's 20.
-    assert list(df["line"]) == list(range(1, 31))
+    # One row per line of the job, in input order: these 10, the chat sample's 20, CHAT_PREFIX,
+    # the tool-choice sample's 3.
+    assert list(df["line"]) == list(range(1, 39))
     e2e = df[df["line"] <= 10]
     assert len(e2e) == 10
     assert list(e2e["line"]) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
@@ -144,6 +147,30 @@ def test_chat_parquet_is_readable_by_pandas(chat_job: dict[str, Any]) -> None:
     assert by_id.loc[7, "error_code"] == "context_length_exceeded"
     assert list(by_id.loc[[9, 10], "status"]) == ["invalid", "invalid"]
     assert list(by_id.loc[[9, 10], "error_code"]) == ["invalid_request", "invalid_request"]
+
+
+def test_the_prefix_cache_hit_rate_comes_from_vllm_and_duplicates_run_once(
+    chat_job: dict[str, Any],
+) -> None:
+    """Lines 31-35: three questions over one document, and two identical greedy lines."""
+    run = chat_job["submit"]
+    assert "prefix cache" in run.stdout and "vLLM's counters" in run.stdout, run.stdout
+    status = json.loads(cli("status", "--job-dir", str(chat_job["job"]), "--json").stdout)
+    cache = status["prefix_cache"]
+    assert cache is not None and 0 < cache["hits"] <= cache["queries"], cache
+    assert cache["hit_rate"] == round(cache["hits"] / cache["queries"], 4)
+    # Every identical greedy (or seeded) line of the job ran once: this pair, and the sample's
+    # own repeats (seed-b of seed-a; two sample lines repeat e2e lines).
+    copies = {(r["custom_id"], r["copy_of"]) for r in results(chat_job["job"]) if "copy_of" in r}
+    assert ("dup-b", "dup-a") in copies and ("seed-b", "seed-a") in copies, copies
+    assert status["deduplicated"] == len(copies) and status["order"] == "auto"
+    assert f"{len(copies)} requests answered from an identical one" in run.stdout, run.stdout
+    shown = cli("status", "--job-dir", str(chat_job["job"]))
+    assert f"{cache['hit_rate']:.1%} hit rate" in shown.stdout, shown.stdout
+    outputs = part(chat_job["outputs"], CHAT_PREFIX_IDS)
+    assert set(outputs) == CHAT_PREFIX_IDS
+    a, b = (outputs[c]["response"]["body"] for c in ("dup-a", "dup-b"))
+    assert a["id"] != b["id"] and a["choices"] == b["choices"] and a["usage"] == b["usage"]
 
 
 # --- the completions job: lines c0-c2 are this file's; killed twice on the way ----------------
@@ -227,5 +254,5 @@ def test_sample_data_is_valid() -> None:
 def test_the_chat_job_holds_the_whole_chat_sample(chat_job: dict[str, Any]) -> None:
     """Lines 11-30 of the chat job are sample_data/chat_fidelity.jsonl (test_vllm_fidelity.py)."""
     raw = chat_job["src"].read_text(encoding="utf-8").splitlines()
-    assert raw[10:] == CHAT_SAMPLE.read_text(encoding="utf-8").splitlines()
+    assert raw[10:30] == CHAT_SAMPLE.read_text(encoding="utf-8").splitlines()
     assert not CHAT_E2E_IDS & ids_of(CHAT_SAMPLE)  # distinct custom_ids

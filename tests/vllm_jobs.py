@@ -1,14 +1,17 @@
-"""The real-engine jobs that the vLLM tests share, so that `pytest -m vllm` starts vLLM 5 times.
+"""The real-engine jobs that the vLLM tests share, so that `pytest -m vllm` starts vLLM 7 times
+(these 6, and tests/test_serve_vllm.py's server).
 
 An engine start costs 20-30 s on a small CPU machine, so each job below serves several test files;
 conftest.py makes each one a session-scoped fixture (vllm_chat_job, vllm_completions_job,
-vllm_embeddings_job) that runs the first time a test asks for it.
+vllm_embeddings_job, vllm_responses_job) that runs the first time a test asks for it.
 
 - The chat job, 1 start: the e2e chat lines (CHAT_E2E: varied sampling fields, an invalid line, a
   prompt too long, the two real poison lines, as lines 1-10), then sample_data/chat_fidelity.jsonl
   (lines 11-30), on the default model given as a hub id (`--model HUB_ID`), found offline in a
-  Hugging Face cache built from the packaged model in a temporary HF_HOME (tests/hub_cache.py).
-  Read by tests/test_vllm_e2e.py and test_vllm_fidelity.py.
+  Hugging Face cache built from the packaged model in a temporary HF_HOME (tests/hub_cache.py),
+  then CHAT_PREFIX (lines 31-35: a shared document, a duplicate pair), then
+  sample_data/chat_tool_choice.jsonl (lines 36-38: forced tool calls). Read by
+  tests/test_vllm_e2e.py and test_vllm_fidelity.py.
 - The completions job, 3 starts: 32 longer requests (k0-k31, lines 1-32), the e2e completions
   lines (c0-c2, lines 33-35), then sample_data/completions_fidelity.jsonl (lines 36-44). `submit`
   (start 1) has its engine worker alone killed with SIGKILL mid-run; the fresh worker it starts
@@ -16,6 +19,8 @@ vllm_embeddings_job) that runs the first time a test asks for it.
   finishes the job in one actor of a local Ray instance (start 3), which is also
   tests/test_ray.py's real engine in an actor: lines 33-44 run there.
 - The embeddings job, 1 start: sample_data/embeddings.jsonl on all-MiniLM-L6-v2.
+- The responses job, 1 start: sample_data/responses.jsonl and RESPONSES_REASONING (/v1/responses)
+  on the default model with a test-only thinking chat template, --reasoning-parser qwen3.
 
 The custom_ids are distinct across a job's parts: each test reads its own part (`part`). To count
 the starts of a run (`pytest -m vllm --basetemp DIR`): each local one writes a "=== worker 0, pid"
@@ -41,6 +46,8 @@ from hub_cache import HUB_ID, make_hub_cache
 
 SAMPLES = ROOT / "sample_data"
 CHAT_SAMPLE = SAMPLES / "chat_fidelity.jsonl"
+# Forced tool calls (tool_choice "required" and named), last in the chat job: tests/test_vllm_tool_choice.py.
+TOOL_CHOICE_SAMPLE = SAMPLES / "chat_tool_choice.jsonl"
 COMPLETIONS_SAMPLE = SAMPLES / "completions_fidelity.jsonl"
 EMBEDDINGS_SAMPLE = SAMPLES / "embeddings.jsonl"
 
@@ -85,6 +92,22 @@ CHAT_E2E: list[Any] = [
 ]
 # The e2e part's custom_ids (the invalid line 6 has none).
 CHAT_E2E_IDS = {"math", "capital", "two", "stop", "short", "toolong", "topp", "sur", "bigseed"}
+
+# After the sample (lines 31-35): questions over one shared document (vLLM's prefix cache finds
+# the document cached after the first; the job's hit rate is read from vLLM's counters) and a
+# pair of identical greedy lines (sent to the engine once: dedup savings).
+SHARED_DOC = (
+    "Notes on the river Thames. " + "The Thames flows east through London to the sea. " * 12
+)
+CHAT_PREFIX = [
+    *(
+        _chat(f"doc-{i}", SHARED_DOC + q, max_tokens=4, temperature=0)
+        for i, q in enumerate(["Where does it flow?", "Name the city.", "Is it a river?"])
+    ),
+    _chat("dup-a", "Name a primary color.", max_tokens=4, temperature=0),
+    _chat("dup-b", "Name a primary color.", max_tokens=4, temperature=0),
+]
+CHAT_PREFIX_IDS = {"doc-0", "doc-1", "doc-2", "dup-a", "dup-b"}
 
 COMPLETIONS_E2E = [
     {
@@ -164,7 +187,7 @@ def _exports(job: Path) -> dict[str, Any]:
 def run_chat_job(tmp: Path) -> dict[str, Any]:
     """The chat job: the e2e lines, then the chat sample; the batch size is searched for. The
     model is the default one, as the hub id HUB_ID, found offline in a hub cache made from it."""
-    src = write_jsonl(tmp / "chat.jsonl", [*CHAT_E2E, *sample_lines(CHAT_SAMPLE)])
+    src = write_jsonl(tmp / "chat.jsonl", [*CHAT_E2E, *sample_lines(CHAT_SAMPLE), *CHAT_PREFIX, *sample_lines(TOOL_CHOICE_SAMPLE)])
     job = tmp / "job"
     converted = subprocess.run(
         [sys.executable, "-m", "batchrun.models"], capture_output=True, text=True, cwd=ROOT
@@ -198,13 +221,14 @@ def _finished(proc: subprocess.Popen[str], timeout: float) -> subprocess.Complet
 def run_completions_job(tmp: Path) -> dict[str, Any]:
     """The completions job, killed twice: in `submit`, kill -9 of the engine worker alone once
     there are 4 results, then of the whole `submit` once the fresh worker added 4 more; then
-    `resume` on a local Ray instance, in one actor."""
+    `resume` on a local Ray instance, in one actor. In file order (`--order input`): the lines
+    after the kills (33-44 at least) are the ones the Ray actor runs."""
     src = write_jsonl(
         tmp / "completions.jsonl",
         [*KILL_LINES, *COMPLETIONS_E2E, *sample_lines(COMPLETIONS_SAMPLE)],
     )
     job = tmp / "job"
-    args = ("--max-model-len", "1024", "--batch-size", "4", "--no-progress")
+    args = ("--max-model-len", "1024", "--batch-size", "4", "--no-progress", "--order", "input")
     p = start_cli("submit", str(src), "--job-dir", str(job), *args)
     try:
         _wait_for_results(job, 4, p, timeout=400)
@@ -250,3 +274,62 @@ def run_embeddings_job(tmp: Path) -> dict[str, Any]:
         "--model", str(embedding_model_dir()), "--no-progress",
     )  # fmt: skip
     return {"job": job, "src": EMBEDDINGS_SAMPLE, "submit": run, **_exports(job)}
+
+
+# --- the responses job (1 start): /v1/responses with a reasoning parser ----------------------
+
+RESPONSES_SAMPLE = SAMPLES / "responses.jsonl"
+THINKING_TEMPLATE = ROOT / "tests" / "fixtures" / "thinking_chat_template.jinja"
+# Two worked examples in the history, so that the small default model closes its think block
+# before it answers (it never does unprompted).
+_SHOTS = [
+    {"role": "user", "content": "What is 1+1?"},
+    {"role": "assistant", "content": "<think>\n1 plus 1 is 2.\n</think>\n\n2"},
+    {"role": "user", "content": "What is 3+3?"},
+    {"role": "assistant", "content": "<think>\n3 plus 3 is 6.\n</think>\n\n6"},
+]
+RESPONSES_REASONING = [
+    {
+        "custom_id": cid,
+        "method": "POST",
+        "url": "/v1/responses",
+        "body": {"model": CHAT_MODEL, "temperature": 0, "max_output_tokens": 40, **body},
+    }
+    for cid, body in [
+        ("think-shots", {"input": [*_SHOTS, {"role": "user", "content": "What is 2+2?"}]}),
+        ("think-low", {"input": "Name the capital of France.", "reasoning": {"effort": "low"}}),
+        ("think-none", {"input": "Name the capital of France.", "reasoning": {"effort": "none"}}),
+    ]
+]
+
+
+def thinking_model(tmp: Path) -> Path:
+    """The default model with a test-only chat template that opens the assistant turn inside a
+    think block (closed at once with reasoning effort "none"), as Qwen3's does."""
+    converted = subprocess.run(
+        [sys.executable, "-m", "batchrun.models"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert converted.returncode == 0, converted.stderr[-3000:]
+    source = Path(converted.stdout.strip())
+    model = tmp / "thinking-model"
+    model.mkdir()
+    for item in source.iterdir():
+        if item.name != "chat_template.jinja":
+            (model / item.name).symlink_to(item)
+    (model / "chat_template.jinja").write_text(THINKING_TEMPLATE.read_text(encoding="utf-8"))
+    return model
+
+
+def run_responses_job(tmp: Path) -> dict[str, Any]:
+    """sample_data/responses.jsonl (lines 1-9), then RESPONSES_REASONING (lines 10-12), on the
+    thinking default model with vLLM's qwen3 reasoning parser."""
+    src = write_jsonl(
+        tmp / "responses.jsonl", [*sample_lines(RESPONSES_SAMPLE), *RESPONSES_REASONING]
+    )
+    job = tmp / "job"
+    run = cli(
+        "submit", str(src), "--job-dir", str(job), "--model", str(thinking_model(tmp)),
+        "--reasoning-parser", "qwen3", "--max-model-len", "1024", "--batch-size", "16",
+        "--no-progress",
+    )  # fmt: skip
+    return {"job": job, "src": src, "submit": run, **_exports(job)}

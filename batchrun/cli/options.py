@@ -28,6 +28,7 @@ from batchrun.config import (
     parse_gpus,
 )
 from batchrun.engines.registry import DEFAULT_ENGINE, engine_choice, engine_help
+from batchrun.run.planner import DEFAULT_ORDER, Order
 
 
 def _job_dir(value: str) -> Path:
@@ -239,6 +240,30 @@ ENGINE_OPTIONS = (
     ),
     EngineOption(
         "seed", int, "Engine seed (requests may set their own).", default="0", min=0, max=SEED_MAX
+    ),
+    EngineOption(
+        "kv_cache_memory_bytes",
+        int,
+        "vLLM's KV cache size in bytes (its kv_cache_memory_bytes), instead of sizing it from "
+        "the memory fraction.",
+        default="from --gpu-memory-utilization",
+        min=1,
+    ),
+    EngineOption(
+        "order",
+        Order,
+        "Dispatch order: auto groups requests that share a prompt prefix (leader first, longest "
+        "work first) and runs identical deterministic requests once; input sends every line as "
+        "it is, in the file's order.",
+        default=DEFAULT_ORDER,
+    ),
+    EngineOption(
+        "reasoning_parser",
+        str,
+        "One of vLLM's reasoning parsers (qwen3, deepseek_r1, ...): chat and responses answers "
+        "carry the model's reasoning apart from its content.",
+        default="none: answers stay whole",
+        callback=_checked(lambda v: check_name("--reasoning-parser", v)),
     ),
 )
 

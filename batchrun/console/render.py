@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from batchrun.console.text import command, plural
+from batchrun.job.status import cache_rate
 from batchrun.run.commands import JobSummary
 
 
@@ -43,6 +44,11 @@ def print_summary(console: Console, summary: JobSummary, title: str) -> None:
         f"{summary.run_completion_tokens / wall:,.1f} generated tok/s (over the run's wall time)",
     )
     table.add_row("batch size", _batch_size(m.batch_size, m.batch_size_source))
+    cache = cache_rate(summary.run_cache_queries, summary.run_cache_hits)
+    if cache is not None:
+        table.add_row("prefix cache", _hit_rate(cache) + " this run")
+    if st.deduplicated:
+        table.add_row("deduplicated", _deduplicated(st.deduplicated))
     if summary.overrides:
         table.add_row("overrides", ", ".join(summary.overrides))
     table.add_row("job dir", str(summary.job_dir))
@@ -101,6 +107,10 @@ def print_status(console: Console, s: dict[str, Any]) -> None:
         f"{_fmt_rate(t['completion_tokens_per_s'], 'tok/s')} (first to last result)",
     )
     table.add_row("batch size", _batch_size(s["batch_size"], s["batch_size_source"]))
+    if s.get("prefix_cache"):
+        table.add_row("prefix cache", _hit_rate(s["prefix_cache"]) + " (runs that ended)")
+    if s.get("deduplicated"):
+        table.add_row("deduplicated", _deduplicated(s["deduplicated"]))
     table.add_row("runs", f"{s['runs']} ({s['wall_s']:,.1f}s in all)")
     console.print(table)
 
@@ -142,6 +152,22 @@ def print_workers(console: Console, workers: list[dict[str, Any]]) -> None:
             _fmt_rate(w.get("tokens_per_s"), ""),
         )
     console.print(table)
+
+
+def _hit_rate(cache: dict[str, Any]) -> str:
+    """`63.2% hit rate (12,345 of 19,530 prompt tokens found cached, vLLM's counters)`."""
+    return (
+        f"{cache['hit_rate']:.1%} hit rate ({cache['hits']:,} of {cache['queries']:,} prompt "
+        "tokens found cached, vLLM's counters)"
+    )
+
+
+def _deduplicated(count: int) -> str:
+    """How many results were copied from an identical deterministic request."""
+    return (
+        f"{plural(count, 'request')} answered from an identical one "
+        f"({'its' if count == 1 else 'their'} engine runs saved)"
+    )
 
 
 def _batch_size(size: object, source: object) -> str:

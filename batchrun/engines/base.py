@@ -7,7 +7,7 @@ top it up as each one finishes, instead of waiting for the slowest member of a b
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from batchrun.config import EngineSettings
 from batchrun.engines.registry import engine_spec
@@ -31,6 +31,16 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Release the engine's resources."""
+        ...
+
+
+@runtime_checkable
+class CacheCounting(Protocol):
+    """An engine with a prefix cache that counts its lookups (vLLM); the echo engine has none."""
+
+    def prefix_cache_counters(self) -> tuple[int, int]:
+        """Prompt tokens looked up in the prefix cache since the engine started, and of those
+        the ones found cached (the engine's own counters)."""
         ...
 
 

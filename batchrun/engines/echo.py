@@ -1,10 +1,14 @@
-"""The echo engine: no model. Replies with the last user message (chat) or the prompt (completions).
+"""The echo engine: no model. Replies with the last user message (chat, responses) or the prompt
+(completions).
 
 The reply honours ``stop`` (it ends before the first stop sequence) and ``max_tokens`` /
 ``max_completion_tokens`` (counting whitespace-separated words as tokens; finish_reason "length").
 Embeddings requests get a deterministic unit vector of `ECHO_DIMENSIONS` floats per input, derived
 from a hash of the input (``dimensions`` up to that size keeps the first values, renormalised).
-With ``logprobs`` each whitespace-separated word is a token of logprob 0.
+With ``logprobs`` each whitespace-separated word is a token of logprob 0. A forced tool call
+(``tool_choice`` "required" or a named function) is answered with that call (for "required", of
+the first tool) with empty arguments ``{}``. With ``--reasoning-parser`` (any name), a
+``<think>...</think>`` span of the reply is its reasoning (one token a word), the rest its content.
 
 For dry runs of a pipeline, for measuring batchrun's own overhead, and for fault injection from the
 environment, so failures are testable from the command line:
@@ -25,6 +29,7 @@ environment, so failures are testable from the command line:
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import re
@@ -36,7 +41,7 @@ from typing import Any
 
 from batchrun.config import EngineSettings
 from batchrun.openai.params import Sampling, embedding_params, sampling
-from batchrun.openai.records import CHAT, EMBEDDINGS, Outcome, Request
+from batchrun.openai.records import CHAT, EMBEDDINGS, RESPONSES, Outcome, Request
 from batchrun.openai.responses import (
     Choice,
     TokenLogprob,
@@ -45,6 +50,8 @@ from batchrun.openai.responses import (
     response_model,
     success,
 )
+from batchrun.openai.responses_api import last_user_text
+from batchrun.openai.toolchoice import ForcedCall, forced_answer
 
 # The size of the echo engine's embeddings.
 ECHO_DIMENSIONS = 8
@@ -61,8 +68,11 @@ def _env_int(name: str) -> int | None:
 
 
 def echo_text(request: Request) -> str:
-    """The echo reply: the last user message's text (chat) or the prompt (completions)."""
+    """The echo reply: the last user message's text (chat, responses) or the prompt
+    (completions)."""
     body = request.body
+    if request.url == RESPONSES:
+        return last_user_text(body)
     if request.url == CHAT:
         for message in reversed(body.get("messages") or []):
             if isinstance(message, dict) and message.get("role") == "user":
@@ -176,8 +186,27 @@ class EchoEngine:
         logprobs = _echo_logprobs(params, text)
         if params.echo:
             text = prompt + text
+        tool_calls = None
+        if params.forced_call is not None:
+            # The forced call, with empty arguments, read back as the vLLM engine reads its own.
+            text, tool_calls, finish_reason = forced_answer(
+                params.forced_call,
+                _forced_stub(params.forced_call, request),
+                "stop",
+                f"call_{hashlib.sha256(request.custom_id.encode()).hexdigest()[:24]}",
+            )
+        reasoning = None
+        thinks = self.settings.reasoning_parser is not None and request.url in (CHAT, RESPONSES)
+        if thinks:
+            reasoning, text = _split_think(text)
         choice = Choice(
-            text=text, finish_reason=finish_reason, token_count=tokens, logprobs=logprobs
+            text=text,
+            finish_reason=finish_reason,
+            token_count=tokens,
+            logprobs=logprobs,
+            tool_calls=tool_calls,
+            reasoning=reasoning,
+            reasoning_tokens=len(reasoning.split()) if reasoning else 0,
         )
         choices = [choice] * params.n  # frozen: one object serves every copy
         return success(
@@ -185,6 +214,7 @@ class EchoEngine:
             choices,
             model=response_model(request, self.settings.model_name),
             prompt_tokens=prompt_tokens,
+            reasoning=thinks,
             latency_s=latency_s,
         )
 
@@ -232,6 +262,24 @@ def echo_vector(item: str | list[int], size: int = ECHO_DIMENSIONS) -> list[floa
     norm = math.sqrt(sum(x * x for x in raw)) or 1.0
     # Rounded through float32, as a model's output is, so base64 and float agree exactly.
     return [struct.unpack("<f", struct.pack("<f", x / norm))[0] for x in raw]
+
+
+def _split_think(text: str) -> tuple[str | None, str]:
+    """The echo engine's stand-in for any --reasoning-parser: `<think>...</think>` in the reply
+    is its reasoning, the rest its content."""
+    before, start, rest = text.partition("<think>")
+    if not start:
+        return None, text
+    reasoning, end, after = rest.partition("</think>")
+    return reasoning.strip(), (before + after).strip() if end else before.strip()
+
+
+def _forced_stub(forced: ForcedCall, request: Request) -> str:
+    """What the echo engine "generates" under a forced call: the call with empty arguments."""
+    if forced.name is not None:
+        return "{}"
+    first = request.body["tools"][0]["function"]["name"]
+    return json.dumps([{"name": first, "parameters": {}}])
 
 
 def _limit(params: Sampling, text: str, words: int | None = None) -> tuple[str, str]:

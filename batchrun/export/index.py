@@ -68,6 +68,8 @@ class JournalIndex:
     # that have data: any first choice with logprobs, and the sizes of the embeddings seen.
     has_logprobs: bool = False
     embedding_dims: set[int] = field(default_factory=set)
+    # Any answer split by a reasoning parser (a chat message's `reasoning`, a reasoning item).
+    has_reasoning: bool = False
     _order: array[int] | None = field(default=None, init=False, repr=False)
 
     def __len__(self) -> int:
@@ -101,8 +103,20 @@ class _IndexRecord(msgspec.Struct):
     generation: Any = None
 
 
+class _Message(msgspec.Struct):
+    # Present (even null) when the job ran a reasoning parser (--reasoning-parser).
+    reasoning: Any = msgspec.UNSET
+
+
 class _Choice(msgspec.Struct):
     logprobs: msgspec.Raw = msgspec.Raw(b"null")
+    message: _Message | None = None
+
+
+class _OutputItem(msgspec.Struct):
+    """An item of a Response's output (a /v1/responses body): its type only."""
+
+    type: Any = None
 
 
 class _Item(msgspec.Struct):
@@ -114,6 +128,7 @@ class _Body(msgspec.Struct):
 
     choices: list[_Choice] | None = None
     data: list[_Item] | None = None  # an embeddings body's
+    output: list[_OutputItem] | None = None  # a Response's
 
 
 class _ShapedRecord(_IndexRecord):
@@ -255,8 +270,8 @@ def _json_index_record(raw: bytes) -> _JsonRecord:
 
 
 def _note_body(index: JournalIndex, body: object) -> None:
-    """Record in `index` whether a succeeded body (its shape, or as json read it) has logprobs or
-    embeddings (and their size)."""
+    """Record in `index` whether a succeeded body (its shape, or as json read it) has logprobs,
+    reasoning or embeddings (and their size)."""
     if not isinstance(body, _Body):
         _note_decoded_body(index, body)
     elif body.data is not None:
@@ -264,8 +279,16 @@ def _note_body(index: JournalIndex, body: object) -> None:
             size = _raw_embedding_size(item.embedding)
             if size is not None:
                 index.embedding_dims.add(size)
-    elif body.choices and not index.has_logprobs:
-        index.has_logprobs = bytes(body.choices[0].logprobs) != b"null"
+    elif body.choices:
+        first = body.choices[0]
+        if not index.has_logprobs:
+            index.has_logprobs = bytes(first.logprobs) != b"null"
+        if first.message is not None and first.message.reasoning is not msgspec.UNSET:
+            index.has_reasoning = True
+    elif body.output:
+        index.has_reasoning = index.has_reasoning or any(
+            item.type == "reasoning" for item in body.output
+        )
 
 
 def _note_decoded_body(index: JournalIndex, body: object) -> None:
@@ -282,6 +305,15 @@ def _note_decoded_body(index: JournalIndex, body: object) -> None:
     choices = body.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         index.has_logprobs = index.has_logprobs or choices[0].get("logprobs") is not None
+        message = choices[0].get("message")
+        index.has_reasoning = index.has_reasoning or (
+            isinstance(message, dict) and "reasoning" in message
+        )
+    output = body.get("output")
+    if isinstance(output, list):
+        index.has_reasoning = index.has_reasoning or any(
+            isinstance(item, dict) and item.get("type") == "reasoning" for item in output
+        )
 
 
 def _raw_embedding_size(raw: msgspec.Raw) -> int | None:

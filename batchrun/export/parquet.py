@@ -1,8 +1,10 @@
 """results.parquet: one flat row per request and per invalid line, written in row groups.
 
 Beyond the flat columns, a job whose answers carry logprobs gets a `logprobs` column (the first
-choice's tokens, as nested lists) and an embeddings job an `embeddings` column (per request, its
-vectors as fixed-size lists of float32).
+choice's tokens, as nested lists), one whose answers carry reasoning (--reasoning-parser) a
+`reasoning` column, and an embeddings job an `embeddings` column (per request, its vectors as
+fixed-size lists of float32). A /v1/responses answer's row holds its message's text as `content`
+and its status as `finish_reason` (stop, or length when incomplete).
 
 Each record read back is decoded by msgspec into just the fields a row needs, and a row group's
 columns are built from its rows at once. A record msgspec refuses (NaN, a lone surrogate escape:
@@ -29,6 +31,7 @@ from batchrun.export.index import (
     parse_record,
     read_back,
 )
+from batchrun.export.json_rows import json_row, logprob_rows
 from batchrun.job.state import INVALID, OK
 
 PARQUET_NAME = "results.parquet"
@@ -99,6 +102,8 @@ def parquet_schema(index: JournalIndex | None = None) -> Any:
             ]
         )
         fields.append(("logprobs", pa.list_(token)))
+    if index is not None and index.has_reasoning:
+        fields.append(("reasoning", pa.string()))
     if index is not None and index.embedding_dims:
         dims = index.embedding_dims
         vector = pa.list_(pa.float32(), next(iter(dims)) if len(dims) == 1 else -1)
@@ -161,6 +166,7 @@ def _pandas_metadata(pa: Any, schema: Any) -> dict[bytes, bytes] | None:
 
 class _Message(msgspec.Struct):
     content: Any = None
+    reasoning: Any = None
 
 
 class _Choice(msgspec.Struct):
@@ -178,6 +184,17 @@ class _Usage(msgspec.Struct):
     prompt_tokens: Any = None
     completion_tokens: Any = None
     total_tokens: Any = None
+    input_tokens: Any = None  # a Response's names for the first two
+    output_tokens: Any = None
+
+
+class _Part(msgspec.Struct):
+    text: Any = None
+
+
+class _OutputItem(msgspec.Struct):
+    type: Any = None
+    content: list[_Part] | None = None
 
 
 class _Body(msgspec.Struct):
@@ -185,6 +202,8 @@ class _Body(msgspec.Struct):
     model: Any = None
     choices: list[_Choice] | None = None
     data: list[_Item] | None = None  # an embeddings body's, one item per input
+    output: list[_OutputItem] | None = None  # a Response's (/v1/responses)
+    status: Any = None  # a Response's: "completed" or "incomplete"
     usage: _Usage | None = None
 
 
@@ -216,15 +235,21 @@ def _row(index: JournalIndex, entry: Entry, raw: bytes, extras: Sequence[str]) -
         rec = _DECODER.decode(raw)
     except ValueError:  # msgspec.DecodeError, or bytes that are not UTF-8
         try:
-            return _json_row(entry, parse_record(raw), extras)
+            return json_row(entry, parse_record(raw), extras)
         except ValueError:
             raise changed(index) from None
     body = rec.body if entry.status == OK else None
-    content = finish_reason = model = response_id = None
+    content = finish_reason = model = response_id = reasoning = None
     n_choices = 0
     usage = None
     first = None
-    if body is not None:
+    if body is not None and body.output is not None:
+        # A Response: its message's text and reasoning item's; one answer, cut or not.
+        content, reasoning = _item_text(body.output, "message"), _item_text(body.output, "reasoning")
+        finish_reason = "length" if body.status == "incomplete" else "stop"
+        n_choices = 1
+        model, response_id, usage = body.model, body.id, body.usage
+    elif body is not None:
         # An embeddings body has `data` (one item per input) where the others have `choices`.
         items = body.choices if body.choices is not None else body.data
         n_choices = len(items) if items is not None else 0
@@ -232,11 +257,13 @@ def _row(index: JournalIndex, entry: Entry, raw: bytes, extras: Sequence[str]) -
         if first is not None:
             if first.message is msgspec.UNSET:
                 content = first.text
-            else:
-                content = first.message.content if first.message is not None else None
+            elif first.message is not None:
+                content, reasoning = first.message.content, first.message.reasoning
             finish_reason = first.finish_reason
         model, response_id, usage = body.model, body.id, body.usage
     # The body's usage is what the user sees in output.jsonl; the record's counts back it up.
+    if usage is not None and usage.input_tokens is not None:
+        usage.prompt_tokens, usage.completion_tokens = usage.input_tokens, usage.output_tokens
     prompt = int((usage and usage.prompt_tokens) or rec.prompt_tokens or 0)
     completion = int((usage and usage.completion_tokens) or rec.completion_tokens or 0)
     total = int((usage and usage.total_tokens) or prompt + completion)
@@ -264,92 +291,21 @@ def _row(index: JournalIndex, entry: Entry, raw: bytes, extras: Sequence[str]) -
         if body is None:
             values.append(None)
         elif name == "logprobs":
-            values.append(_logprobs(first.logprobs if first is not None else None))
+            values.append(logprob_rows(first.logprobs if first is not None else None))
+        elif name == "reasoning":
+            values.append(reasoning)
         else:  # embeddings
             data = body.data
             values.append(None if data is None else [embedding(item.embedding) for item in data])
     return tuple(values)
 
 
-def _json_row(entry: Entry, rec: dict[str, Any], extras: Sequence[str]) -> tuple[Any, ...]:
-    """`_row` for a record as json reads it."""
-    body = rec.get("body") if entry.status == OK else None
-    choices = body.get("choices") if isinstance(body, dict) else None
-    items = choices if choices is not None else body.get("data") if isinstance(body, dict) else None
-    first = choices[0] if isinstance(choices, list) and choices else {}
-    if "message" in first:
-        content = (first.get("message") or {}).get("content")
-    else:
-        content = first.get("text")
-    usage = (body.get("usage") if isinstance(body, dict) else None) or {}
-    prompt = int(usage.get("prompt_tokens") or rec.get("prompt_tokens") or 0)
-    completion = int(usage.get("completion_tokens") or rec.get("completion_tokens") or 0)
-    err = rec.get("error") or {}
-    invalid = entry.status == INVALID
-    values = [
-        rec.get("custom_id"),
-        entry.line,
-        STATUS_NAMES[entry.status],
-        None if invalid else rec.get("status_code"),
-        content,
-        first.get("finish_reason"),
-        len(items) if isinstance(items, list) else 0,
-        body.get("model") if isinstance(body, dict) else None,
-        prompt,
-        completion,
-        int(usage.get("total_tokens") or prompt + completion),
-        err.get("code"),
-        err.get("message"),
-        entry.attempts,
-        None if invalid else rec.get("latency_s"),
-        body.get("id") if isinstance(body, dict) else None,
-    ]
-    for name in extras:
-        if not isinstance(body, dict):
-            values.append(None)
-        elif name == "logprobs":
-            values.append(_logprobs(first.get("logprobs") if isinstance(first, dict) else None))
-        else:  # embeddings
-            data = body.get("data")
-            values.append(
-                [embedding(x.get("embedding")) if isinstance(x, dict) else None for x in data]
-                if isinstance(data, list)
-                else None
-            )
-    return tuple(values)
-
-
-def _logprobs(logprobs: object) -> list[dict[str, Any]] | None:
-    """A choice's logprobs as [{token, logprob, top_logprobs: [{token, logprob}]}]."""
-    if not isinstance(logprobs, dict):
-        return None
-    if "content" in logprobs:  # chat: ChoiceLogprobs
-        return [
-            {
-                "token": t.get("token"),
-                "logprob": t.get("logprob"),
-                "top_logprobs": [
-                    {"token": c.get("token"), "logprob": c.get("logprob")}
-                    for c in t.get("top_logprobs") or []
-                ],
-            }
-            for t in logprobs.get("content") or []
-        ]
-    # completions: parallel lists, each position's alternatives as a {token: logprob} object
-    tokens = logprobs.get("tokens") or []
-    token_logprobs = logprobs.get("token_logprobs") or []
-    tops = logprobs.get("top_logprobs") or []
-    return [
-        {
-            "token": token,
-            "logprob": lp,
-            "top_logprobs": [
-                {"token": t, "logprob": v}
-                for t, v in sorted((top or {}).items(), key=lambda kv: -kv[1])
-            ],
-        }
-        for token, lp, top in zip(tokens, token_logprobs, tops, strict=False)
-    ]
+def _item_text(output: list[_OutputItem], kind: str) -> str | None:
+    """The text of a Response's first output item of type `kind` (None when it has none)."""
+    for item in output:
+        if item.type == kind:
+            return "".join(p.text for p in item.content or () if isinstance(p.text, str))
+    return None
 
 
 # --- row groups ----------------------------------------------------------------------------

@@ -30,6 +30,10 @@ class Run(msgspec.Struct, kw_only=True):
     ended_at: float | None = None
     wall_s: float | None = None
     status: str | None = None
+    # This run's prefix-cache counters ({"queries", "hits"}: vLLM's, in prompt tokens) and the
+    # results it copied from an identical request instead of running them.
+    prefix_cache: dict[str, int] | None = None
+    deduplicated: int | None = None
 
 
 class InputMapRef(msgspec.Struct):
@@ -67,6 +71,11 @@ class Manifest(msgspec.Struct, kw_only=True):
     probes: list[dict[str, Any]] = msgspec.field(default_factory=list)
     gpus: list[str] | None = None
     workers: int | None = None
+    # The dispatch plan, --order (run/planner.py): resume and the retry passes follow it.
+    order: str = "auto"
+    # vLLM's prefix-cache counters summed over the job's runs that ended (a run killed with -9
+    # loses its own): prompt tokens looked up, and found cached.
+    prefix_cache: dict[str, int] = msgspec.field(default_factory=dict)
     # validated, running, completed, incomplete, interrupted, failed, stopped
     status: str = "validated"
     counts: dict[str, int] = msgspec.field(default_factory=dict)

@@ -33,6 +33,9 @@ class ResultRecord(TypedDict):
     latency_s: float | msgspec.Raw  # Raw: a float written with all its digits
     time: float  # when it was journaled, seconds since the epoch, to the millisecond
     worker: NotRequired[int]  # the index of the worker that ran it
+    # The custom_id of the identical request whose outcome this one copies (run/dedup.py):
+    # the engine did not run it again.
+    copy_of: NotRequired[str]
 
 
 class InvalidRecord(TypedDict):

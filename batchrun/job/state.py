@@ -48,6 +48,8 @@ class JobState:
     # invalid-line records tagged with this generation are the current file's.
     current: Container[str] | None = None
     generation: str | None = None
+    # Results copied from an identical request's outcome (run/dedup.py): engine runs saved.
+    deduplicated: int = 0
 
     @property
     def succeeded(self) -> int:
@@ -93,6 +95,8 @@ class JobState:
             self.last[cid] = OK
         else:
             self.last[cid] = FAILED_RETRYABLE if rec.get("retryable") else FAILED_FINAL
+        if "copy_of" in rec:
+            self.deduplicated += 1
         self.prompt_tokens += int(rec.get("prompt_tokens") or 0)
         tokens = int(rec.get("completion_tokens") or 0)
         self.completion_tokens += tokens

@@ -59,7 +59,19 @@ def job_status(job_dir: Path) -> dict[str, Any]:
         "wall_s": round(sum(r.wall_s or 0.0 for r in manifest.runs), 3),
         "probes": manifest.probes,
         "workers": _workers(manifest, state.per_worker),
+        "order": manifest.order,
+        "prefix_cache": cache_rate(
+            manifest.prefix_cache.get("queries", 0), manifest.prefix_cache.get("hits", 0)
+        ),
+        "deduplicated": state.deduplicated,
     }
+
+
+def cache_rate(queries: int, hits: int) -> dict[str, Any] | None:
+    """vLLM's prefix-cache counters and their hit rate; None when nothing was counted."""
+    if not queries:
+        return None
+    return {"queries": queries, "hits": hits, "hit_rate": round(hits / queries, 4)}
 
 
 def _workers(manifest: Manifest, per_worker: dict[str, list[float]]) -> list[dict[str, Any]]:

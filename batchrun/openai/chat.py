@@ -15,6 +15,7 @@ from batchrun.openai.fields import (
     refuse,
 )
 from batchrun.openai.invalid import bad, describe, json_kind, show
+from batchrun.openai.toolchoice import check_forced_combination, check_tool_choice
 
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI limits it
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -109,20 +110,10 @@ def _check_tools(key: str, value: object) -> None:
             )
 
 
-def _check_tool_choice(key: str, value: object) -> None:
-    if value in ("none", "auto"):
-        return
-    if value == "required" or isinstance(value, dict):
-        bad(
-            f"body.{key} {show(value) if isinstance(value, str) else 'naming a function'} is not "
-            "supported: batchrun cannot force a tool call; use 'auto' or 'none'"
-        )
-    bad(f"body.{key} must be 'none', 'auto', 'required' or an object, got {describe(value)}")
-
-
 def check_chat_combinations(body: dict[str, Any]) -> None:
     if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
         bad("body.top_logprobs needs body.logprobs set to true")
+    check_forced_combination(body)
 
 
 _NO_AUDIO = "batchrun runs text models, which produce no audio"
@@ -134,7 +125,7 @@ CHAT_CHECKS: dict[str, FieldCheck] = {
     "top_logprobs": int_in(0, MAX_TOP_LOGPROBS),
     "metadata": check_metadata,
     "tools": _check_tools,
-    "tool_choice": _check_tool_choice,
+    "tool_choice": check_tool_choice,
     "parallel_tool_calls": check_bool,
     "modalities": _check_modalities,
     "store": check_bool,

@@ -16,7 +16,8 @@ from typing import Any, Literal
 import msgspec
 
 from batchrun.openai.embeddings import embedding_inputs
-from batchrun.openai.records import CHAT, COMPLETIONS, Request
+from batchrun.openai.records import CHAT, COMPLETIONS, RESPONSES, Request
+from batchrun.openai.toolchoice import ForcedCall, forced_call, is_forced
 
 # A completions request without max_tokens generates 16 tokens, as OpenAI's legacy API does.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -49,6 +50,8 @@ class Sampling(msgspec.Struct, frozen=True):
     echo: bool = False
     # Tools were given and may be called: the answer is parsed for tool calls.
     tools: bool = False
+    # tool_choice forces a call: the answer is constrained to it (and read back as calls).
+    forced_call: ForcedCall | None = None
 
 
 class EmbeddingParams(msgspec.Struct, frozen=True):
@@ -62,8 +65,10 @@ class EmbeddingParams(msgspec.Struct, frozen=True):
 
 
 def sampling(request: Request) -> Sampling:
-    """The typed generation parameters of a validated chat or completions request."""
+    """The typed generation parameters of a validated chat, completions or responses request."""
     body = request.body
+    if request.url == RESPONSES:
+        return _responses_sampling(body)
     chat = request.url == CHAT
     if chat:
         # max_completion_tokens replaced max_tokens in the chat API; either is honoured.
@@ -78,6 +83,8 @@ def sampling(request: Request) -> Sampling:
             max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
         logprobs = body.get("logprobs")
     stop = body.get("stop")
+    tool_choice = body.get("tool_choice")
+    forced = forced_call(body) if chat and is_forced(tool_choice) else None
     return Sampling(
         n=_or(body.get("n"), 1),
         max_tokens=max_tokens,
@@ -91,7 +98,26 @@ def sampling(request: Request) -> Sampling:
         logit_bias=_logit_bias(body.get("logit_bias")),
         output_format=_output_format(body.get("response_format")),
         echo=not chat and body.get("echo") is True,
-        tools=chat and bool(body.get("tools")) and body.get("tool_choice") != "none",
+        tools=chat and forced is None and bool(body.get("tools")) and tool_choice != "none",
+        forced_call=forced,
+    )
+
+
+def _responses_sampling(body: dict[str, Any]) -> Sampling:
+    """A /v1/responses body's generation fields: max_output_tokens, temperature, top_p and
+    text.format (the Responses API has no n, stop, penalties, seed or logprobs)."""
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    output_format = None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        output_format = OutputFormat("json_object")
+    elif isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        output_format = OutputFormat("json_schema", dict(fmt["schema"]))
+    return Sampling(
+        max_tokens=body.get("max_output_tokens"),
+        temperature=float(_or(body.get("temperature"), 1.0)),
+        top_p=float(_or(body.get("top_p"), 1.0)),
+        output_format=output_format,
     )
 
 

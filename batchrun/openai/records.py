@@ -10,7 +10,9 @@ import msgspec
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
-SUPPORTED_ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
+# OpenAI's Responses API (batchrun.openai.responses_api); not the module that shapes bodies.
+RESPONSES = "/v1/responses"
+SUPPORTED_ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,8 @@
 """Build response bodies in the OpenAI shapes and error outcomes.
 
 Bodies are exactly what the `openai` package's types describe: `ChatCompletion` for
-/v1/chat/completions, `Completion` for /v1/completions and `CreateEmbeddingResponse` for
-/v1/embeddings, logprobs included (`ChoiceLogprobs` for chat, the legacy `Logprobs` for
+/v1/chat/completions, `Completion` for /v1/completions, `CreateEmbeddingResponse` for
+/v1/embeddings and `Response` for /v1/responses (shaped in responses_api_body), logprobs included (`ChoiceLogprobs` for chat, the legacy `Logprobs` for
 completions). Engines hand over plain values (`Choice`, `TokenLogprob`, vectors); the shaping is
 here, once, for every engine.
 """
@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from batchrun.openai.records import CHAT, Outcome, Request
+from batchrun.openai.records import CHAT, RESPONSES, Outcome, Request
+from batchrun.openai.responses_api_body import response_object
 
 # OpenAI's stand-in for a logprob too small to show (and JSON has no -Infinity).
 MIN_LOGPROB = -9999.0
@@ -64,12 +65,17 @@ class Choice:
     """One generated sequence of a request (a request with `n` > 1 has several)."""
 
     text: str
-    finish_reason: str  # "stop", "length" or "tool_calls"
+    # "stop", "length" or "tool_calls": the engine decides (a named forced call ends in "stop",
+    # as OpenAI's and vLLM's do).
+    finish_reason: str
     token_count: int
     # Per generated token, when the request asked for logprobs.
     logprobs: Sequence[TokenLogprob] | None = None
     # OpenAI-shaped tool calls ({"id", "type": "function", "function": {...}}), chat only.
     tool_calls: Sequence[dict[str, Any]] | None = None
+    # The reasoning a reasoning parser split from the text (--reasoning-parser), and its tokens.
+    reasoning: str | None = None
+    reasoning_tokens: int = 0
 
 
 def response_model(request: Request, default: str) -> str:
@@ -85,25 +91,48 @@ def success(
     model: str,
     prompt_tokens: int,
     latency_s: float,
+    reasoning: bool = False,
 ) -> Outcome:
-    """A successful outcome whose body is a ChatCompletion or Completion object."""
+    """A successful outcome whose body is a ChatCompletion or Completion object.
+
+    `reasoning`: the engine runs a reasoning parser, so the usage counts reasoning tokens (in
+    `completion_tokens_details`, as vLLM's server reports them then).
+    """
     completion_tokens = (
         choices[0].token_count if len(choices) == 1 else sum([c.token_count for c in choices])
     )
     created = int(time.time())
-    usage = {
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if reasoning:
+        usage["completion_tokens_details"] = {
+            "reasoning_tokens": sum([c.reasoning_tokens for c in choices])
+        }
     body: dict[str, Any]
-    if request.url == CHAT:
+    if request.url == RESPONSES:
+        # One choice: the Responses API has no n.
+        first = choices[0]
+        body = response_object(
+            request,
+            text=first.text,
+            finish_reason=first.finish_reason,
+            reasoning=first.reasoning,
+            reasoning_tokens=first.reasoning_tokens,
+            output_tokens=completion_tokens,
+            model=model,
+            prompt_tokens=prompt_tokens,
+            ids=(f"resp_{response_id()}", f"rs_{response_id()}", f"msg_{response_id()}"),
+        )
+    elif request.url == CHAT:
         body = {
             "id": f"chatcmpl-{response_id()}",
             "object": "chat.completion",
             "created": created,
             "model": model,
-            "choices": [_chat_choice(i, c) for i, c in enumerate(choices)],
+            "choices": [_chat_choice(i, c, reasoning) for i, c in enumerate(choices)],
             "usage": usage,
         }
         metadata = request.body.get("metadata")
@@ -228,18 +257,22 @@ def failure(
 # -- shapes ---------------------------------------------------------------------------------------
 
 
-def _chat_choice(index: int, choice: Choice) -> dict[str, Any]:
+def _chat_choice(index: int, choice: Choice, reasoning: bool = False) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": choice.text, "refusal": None}
-    finish_reason = choice.finish_reason
     if choice.tool_calls:
         message["tool_calls"] = list(choice.tool_calls)
         message["content"] = choice.text or None
-        finish_reason = "tool_calls"
+    if reasoning:
+        # vLLM's field (older vLLM and DeepSeek's API called it reasoning_content), null when
+        # the answer holds none; content is null when the answer was all reasoning, as vLLM's
+        # server sends them.
+        message["reasoning"] = choice.reasoning
+        message["content"] = choice.text or None
     return {
         "index": index,
         "message": message,
         "logprobs": None if choice.logprobs is None else chat_logprobs(choice.logprobs),
-        "finish_reason": finish_reason,
+        "finish_reason": choice.finish_reason,
     }
 
 

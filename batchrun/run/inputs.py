@@ -103,6 +103,7 @@ def validate_into_job(
         batch_bounds=[options.min_batch, options.max_batch],
         gpus=options.gpus,
         workers=options.workers,
+        order=options.order,
         counts={"total": valid + invalid, "succeeded": 0, "failed": 0, "invalid": invalid},
     )
     save_manifest(paths, manifest)

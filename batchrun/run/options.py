@@ -23,6 +23,7 @@ from batchrun.config import (
 )
 from batchrun.job.manifest import Manifest, save_manifest
 from batchrun.job.paths import JobPaths
+from batchrun.run.planner import DEFAULT_ORDER, ORDERS
 
 # Where the runner says what it does before a run starts (the model conversion, the overrides).
 Notify = Callable[[str], None]
@@ -43,6 +44,8 @@ class RunOptions:
     # A Ray cluster address ("local" starts one here); per run, not saved: a job started on Ray
     # can be resumed without it and the other way round.
     ray: str | None = None
+    # The dispatch plan (run/planner.py), saved so that resume and retries plan alike.
+    order: str = DEFAULT_ORDER
 
     @classmethod
     def from_given(cls, given: GivenOptions, *, progress: bool, ray: str | None) -> RunOptions:
@@ -87,6 +90,8 @@ class RunOptions:
             )
         if self.workers is not None:
             check_number("--workers", self.workers, 1)
+        if self.order not in ORDERS:
+            raise OptionError("--order", f"must be one of {', '.join(ORDERS)}, got {self.order!r}")
         if self.gpus is not None:
             check_gpus(self.gpus)
             tp = self.settings.tensor_parallel_size
@@ -114,6 +119,8 @@ _SETTINGS_FIELDS = frozenset(
         "tensor_parallel_size",
         "enforce_eager",
         "seed",
+        "kv_cache_memory_bytes",
+        "reasoning_parser",
     }
 )
 _RUN_FIELDS = {"min_batch_size": "min_batch", "max_batch_size": "max_batch"}
@@ -133,6 +140,7 @@ def options_from(manifest: Manifest, progress: bool) -> RunOptions:
         gpus=manifest.gpus,
         workers=manifest.workers,
         progress=progress,
+        order=manifest.order,
     )
 
 
@@ -182,6 +190,7 @@ def save_overrides(
     manifest.batch_bounds = [options.min_batch, options.max_batch]
     manifest.gpus = options.gpus
     manifest.workers = options.workers
+    manifest.order = options.order
     manifest.overrides.append(
         {"at": time.time(), "options": {k: {"old": o, "new": n} for k, (o, n) in changed.items()}}
     )

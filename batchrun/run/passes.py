@@ -20,7 +20,9 @@ from batchrun.job.manifest import Manifest, Run, save_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.state import FAILED_RETRYABLE, OK, JobState, replay
 from batchrun.openai.records import Request
+from batchrun.run.dedup import Duplicates
 from batchrun.run.options import RunOptions
+from batchrun.run.planner import plan
 from batchrun.run.scheduler import Scheduler
 from batchrun.run.source import InputIndex, requests
 from batchrun.run.tuning import cached_size, lower_size, remember_size, search_batch_size
@@ -38,6 +40,11 @@ class JobSummary:
     wall_s: float
     run_completion_tokens: int = 0
     run_outcomes: int = 0
+    # This run's prefix-cache counters (vLLM's: prompt tokens looked up, found cached) and the
+    # results it copied from identical requests.
+    run_cache_queries: int = 0
+    run_cache_hits: int = 0
+    run_deduplicated: int = 0
     # The options resume or retry-failed replaced, as `--dtype bfloat16 (was banana)`.
     overrides: list[str] = field(default_factory=list)
 
@@ -106,20 +113,27 @@ def run_job(
     scheduler: Scheduler | None = None
     outcomes_before = sum(state.attempts.values())
     tokens_before = state.completion_tokens
+    deduplicated_before = state.deduplicated
+    duplicates = Duplicates() if options.order == "auto" else None
+
+    def planned(source: Iterator[Request]) -> Iterator[Request]:
+        return plan(source, options.order, duplicates)
+
     status = "failed"
     try:
         with JournalWriter(paths.journal) as journal:
             scheduler = Scheduler(settings, envs, journal, state, reporter, worker_class)
             scheduler.job_dir = paths.root
+            scheduler.duplicates = duplicates
             scheduler.on_back_off = _keep_backed_off_size(paths, manifest, settings)
             try:
                 if mode == "retry":
                     if failed_ids:  # else nothing to size or start an engine for
                         reporter.event(f"retrying {plural(len(failed_ids), 'failed request')}")
                         _choose_size(scheduler, manifest, options, paths, iter(()), reporter)
-                        scheduler.run(_requests_in(input_path, failed_ids, index))
+                        scheduler.run(planned(_requests_in(input_path, failed_ids, index)))
                 elif (
-                    source := _nonempty(requests(input_path, state.is_not_done, index))
+                    source := _nonempty(planned(requests(input_path, state.is_not_done, index)))
                 ) is not None:
                     _choose_size(
                         scheduler, manifest, options, paths, source, reporter, search=mode == "tune"
@@ -127,7 +141,12 @@ def run_job(
                     if mode != "tune":
                         scheduler.run(source)
                         _retry_passes(
-                            scheduler, state, input_path, options.max_attempts, reporter, index
+                            scheduler,
+                            state,
+                            input_path,
+                            options.max_attempts,
+                            reporter,
+                            lambda ids: planned(_requests_in(input_path, ids, index)),
                         )
             finally:
                 scheduler.close()
@@ -139,7 +158,10 @@ def run_job(
         reporter.close()
         if scheduler is not None:
             manifest.worker_info = scheduler.worker_info
+            queries, hits = scheduler.prefix_cache()
+            _count_cache(manifest, run_info, queries, hits)
         run_info.ray = options.ray
+        run_info.deduplicated = state.deduplicated - deduplicated_before
         _finish_manifest(paths, manifest, state, status, run_info, started)
         if options.ray:
             from batchrun.workers import ray as ray_backend
@@ -152,6 +174,9 @@ def run_job(
         wall_s=time.monotonic() - started,
         run_completion_tokens=state.completion_tokens - tokens_before,
         run_outcomes=sum(state.attempts.values()) - outcomes_before,
+        run_cache_queries=(run_info.prefix_cache or {}).get("queries", 0),
+        run_cache_hits=(run_info.prefix_cache or {}).get("hits", 0),
+        run_deduplicated=run_info.deduplicated or 0,
     )
 
 
@@ -227,7 +252,7 @@ def _retry_passes(
     input_path: Path,
     max_attempts: int,
     reporter: ProgressReporter,
-    index: InputIndex | None,
+    source: Callable[[set[str]], Iterator[Request]],
 ) -> None:
     """Re-run retryable failures, a whole pass at a time, until `max_attempts` attempts in all."""
     while True:
@@ -243,7 +268,18 @@ def _retry_passes(
             f"retry pass (attempt {attempt} of {max_attempts}): {plural(len(ids), 'failed request')}"
         )
         reporter.bar.total += len(ids)
-        scheduler.run(_requests_in(input_path, ids, index))
+        scheduler.run(source(ids))
+
+
+def _count_cache(manifest: Manifest, run_info: Run, queries: int, hits: int) -> None:
+    """Add a run's prefix-cache counters to the run and to the job's sums (an engine without a
+    prefix cache, such as echo, counts nothing: nothing is recorded)."""
+    if not queries:
+        return
+    run_info.prefix_cache = {"queries": queries, "hits": hits}
+    total = manifest.prefix_cache
+    total["queries"] = total.get("queries", 0) + queries
+    total["hits"] = total.get("hits", 0) + hits
 
 
 def _finish_manifest(

@@ -37,6 +37,7 @@ from batchrun.job.journal import JournalWriter, plain_result
 from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.state import JobState
 from batchrun.openai.records import Outcome, Request
+from batchrun.run.dedup import Duplicates
 from batchrun.run.poison import Isolator
 from batchrun.run.restarts import RestartPolicy
 from batchrun.workers.child import GC_THRESHOLD
@@ -131,6 +132,9 @@ class Scheduler(RestartPolicy):
         # True, a short read from it is not its end, so the run goes on (engines stay loaded) and
         # new work is taken as it comes. None: the source ends when it first runs dry.
         self.live: Callable[[], bool] | None = None
+        # The duplicates the dispatch plan holds back (run/dedup.py): each is answered, and
+        # journaled, with its representative's outcome. None: every request runs itself.
+        self.duplicates: Duplicates | None = None
 
     # -- sizing ---------------------------------------------------------------------------------
 
@@ -159,6 +163,14 @@ class Scheduler(RestartPolicy):
                 w.stop()
             w.settings.max_num_seqs = size
             w.settings.window = size
+
+    def prefix_cache(self) -> tuple[int, int]:
+        """vLLM's prefix-cache counters over every worker process so far: prompt tokens looked
+        up, and found cached."""
+        return (
+            sum(w.cache_queries for w in self.workers),
+            sum(w.cache_hits for w in self.workers),
+        )
 
     def peak_memory_mb(self) -> float | None:
         """The largest peak memory any worker reported."""
@@ -303,10 +315,19 @@ class Scheduler(RestartPolicy):
         for (outcome, request), attempt in zip(pairs, attempts, strict=True):
             rec = result_record(outcome, request.line, attempt, now)
             rec["worker"] = index
+            if outcome.extra:
+                rec["copy_of"] = outcome.extra["copy_of"]
             records.append(rec)
             if plain:
                 plain = plain_result(outcome)
         outcomes += done
+        if self.duplicates is not None and self.duplicates.held:
+            # In the same journal append as their representatives' records: a kill leaves
+            # either both or a duplicate with no record, which then simply runs again.
+            copies = self.duplicates.answer(pairs)
+            if copies:
+                self.state.deduplicated += len(copies)
+                plain = self._records(copies, index, records, outcomes) and plain
         return plain
 
     def _record(self, outcome: Outcome, request: Request, index: int) -> ResultRecord:
@@ -359,4 +380,3 @@ class Scheduler(RestartPolicy):
             if w.process is not None:
                 self._requeue(w)
                 w.stop(timeout=10)
-

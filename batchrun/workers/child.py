@@ -3,7 +3,9 @@
 Messages, parent -> worker: ``("add", [Request, ...])``, ``("window", int)``, ``("stop", None)``.
 Worker -> parent: ``("ready", info)``, ``("results", [Outcome, ...])`` (each body pre-encoded,
 a ``msgspec.Raw`` of its journal JSON: see journal.encode_body),
-``("fatal", {"oom": bool, "message": str})``.
+``("cache", (queries, hits))`` (an engine's prefix-cache counters since it started, sent before
+the results of a step that changed them, so the parent has them with the last result),
+``("stats", {...})``, ``("fatal", {"oom": bool, "message": str})``.
 
 The worker never waits for a group of requests to finish: after every engine step it sends what
 finished and tops the engine up from its local queue, so vLLM's continuous batching stays busy.
@@ -25,6 +27,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from batchrun.config import EngineSettings
+from batchrun.engines.base import CacheCounting
 from batchrun.job.journal import encode_body
 from batchrun.openai.records import Outcome, Request
 from batchrun.openai.responses import holds_no_float
@@ -197,6 +200,9 @@ class Feeder:
 def _loop(conn: Connection, engine: Any, window: int) -> None:
     feeder = Feeder(engine, window)
     last_stats = time.monotonic()
+    # An engine with a prefix cache counts its lookups (engines/base.py, CacheCounting).
+    counters = engine.prefix_cache_counters if isinstance(engine, CacheCounting) else None
+    cache_sent = (0, 0)
     while True:
         # Block only when there is nothing to do; otherwise just drain what has arrived.
         while conn.poll(None if feeder.idle else 0):
@@ -209,6 +215,9 @@ def _loop(conn: Connection, engine: Any, window: int) -> None:
                 feeder.add(payload)
         out = feeder.pump()
         if out:
+            if counters is not None and (cache := counters()) != cache_sent:
+                conn.send(("cache", cache))
+                cache_sent = cache
             for outcome in out:
                 body = outcome.body
                 if type(body) is dict:

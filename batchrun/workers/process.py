@@ -58,6 +58,11 @@ class Worker:
     retired: bool = False
     # The group of suspects it runs alone (see poison.py): nothing else is sent to it meanwhile.
     isolating: Suspects | None = None
+    # vLLM's prefix-cache counters, prompt tokens looked up and found cached, summed over every
+    # process this worker started; and the current process's own, as it last reported them.
+    cache_queries: int = 0
+    cache_hits: int = 0
+    cache_seen: tuple[int, int] = (0, 0)
 
     @property
     def log(self) -> str | None:
@@ -102,6 +107,7 @@ class Worker:
         self.death = None
         self.started_at = time.monotonic()
         self.generation += 1
+        self.cache_seen = (0, 0)  # a new engine counts from zero
         # A reader thread drains the pipe continuously, so that neither side can block the other
         # on a full pipe buffer.
         threading.Thread(
@@ -126,7 +132,13 @@ class Worker:
                     pairs.append((o, request))
             self.results += len(pairs)
             return pairs
-        if kind == "stats":
+        if kind == "cache":
+            # The engine's counters since it started: add what is new since the last report.
+            queries, hits = payload
+            self.cache_queries += queries - self.cache_seen[0]
+            self.cache_hits += hits - self.cache_seen[1]
+            self.cache_seen = (queries, hits)
+        elif kind == "stats":
             self.peak_memory_mb = payload.get("peak_memory_mb")
         elif kind == "ready":
             self.ready = True

@@ -23,30 +23,34 @@ one calls): importing this module is cheap.
 
 from __future__ import annotations
 
-import gc
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from batchrun.config import EngineSettings
+from batchrun.engines.vllm.answers import choice_of
+from batchrun.engines.vllm.cache import PrefixCacheCounter
 from batchrun.engines.vllm.dtype import resolve_dtype
 from batchrun.engines.vllm.embeddings import embedding_dimensions, embedding_prompts
 from batchrun.engines.vllm.errors import BadRequest
 from batchrun.engines.vllm.params import capped_max_model_len, sampling_params
-from batchrun.engines.vllm.prompts import completion_prompt, prompt_token_ids
+from batchrun.engines.vllm.prompts import (
+    completion_prompt,
+    prompt_token_ids,
+    request_template_kwargs,
+)
+from batchrun.engines.vllm.reasoning import Reasoner, check_parser_name
+from batchrun.engines.vllm.release import release_vllm_globals
 from batchrun.engines.vllm.tokens import TokenText
-from batchrun.engines.vllm.tools import parse_tool_calls
 from batchrun.models import engine_model
 from batchrun.openai.params import Sampling, embedding_params, sampling
-from batchrun.openai.records import EMBEDDINGS, Outcome, Request
-from batchrun.openai.responses import Choice, embedding_success, failure, response_model, success
+from batchrun.openai.records import CHAT, EMBEDDINGS, RESPONSES, Outcome, Request
+from batchrun.openai.responses import embedding_success, failure, response_model, success
 
 # On the CPU backend `gpu_memory_utilization` is the fraction of host memory vLLM reserves, and
 # vLLM's default (0.92) is refused at start-up on a machine that runs anything else.
 CPU_MEMORY_UTILIZATION = 0.4
-
-_OPENAI_FINISH_REASONS = {"stop": "stop", "length": "length"}
 
 
 @dataclass
@@ -56,6 +60,9 @@ class _Pending:
     request: Request
     added: float
     params: Sampling | None = None  # generation requests: what _outcome reads back
+    # The chat template's extra inputs the prompt was rendered with (a reasoning parser reads
+    # them: Qwen3's knows from them whether thinking was on).
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
     # /v1/embeddings: one slot per input, filled as each input's vLLM request finishes.
     vectors: list[list[float] | None] = field(default_factory=list)
     remaining: int = 0
@@ -96,6 +103,11 @@ class VllmEngine:
         # otherwise vLLM picks the runner from the architecture (an encoder-only model pools).
         if settings.endpoint == EMBEDDINGS:
             extra["runner"] = "pooling"
+        if settings.reasoning_parser is not None:
+            check_parser_name(settings.reasoning_parser)  # before the engine's 20 s start
+            # As `vllm serve --reasoning-parser`: the engine then holds a response_format's
+            # constraint back until the reasoning has ended.
+            extra["reasoning_parser"] = settings.reasoning_parser
 
         model_args: dict[str, Any] = {
             "model": target.model,
@@ -121,12 +133,14 @@ class VllmEngine:
             ),
             seed=settings.seed,
             max_num_seqs=settings.max_num_seqs,
-            # Periodic throughput lines on stderr are noise in a batch job; batchrun reports
-            # its own progress.
-            disable_log_stats=True,
+            # On: vLLM counts prefix-cache hits only then (its periodic log lines stay off: see
+            # cache.py). None: vLLM sizes the KV cache from the memory fraction.
+            disable_log_stats=False,
+            kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
             **extra,
         )
-        self._engine: Any = LLMEngine.from_engine_args(args)
+        self._cache = PrefixCacheCounter()
+        self._engine: Any = LLMEngine.from_engine_args(args, stat_loggers=[self._cache.factory()])
         self._tokenizer: Any = self._engine.get_tokenizer()
         model_config = self._engine.model_config
         self.max_model_len: int = int(model_config.max_model_len)
@@ -138,6 +152,11 @@ class VllmEngine:
         template = getattr(self._tokenizer, "chat_template", None)
         self._template: str = template if isinstance(template, str) else ""
         self._tokens = TokenText(self._tokenizer)
+        self._reasoner = (
+            Reasoner(settings.reasoning_parser, self._tokenizer, model_config)
+            if settings.reasoning_parser is not None and not self.pooling
+            else None
+        )
         # custom_id -> the request in flight: what step() needs to answer.
         self._in_flight: dict[str, _Pending] = {}
         # vLLM request id of one embeddings input -> (custom_id, input index).
@@ -154,8 +173,16 @@ class VllmEngine:
             if request.url == EMBEDDINGS:
                 self._add_embeddings(pending)
             else:
+                if request.url in (CHAT, RESPONSES):
+                    pending.template_kwargs = request_template_kwargs(
+                        request, template=self._template, model_name=self.model_name
+                    )
                 prompt_ids = prompt_token_ids(
-                    self._tokenizer, request, template=self._template, model_name=self.model_name
+                    self._tokenizer,
+                    request,
+                    template=self._template,
+                    model_name=self.model_name,
+                    kwargs=pending.template_kwargs,
                 )
                 pending.params = sampling(request)
                 params = sampling_params(
@@ -210,6 +237,10 @@ class VllmEngine:
         """Whether any added request has not finished yet."""
         return bool(self._in_flight)
 
+    def prefix_cache_counters(self) -> tuple[int, int]:
+        """vLLM's prefix-cache counters: prompt tokens looked up, and found cached."""
+        return self._cache.counters()
+
     def close(self) -> None:
         """Shut the engine down and free its memory (idempotent)."""
         engine, self._engine = self._engine, None
@@ -222,7 +253,7 @@ class VllmEngine:
             engine.engine_core.shutdown()
         finally:
             del engine
-            _release_vllm_globals()
+            release_vllm_globals()
 
     # -- requests -> vLLM inputs ------------------------------------------------------------------
 
@@ -310,26 +341,20 @@ class VllmEngine:
                     latency_s=latency_s,
                 )
         params = pending.params or sampling(request)
-        top = params.logprobs
-        parse_tools = params.tools
         prefix = completion_prompt(request.body.get("prompt")) if params.echo else ""
-        choices = []
-        for c, reason in zip(completions, reasons, strict=True):
-            text = c.text
-            tool_calls = None
-            if parse_tools:
-                text, tool_calls = parse_tool_calls(text)
-            choices.append(
-                Choice(
-                    text=prefix + text,
-                    # OpenAI knows "stop" and "length"; vLLM's "repetition" (an early stop on a
-                    # detected loop, only when asked for) is a stop.
-                    finish_reason=_OPENAI_FINISH_REASONS.get(reason, "stop"),
-                    token_count=len(c.token_ids),
-                    logprobs=None if top is None else self._tokens.logprobs(c, top),
-                    tool_calls=tool_calls,
-                )
+        reasoner = self._reasoner if request.url in (CHAT, RESPONSES) else None
+        choices = [
+            choice_of(
+                c,
+                reason,
+                params,
+                tokens=self._tokens,
+                reasoner=reasoner,
+                template_kwargs=pending.template_kwargs,
+                prefix=prefix,
             )
+            for c, reason in zip(completions, reasons, strict=True)
+        ]
         prompt_ids = output.prompt_token_ids
         return success(
             request,
@@ -337,6 +362,7 @@ class VllmEngine:
             model=response_model(request, self.model_name),
             prompt_tokens=len(prompt_ids) if prompt_ids is not None else 0,
             latency_s=latency_s,
+            reasoning=reasoner is not None,
         )
 
     def _embedding_part(self, part: tuple[str, int], output: Any, now: float) -> Outcome | None:
@@ -375,23 +401,3 @@ class VllmEngine:
             prompt_tokens=pending.prompt_tokens,
             latency_s=now - pending.added,
         )
-
-
-def _release_vllm_globals() -> None:
-    """Free what a closed in-process engine leaves behind, so that a new one can start."""
-    try:
-        from vllm.distributed import parallel_state
-
-        destroy: Any
-        for destroy in (
-            parallel_state.destroy_model_parallel,
-            parallel_state.destroy_distributed_environment,
-        ):
-            destroy()
-    except Exception:  # best effort: the process usually exits right after close()
-        pass
-    gc.collect()
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()

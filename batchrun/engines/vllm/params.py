@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from batchrun.engines.vllm.errors import BadRequest
-from batchrun.openai.params import OutputFormat, Sampling
+from batchrun.openai.params import Sampling
 
 
 def sampling_params(
@@ -39,7 +39,7 @@ def sampling_params(
             max_tokens=max_tokens if max_tokens is not None else max_model_len - prompt_tokens,
             logprobs=params.logprobs,
             logit_bias=_logit_bias(params.logit_bias, vocab_size),
-            structured_outputs=_structured_outputs(params.output_format),
+            structured_outputs=_structured_outputs(params),
             # Only the final output of each request is wanted: no per-token RequestOutputs.
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
@@ -58,12 +58,19 @@ def _logit_bias(bias: dict[int, float] | None, vocab_size: int) -> dict[int, flo
     return bias
 
 
-def _structured_outputs(output_format: OutputFormat | None) -> Any:
-    """vLLM's structured output constraint for a `response_format` (None for text)."""
-    if output_format is None:
+def _structured_outputs(params: Sampling) -> Any:
+    """vLLM's structured output constraint: a forced tool call's schema, or the
+    `response_format`'s (None for text)."""
+    output_format = params.output_format
+    forced = params.forced_call
+    if output_format is None and forced is None:
         return None
     from vllm.sampling_params import StructuredOutputsParams
 
+    if forced is not None:
+        # As vLLM's server: the call's JSON Schema (openai/toolchoice.py) is the constraint.
+        return StructuredOutputsParams(json=dict(forced.schema))
+    assert output_format is not None
     if output_format.schema is None:
         return StructuredOutputsParams(json_object=True)  # json_object, or a schema-less one
     return StructuredOutputsParams(json=dict(output_format.schema))

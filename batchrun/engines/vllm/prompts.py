@@ -13,17 +13,32 @@ from typing import Any
 
 from batchrun.engines.vllm.errors import BadRequest
 from batchrun.engines.vllm.tools import template_tool_call
-from batchrun.openai.records import CHAT, COMPLETIONS, Request
+from batchrun.openai.records import CHAT, COMPLETIONS, RESPONSES, Request
+from batchrun.openai.responses_api import reasoning_effort, responses_messages
+from batchrun.openai.toolchoice import is_forced
 
 
 def prompt_token_ids(
-    tokenizer: Any, request: Request, *, template: str, model_name: str
+    tokenizer: Any,
+    request: Request,
+    *,
+    template: str,
+    model_name: str,
+    kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
-    """Tokenize the request's prompt (chat messages through the model's chat template)."""
+    """Tokenize the request's prompt (chat messages through the model's chat template).
+
+    `kwargs`: the template's extra inputs, when the caller has them (see `request_template_kwargs`).
+    """
     body = request.body
-    if request.url == CHAT:
-        messages = chat_messages(body.get("messages"))
-        kwargs = template_kwargs(body, template=template, model_name=model_name)
+    if request.url in (CHAT, RESPONSES):
+        if kwargs is None:
+            kwargs = request_template_kwargs(request, template=template, model_name=model_name)
+        if request.url == CHAT:
+            messages = chat_messages(body.get("messages"))
+        else:
+            # A Responses request is rendered as the chat it amounts to (as vLLM's server does).
+            messages = chat_messages(responses_messages(body))
         try:
             text = tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=True, **kwargs
@@ -41,12 +56,34 @@ def prompt_token_ids(
     return [int(i) for i in ids]
 
 
-def template_kwargs(body: Mapping[str, Any], *, template: str, model_name: str) -> dict[str, Any]:
-    """The chat template's extra inputs (tools, reasoning_effort), if the template takes them."""
+def request_template_kwargs(request: Request, *, template: str, model_name: str) -> dict[str, Any]:
+    """A chat or responses request's extra template inputs (a reasoning parser reads them too)."""
+    if request.url == RESPONSES:
+        effort = {"reasoning_effort": reasoning_effort(request.body)}
+        return template_kwargs(
+            effort, template=template, model_name=model_name, effort_field="reasoning.effort"
+        )
+    return template_kwargs(request.body, template=template, model_name=model_name)
+
+
+def template_kwargs(
+    body: Mapping[str, Any],
+    *,
+    template: str,
+    model_name: str,
+    effort_field: str = "reasoning_effort",
+) -> dict[str, Any]:
+    """The chat template's extra inputs (tools, reasoning_effort), if the template takes them.
+
+    `effort_field`: where the request set the effort, for the message (a responses request's
+    is reasoning.effort).
+    """
     kwargs: dict[str, Any] = {}
     tools = body.get("tools")
     if tools:
-        if not template_takes(template, "tools"):
+        # A forced call needs no place in the template: the constraint holds the tools' names
+        # and parameter schemas, and the answer is a call of them whatever the model saw.
+        if not template_takes(template, "tools") and not is_forced(body.get("tool_choice")):
             raise BadRequest(
                 f"body.tools is not supported with {model_name}: its chat template has "
                 "no place for tools, so the model would never see them; remove body.tools "
@@ -55,12 +92,19 @@ def template_kwargs(body: Mapping[str, Any], *, template: str, model_name: str) 
         kwargs["tools"] = tools
     effort = body.get("reasoning_effort")
     if effort is not None:
-        if not template_takes(template, "reasoning_effort"):
+        # As vLLM's server: the effort itself, and for templates that switch thinking on and
+        # off (Qwen3's), enable_thinking unless the effort is "none".
+        takes_effort = template_takes(template, "reasoning_effort")
+        takes_switch = template_takes(template, "enable_thinking")
+        if not takes_effort and not takes_switch:
             raise BadRequest(
-                f"body.reasoning_effort is not supported with {model_name}: its chat "
+                f"body.{effort_field} is not supported with {model_name}: its chat "
                 "template takes no reasoning effort (it is not a reasoning model); remove it"
             )
-        kwargs["reasoning_effort"] = effort
+        if takes_effort:
+            kwargs["reasoning_effort"] = effort
+        if takes_switch:
+            kwargs["enable_thinking"] = effort != "none"
     return kwargs
 
 

@@ -1,0 +1,108 @@
+"""results.parquet rows read another way: a journal record msgspec refuses (NaN, a lone surrogate
+escape: old journals) or of an unusual shape is read with json and turned into a row here, and a
+choice's logprobs as the nested `logprobs` column holds them (for both readers)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from batchrun.export.index import STATUS_NAMES, Entry, embedding
+from batchrun.job.state import INVALID, OK
+from batchrun.openai.responses_api_body import output_text, reasoning_text
+
+
+def json_row(entry: Entry, rec: dict[str, Any], extras: Sequence[str]) -> tuple[Any, ...]:
+    """A results.parquet row (parquet.py's `_row`) for a record as json reads it."""
+    body = rec.get("body") if entry.status == OK else None
+    choices = body.get("choices") if isinstance(body, dict) else None
+    items = choices if choices is not None else body.get("data") if isinstance(body, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices else {}
+    finish_reason = first.get("finish_reason")
+    if "message" in first:
+        content = (first.get("message") or {}).get("content")
+        reasoning = (first.get("message") or {}).get("reasoning")
+    else:
+        content, reasoning = first.get("text"), None
+    if isinstance(body, dict) and isinstance(body.get("output"), list):  # a Response
+        content, reasoning = output_text(body), reasoning_text(body)
+        finish_reason = "length" if body.get("status") == "incomplete" else "stop"
+        items = [body]
+    usage = (body.get("usage") if isinstance(body, dict) else None) or {}
+    prompt = int(
+        usage.get("prompt_tokens") or usage.get("input_tokens") or rec.get("prompt_tokens") or 0
+    )
+    completion = int(
+        usage.get("completion_tokens")
+        or usage.get("output_tokens")
+        or rec.get("completion_tokens")
+        or 0
+    )
+    err = rec.get("error") or {}
+    invalid = entry.status == INVALID
+    values = [
+        rec.get("custom_id"),
+        entry.line,
+        STATUS_NAMES[entry.status],
+        None if invalid else rec.get("status_code"),
+        content,
+        finish_reason,
+        len(items) if isinstance(items, list) else 0,
+        body.get("model") if isinstance(body, dict) else None,
+        prompt,
+        completion,
+        int(usage.get("total_tokens") or prompt + completion),
+        err.get("code"),
+        err.get("message"),
+        entry.attempts,
+        None if invalid else rec.get("latency_s"),
+        body.get("id") if isinstance(body, dict) else None,
+    ]
+    for name in extras:
+        if not isinstance(body, dict):
+            values.append(None)
+        elif name == "logprobs":
+            values.append(logprob_rows(first.get("logprobs") if isinstance(first, dict) else None))
+        elif name == "reasoning":
+            values.append(reasoning)
+        else:  # embeddings
+            data = body.get("data")
+            values.append(
+                [embedding(x.get("embedding")) if isinstance(x, dict) else None for x in data]
+                if isinstance(data, list)
+                else None
+            )
+    return tuple(values)
+
+
+def logprob_rows(logprobs: object) -> list[dict[str, Any]] | None:
+    """A choice's logprobs as [{token, logprob, top_logprobs: [{token, logprob}]}]."""
+    if not isinstance(logprobs, dict):
+        return None
+    if "content" in logprobs:  # chat: ChoiceLogprobs
+        return [
+            {
+                "token": t.get("token"),
+                "logprob": t.get("logprob"),
+                "top_logprobs": [
+                    {"token": c.get("token"), "logprob": c.get("logprob")}
+                    for c in t.get("top_logprobs") or []
+                ],
+            }
+            for t in logprobs.get("content") or []
+        ]
+    # completions: parallel lists, each position's alternatives as a {token: logprob} object
+    tokens = logprobs.get("tokens") or []
+    token_logprobs = logprobs.get("token_logprobs") or []
+    tops = logprobs.get("top_logprobs") or []
+    return [
+        {
+            "token": token,
+            "logprob": lp,
+            "top_logprobs": [
+                {"token": t, "logprob": v}
+                for t, v in sorted((top or {}).items(), key=lambda kv: -kv[1])
+            ],
+        }
+        for token, lp, top in zip(tokens, token_logprobs, tops, strict=False)
+    ]

@@ -1,0 +1,221 @@
+"""The dispatch plan: which requests reach the engine, and in what order.
+
+vLLM's prefix cache only helps while a prefix is still cached, so the order of dispatch decides
+how much prefill is computed again. With `--order auto` (the default) each window of requests
+(at most `WINDOW_REQUESTS` requests or `WINDOW_CHARS` characters of prompt, so that memory stays
+flat at millions of lines) is planned on its own:
+
+1. identical deterministic requests run once (`dedup.Duplicates`);
+2. the rest are sorted by their prompt text, which puts requests sharing a prefix next to each
+   other, however deep the shared part; a *group* is a run of them whose neighbours share at least
+   `MIN_SHARED` characters;
+3. groups go out longest expected work first (prompt characters not shared with the request
+   before, plus the tokens asked for), so the job does not end on one long straggler;
+4. leader first: a request that starts a new shared prefix (its *leader*) goes out one segment
+   ahead of the requests that follow it, so that its prefill is under way (and its prefix cached)
+   by the time they arrive, without any barrier.
+
+The key is the prompt's text (messages' roles and contents in order, or the prompt), not its
+tokens: the parent never loads a tokenizer, and a shared text prefix is a shared token prefix up
+to the last token or so. The plan is deterministic: the same requests give the same order (ties
+keep the file's order). Retry passes and resume plan the requests left the same way.
+
+`--order input` sends every request as it is, in the file's order (no grouping, no merging).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from batchrun.openai.records import CHAT, EMBEDDINGS, RESPONSES, Request
+
+if TYPE_CHECKING:  # the CLI imports this module for --order's choices: kept light
+    from batchrun.run.dedup import Duplicates
+
+Order = Literal["auto", "input"]
+ORDERS: tuple[str, ...] = get_args(Order)
+DEFAULT_ORDER: Order = "auto"
+
+# A window: enough requests that a file's groups mostly fall in one, few enough that the parent's
+# memory stays small (the window's requests and their texts are held while it is planned).
+WINDOW_REQUESTS = 16_384
+WINDOW_CHARS = 64 * 2**20
+# Characters two prompts must share to be worth keeping together: a few KV-cache blocks (16
+# tokens each, about 4 characters a token). A shared chat template or a short system prompt is
+# less, and grouping on it would only shuffle independent prompts.
+MIN_SHARED = 256
+# Tokens expected from a request that sets no limit (a chat request runs to the context's end).
+UNLIMITED_TOKENS = 256
+
+
+def plan(
+    source: Iterator[Request], order: str, duplicates: Duplicates | None = None
+) -> Iterator[Request]:
+    """The requests of `source` in the order to dispatch them; with `duplicates`, identical
+    deterministic ones are held there instead of yielded (see dedup.py)."""
+    if order == "input":
+        yield from source
+        return
+    for window in windows(source):
+        run = duplicates.split(window) if duplicates is not None else list(window)
+        yield from order_window(run)
+
+
+def windows(source: Iterator[Request]) -> Iterator[list[Request]]:
+    """`source` cut into windows of at most WINDOW_REQUESTS requests and WINDOW_CHARS of text."""
+    window: list[Request] = []
+    chars = 0
+    for request in source:
+        window.append(request)
+        chars += _size(request)
+        if len(window) >= WINDOW_REQUESTS or chars >= WINDOW_CHARS:
+            yield window
+            window, chars = [], 0
+    if window:
+        yield window
+
+
+def order_window(requests: Sequence[Request]) -> list[Request]:
+    """One window in dispatch order: grouped by shared prefix, longest groups first, each
+    group's leader one segment ahead of the requests that follow it."""
+    n = len(requests)
+    if n <= 1:
+        return list(requests)
+    texts = [prompt_text(r) for r in requests]
+    # Stable: equal texts keep the file's order.
+    by_text = sorted(range(n), key=texts.__getitem__)
+    shared = [0] * n  # with the one before, in text order
+    for k in range(1, n):
+        shared[k] = common_prefix(texts[by_text[k - 1]], texts[by_text[k]])
+    groups: list[list[int]] = []  # positions in text order
+    for k in range(n):
+        if k == 0 or shared[k] < MIN_SHARED:
+            groups.append([k])
+        else:
+            groups[-1].append(k)
+
+    def work(group: list[int]) -> int:
+        return sum(
+            (len(texts[by_text[k]]) - (shared[k] if k != group[0] else 0)) // 4
+            + _tokens(requests[by_text[k]])
+            for k in group
+        )
+
+    ranked = sorted(groups, key=lambda g: -work(g))  # stable: ties keep text order
+    sequence = list(itertools.chain.from_iterable(ranked))
+    return [requests[by_text[k]] for k in _leaders_first(sequence, shared, n)]
+
+
+def _leaders_first(sequence: list[int], shared: list[int], n: int) -> list[int]:
+    """`sequence` (positions in text order) with each leader moved one segment earlier.
+
+    A leader starts a new shared prefix: the next request in text order shares at least
+    MIN_SHARED more characters with it than it shares with the one before it.
+    """
+
+    def leads(k: int) -> bool:
+        return k + 1 < n and shared[k + 1] >= MIN_SHARED + (shared[k] if k > 0 else 0)
+
+    segments: list[list[int]] = []
+    for k in sequence:
+        if not segments or leads(k):
+            segments.append([k])
+        else:
+            segments[-1].append(k)
+    # Every segment but the first starts with a leader, which goes out with the segment before.
+    out = [segments[0][0]]
+    for i, segment in enumerate(segments):
+        if i + 1 < len(segments):
+            out.append(segments[i + 1][0])
+        out += segment[1:]
+    return out
+
+
+def common_prefix(a: str, b: str) -> int:
+    """The length of the longest common prefix of `a` and `b` (a binary search over slices:
+    each comparison is one C loop, where a character-by-character loop is Python's)."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def prompt_text(request: Request) -> str:
+    """The text the prompt is made of, in the order the model reads it: for chat (and responses,
+    after their instructions), each message's role and text; for completions, the prompt; for
+    embeddings, the input."""
+    body = request.body
+    if request.url in (CHAT, RESPONSES):
+        parts: list[str] = []
+        if request.url == RESPONSES:  # instructions first, then the input: text or messages
+            parts.append(str(body.get("instructions") or ""))
+            messages = body.get("input")
+            if isinstance(messages, str):
+                messages = [{"role": "user", "content": messages}]
+        else:
+            messages = body.get("messages")
+        for message in messages if isinstance(messages, list) else ():
+            if isinstance(message, dict):
+                parts.append(str(message.get("role", "")))
+                parts.append(_content(message.get("content")))
+        return "\x1e".join(parts)
+    value = body.get("input" if request.url == EMBEDDINGS else "prompt")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return "\x1e".join(value)
+    return "" if value is None else repr(value)
+
+
+def _content(content: Any) -> str:
+    """A message's text: its string content, or its text parts in order."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(p.get("text", "")) for p in content if isinstance(p, dict) and "text" in p
+        )
+    return ""
+
+
+def _tokens(request: Request) -> int:
+    """The tokens a request asks for (its limit times its choices), as the plan estimates them."""
+    body = request.body
+    # The first of chat's, responses' and completions' limits that is set (params.sampling's
+    # rules; read here from the body: the parent plans millions of lines).
+    limit = body.get("max_completion_tokens")
+    if limit is None:
+        limit = body.get("max_output_tokens")
+    if limit is None:
+        limit = body.get("max_tokens")
+    n = body.get("n")
+    choices = n if isinstance(n, int) and n > 0 else 1
+    if request.url == EMBEDDINGS:
+        return 0
+    return (limit if isinstance(limit, int) and limit > 0 else UNLIMITED_TOKENS) * choices
+
+
+def _size(request: Request) -> int:
+    """A cheap upper bound of a request's prompt characters, for the window's size."""
+    body = request.body
+    value = body.get("messages") or body.get("prompt") or body.get("input")
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        total = 0
+        for item in value:
+            if isinstance(item, dict):
+                content = item.get("content")
+                total += len(content) if isinstance(content, str) else 64
+            else:
+                total += len(item) if isinstance(item, str) else 8
+        return total
+    return 0
