@@ -17,6 +17,7 @@ import base64
 import binascii
 import hashlib
 import json
+import os
 import sys
 from array import array
 from collections.abc import Collection, Iterator
@@ -64,6 +65,8 @@ class JournalIndex:
     # Hash of the journal's first request record: the same for every export of one job,
     # different between jobs, so derived ids are stable on re-export yet unlikely to collide.
     job_salt: bytes
+    # Each last record's length in bytes, newline included: read back with one pread each.
+    lengths: array[int] = field(default_factory=lambda: array("q"))
     # What the succeeded bodies hold beyond text, so the Parquet schema gains only the columns
     # that have data: any first choice with logprobs, and the sizes of the embeddings seen.
     has_logprobs: bool = False
@@ -164,6 +167,7 @@ def latest_by_request(
         for custom_id, line in input_map.lines.items():
             by_id[custom_id] = len(index.offsets)
             index.offsets.append(-1)
+            index.lengths.append(0)
             index.lines.append(line)
             index.attempts.append(0)
             index.statuses.append(PENDING)
@@ -219,11 +223,13 @@ def latest_by_request(
             if idx is None:
                 key[k] = len(index.offsets)
                 index.offsets.append(start)
+                index.lengths.append(len(raw))
                 index.lines.append(line)
                 index.attempts.append(0 if status == INVALID else 1)
                 index.statuses.append(status)
             else:
                 index.offsets[idx] = start
+                index.lengths[idx] = len(raw)
                 index.lines[idx] = line
                 index.statuses[idx] = status
                 if status != INVALID:
@@ -367,22 +373,24 @@ def read_back(index: JournalIndex, statuses: Collection[int]) -> Iterator[tuple[
     if not any(index.statuses.count(s) for s in wanted):
         return
     try:
-        f = index.path.open("rb", buffering=1 << 20)
+        fd = os.open(index.path, os.O_RDONLY)
     except OSError as e:
         raise BatchrunError(f"cannot read the journal {index.path}: {e.strerror or e}") from e
-    offsets, lines, attempts, statuses_ = index.offsets, index.lines, index.attempts, index.statuses
-    with f:
-        pos = -1
+    offsets, lengths, lines = index.offsets, index.lengths, index.lines
+    attempts, statuses_ = index.attempts, index.statuses
+    pread = os.pread
+    try:
         for i in index.order():
             status = statuses_[i]
             if status not in wanted:
                 continue  # skipped before the read: no I/O or parsing for the other file's lines
+            # One read of exactly the record, wherever it is: the journal is in the order
+            # requests finished (the plan's, not the file's), and a buffered reader would read
+            # a whole buffer again for every jump back.
             offset = offsets[i]
-            if offset != pos:  # not the line after the last one read
-                f.seek(offset)
-            raw = f.readline()
-            pos = offset + len(raw)
-            yield Entry(offset, lines[i], attempts[i], status), raw
+            yield Entry(offset, lines[i], attempts[i], status), pread(fd, lengths[i], offset)
+    finally:
+        os.close(fd)
 
 
 def changed(index: JournalIndex) -> BatchrunError:
