@@ -6,6 +6,8 @@ runs them in tests/test_vllm_responses.py."""
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,15 @@ from batchrun.openai.responses import Choice, success
 from batchrun.openai.responses_api import responses_messages
 
 SAMPLE = ROOT / "sample_data" / "responses.jsonl"
-DEFAULT_MODEL = Path.home() / ".cache" / "batchrun" / "models" / "SmolLM2-135M-Instruct"
+
+
+def default_model_dir() -> Path:
+    """The default model in this session's cache (converted there on first use)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "batchrun.models"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return Path(out.stdout.strip().splitlines()[-1])
 
 
 def line(**body: Any) -> dict[str, Any]:
@@ -158,7 +168,7 @@ def test_chat_reasoning_comes_from_vllms_parser_and_parses_as_a_chat_completion(
 
     from batchrun.engines.vllm.reasoning import Reasoner, ReasoningParserError
 
-    tokenizer = AutoTokenizer.from_pretrained(str(DEFAULT_MODEL))
+    tokenizer = AutoTokenizer.from_pretrained(str(default_model_dir()))
     reasoner = Reasoner("qwen3", tokenizer, None)
     text = "<think>2 plus 2 is 4.</think>\n\nIt is 4."
     reasoning, content, count = reasoner.split(text, tokenizer.encode(text), {})

@@ -56,7 +56,11 @@ def free_port() -> int:
 
 
 def start_server(
-    root: Path, *args: str, env: dict[str, str] | None = None, engine: str | None = "echo"
+    root: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    engine: str | None = "echo",
+    timeout: float = 30,
 ) -> Server:
     """Start `batchrun serve` (on the echo engine unless `engine` is None: the default, vLLM) in
     its own process group; wait for /health."""
@@ -91,7 +95,7 @@ def start_server(
         except httpx.HTTPError:
             return False
 
-    wait_until(healthy, "the server answers /health", timeout=30)
+    wait_until(healthy, "the server answers /health", timeout=timeout)
     return server
 
 

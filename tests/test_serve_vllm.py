@@ -20,7 +20,10 @@ QUESTIONS = {
 @pytest.mark.vllm
 def test_two_batches_run_on_the_real_engine_loaded_once(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    server = start_server(root, "--max-model-len", "1024", "--batch-size", "4", engine=None)
+    # The server converts the default model first when this session has not (about 30 s).
+    server = start_server(
+        root, "--max-model-len", "1024", "--batch-size", "4", engine=None, timeout=300
+    )
     try:
         client = server.client(api_key="unused")  # no --api-key: any key is accepted
         done = []
