@@ -26,8 +26,7 @@ from batchrun.run.planner import plan
 from batchrun.run.scheduler import Scheduler
 from batchrun.run.source import InputIndex, requests
 from batchrun.run.tuning import cached_size, lower_size, remember_size, search_batch_size
-from batchrun.workers.devices import worker_envs
-from batchrun.workers.process import Worker
+from batchrun.workers.plan import plan_workers
 
 
 @dataclass
@@ -77,23 +76,9 @@ def run_job(
     state = replay(paths, manifest)
     input_path = Path(manifest.input_path)
     settings = options.settings
-    worker_class: type[Worker] = Worker
-    if options.ray:
-        from batchrun.workers import ray as ray_backend
-
-        resources = ray_backend.connect(options.ray, options.workers)
-        count = ray_backend.actor_count(resources, settings.tensor_parallel_size, options.workers)
-        envs: list[dict[str, str]] = [{} for _ in range(count)]
-        worker_class = ray_backend.RayWorker
-    else:
-        envs = worker_envs(
-            settings.engine, options.gpus, settings.tensor_parallel_size, options.workers
-        )
-        logs = paths.logs
-        with contextlib.suppress(OSError):  # without it, worker output goes to the terminal
-            logs.mkdir(exist_ok=True)
-            for i, env in enumerate(envs):
-                env["BATCHRUN_WORKER_LOG"] = str((logs / f"worker-{i}.log").resolve())
+    worker_class, envs = plan_workers(
+        settings, ray=options.ray, gpus=options.gpus, workers=options.workers, logs=paths.logs
+    )
     requests_total = manifest.requests
     if mode == "retry":
         failed_ids = {cid for cid, last in state.last.items() if last != OK}

@@ -346,6 +346,10 @@ class Scheduler(RestartPolicy):
         if not records:
             return
         self.journal.append(records, plain=plain)
+        self._count(outcomes, stats)
+
+    def _count(self, outcomes: list[Outcome], stats: RunStats) -> None:
+        """Add journaled outcomes to the run's figures, and tell the reporter."""
         succeeded = sum(map(_OK, outcomes))
         stats.outcomes += len(outcomes)
         stats.succeeded += succeeded

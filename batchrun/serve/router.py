@@ -30,7 +30,7 @@ from batchrun.run.scheduler import Reporter, RunStats, Scheduler
 from batchrun.run.source import InputIndex
 from batchrun.run.tuning import cached_size, lower_size
 from batchrun.serve.jobview import JobFacts, job_facts
-from batchrun.workers.devices import worker_envs
+from batchrun.workers.plan import plan_workers
 from batchrun.workers.process import Worker
 
 # Between a batch's slot and a request's custom_id inside the pool.
@@ -184,15 +184,8 @@ class SharedScheduler(Scheduler):
         plain: bool = False,
     ) -> None:
         """Count what `_records` already journaled, and tell the reporter."""
-        if not outcomes:
-            return
-        succeeded = sum(1 for o in outcomes if o.ok)
-        stats.outcomes += len(outcomes)
-        stats.succeeded += succeeded
-        stats.failed += len(outcomes) - succeeded
-        stats.prompt_tokens += sum(o.prompt_tokens for o in outcomes)
-        stats.completion_tokens += sum(o.completion_tokens for o in outcomes)
-        self.reporter.advance(outcomes)
+        if outcomes:
+            self._count(outcomes, stats)
 
     def _start(self, w: Worker) -> None:
         self.starts += 1
@@ -211,23 +204,9 @@ def build_pool(
     Ray or local processes (their output in ROOT/logs), at the fixed, remembered or largest
     batch size (an out-of-memory death backs off, and the size cache remembers it)."""
     settings = dataclasses.replace(options.settings, endpoint=endpoint)
-    worker_class: type[Worker] = Worker
-    if options.ray:
-        from batchrun.workers import ray as ray_backend
-
-        resources = ray_backend.connect(options.ray, options.workers)
-        count = ray_backend.actor_count(resources, settings.tensor_parallel_size, options.workers)
-        envs: list[dict[str, str]] = [{} for _ in range(count)]
-        worker_class = ray_backend.RayWorker
-    else:
-        envs = worker_envs(
-            settings.engine, options.gpus, settings.tensor_parallel_size, options.workers
-        )
-        logs = root / "logs"
-        with contextlib.suppress(OSError):
-            logs.mkdir(exist_ok=True)
-            for i, env in enumerate(envs):
-                env["BATCHRUN_WORKER_LOG"] = str((logs / f"worker-{i}.log").resolve())
+    worker_class, envs = plan_workers(
+        settings, ray=options.ray, gpus=options.gpus, workers=options.workers, logs=root / "logs"
+    )
     pool = SharedScheduler(settings, envs, jobs, reporter, worker_class, on_results)
     pool.job_dir = root
     device = settings.spec.device_key()
