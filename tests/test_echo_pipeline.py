@@ -14,7 +14,17 @@ import signal
 import time
 from pathlib import Path
 
-from conftest import chat_line, cli, journal_records, read_jsonl, start_cli, write_jsonl
+import pytest
+from conftest import (
+    chat_line,
+    cli,
+    journal_records,
+    read_jsonl,
+    results_at_least,
+    start_cli,
+    wait_until,
+    write_jsonl,
+)
 
 
 def make_input(tmp_path: Path, n: int, name: str = "in.jsonl") -> Path:
@@ -320,30 +330,26 @@ def test_tune_searches_keeps_probe_results_and_resume_uses_the_size(tmp_path: Pa
     )
 
 
-def test_sigterm_flushes_and_exits_143(tmp_path: Path) -> None:
+@pytest.mark.parametrize("to_group", [False, True], ids=["to-batchrun", "to-its-group"])
+def test_sigterm_flushes_and_exits_143(tmp_path: Path, to_group: bool) -> None:
+    """SIGTERM to batchrun alone (a scheduler, `kill`), or to its whole process group (`kill --
+    -PGID`, a service manager stopping its unit): a graceful stop either way. The worker leaves
+    stopping to its parent; it is not seen to die, nor restarted."""
     src = make_input(tmp_path, 300)
     job = tmp_path / "job"
     p = start_cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--engine",
-        "echo",
-        "--batch-size",
-        "8",
-        "--no-progress",
-        env={"BATCHRUN_ECHO_DELAY_MS": "50"},
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (
-        (job / "journal.jsonl").exists() and len(journal_records(job)) >= 10
-    ):
-        time.sleep(0.05)
-    p.send_signal(signal.SIGTERM)  # to batchrun alone, as a scheduler or `kill` would
+        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "8",
+        "--no-progress", env={"BATCHRUN_ECHO_DELAY_MS": "50"},
+    )  # fmt: skip
+    wait_until(results_at_least(job, 10), "10 results", timeout=60)
+    if to_group:
+        os.killpg(p.pid, signal.SIGTERM)
+    else:
+        p.send_signal(signal.SIGTERM)
     _, stderr = p.communicate(timeout=60)
     assert p.returncode == 143, stderr
     assert "terminated" in stderr and "batchrun resume" in stderr
+    assert " died" not in stderr and stderr.count("starting echo engine") == 1, stderr
     assert cli("resume", "--job-dir", str(job), "--no-progress").returncode == 0
     assert sorted(x["custom_id"] for x in journal_records(job)) == sorted(
         f"r{i}" for i in range(300)

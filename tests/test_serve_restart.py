@@ -77,3 +77,31 @@ def test_kill_9_mid_batch_then_restart_answers_each_request_once(tmp_path: Path)
         assert batch.input_file_id in {f.id for f in client.files.list()}
     finally:
         stop_server(second)
+
+
+def test_sigterm_to_the_servers_group_stops_it_without_restarting_a_worker(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM to the whole process group (`kill -- -PGID`, a service manager stopping its unit)
+    while a batch runs: the server stops gracefully; its worker, which leaves stopping to its
+    parent, is neither seen to die nor restarted; a restart finishes the batch."""
+    root = tmp_path / "root"
+    server = start_server(root, *SLOW_ENGINE, env=SLOW_ENV)
+    client = server.client()
+    batch = create_batch(client, requests_file(tmp_path / "in.jsonl", 400))
+    job = server.batch_dir(batch.id)
+    wait_until(
+        lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 40,
+        "40 requests of the batch finish",
+    )
+    stop_server(server, signal.SIGTERM)  # to the whole group
+    log = server.log.read_text()
+    assert server.process.returncode == 143, log
+    assert " died" not in log and log.count("starting echo engine") == 1, log
+    again = start_server(root, *SLOW_ENGINE, env=SLOW_ENV)
+    try:
+        done = wait_done(again.client(), batch.id, timeout=60)
+    finally:
+        stop_server(again)
+    assert done.status == "completed" and done.request_counts is not None
+    assert done.request_counts.completed == 400

@@ -80,12 +80,17 @@ def worker_main(
 ) -> None:
     """Entry point of the worker process (spawned, so no state is inherited by accident)."""
     _die_with_parent()
-    # Ctrl-C reaches the whole process group; the parent decides how to stop, not the worker.
+    # Ctrl-C reaches the whole process group, and so does a SIGTERM sent to it (`kill -- -PGID`,
+    # a service manager stopping its unit): the parent decides how to stop, not the worker. A
+    # worker that died of it would be restarted by a parent that has not handled its own signal
+    # yet. The parent stops a worker by message, then SIGKILL; if the parent dies, so does the
+    # worker (_die_with_parent).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
-        # Spawned with SIGINT blocked (see supervisor._sigint_blocked): one that came meanwhile
-        # is dropped now that it is ignored.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        # Spawned with both blocked (see process._stop_signals_blocked): one that came meanwhile
+        # is dropped now that they are ignored.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     os.environ.update(env)
     _pin_to_cpus(env.get("BATCHRUN_CPU_AFFINITY"))
     _redirect_output(env.get("BATCHRUN_WORKER_LOG"), name)

@@ -91,7 +91,7 @@ class Worker:
             name=f"batchrun-worker-{self.index}",
         )
         try:
-            with _sigint_blocked():
+            with _stop_signals_blocked():
                 process.start()
         except BaseException:
             # A Ctrl-C mid-spawn included: no half-started process for stop() to join.
@@ -219,15 +219,16 @@ class Worker:
 
 
 @contextlib.contextmanager
-def _sigint_blocked() -> Iterator[None]:
-    """Block SIGINT in this thread while a worker is spawned: the child inherits the mask, so a
-    Ctrl-C to the process group cannot hit it while Python starts (a traceback on the terminal)
-    before it sets SIGINT aside (worker_main ignores it, then unblocks it). Here the signal
-    stays pending, or another thread takes it: the parent still sees it."""
+def _stop_signals_blocked() -> Iterator[None]:
+    """Block SIGINT and SIGTERM in this thread while a worker is spawned: the child inherits the
+    mask, so a Ctrl-C or SIGTERM to the process group cannot hit it while Python starts (a
+    traceback on the terminal, a worker dead) before it sets them aside (worker_main ignores
+    them, then unblocks them). Here a signal stays pending, or another thread takes it: the
+    parent still sees it."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         yield
     finally:
