@@ -113,6 +113,18 @@ def test_groups_with_more_work_go_first_and_independent_prompts_are_not_grouped(
     assert len("an unrelated question number") < MIN_SHARED
 
 
+def test_independent_prompts_keep_the_files_order_whatever_their_length() -> None:
+    """Longest first among prompts that share nothing would crowd the KV cache with the longest
+    answers at once (more preemptions than the file's order): they keep the file's order."""
+    lone = [
+        chat(f"x{i}", f"unrelated question {i} " * (1 + i % 3), max_tokens=[8, 128, 32][i % 3])
+        for i in range(9)
+    ]
+    group = [chat(f"d{i}", DOC + f" question {i}", max_tokens=4) for i in range(2)]
+    order = [r.custom_id for r in order_window([*lone[:4], *group, *lone[4:]])]
+    assert order == ["d0", "d1", *(f"x{i}" for i in range(9))]
+
+
 def test_only_identical_deterministic_requests_are_merged() -> None:
     greedy = chat("a", "hi", temperature=0)
     assert dedup_key(greedy) == dedup_key(chat("b", "hi", temperature=0))

@@ -10,7 +10,11 @@ flat at millions of lines) is planned on its own:
    other, however deep the shared part; a *group* is a run of them whose neighbours share at least
    `MIN_SHARED` characters;
 3. groups go out longest expected work first (prompt characters not shared with the request
-   before, plus the tokens asked for), so the job does not end on one long straggler;
+   before, plus the tokens asked for), so the job does not end on one long straggler; requests
+   that share no prefix with any other follow, in the file's order: sorting them too would send
+   all the longest answers out together, which crowds the KV cache (vLLM preempts and recomputes:
+   on 200 independent prompts under a tight KV budget, 30 preemptions against 19 in file order,
+   and lower throughput than raw vLLM), with no prefix hit to gain in exchange;
 4. leader first: a request that starts a new shared prefix (its *leader*) goes out one segment
    ahead of the requests that follow it, so that its prefill is under way (and its prefix cached)
    by the time they arrive, without any barrier.
@@ -29,7 +33,15 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from batchrun.openai.records import CHAT, EMBEDDINGS, RESPONSES, Request
+from batchrun.openai.records import (
+    CHAT,
+    EMBEDDINGS,
+    POOLING_ENDPOINTS,
+    RESPONSES,
+    SCORING_URLS,
+    Request,
+)
+from batchrun.openai.scoring import scoring_texts
 
 if TYPE_CHECKING:  # the CLI imports this module for --order's choices: kept light
     from batchrun.run.dedup import Duplicates
@@ -79,7 +91,8 @@ def windows(source: Iterator[Request]) -> Iterator[list[Request]]:
 
 def order_window(requests: Sequence[Request]) -> list[Request]:
     """One window in dispatch order: grouped by shared prefix, longest groups first, each
-    group's leader one segment ahead of the requests that follow it."""
+    group's leader one segment ahead of the requests that follow it; then the requests that
+    share no prefix, in the file's order."""
     n = len(requests)
     if n <= 1:
         return list(requests)
@@ -103,8 +116,10 @@ def order_window(requests: Sequence[Request]) -> list[Request]:
             for k in group
         )
 
-    ranked = sorted(groups, key=lambda g: -work(g))  # stable: ties keep text order
-    sequence = list(itertools.chain.from_iterable(ranked))
+    shared_groups = [g for g in groups if len(g) > 1]
+    ranked = sorted(shared_groups, key=lambda g: -work(g))  # stable: ties keep text order
+    alone = sorted((g[0] for g in groups if len(g) == 1), key=by_text.__getitem__)  # file order
+    sequence = [*itertools.chain.from_iterable(ranked), *alone]
     return [requests[by_text[k]] for k in _leaders_first(sequence, shared, n)]
 
 
@@ -151,8 +166,12 @@ def common_prefix(a: str, b: str) -> int:
 def prompt_text(request: Request) -> str:
     """The text the prompt is made of, in the order the model reads it: for chat (and responses,
     after their instructions), each message's role and text; for completions, the prompt; for
-    embeddings, the input."""
+    embeddings, the input; for score and rerank, the queries then the documents (a cross-encoder
+    reads each query first)."""
     body = request.body
+    if request.url in SCORING_URLS:
+        _, queries, documents = scoring_texts(request.url, body)
+        return "\x1e".join([*queries, *documents])
     if request.url in (CHAT, RESPONSES):
         parts: list[str] = []
         if request.url == RESPONSES:  # instructions first, then the input: text or messages
@@ -198,14 +217,17 @@ def _tokens(request: Request) -> int:
         limit = body.get("max_tokens")
     n = body.get("n")
     choices = n if isinstance(n, int) and n > 0 else 1
-    if request.url == EMBEDDINGS:
-        return 0
+    if request.url in POOLING_ENDPOINTS:
+        return 0  # nothing generated
     return (limit if isinstance(limit, int) and limit > 0 else UNLIMITED_TOKENS) * choices
 
 
 def _size(request: Request) -> int:
     """A cheap upper bound of a request's prompt characters, for the window's size."""
     body = request.body
+    if request.url in SCORING_URLS:
+        _, queries, documents = scoring_texts(request.url, body)
+        return sum(map(len, queries)) + sum(map(len, documents))
     value = body.get("messages") or body.get("prompt") or body.get("input")
     if isinstance(value, str):
         return len(value)
