@@ -148,8 +148,9 @@ class EngineSettings:
     max_num_seqs: int = 256
     # The number of requests the worker keeps inside the engine at once (<= max_num_seqs).
     window: int = 256
-    # The job's endpoint (its input's url). "/v1/embeddings" starts vLLM as a pooling model; None
-    # (a job from an older batchrun) lets vLLM pick from the model's architecture.
+    # The job's endpoint (its input's url). Embeddings, score and rerank (POOLING_ENDPOINTS) start
+    # vLLM as a pooling model; None (a job from an older batchrun) lets vLLM pick from the model's
+    # architecture.
     endpoint: str | None = None
     # --reasoning-parser: one of vLLM's reasoning parsers (qwen3, deepseek_r1, ...), which splits
     # chat and responses answers into reasoning and content; None: answers stay whole.
@@ -172,7 +173,7 @@ class EngineSettings:
 
     def check(self) -> None:
         """Refuse a value no engine start could take (an OptionError naming its option)."""
-        engine_spec(self.engine)  # an unknown engine: OptionError naming --engine
+        spec = engine_spec(self.engine)  # an unknown engine: OptionError naming --engine
         _check_choice("--dtype", self.dtype, DTYPES)
         check_number("--seed", self.seed, 0, SEED_MAX)
         if self.max_model_len is not None:
@@ -201,6 +202,8 @@ class EngineSettings:
             raise OptionError(
                 "--enforce-eager", f"must be true or false, got {self.enforce_eager!r}"
             )
+        if self.reasoning_parser is not None:
+            spec.check_reasoning_parser(self.reasoning_parser)
 
 
 @dataclass

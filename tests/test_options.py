@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, chat_line, cli, journal_records, write_jsonl
 
+from batchrun.engines.vllm.reasoning import parser_names
+
 # Wide enough that neither Typer's error box nor the summary table wraps a line.
 WIDE = {"COLUMNS": "1000"}
 ECHO = ["--engine", "echo", "--no-progress"]
@@ -95,6 +97,11 @@ BAD_SUBMIT_OPTIONS = [
     ),
     (["--max-attempts", "0"], at_least("--max-attempts", 1)),
     (["--max-attempts", "101"], at_most("--max-attempts", 100)),
+    (
+        ["--reasoning-parser", "qwen", "--engine", "vllm"],
+        "Invalid value for '--reasoning-parser': names no "
+        "reasoning parser of vllm's, got 'qwen'; it has " + ", ".join(parser_names()),
+    ),
     (
         ["--engine", "gpt"],
         f"Invalid value for '--engine' {env_hint('--engine')}: Value error, 'gpt' is not one of "

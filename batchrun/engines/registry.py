@@ -45,12 +45,35 @@ class EngineSpec:
     # named GPUs must hold one tensor-parallel group. False: `--workers` plain processes (default
     # 1), no GPU taken.
     uses_gpus: bool
+    # "module:function" listing the engine's reasoning parsers (--reasoning-parser's choices);
+    # None: the engine splits no reasoning, and takes any name.
+    reasoning_parsers_path: str | None = None
 
     def factory(self) -> Callable[[EngineSettings], Any]:
         """The engine's class (imports its module: call it in a worker, never in the CLI)."""
         module, _, attribute = self.factory_path.partition(":")
         found: Callable[[EngineSettings], Any] = getattr(importlib.import_module(module), attribute)
         return found
+
+    def check_reasoning_parser(self, name: str) -> None:
+        """Refuse a --reasoning-parser the engine does not have (an OptionError listing those it
+        has), before any job exists. Imports the engine's parser registry (vLLM's: about 4 s),
+        so it is called only when the option is given."""
+        if self.reasoning_parsers_path is None:
+            return
+        module, _, attribute = self.reasoning_parsers_path.partition(":")
+        try:
+            names: list[str] = getattr(importlib.import_module(module), attribute)()
+        except ImportError:  # the engine's package is not here: its worker will say so
+            return
+        if name not in names:
+            from batchrun.config import OptionError
+
+            raise OptionError(
+                "--reasoning-parser",
+                f"names no reasoning parser of {self.name}'s, got {name!r}; it has "
+                f"{', '.join(names)}",
+            )
 
     def device_key(self) -> str:
         """The device part of the batch-size cache key for this engine."""
@@ -69,6 +92,7 @@ _SPECS = (
         model="huggingface",
         cache_device=None,
         uses_gpus=True,
+        reasoning_parsers_path="batchrun.engines.vllm.reasoning:parser_names",
     ),
     EngineSpec(
         name="echo",

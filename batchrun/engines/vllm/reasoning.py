@@ -21,11 +21,16 @@ class ReasoningParserError(ValueError):
     """--reasoning-parser names no parser of vLLM's, or one that cannot read this model."""
 
 
-def check_parser_name(name: str) -> None:
-    """Refuse a name that is not one of vLLM's reasoning parsers, listing them."""
+def parser_names() -> list[str]:
+    """The names of vLLM's reasoning parsers."""
     from vllm.reasoning import ReasoningParserManager
 
-    names = sorted(ReasoningParserManager.list_registered())
+    return sorted(ReasoningParserManager.list_registered())
+
+
+def check_parser_name(name: str) -> None:
+    """Refuse a name that is not one of vLLM's reasoning parsers, listing them."""
+    names = parser_names()
     if name not in names:
         raise ReasoningParserError(
             f"--reasoning-parser {name!r} is not one of vLLM's reasoning parsers: "
