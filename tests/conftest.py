@@ -157,29 +157,47 @@ def vllm_chat_job(tmp_path_factory: pytest.TempPathFactory, isolated_cache: Path
 
 @pytest.fixture(scope="session")
 def vllm_completions_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The completions job (3 engine starts: its worker killed with SIGKILL in submit, then
-    submit killed, then resumed in a local Ray actor): 32 requests, the e2e completions lines,
+    """The completions job (2 engine starts: `submit` killed with SIGKILL in the middle, then
+    resumed in a local Ray actor): 32 requests, the e2e completions lines,
     sample_data/completions_fidelity.jsonl."""
+
     from vllm_jobs import run_completions_job
 
     return run_completions_job(tmp_path_factory.mktemp("vllm-completions"))
 
 
 @pytest.fixture(scope="session")
-def vllm_embeddings_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The embeddings job (1 engine start): sample_data/embeddings.jsonl on all-MiniLM-L6-v2."""
-    from vllm_jobs import run_embeddings_job
+def vllm_pooling_server(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One `batchrun serve` on all-MiniLM-L6-v2 (1 engine start): the embeddings, score and rerank
+    samples as three batches (tests/vllm_served.py)."""
+    from vllm_served import run_pooling_server
 
-    return run_embeddings_job(tmp_path_factory.mktemp("vllm-embeddings"))
+    return run_pooling_server(tmp_path_factory.mktemp("vllm-pooling"))
 
 
 @pytest.fixture(scope="session")
-def vllm_responses_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The responses job (1 engine start): sample_data/responses.jsonl and reasoning lines, on the
-    default model with a thinking chat template and --reasoning-parser qwen3."""
-    from vllm_jobs import run_responses_job
+def vllm_embeddings_job(vllm_pooling_server: dict[str, Any]) -> dict[str, Any]:
+    """The embeddings job: sample_data/embeddings.jsonl, a batch of the pooling server."""
+    result: dict[str, Any] = vllm_pooling_server["embeddings"]
+    return result
 
-    return run_responses_job(tmp_path_factory.mktemp("vllm-responses"))
+
+@pytest.fixture(scope="session")
+def vllm_generative_server(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One `batchrun serve` (1 engine start) on the default model with a thinking chat template
+    and --reasoning-parser qwen3: the responses job, then its reasoning lines again
+    (tests/vllm_served.py)."""
+    from vllm_served import run_generative_server
+
+    return run_generative_server(tmp_path_factory.mktemp("vllm-generative"))
+
+
+@pytest.fixture(scope="session")
+def vllm_responses_job(vllm_generative_server: dict[str, Any]) -> dict[str, Any]:
+    """The responses job: sample_data/responses.jsonl and reasoning lines (/v1/responses), a
+    batch of the generative server."""
+    result: dict[str, Any] = vllm_generative_server["responses"]
+    return result
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
@@ -195,3 +213,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("vllm-completions" if uses else "vllm"))
         elif item.get_closest_marker("ray") is not None:
             item.add_marker(pytest.mark.xdist_group("ray"))
+
+
+@pytest.fixture(scope="session")
+def vllm_score_job(vllm_pooling_server: dict[str, Any]) -> dict[str, Any]:
+    """The score job: sample_data/score.jsonl (/v1/score), a batch of the pooling server."""
+    result: dict[str, Any] = vllm_pooling_server["score"]
+    return result
+
+
+@pytest.fixture(scope="session")
+def vllm_rerank_job(vllm_pooling_server: dict[str, Any]) -> dict[str, Any]:
+    """The rerank job: sample_data/rerank.jsonl (/v1/rerank), a batch of the pooling server."""
+    result: dict[str, Any] = vllm_pooling_server["rerank"]
+    return result

@@ -20,7 +20,10 @@ from batchrun.errors import BatchrunError
 from batchrun.openai.reader import check_input_file, hash_file, is_probably_not_jsonl, read_input
 from batchrun.openai.records import CHAT, COMPLETIONS, LineError, Request
 
-ENDPOINTS = "'/v1/chat/completions', '/v1/completions', '/v1/embeddings', '/v1/responses'"
+ENDPOINTS = (
+    "'/v1/chat/completions', '/v1/completions', '/v1/embeddings', '/v1/responses', '/v1/score', "
+    "'/score', '/v1/rerank', '/rerank'"
+)
 
 
 def chat(custom_id: Any = "req-1", **body: Any) -> dict[str, Any]:

@@ -1,57 +1,62 @@
-"""`batchrun serve` on the real vLLM engine with the default model, driven by the `openai` package:
-the issue's flow (upload, create, poll, download) for two batches, on one engine start."""
+"""`batchrun serve` on the real vLLM engine, driven by the `openai` package: the issue's flow
+(upload, create, poll, download) for several batches on one server and one engine start, on a
+generative model (the responses job and a second batch) and on an embedding model (embeddings,
+score and rerank batches: tests/vllm_served.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import chat_line, write_jsonl
-from openai.types.chat import ChatCompletion
-from test_serve import create_batch, lines_of, start_server, stop_server, wait_done
+from openai.types import CreateEmbeddingResponse
+from openai.types.responses import Response
+from vllm_jobs import RESPONSES_REASONING
 
-QUESTIONS = {
-    "paris": "What is the capital of France? One word.",
-    "two": "What is 1 plus 1? Answer with a number.",
-    "blue": "What color is the sky on a clear day? One word.",
-}
+pytestmark = pytest.mark.vllm
 
 
-@pytest.mark.vllm
-def test_two_batches_run_on_the_real_engine_loaded_once(tmp_path: Path) -> None:
-    root = tmp_path / "root"
-    # The server converts the default model first when this session has not (about 30 s).
-    server = start_server(
-        root, "--max-model-len", "1024", "--batch-size", "4", engine=None, timeout=300
-    )
-    try:
-        client = server.client(api_key="unused")  # no --api-key: any key is accepted
-        done = []
-        for round_ in ("a", "b"):
-            lines = [
-                chat_line(f"{round_}-{cid}", text, max_tokens=12, temperature=0)
-                for cid, text in QUESTIONS.items()
-            ]
-            batch = create_batch(client, write_jsonl(tmp_path / f"{round_}.jsonl", lines))
-            done.append(wait_done(client, batch.id, timeout=420))
-        for batch in done:
-            assert batch.status == "completed", batch
-            assert batch.request_counts is not None
-            assert (batch.request_counts.total, batch.request_counts.completed) == (3, 3)
-            assert batch.usage is not None and batch.usage.output_tokens > 0
-            assert batch.error_file_id is None
-        answers = {}
-        for batch in done:
-            for line in lines_of(client, batch.output_file_id):
-                body = ChatCompletion.model_validate(line["response"]["body"])
-                assert line["error"] is None and line["response"]["status_code"] == 200
-                answers[line["custom_id"]] = body.choices[0].message.content or ""
-        assert sorted(answers) == sorted(f"{r}-{c}" for r in "ab" for c in QUESTIONS)
-        assert "paris" in answers["a-paris"].lower()  # the model really answers
-        # Same greedy requests, same engine: the same answers in both batches.
-        assert all(answers[f"a-{c}"] == answers[f"b-{c}"] for c in QUESTIONS)
-    finally:
-        stop_server(server)
-    log = server.log.read_text()
-    # The engine stays loaded between batches: one engine start for both.
+def _one_engine_start(log: str) -> None:
+    # The engine stays loaded between batches: one start for all of them.
     assert log.count("starting vllm engine") == 1, log[-3000:]
+    assert " died" not in log, log[-3000:]
+
+
+def test_batches_of_a_generative_model_run_on_the_engine_loaded_once(
+    vllm_generative_server: dict[str, Any],
+) -> None:
+    served = vllm_generative_server
+    answers: dict[str, str] = {}
+    for name in ("responses", "again"):
+        batch = served[name]["batch"]
+        assert batch.status == "completed", batch
+        assert batch.usage is not None and batch.usage.output_tokens > 0
+        assert batch.request_counts is not None
+        for line in served[name]["files"]["output"]:
+            assert line["error"] is None and line["response"]["status_code"] == 200
+            body = Response.model_validate(line["response"]["body"])
+            answers[line["custom_id"]] = body.output_text
+    ids = [r["custom_id"] for r in RESPONSES_REASONING]
+    assert served["again"]["batch"].request_counts.completed == len(ids)
+    # Same greedy requests, same engine: the same answers in both batches.
+    assert [answers[f"again-{cid}"] for cid in ids] == [answers[cid] for cid in ids]
+    assert "4" in answers["think-shots"]  # the model really answers
+    _one_engine_start(served["log"])
+
+
+def test_embeddings_score_and_rerank_batches_share_one_pooling_engine(
+    vllm_pooling_server: dict[str, Any],
+) -> None:
+    served = vllm_pooling_server
+    for name in ("embeddings", "score", "rerank"):
+        batch = served[name]["batch"]
+        assert batch.status == "completed", (name, batch)
+        assert batch.request_counts is not None and batch.request_counts.completed > 0
+        assert batch.request_counts.failed == len(served[name]["files"]["error"])
+    floats = [
+        line for line in served["embeddings"]["files"]["output"] if line["custom_id"] != "base64"
+    ]  # (the openai package types an embedding as floats only)
+    for line in floats:
+        body = CreateEmbeddingResponse.model_validate(line["response"]["body"])
+        assert body.data and all(len(d.embedding) == 384 for d in body.data)  # MiniLM's size
+    assert len(served["embeddings"]["files"]["output"]) >= 6
+    _one_engine_start(served["log"])

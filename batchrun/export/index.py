@@ -73,6 +73,8 @@ class JournalIndex:
     embedding_dims: set[int] = field(default_factory=set)
     # Any answer split by a reasoning parser (a chat message's `reasoning`, a reasoning item).
     has_reasoning: bool = False
+    # Any score or rerank answer (vLLM's ScoreResponse `data` of scores, RerankResponse `results`).
+    has_scores: bool = False
     _order: array[int] | None = field(default=None, init=False, repr=False)
 
     def __len__(self) -> int:
@@ -124,14 +126,16 @@ class _OutputItem(msgspec.Struct):
 
 class _Item(msgspec.Struct):
     embedding: msgspec.Raw = msgspec.Raw(b"null")
+    score: msgspec.Raw = msgspec.Raw(b"null")  # a ScoreResponse's item
 
 
 class _Body(msgspec.Struct):
     """What the Parquet schema needs to know of a succeeded body: its shape, values unread."""
 
     choices: list[_Choice] | None = None
-    data: list[_Item] | None = None  # an embeddings body's
+    data: list[_Item] | None = None  # an embeddings body's, or a score body's
     output: list[_OutputItem] | None = None  # a Response's
+    results: msgspec.Raw | None = None  # a RerankResponse's
 
 
 class _ShapedRecord(_IndexRecord):
@@ -277,10 +281,14 @@ def _json_index_record(raw: bytes) -> _JsonRecord:
 
 def _note_body(index: JournalIndex, body: object) -> None:
     """Record in `index` whether a succeeded body (its shape, or as json read it) has logprobs,
-    reasoning or embeddings (and their size)."""
+    reasoning, embeddings (and their size) or scores."""
     if not isinstance(body, _Body):
         _note_decoded_body(index, body)
+    elif body.results is not None:
+        index.has_scores = True
     elif body.data is not None:
+        if body.data and bytes(body.data[0].score) != b"null":
+            index.has_scores = True
         for item in body.data:
             size = _raw_embedding_size(item.embedding)
             if size is not None:
@@ -302,6 +310,10 @@ def _note_decoded_body(index: JournalIndex, body: object) -> None:
     if not isinstance(body, dict):
         return
     data = body.get("data")
+    if isinstance(body.get("results"), list) or (
+        isinstance(data, list) and data and isinstance(data[0], dict) and "score" in data[0]
+    ):
+        index.has_scores = True
     if isinstance(data, list):
         for item in data:
             vector = embedding(item.get("embedding")) if isinstance(item, dict) else None

@@ -17,6 +17,8 @@ def json_row(entry: Entry, rec: dict[str, Any], extras: Sequence[str]) -> tuple[
     body = rec.get("body") if entry.status == OK else None
     choices = body.get("choices") if isinstance(body, dict) else None
     items = choices if choices is not None else body.get("data") if isinstance(body, dict) else None
+    if items is None and isinstance(body, dict):
+        items = body.get("results")  # a RerankResponse
     first = choices[0] if isinstance(choices, list) and choices else {}
     finish_reason = first.get("finish_reason")
     if "message" in first:
@@ -65,14 +67,31 @@ def json_row(entry: Entry, rec: dict[str, Any], extras: Sequence[str]) -> tuple[
             values.append(logprob_rows(first.get("logprobs") if isinstance(first, dict) else None))
         elif name == "reasoning":
             values.append(reasoning)
-        else:  # embeddings
+        elif name == "embeddings":
             data = body.get("data")
             values.append(
                 [embedding(x.get("embedding")) if isinstance(x, dict) else None for x in data]
                 if isinstance(data, list)
                 else None
             )
+        else:  # scores, score_indices
+            values.append(json_scores(body, name))
     return tuple(values)
+
+
+def json_scores(body: dict[str, Any], name: str) -> list[Any] | None:
+    """parquet.py's `_scores` for a body as json reads it."""
+    items = body.get("results")
+    if isinstance(items, list):
+        key = "index" if name == "score_indices" else "relevance_score"
+    else:
+        items = body.get("data")
+        if not (isinstance(items, list) and items and isinstance(items[0], dict)):
+            return None
+        if "score" not in items[0]:
+            return None  # an embeddings body
+        key = "index" if name == "score_indices" else "score"
+    return [x.get(key) if isinstance(x, dict) else None for x in items]
 
 
 def logprob_rows(logprobs: object) -> list[dict[str, Any]] | None:

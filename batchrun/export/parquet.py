@@ -3,7 +3,10 @@
 Beyond the flat columns, a job whose answers carry logprobs gets a `logprobs` column (the first
 choice's tokens, as nested lists), one whose answers carry reasoning (--reasoning-parser) a
 `reasoning` column, and an embeddings job an `embeddings` column (per request, its vectors as
-fixed-size lists of float32). A /v1/responses answer's row holds its message's text as `content`
+fixed-size lists of float32), and a score or rerank job `scores` and `score_indices` (per request,
+its scores in the body's order, and what each scores: the pair's index for /v1/score, the
+document's for /v1/rerank, whose results are best first and cut to top_n). A /v1/responses
+answer's row holds its message's text as `content`
 and its status as `finish_reason` (stop, or length when incomplete).
 
 Each record read back is decoded by msgspec into just the fields a row needs, and a row group's
@@ -85,7 +88,8 @@ def write_parquet(index: JournalIndex, f: IO[bytes], row_group_size: int = 10_00
 def parquet_schema(index: JournalIndex | None = None) -> Any:
     """The results.parquet schema, with pandas metadata so nullable ints read back as Int32.
 
-    The flat columns always; `logprobs` and `embeddings` when `index` saw answers that have them.
+    The flat columns always; `logprobs`, `reasoning`, `embeddings`, and `scores` with
+    `score_indices`, when `index` saw answers that have them.
     An embeddings column is a list of fixed-size lists when every vector has one size (the usual
     case), else a list of lists.
     """
@@ -108,6 +112,9 @@ def parquet_schema(index: JournalIndex | None = None) -> Any:
         dims = index.embedding_dims
         vector = pa.list_(pa.float32(), next(iter(dims)) if len(dims) == 1 else -1)
         fields.append(("embeddings", pa.list_(vector)))
+    if index is not None and index.has_scores:
+        fields.append(("scores", pa.list_(pa.float64())))
+        fields.append(("score_indices", pa.list_(pa.int64())))
     schema = pa.schema(fields)
     metadata = _pandas_metadata(pa, schema)
     return schema if metadata is None else schema.with_metadata(metadata)
@@ -178,6 +185,15 @@ class _Choice(msgspec.Struct):
 
 class _Item(msgspec.Struct):
     embedding: Any = None
+    index: Any = None  # a score body's
+    score: Any = None
+
+
+class _Result(msgspec.Struct):
+    """An item of a RerankResponse's results (its document's text is not read)."""
+
+    index: Any = None
+    relevance_score: Any = None
 
 
 class _Usage(msgspec.Struct):
@@ -201,7 +217,8 @@ class _Body(msgspec.Struct):
     id: Any = None
     model: Any = None
     choices: list[_Choice] | None = None
-    data: list[_Item] | None = None  # an embeddings body's, one item per input
+    data: list[_Item] | None = None  # an embeddings body's, one item per input; a score body's
+    results: list[_Result] | None = None  # a RerankResponse's
     output: list[_OutputItem] | None = None  # a Response's (/v1/responses)
     status: Any = None  # a Response's: "completed" or "incomplete"
     usage: _Usage | None = None
@@ -250,8 +267,10 @@ def _row(index: JournalIndex, entry: Entry, raw: bytes, extras: Sequence[str]) -
         n_choices = 1
         model, response_id, usage = body.model, body.id, body.usage
     elif body is not None:
-        # An embeddings body has `data` (one item per input) where the others have `choices`.
-        items = body.choices if body.choices is not None else body.data
+        # An embeddings or score body has `data` (one item per input or pair), a rerank body
+        # `results`, where the others have `choices`.
+        items: Sequence[Any] | None = body.choices if body.choices is not None else body.data
+        items = items if items is not None else body.results
         n_choices = len(items) if items is not None else 0
         first = body.choices[0] if body.choices else None
         if first is not None:
@@ -294,10 +313,23 @@ def _row(index: JournalIndex, entry: Entry, raw: bytes, extras: Sequence[str]) -
             values.append(logprob_rows(first.logprobs if first is not None else None))
         elif name == "reasoning":
             values.append(reasoning)
-        else:  # embeddings
+        elif name == "embeddings":
             data = body.data
             values.append(None if data is None else [embedding(item.embedding) for item in data])
+        else:  # scores, score_indices
+            values.append(_scores(body, name))
     return tuple(values)
+
+
+def _scores(body: _Body, name: str) -> list[Any] | None:
+    """A score body's scores (or their pairs' indices), or a rerank body's relevance scores (or
+    their documents' indices), in the body's order; None for other bodies."""
+    index = name == "score_indices"
+    if body.results is not None:
+        return [r.index if index else r.relevance_score for r in body.results]
+    if body.data and body.data[0].score is not None:
+        return [item.index if index else item.score for item in body.data]
+    return None
 
 
 def _item_text(output: list[_OutputItem], kind: str) -> str | None:

@@ -16,7 +16,8 @@ from typing import Any, Literal
 import msgspec
 
 from batchrun.openai.embeddings import embedding_inputs
-from batchrun.openai.records import CHAT, COMPLETIONS, RESPONSES, Request
+from batchrun.openai.records import CHAT, COMPLETIONS, RERANK_URLS, RESPONSES, Request
+from batchrun.openai.scoring import scoring_texts
 from batchrun.openai.toolchoice import ForcedCall, forced_call, is_forced
 
 # A completions request without max_tokens generates 16 tokens, as OpenAI's legacy API does.
@@ -62,6 +63,36 @@ class EmbeddingParams(msgspec.Struct, frozen=True):
     single: bool = False
     dimensions: int | None = None
     encoding_format: Literal["float", "base64"] = "float"
+
+
+class ScoreParams(msgspec.Struct, frozen=True):
+    """The fields of a score or rerank request: the texts of its two sides and their options.
+
+    Pairs are 1:1, 1:N or N:N: with one query, every document is scored against it; else
+    query i against document i (validation made the counts agree).
+    """
+
+    queries: list[str]
+    documents: list[str]
+    # The body's names of the two sides (text_1/text_2, queries/documents, ...; rerank:
+    # query/documents) and whether each was one string: what error messages name.
+    names: tuple[str, str] = ("text_1", "text_2")
+    single: tuple[bool, bool] = (False, False)
+    rerank: bool = False
+    # Rerank: how many of the best results to return; None returns them all.
+    top_n: int | None = None
+    # vLLM's truncation: None none, -1 to the model's context length, else to that many tokens.
+    truncate_prompt_tokens: int | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    # Each query / document cut to this many tokens first (0: not cut).
+    max_tokens_per_query: int = 0
+    max_tokens_per_doc: int = 0
+    use_activation: bool | None = None
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """(query index, document index) of each pair, in the order of the scores."""
+        one = len(self.queries) == 1
+        return [(0 if one else i, i) for i in range(len(self.documents))]
 
 
 def sampling(request: Request) -> Sampling:
@@ -129,6 +160,28 @@ def embedding_params(request: Request) -> EmbeddingParams:
         single=isinstance(body.get("input"), str),
         dimensions=body.get("dimensions"),
         encoding_format=_or(body.get("encoding_format"), "float"),
+    )
+
+
+def score_params(request: Request) -> ScoreParams:
+    """The typed fields of a validated score or rerank request."""
+    body = request.body
+    names, queries, documents = scoring_texts(request.url, body)
+    rerank = request.url in RERANK_URLS
+    top_n = body.get("top_n") if rerank else None
+    return ScoreParams(
+        queries=queries,
+        documents=documents,
+        names=names,
+        single=(isinstance(body[names[0]], str), isinstance(body[names[1]], str)),
+        rerank=rerank,
+        # vLLM's top_n 0 means every result, as does its absence.
+        top_n=top_n or None,
+        truncate_prompt_tokens=body.get("truncate_prompt_tokens"),
+        truncation_side=body.get("truncation_side"),
+        max_tokens_per_query=_or(body.get("max_tokens_per_query"), 0),
+        max_tokens_per_doc=_or(body.get("max_tokens_per_doc"), 0),
+        use_activation=body.get("use_activation"),
     )
 
 

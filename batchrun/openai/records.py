@@ -12,7 +12,18 @@ COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 # OpenAI's Responses API (batchrun.openai.responses_api); not the module that shapes bodies.
 RESPONSES = "/v1/responses"
-SUPPORTED_ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
+# vLLM's scoring APIs (batchrun.openai.scoring). vLLM's server answers them with and without the
+# /v1 prefix, and its run-batch takes either, so both spellings are accepted; a file still uses
+# one url on every line.
+SCORE = "/v1/score"
+RERANK = "/v1/rerank"
+SCORE_URLS = (SCORE, "/score")
+RERANK_URLS = (RERANK, "/rerank")
+SCORING_URLS = (*SCORE_URLS, *RERANK_URLS)
+# The endpoints a pooling model answers: vLLM starts the model with its pooling runner for them,
+# and one such engine answers all of them.
+POOLING_ENDPOINTS = (EMBEDDINGS, *SCORING_URLS)
+SUPPORTED_ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, *SCORING_URLS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +55,8 @@ class LineError:
 class Outcome:
     """The result of one attempt at one request, as an engine reports it.
 
-    `body` is the OpenAI response object (ChatCompletion, Completion or CreateEmbeddingResponse,
-    as a dict) when `ok`; a worker process sends it on as its JSON (a `msgspec.Raw`, see
+    `body` is the response object (ChatCompletion, Completion, CreateEmbeddingResponse, or vLLM's
+    ScoreResponse / RerankResponse, as a dict) when `ok`; a worker process sends it on as its JSON (a `msgspec.Raw`, see
     journal.encode_body), which the journal writes as it is;
     `error` is `{"code": ..., "message": ...}` when not. `retryable` is False for failures that
     would fail the same way again (a bad request), True for engine failures.

@@ -6,8 +6,9 @@ message that names the field and what was expected. Exceptions keep the fast pat
 free of result-tuple plumbing; they are only raised for bad lines.
 
 This module checks the envelope (custom_id, method, url) and dispatches the body by endpoint:
-its rules live in batchrun.openai.chat, .completions, .embeddings and .responses_api, the field
-checkers they share in .fields, the lone-surrogate scan in .text and `InvalidLine` itself in .invalid.
+its rules live in batchrun.openai.chat, .completions, .embeddings, .responses_api and .scoring
+(vLLM's /v1/score and /v1/rerank), the field checkers they share in .fields, the lone-surrogate
+scan in .text and `InvalidLine` itself in .invalid.
 
 An explicit JSON ``null`` on an optional body field means "not set", as in the OpenAI API, so code
 that turns a body into engine parameters must treat ``None`` like an absent key.
@@ -26,9 +27,18 @@ from batchrun.openai.completions import (
 from batchrun.openai.embeddings import EMBEDDING_CHECKS, check_input
 from batchrun.openai.fields import FieldCheck
 from batchrun.openai.invalid import InvalidLine, bad, describe, show
-from batchrun.openai.records import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, SUPPORTED_ENDPOINTS
+from batchrun.openai.records import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    RERANK_URLS,
+    RESPONSES,
+    SCORE_URLS,
+    SUPPORTED_ENDPOINTS,
+)
 from batchrun.openai.responses_api import RESPONSES_CHECKS
 from batchrun.openai.responses_api import check_input as check_responses_input
+from batchrun.openai.scoring import RERANK_CHECKS, SCORING_CHECKS, check_scoring
 from batchrun.openai.text import SURROGATE, check_text, surrogate_problem
 
 MAX_CUSTOM_ID_LEN = 512
@@ -126,6 +136,8 @@ def check_body(url: str, obj: dict[str, Any], *, scan_text: bool = True) -> dict
         check_input(body)
     elif url == RESPONSES:
         check_responses_input(body)
+    else:
+        check_scoring(url, body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         bad(f"body.model must be a string, got {describe(model)}")
@@ -150,4 +162,6 @@ _FIELD_CHECKS: dict[str, dict[str, FieldCheck]] = {
     COMPLETIONS: COMPLETION_CHECKS,
     EMBEDDINGS: EMBEDDING_CHECKS,
     RESPONSES: RESPONSES_CHECKS,
+    **dict.fromkeys(SCORE_URLS, SCORING_CHECKS),
+    **dict.fromkeys(RERANK_URLS, RERANK_CHECKS),
 }

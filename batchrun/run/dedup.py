@@ -2,7 +2,7 @@
 held back and answered with copies of its outcome, each under its own custom_id and response id.
 
 A request is deterministic when its answer cannot differ between two runs of the same body: an
-embeddings request, or a chat / completions request with one choice (`n` 1) and greedy decoding
+embeddings, score or rerank request, or a chat / completions request with one choice (`n` 1) and greedy decoding
 (temperature 0) or an explicit `seed`. Sampled requests are never merged: two people asking for
 two samples want two samples.
 
@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from batchrun.job.journal import encode_body
-from batchrun.openai.records import EMBEDDINGS, Outcome, Request
+from batchrun.openai.records import POOLING_ENDPOINTS, Outcome, Request
 from batchrun.openai.responses import holds_no_float, response_id
 
 # Canonical bodies: keys sorted, so that the same body written in another key order matches.
@@ -35,7 +35,7 @@ _ID = re.compile(r"(.*[-_])[0-9a-fA-F]+\Z", re.DOTALL)
 def dedup_key(request: Request) -> bytes | None:
     """What identical deterministic requests share (a digest of url and body); None when the
     request's answer may differ between runs (sampled, or several choices)."""
-    if request.url != EMBEDDINGS:
+    if request.url not in POOLING_ENDPOINTS:
         # params.sampling's defaults (n 1, temperature 1), read from the body: this runs in the
         # parent for every request of a job, and a typed Sampling costs 5 µs to build.
         body = request.body

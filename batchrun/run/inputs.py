@@ -81,7 +81,7 @@ def validate_into_job(
             f"{input_path} is not a JSONL file of requests (line {first_error.line}: "
             f"{first_error.message})"
         )
-    # The engine needs the endpoint: embeddings run vLLM as a pooling model.
+    # The engine needs the endpoint: embeddings, score and rerank run vLLM as a pooling model.
     options.settings.endpoint = url
     now = time.time()
     input_abs, input_rel = input_location(paths, input_path)

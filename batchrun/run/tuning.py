@@ -14,7 +14,7 @@ from batchrun.console.text import plural
 from batchrun.errors import BatchrunError
 from batchrun.job.files import write_json_atomic
 from batchrun.models import cache_root
-from batchrun.openai.records import EMBEDDINGS, Request
+from batchrun.openai.records import POOLING_ENDPOINTS, Request
 from batchrun.run.scheduler import Reporter, Scheduler
 from batchrun.run.sizing import BatchSizeSearch, Probe
 
@@ -80,7 +80,8 @@ def search_batch_size(
 
 def cache_key(settings: EngineSettings, device: str) -> str:
     """What a cached batch size depends on: model, device, max model length, engine, and the
-    endpoint (embeddings run vLLM as a pooling model, whose memory and best size differ)."""
+    endpoint (embeddings, score and rerank run vLLM as a pooling model, whose memory and best
+    size differ)."""
     key: list[object] = [
         settings.engine,
         settings.model or "default",
@@ -89,7 +90,7 @@ def cache_key(settings: EngineSettings, device: str) -> str:
         settings.tensor_parallel_size,
         settings.gpu_memory_utilization,
     ]
-    if settings.endpoint == EMBEDDINGS:
+    if settings.endpoint in POOLING_ENDPOINTS:
         key.append("pooling")  # generation keys unchanged: sizes cached before stay valid
     return json.dumps(key, separators=(",", ":"))
 

@@ -24,7 +24,7 @@ from batchrun.job.manifest import Manifest, load_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.state import OK, JobState, replay
-from batchrun.openai.records import EMBEDDINGS, Outcome, Request
+from batchrun.openai.records import POOLING_ENDPOINTS, Outcome, Request
 from batchrun.run.options import RunOptions
 from batchrun.run.scheduler import Reporter, RunStats, Scheduler
 from batchrun.run.source import InputIndex
@@ -38,8 +38,9 @@ SEP = "\x00"
 
 
 def engine_kind(endpoint: str | None) -> str:
-    """Which engine a batch needs: embeddings run vLLM as a pooling model, the rest generate."""
-    return "embed" if endpoint == EMBEDDINGS else "generate"
+    """Which engine a batch needs: embeddings, score and rerank run vLLM as a pooling model (one
+    pool answers all three), the rest generate."""
+    return "embed" if endpoint in POOLING_ENDPOINTS else "generate"
 
 
 @dataclass

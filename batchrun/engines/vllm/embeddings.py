@@ -1,11 +1,60 @@
-"""An embeddings request's inputs as token ids, and its `dimensions` as vLLM's pooling takes it."""
+"""An embeddings request's inputs as token ids, its `dimensions` as vLLM's pooling takes it, and
+its outcome from the vectors vLLM pools."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from batchrun.engines.vllm.errors import BadRequest
-from batchrun.openai.params import EmbeddingParams
+from batchrun.openai.params import EmbeddingParams, embedding_params
+from batchrun.openai.records import Outcome, Request
+from batchrun.openai.responses import embedding_success
+
+
+@dataclass
+class EmbeddingWork:
+    """An embeddings request inside vLLM: one (token ids, PoolingParams) input per item."""
+
+    inputs: list[tuple[Any, Any]]
+    prompt_tokens: int
+    what: str = "embedding"  # what vLLM failed, for the message of a failed part
+
+    def outcome(
+        self, request: Request, outputs: list[Any], *, model: str, latency_s: float
+    ) -> Outcome:
+        """The request's answer, from its inputs' pooled vectors in order."""
+        vectors = [[float(x) for x in data.float().tolist()] for data in outputs]
+        return embedding_success(
+            request, vectors, model=model, prompt_tokens=self.prompt_tokens, latency_s=latency_s
+        )
+
+
+def embedding_work(
+    tokenizer: Any,
+    request: Request,
+    *,
+    max_model_len: int,
+    vocab_size: int,
+    embedding_size: int,
+    matryoshka: bool,
+    model_name: str,
+) -> EmbeddingWork:
+    """An embeddings request's vLLM inputs (each item one pooling request); raises BadRequest."""
+    from vllm.pooling_params import PoolingParams
+
+    fields = embedding_params(request)
+    prompts = embedding_prompts(
+        tokenizer, fields, max_model_len=max_model_len, vocab_size=vocab_size
+    )
+    dimensions = embedding_dimensions(
+        fields.dimensions,
+        embedding_size=embedding_size,
+        matryoshka=matryoshka,
+        model_name=model_name,
+    )
+    params = PoolingParams(task="embed", dimensions=dimensions)
+    return EmbeddingWork([(ids, params) for ids in prompts], sum(len(p) for p in prompts))
 
 
 def embedding_prompts(

@@ -12,10 +12,10 @@ Defaults follow the OpenAI API: temperature 1.0, top_p 1.0, n 1; `max_tokens` de
 window (`max_model_len` minus the prompt) for `/v1/chat/completions`, as OpenAI and vLLM's own
 server do. `max_model_len` (2048 by default in batchrun) is what bounds a runaway chat answer.
 
-An embedding model (vLLM's pooling runner: chosen for a `/v1/embeddings` job, or by vLLM itself for
-an encoder-only model such as BERT) answers `/v1/embeddings`; each input of a request is one vLLM
-request, and the request's outcome is built when the last of them finishes. Its `max_model_len`
-is capped at the model's own limit (all-MiniLM-L6-v2 takes 256 tokens).
+A pooling model (vLLM's pooling runner: chosen for an embeddings, score or rerank job, or by vLLM
+itself for an encoder-only model such as BERT) answers those three (`embeddings.py`, `scoring.py`);
+each input of a request is one vLLM request, and the request's outcome is built when the last of
+them finishes. Its `max_model_len` is capped at the model's own limit (all-MiniLM-L6-v2: 256).
 
 vLLM, torch and transformers are imported in the constructor only (and at use in the modules this
 one calls): importing this module is cheap.
@@ -32,7 +32,7 @@ from batchrun.config import EngineSettings
 from batchrun.engines.vllm.answers import choice_of
 from batchrun.engines.vllm.cache import PrefixCacheCounter
 from batchrun.engines.vllm.dtype import resolve_dtype
-from batchrun.engines.vllm.embeddings import embedding_dimensions, embedding_prompts
+from batchrun.engines.vllm.embeddings import EmbeddingWork, embedding_work
 from batchrun.engines.vllm.errors import BadRequest
 from batchrun.engines.vllm.params import capped_max_model_len, sampling_params
 from batchrun.engines.vllm.prompts import (
@@ -42,11 +42,12 @@ from batchrun.engines.vllm.prompts import (
 )
 from batchrun.engines.vllm.reasoning import Reasoner, check_parser_name
 from batchrun.engines.vllm.release import release_vllm_globals
+from batchrun.engines.vllm.scoring import Scorer, ScoreWork
 from batchrun.engines.vllm.tokens import TokenText
 from batchrun.models import engine_model
-from batchrun.openai.params import Sampling, embedding_params, sampling
-from batchrun.openai.records import CHAT, EMBEDDINGS, RESPONSES, Outcome, Request
-from batchrun.openai.responses import embedding_success, failure, response_model, success
+from batchrun.openai.params import Sampling, sampling
+from batchrun.openai.records import CHAT, EMBEDDINGS, POOLING_ENDPOINTS, RESPONSES, Outcome, Request
+from batchrun.openai.responses import failure, response_model, success
 
 # On the CPU backend `gpu_memory_utilization` is the fraction of host memory vLLM reserves, and
 # vLLM's default (0.92) is refused at start-up on a machine that runs anything else.
@@ -55,7 +56,7 @@ CPU_MEMORY_UTILIZATION = 0.4
 
 @dataclass
 class _Pending:
-    """A request inside vLLM: when it was added, and for embeddings the vectors so far."""
+    """A request inside vLLM: when it was added, and for pooling requests their outputs so far."""
 
     request: Request
     added: float
@@ -63,10 +64,11 @@ class _Pending:
     # The chat template's extra inputs the prompt was rendered with (a reasoning parser reads
     # them: Qwen3's knows from them whether thinking was on).
     template_kwargs: dict[str, Any] = field(default_factory=dict)
-    # /v1/embeddings: one slot per input, filled as each input's vLLM request finishes.
-    vectors: list[list[float] | None] = field(default_factory=list)
+    # Pooling requests: their vLLM inputs and how their outputs become the answer (`work`), and
+    # one slot per input (an item, a text or a pair), filled with its pooled data as it finishes.
+    work: EmbeddingWork | ScoreWork | None = None
+    parts: list[Any] = field(default_factory=list)
     remaining: int = 0
-    prompt_tokens: int = 0
 
 
 class VllmEngine:
@@ -99,9 +101,9 @@ class VllmEngine:
         extra: dict[str, Any] = {}
         if memory_utilization is not None:
             extra["gpu_memory_utilization"] = memory_utilization
-        # An embeddings job runs the model as a pooling model (vLLM converts a generative one);
-        # otherwise vLLM picks the runner from the architecture (an encoder-only model pools).
-        if settings.endpoint == EMBEDDINGS:
+        # An embeddings, score or rerank job runs the model as a pooling model (vLLM converts a
+        # generative one); otherwise vLLM picks the runner from the architecture.
+        if settings.endpoint in POOLING_ENDPOINTS:
             extra["runner"] = "pooling"
         if settings.reasoning_parser is not None:
             check_parser_name(settings.reasoning_parser)  # before the engine's 20 s start
@@ -159,8 +161,14 @@ class VllmEngine:
         )
         # custom_id -> the request in flight: what step() needs to answer.
         self._in_flight: dict[str, _Pending] = {}
-        # vLLM request id of one embeddings input -> (custom_id, input index).
+        # vLLM request id of one part of a pooling request -> (custom_id, part index).
         self._parts: dict[str, tuple[str, int]] = {}
+        self._scorer = Scorer(
+            self._engine,
+            self._tokenizer,
+            max_model_len=self.max_model_len,
+            model_name=self.model_name,
+        )
 
     def add(self, request: Request) -> Outcome | None:
         """Queue a request; return a 400 Outcome at once if it cannot run as written."""
@@ -170,8 +178,8 @@ class VllmEngine:
         pending = _Pending(request, time.monotonic())
         try:
             self._check_runner(request)
-            if request.url == EMBEDDINGS:
-                self._add_embeddings(pending)
+            if request.url in POOLING_ENDPOINTS:
+                self._add_pooled(pending)
             else:
                 if request.url in (CHAT, RESPONSES):
                     pending.template_kwargs = request_template_kwargs(
@@ -207,7 +215,7 @@ class VllmEngine:
                 continue  # FINAL_ONLY sends finished requests only; be safe all the same
             part = self._parts.pop(output.request_id, None)
             if part is not None:
-                outcome = self._embedding_part(part, output, now)
+                outcome = self._pooled_part(part, output, now)
                 if outcome is not None:
                     outcomes.append(outcome)
                 continue
@@ -245,6 +253,7 @@ class VllmEngine:
         """Shut the engine down and free its memory (idempotent)."""
         engine, self._engine = self._engine, None
         self._tokenizer = None
+        self._scorer.close()  # it holds the engine too
         self._in_flight.clear()
         self._parts.clear()
         if engine is None:
@@ -259,41 +268,43 @@ class VllmEngine:
 
     def _check_runner(self, request: Request) -> None:
         """Refuse a request the loaded model cannot answer (an embedding model cannot chat)."""
-        if request.url == EMBEDDINGS and not self.pooling:
+        pooling = request.url in POOLING_ENDPOINTS
+        if pooling and not self.pooling:
             raise BadRequest(
-                f"{self.model_name} was started as a generative model, which gives no embeddings; "
-                "/v1/embeddings needs an embedding model (a job whose url is /v1/embeddings "
-                "starts the model as one)"
+                f"{self.model_name} was started as a generative model, which gives no embeddings "
+                f"or scores; {request.url} needs a pooling model (a job whose url is "
+                f"{request.url} starts the model as one)"
             )
-        if request.url != EMBEDDINGS and self.pooling:
+        if not pooling and self.pooling:
             raise BadRequest(
                 f"{self.model_name} runs as an embedding (pooling) model, which generates no "
                 f"text; {request.url} needs a generative model"
             )
 
-    def _add_embeddings(self, pending: _Pending) -> None:
-        """Submit each input of an embeddings request as its own vLLM pooling request."""
-        from vllm.pooling_params import PoolingParams
-
+    def _add_pooled(self, pending: _Pending) -> None:
+        """Submit each input of an embeddings, score or rerank request as its own vLLM pooling
+        request: all of them, or (a BadRequest) none."""
         request = pending.request
-        fields = embedding_params(request)
-        prompts = embedding_prompts(
-            self._tokenizer, fields, max_model_len=self.max_model_len, vocab_size=self.vocab_size
-        )
-        dimensions = embedding_dimensions(
-            fields.dimensions,
-            embedding_size=self.embedding_size,
-            matryoshka=self.matryoshka,
-            model_name=self.model_name,
-        )
-        pending.vectors = [None] * len(prompts)
-        pending.remaining = len(prompts)
-        pending.prompt_tokens = sum(len(p) for p in prompts)
+        if request.url == EMBEDDINGS:
+            work: EmbeddingWork | ScoreWork = embedding_work(
+                self._tokenizer,
+                request,
+                max_model_len=self.max_model_len,
+                vocab_size=self.vocab_size,
+                embedding_size=self.embedding_size,
+                matryoshka=self.matryoshka,
+                model_name=self.model_name,
+            )
+        else:
+            work = self._scorer.plan(request)
+        pending.work, inputs = work, work.inputs
+        pending.parts = [None] * len(inputs)
+        pending.remaining = len(inputs)
         submitted: list[str] = []
         try:
-            for i, ids in enumerate(prompts):
+            for i, (prompt, params) in enumerate(inputs):
                 part_id = f"{request.custom_id}#{i}"
-                self._submit(part_id, ids, PoolingParams(task="embed", dimensions=dimensions))
+                self._submit(part_id, prompt, params)
                 submitted.append(part_id)
                 self._parts[part_id] = (request.custom_id, i)
         except BadRequest:
@@ -303,17 +314,19 @@ class VllmEngine:
                 self._parts.pop(part_id, None)
             raise
 
-    def _submit(self, request_id: str, prompt_ids: list[int], params: Any) -> None:
-        """Hand the tokenized request to vLLM; its own input checks become 400s too."""
+    def _submit(self, request_id: str, prompt_ids: list[int] | Any, params: Any) -> None:
+        """Hand the tokenized request (or a prompt vLLM rendered) to vLLM; its own input checks
+        become 400s too."""
         from vllm.exceptions import VLLMClientError
         from vllm.inputs import TokensPrompt
 
-        prompt: Any = TokensPrompt(prompt_token_ids=prompt_ids)
+        rendered = not isinstance(prompt_ids, list)
+        prompt: Any = prompt_ids if rendered else TokensPrompt(prompt_token_ids=prompt_ids)
         try:
             # vLLM 0.32 deprecates raw prompts in add_request in favour of the renderer's output;
             # older versions have no renderer and take the raw prompt.
             renderer = getattr(self._engine, "renderer", None)
-            if renderer is not None and hasattr(renderer, "render_cmpl"):
+            if not rendered and renderer is not None and hasattr(renderer, "render_cmpl"):
                 prompt = renderer.render_cmpl([prompt])[0]
             self._engine.add_request(request_id, prompt, params)
         except (ValueError, TypeError, VLLMClientError) as exc:
@@ -365,11 +378,11 @@ class VllmEngine:
             reasoning=reasoner is not None,
         )
 
-    def _embedding_part(self, part: tuple[str, int], output: Any, now: float) -> Outcome | None:
-        """Record one input's vector; return the request's outcome once its last one is in."""
+    def _pooled_part(self, part: tuple[str, int], output: Any, now: float) -> Outcome | None:
+        """Record one part's pooled data; return the request's outcome once its last one is in."""
         custom_id, index = part
         pending = self._in_flight.get(custom_id)
-        if pending is None:
+        if pending is None or pending.work is None:
             return None  # the request already failed on another of its inputs
         error = getattr(output, "error", None)
         if error is not None:
@@ -382,22 +395,20 @@ class VllmEngine:
             return failure(
                 pending.request,
                 "engine_error",
-                f"vLLM failed the embedding: {getattr(error, 'message', error)}",
+                f"vLLM failed the {pending.work.what}: {getattr(error, 'message', error)}",
                 status_code=500,
                 retryable=True,
                 latency_s=now - pending.added,
             )
-        data = output.outputs.data
-        pending.vectors[index] = [float(x) for x in data.float().tolist()]
+        pending.parts[index] = output.outputs.data
         pending.remaining -= 1
         if pending.remaining > 0:
             return None
         self._in_flight.pop(custom_id)
-        vectors = [v for v in pending.vectors if v is not None]
-        return embedding_success(
-            pending.request,
-            vectors,
-            model=response_model(pending.request, self.model_name),
-            prompt_tokens=pending.prompt_tokens,
+        request = pending.request
+        return pending.work.outcome(
+            request,
+            pending.parts,
+            model=response_model(request, self.model_name),
             latency_s=now - pending.added,
         )

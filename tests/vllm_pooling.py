@@ -1,0 +1,149 @@
+"""The real-engine score and rerank jobs (vLLM's /v1/score and /v1/rerank) that
+tests/test_vllm_score.py reads, and the references their scores are checked against.
+
+- The score job and the rerank job: sample_data/score.jsonl and sample_data/rerank.jsonl on
+  all-MiniLM-L6-v2 (an embedding model: pairs score the cosine similarity of their embeddings),
+  batches of the pooling server (tests/vllm_served.py, one engine start with the embeddings
+  job); conftest.py makes them the session fixtures vllm_score_job and vllm_rerank_job.
+- The cross-encoder job, 1 start: CROSS_LINES (/v1/score) on a cross-encoder made here from
+  all-MiniLM-L6-v2's weights and a classifier head of one label (seeded, untrained: its scores
+  mean nothing, but transformers computes the same ones from the same weights, which is what the
+  test compares), in float32 (`--dtype`: vLLM's "auto" would run it in float16), so that the
+  scores agree to float32 rounding.
+
+The references are computed with transformers alone, never with vLLM: MiniLM's sentence
+embedding is the mean of its last hidden states over the prompt's tokens (its
+sentence-transformers pooling), and the cross-encoder's score the sigmoid of its one logit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from conftest import cli, write_jsonl
+from vllm_jobs import SAMPLES, _exports, embedding_model_dir
+
+SCORE_SAMPLE = SAMPLES / "score.jsonl"
+RERANK_SAMPLE = SAMPLES / "rerank.jsonl"
+LONG = "word " * 300  # more tokens than MiniLM's 256
+
+
+# --- the cross-encoder job ------------------------------------------------------------------
+
+
+def _submit(tmp: Path, src: Path, model: Path, *args: str) -> dict[str, Any]:
+    job = tmp / "job"
+    run = cli(
+        "submit", str(src), "--job-dir", str(job), "--batch-size", "32", "--model", str(model),
+        "--no-progress", *args,
+    )  # fmt: skip
+    return {"job": job, "src": src, "submit": run, **_exports(job)}
+
+
+def _score_line(cid: str, **body: Any) -> dict[str, Any]:
+    return {"custom_id": cid, "method": "POST", "url": "/v1/score", "body": body}
+
+
+CROSS_LINES = [
+    _score_line("pair", text_1="What do cats eat?", text_2="Cats eat fish and meat."),
+    _score_line(
+        "one-to-many",
+        queries="Where is Paris?",
+        documents=["Paris is in France.", "The sea is blue.", "Bread is baked."],
+    ),
+    _score_line(
+        "many-to-many",
+        text_1=["The sun is hot.", "Dogs bark."],
+        text_2=["It is a warm day.", "A puppy barks loudly."],
+    ),
+    _score_line(
+        "truncated",
+        text_1="The quick brown fox jumps over the lazy dog.",
+        text_2="A fox jumps over a dog near the river bank.",
+        truncate_prompt_tokens=12,
+    ),
+    # More than the cross-encoder's 512 positions (its directory has no sentence-transformers
+    # config to cap it at MiniLM's 256).
+    _score_line("too-long", text_1="hello", text_2=LONG * 2),
+]
+
+
+def cross_encoder_model(tmp: Path) -> Path:
+    """A BERT cross-encoder (one label) from all-MiniLM-L6-v2's encoder and a seeded new head."""
+    import torch
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    source = embedding_model_dir()
+    torch.manual_seed(0)
+    model = BertForSequenceClassification.from_pretrained(source, num_labels=1)
+    with torch.no_grad():
+        # Far larger than the usual initialisation, so that pairs score far apart (0.66 to 0.90
+        # here, where a 0.02 spread leaves them all within 0.01 of 0.5).
+        model.classifier.weight.normal_(0.0, 1.0)
+    target = tmp / "cross-encoder"
+    model.save_pretrained(target)
+    AutoTokenizer.from_pretrained(source).save_pretrained(target)
+    return target
+
+
+def run_cross_encoder_job(tmp: Path) -> dict[str, Any]:
+    """CROSS_LINES on the cross-encoder made from all-MiniLM-L6-v2."""
+    model = cross_encoder_model(tmp)
+    src = write_jsonl(tmp / "cross.jsonl", CROSS_LINES)
+    result = _submit(tmp, src, model, "--dtype", "float32")
+    result["model"] = model
+    return result
+
+
+# --- references, with transformers ------------------------------------------------------------
+
+
+@cache
+def _loaded(path: Path, kind: str) -> tuple[Any, Any]:
+    from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+
+    cls = AutoModel if kind == "embed" else AutoModelForSequenceClassification
+    model = cls.from_pretrained(path).eval()
+    return AutoTokenizer.from_pretrained(path), model
+
+
+def minilm_tokens(text: str, **kwargs: Any) -> list[int]:
+    """A text's token ids as MiniLM's tokenizer encodes it ([CLS] ... [SEP])."""
+    tokenizer, _ = _loaded(embedding_model_dir(), "embed")
+    return [int(t) for t in tokenizer(text, **kwargs)["input_ids"]]
+
+
+def minilm_embedding(ids: Sequence[int]) -> list[float]:
+    """MiniLM's sentence embedding of a prompt's token ids: the mean of its last hidden states."""
+    import torch
+
+    _, model = _loaded(embedding_model_dir(), "embed")
+    with torch.no_grad():
+        hidden = model(input_ids=torch.tensor([list(ids)])).last_hidden_state[0]
+    return [float(x) for x in hidden.mean(dim=0)]
+
+
+def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    """The cosine similarity of two vectors."""
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
+
+
+def cross_encoder_score(model: Path, query: str, document: str, **kwargs: Any) -> float:
+    """The cross-encoder's score of a pair: the sigmoid of its one logit."""
+    import torch
+
+    tokenizer, classifier = _loaded(model, "classify")
+    encoded = tokenizer(query, document, return_tensors="pt", **kwargs)
+    with torch.no_grad():
+        return float(torch.sigmoid(classifier(**encoded).logits[0, 0]))
+
+
+def cross_encoder_tokens(model: Path, query: str, document: str, **kwargs: Any) -> int:
+    """How many tokens the cross-encoder's prompt of a pair has."""
+    tokenizer, _ = _loaded(model, "classify")
+    return len(tokenizer(query, document, **kwargs)["input_ids"])
