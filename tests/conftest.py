@@ -156,14 +156,12 @@ def vllm_chat_job(tmp_path_factory: pytest.TempPathFactory, isolated_cache: Path
 
 
 @pytest.fixture(scope="session")
-def vllm_completions_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The completions job (2 engine starts: `submit` killed with SIGKILL in the middle, then
-    resumed in a local Ray actor): 32 requests, the e2e completions lines,
-    sample_data/completions_fidelity.jsonl."""
-
-    from vllm_jobs import run_completions_job
-
-    return run_completions_job(tmp_path_factory.mktemp("vllm-completions"))
+def vllm_completions_job(vllm_generative_server: dict[str, Any]) -> dict[str, Any]:
+    """The completions job: 32 requests, the e2e completions lines,
+    sample_data/completions_fidelity.jsonl; a batch of the generative server, killed with SIGKILL
+    in its middle and finished by the server started again on Ray (tests/vllm_served.py)."""
+    result: dict[str, Any] = vllm_generative_server["completions"]
+    return result
 
 
 @pytest.fixture(scope="session")
@@ -184,8 +182,9 @@ def vllm_embeddings_job(vllm_pooling_server: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def vllm_generative_server(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One `batchrun serve` (1 engine start) on the default model with a thinking chat template
-    and --reasoning-parser qwen3: the responses job, then its reasoning lines again
+    """`batchrun serve` on the default model with a thinking chat template and
+    --reasoning-parser qwen3 (2 engine starts): the completions job, the responses job and its
+    reasoning lines again; killed with SIGKILL, then started again on Ray
     (tests/vllm_served.py)."""
     from vllm_served import run_generative_server
 
@@ -207,10 +206,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     time)."""
     for item in items:
         if item.get_closest_marker("vllm") is not None:
-            # Two groups of real-engine tests, each with its own jobs: the completions job (killed,
-            # then resumed on Ray) runs beside the others.
-            uses = "vllm_completions_job" in item.fixturenames  # fixtures' own fixtures included
-            item.add_marker(pytest.mark.xdist_group("vllm-completions" if uses else "vllm"))
+            # Two groups of real-engine tests, each with its own jobs: the generative server's
+            # (killed, then started again on Ray) run beside the others.
+            uses = "vllm_generative_server" in item.fixturenames  # fixtures' own included
+            item.add_marker(pytest.mark.xdist_group("vllm-generative" if uses else "vllm"))
         elif item.get_closest_marker("ray") is not None:
             item.add_marker(pytest.mark.xdist_group("ray"))
 

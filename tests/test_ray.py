@@ -29,6 +29,7 @@ from conftest import (
     wait_until,
     write_jsonl,
 )
+from vllm_served import finished_with
 
 pytestmark = pytest.mark.ray
 
@@ -214,22 +215,24 @@ def test_ctrl_c_on_ray_leaves_no_process_behind(tmp_path: Path, second_after: fl
 
 @pytest.mark.vllm
 def test_the_real_vllm_engine_in_one_actor(vllm_completions_job: dict[str, Any]) -> None:
-    """The completions job, started without Ray and killed, is resumed with --ray local
-    --workers 1: the rest of it (lines 33-44 at least, tests/vllm_jobs.py) runs in one actor."""
+    """The completions job, a batch of a server started without Ray and killed, is finished by
+    the server started again with --ray local --workers 1: the rest of it (lines 33-44 at least,
+    tests/vllm_served.py) runs in one actor."""
     job = vllm_completions_job["job"]
-    r = vllm_completions_job["resume"]
-    assert r.returncode == 1, r.stderr[-3000:]  # 1: the completions sample's refused lines only
-    assert "[batchrun] ray worker 0 starting vllm engine (batch size 4)" in r.stderr.splitlines()
+    finished_with(vllm_completions_job, 3)  # the completions sample's refused lines only
+    first, second = vllm_completions_job["logs"]
+    assert "ray worker" not in first
+    assert "[batchrun serve] ray worker 0 starting vllm engine (batch size 4)" in second
     assert vllm_completions_job["export"].returncode == 0
     manifest = json.loads((job / "manifest.json").read_text())
-    # (A run killed with SIGKILL never recorded how it ended, nor whether it ran on Ray.)
+    # (A run killed with SIGKILL never recorded how it ended.)
     assert [(run["mode"], run.get("ray")) for run in manifest["runs"]] == [
-        ("submit", None),
-        ("resume", "local"),
+        ("serve", None),
+        ("serve", "local"),
     ]
     status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
     assert [(w["worker"], w["kind"]) for w in status["workers"]] == [(0, "ray")]
-    # The answers that the actor gave (journaled after the resume started) are right.
+    # The answers that the actor gave (journaled after the second server started) are right.
     resumed_at = manifest["runs"][1]["started_at"]
     on_ray = {
         rec["custom_id"]: rec

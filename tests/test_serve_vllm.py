@@ -1,7 +1,8 @@
 """`batchrun serve` on the real vLLM engine, driven by the `openai` package: the issue's flow
 (upload, create, poll, download) for several batches on one server and one engine start, on a
-generative model (the responses job and a second batch) and on an embedding model (embeddings,
-score and rerank batches: tests/vllm_served.py)."""
+generative model (the completions and responses jobs and a third batch, across a kill -9 and a
+start on Ray) and on an embedding model (embeddings, score and rerank batches:
+tests/vllm_served.py)."""
 
 from __future__ import annotations
 
@@ -24,13 +25,16 @@ def _one_engine_start(log: str) -> None:
 def test_batches_of_a_generative_model_run_on_the_engine_loaded_once(
     vllm_generative_server: dict[str, Any],
 ) -> None:
+    """Three batches; the server is killed with SIGKILL in the first and started again on Ray:
+    each server started its engine once, the second finished all three."""
     served = vllm_generative_server
     answers: dict[str, str] = {}
-    for name in ("responses", "again"):
+    for name in ("completions", "responses", "again"):
         batch = served[name]["batch"]
         assert batch.status == "completed", batch
         assert batch.usage is not None and batch.usage.output_tokens > 0
         assert batch.request_counts is not None
+    for name in ("responses", "again"):
         for line in served[name]["files"]["output"]:
             assert line["error"] is None and line["response"]["status_code"] == 200
             body = Response.model_validate(line["response"]["body"])
@@ -40,7 +44,8 @@ def test_batches_of_a_generative_model_run_on_the_engine_loaded_once(
     # Same greedy requests, same engine: the same answers in both batches.
     assert [answers[f"again-{cid}"] for cid in ids] == [answers[cid] for cid in ids]
     assert "4" in answers["think-shots"]  # the model really answers
-    _one_engine_start(served["log"])
+    for log in served["logs"]:
+        _one_engine_start(log)
 
 
 def test_embeddings_score_and_rerank_batches_share_one_pooling_engine(

@@ -1,45 +1,39 @@
 """The real-engine jobs that the vLLM tests share, so that `pytest -m vllm` starts vLLM 5 times:
-the chat job (1) and the completions job (2) here, and the two servers of tests/vllm_served.py
-(1 each: the responses job, and the embeddings, score and rerank jobs, are batches of a server).
+the chat job here (1), and the two servers of tests/vllm_served.py (the generative one, 2 starts:
+the completions and responses jobs are its batches; the pooling one, 1 start: the embeddings,
+score and rerank jobs), and the cross-encoder job of tests/vllm_pooling.py (1).
 
-An engine start costs 20-30 s on a small CPU machine, so each job below serves several test files;
-conftest.py makes each one a session-scoped fixture (vllm_chat_job, vllm_completions_job, and
-through the servers vllm_responses_job, vllm_embeddings_job, vllm_score_job, vllm_rerank_job)
+An engine start costs 20-30 s on a small CPU machine, so each job serves several test files;
+conftest.py makes each one a session-scoped fixture (vllm_chat_job, and through the servers
+vllm_completions_job, vllm_responses_job, vllm_embeddings_job, vllm_score_job, vllm_rerank_job)
 that runs the first time a test asks for it.
 
-- The chat job, 1 start: the e2e chat lines (CHAT_E2E: varied sampling fields, an invalid line, a
-  prompt too long, the two poison lines, as lines 1-10), then sample_data/chat_fidelity.jsonl
-  (lines 11-30), on the default model given as a hub id (`--model HUB_ID`), found offline in a
-  Hugging Face cache built from the packaged model in a temporary HF_HOME (tests/hub_cache.py),
-  then CHAT_PREFIX (lines 31-35: a shared document, a duplicate pair), then
-  sample_data/chat_tool_choice.jsonl (lines 36-38: forced tool calls). Read by
-  tests/test_vllm_e2e.py and test_vllm_fidelity.py.
-- The completions job, 2 starts: 32 longer requests (k0-k31, lines 1-32), the e2e completions
-  lines (c0-c2, lines 33-35), then sample_data/completions_fidelity.jsonl (lines 36-44). `submit`
-  (start 1) is killed with SIGKILL, its engine worker with it, in the middle; `resume --ray
-  local` finishes the job in one actor of a local Ray instance (start 2), which is also
-  tests/test_ray.py's real engine in an actor: lines 33-44 run there.
+The chat job, 1 start: the e2e chat lines (CHAT_E2E: varied sampling fields, an invalid line, a
+prompt too long, the two poison lines, as lines 1-10), then sample_data/chat_fidelity.jsonl
+(lines 11-30), on the default model given as a hub id (`--model HUB_ID`), found offline in a
+Hugging Face cache built from the packaged model in a temporary HF_HOME (tests/hub_cache.py),
+then CHAT_PREFIX (lines 31-35: a shared document, a duplicate pair), then
+sample_data/chat_tool_choice.jsonl (lines 36-38: forced tool calls). Read by
+tests/test_vllm_e2e.py and test_vllm_fidelity.py.
 
 The custom_ids are distinct across a job's parts: each test reads its own part (`part`). To count
 the starts of a run (`pytest -m vllm --basetemp DIR`): each local one writes a "=== worker 0, pid"
-header to its job's (or server root's) logs/worker-0.log; the Ray actor's is the line
-"[batchrun] ray worker 0 starting vllm engine" of the resume (tests/test_ray.py asserts it).
+header to its job's (or server root's) logs/worker-0.log; a Ray actor's is the line "[batchrun
+serve] ray worker 0 starting vllm engine" of the generative server's second log
+(tests/test_ray.py asserts it).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, chat_line, cli, journal_records, start_cli, write_jsonl
+from conftest import ROOT, chat_line, cli, journal_records, write_jsonl
 from hub_cache import HUB_ID, make_hub_cache
 
 SAMPLES = ROOT / "sample_data"
@@ -200,54 +194,13 @@ def run_chat_job(tmp: Path) -> dict[str, Any]:
     return {"job": job, "src": src, "submit": run, "hf_home": hf_home, **_exports(job)}
 
 
-def _wait_for_results(job: Path, count: int, proc: subprocess.Popen[str], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (job / "journal.jsonl").exists() and len(results(job)) >= count:
-            return
-        if proc.poll() is not None:
-            pytest.fail(f"batchrun ended too early: {proc.communicate()[1][-3000:]}")
-        time.sleep(0.2)
-    pytest.fail(f"no {count} results within {timeout}s")
-
-
-def _finished(proc: subprocess.Popen[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    out, err = proc.communicate(timeout=timeout)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-def run_completions_job(tmp: Path) -> dict[str, Any]:
-    """The completions job, killed in the middle: kill -9 of the whole `submit` once there are 8
-    results, then `resume` on a local Ray instance, in one actor. In file order (`--order
-    input`): the lines after the kill (33-44 at least) are the ones the Ray actor runs."""
-    src = write_jsonl(
+def completions_input(tmp: Path) -> Path:
+    """The completions job's input: KILL_LINES (lines 1-32), COMPLETIONS_E2E (33-35), then
+    sample_data/completions_fidelity.jsonl (36-44)."""
+    return write_jsonl(
         tmp / "completions.jsonl",
         [*KILL_LINES, *COMPLETIONS_E2E, *sample_lines(COMPLETIONS_SAMPLE)],
     )
-    job = tmp / "job"
-    args = ("--max-model-len", "1024", "--batch-size", "4", "--no-progress", "--order", "input")
-    p = start_cli("submit", str(src), "--job-dir", str(job), *args)
-    try:
-        _wait_for_results(job, 8, p, timeout=400)
-        os.killpg(p.pid, signal.SIGKILL)
-        submit = _finished(p, timeout=60)
-        done_before = len(results(job))
-        p = start_cli(
-            "resume", "--job-dir", str(job), "--ray", "local", "--workers", "1", "--no-progress"
-        )
-        resume = _finished(p, timeout=600)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-    return {
-        "job": job,
-        "src": src,
-        "submit": submit,
-        "done_before": done_before,
-        "resume": resume,
-        **_exports(job),
-    }
 
 
 def embedding_model_dir() -> Path:

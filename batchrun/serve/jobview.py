@@ -40,15 +40,18 @@ def job_facts(manifest: Manifest) -> JobFacts:
     )
 
 
-def stamp_job(paths: JobPaths, manifest: Manifest, status: str, state: JobState) -> None:
+def stamp_job(
+    paths: JobPaths, manifest: Manifest, status: str, state: JobState, ray: str | None = None
+) -> None:
     """Write the job's status and counts into its manifest, as `run_job` does for a CLI run.
 
-    `running` opens a run (this server's pid, which `status` reads); any other status closes it.
+    `running` opens a run (this server's pid, which `status` reads, and its --ray address if it
+    runs on Ray); any other status closes it.
     """
     requests = manifest.requests
     now = time.time()
     if status == "running":
-        manifest.runs.append(Run(mode="serve", started_at=now, pid=os.getpid()))
+        manifest.runs.append(Run(mode="serve", started_at=now, pid=os.getpid(), ray=ray))
     elif manifest.runs and manifest.runs[-1].ended_at is None:
         run = manifest.runs[-1]
         run.ended_at, run.status, run.wall_s = now, status, round(now - run.started_at, 3)

@@ -171,7 +171,7 @@ class Runner:
             done.locks.close()
             raise
         job.index = done.index
-        stamp_job(job.paths, job.manifest, "running", job.state)
+        stamp_job(job.paths, job.manifest, "running", job.state, ray=self.options.ray)
         if record.status == "validating":
             record = self.batches.update(
                 batch_id, status="in_progress", in_progress_at=int(time.time())
@@ -366,6 +366,9 @@ class Runner:
             if final == "expired":
                 lifecycle.expire_rest(job)
             pending = job.state.pending(job.facts.requests)
+            if self.pool is not None and self.pool.worker_info:
+                # Where the engines that answered it ran (`batchrun status` shows them).
+                job.manifest.worker_info = dict(self.pool.worker_info)
             stamp_job(job.paths, job.manifest, "incomplete" if pending else "completed", job.state)
         except BatchrunError as e:  # the journal cannot be written: the batch fails
             final, job.error = "failed", str(e)
