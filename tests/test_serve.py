@@ -205,8 +205,12 @@ def test_the_flow_of_the_issue_runs_and_status_agrees(server: Server, tmp_path: 
         cwd=ROOT,
         check=True,
     )
-    requests = json.loads(status.stdout)["requests"]
+    shown = json.loads(status.stdout)
+    requests = shown["requests"]
     assert (requests["succeeded"], requests["invalid"], requests["pending"]) == (30, 2, 0)
+    # The size the server's engines ran at (its --batch-size), and where they ran.
+    assert (shown["batch_size"], shown["batch_size_source"]) == (4, "server")
+    assert [w["worker"] for w in shown["workers"]] == [0]
     assert read_jsonl(server.batch_dir(batch.id) / "output.jsonl") == output
     ids = [b.id for b in client.batches.list(limit=100).data]
     assert batch.id in ids

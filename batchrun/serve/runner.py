@@ -367,8 +367,11 @@ class Runner:
                 lifecycle.expire_rest(job)
             pending = job.state.pending(job.facts.requests)
             if self.pool is not None and self.pool.worker_info:
-                # Where the engines that answered it ran (`batchrun status` shows them).
+                # Where the engines that answered it ran, and at what size (`batchrun status`).
                 job.manifest.worker_info = dict(self.pool.worker_info)
+                if self.pool.batch_size:
+                    job.manifest.batch_size = self.pool.batch_size
+                    job.manifest.batch_size_source = "server"
             stamp_job(job.paths, job.manifest, "incomplete" if pending else "completed", job.state)
         except BatchrunError as e:  # the journal cannot be written: the batch fails
             final, job.error = "failed", str(e)
