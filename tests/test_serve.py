@@ -470,3 +470,33 @@ def test_a_stopped_server_says_how_to_go_on(tmp_path: Path) -> None:
         f"terminated: the journal is flushed; nothing finished is lost. Continue with: "
         f"batchrun serve --root {root}"
     )
+
+
+def test_a_batch_runs_in_the_dispatch_plans_order(tmp_path: Path) -> None:
+    """Questions over two documents, interleaved in the file: the server sends them in the plan's
+    order (grouped by document, each group's first one early: run/planner.py), as submit does."""
+    from batchrun.openai.records import Request
+    from batchrun.run.planner import order_window
+
+    doc = {d: f"Document {d}. " + "A long shared text. " * 20 for d in "AB"}
+    lines = [
+        chat_line(f"{d}{q}", doc[d] + f"Question {q}?", max_tokens=4, temperature=0)
+        for q in range(3)
+        for d in "AB"
+    ]
+    planned = order_window(
+        [Request(x["custom_id"], i + 1, x["url"], x["body"]) for i, x in enumerate(lines)]
+    )
+    expected = [r.custom_id for r in planned]
+    assert expected != [x["custom_id"] for x in lines]  # the plan moves them
+    root = tmp_path / "root"
+    # One request at a time: the journal's order is the order of dispatch.
+    server = start_server(root, "--batch-size", "1", env=SLOW_ENV)
+    try:
+        client = server.client(api_key="unused")
+        batch = create_batch(client, write_jsonl(tmp_path / "in.jsonl", lines))
+        assert wait_done(client, batch.id).status == "completed"
+    finally:
+        stop_server(server)
+    done = [r["custom_id"] for r in journal_records(server.batch_dir(batch.id))]
+    assert done == expected

@@ -22,6 +22,7 @@ from batchrun.errors import BatchrunError
 from batchrun.job.state import FAILED_RETRYABLE
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.options import RunOptions
+from batchrun.run.planner import plan
 from batchrun.run.source import requests
 from batchrun.serve import lifecycle
 from batchrun.serve.batches import PRIORITIES, BatchStore
@@ -318,19 +319,23 @@ class Runner:
                 return None
 
     def _next_pass(self, job: ActiveJob) -> Iterator[Request] | None:
-        """The run pass first, then retry passes while retryable failures have attempts left."""
+        """The run pass first, then retry passes while retryable failures have attempts left;
+        each in the dispatch plan's order (run/planner.py; without its deduplication here: a
+        held copy would be answered outside the batch's count of requests out)."""
         if job.stop is not None:
             return None
         state, path = job.state, job.facts.input_path
         job.passes += 1
         if job.passes == 1:
-            return requests(path, state.is_not_done, job.index)
+            return plan(requests(path, state.is_not_done, job.index), job.manifest.order)
         ids = {
             cid
             for cid, last in state.last.items()
             if last == FAILED_RETRYABLE and state.attempts.get(cid, 0) < job.facts.max_attempts
         }
-        return requests(path, lambda r: r.custom_id in ids, job.index) if ids else None
+        if not ids:
+            return None
+        return plan(requests(path, lambda r: r.custom_id in ids, job.index), job.manifest.order)
 
     # -- ending a job ---------------------------------------------------------------------------
 
