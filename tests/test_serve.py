@@ -500,3 +500,31 @@ def test_a_batch_runs_in_the_dispatch_plans_order(tmp_path: Path) -> None:
         stop_server(server)
     done = [r["custom_id"] for r in journal_records(server.batch_dir(batch.id))]
     assert done == expected
+
+
+def test_identical_deterministic_lines_run_once_and_each_gets_its_answer(
+    server: Server, tmp_path: Path
+) -> None:
+    """Greedy duplicates are sent to the engine once; every custom_id still gets its own answer
+    (its own response id) in the output file; sampled duplicates each run."""
+    client = server.client()
+    lines = [
+        *(chat_line(f"same-{i}", "the same question", temperature=0) for i in range(5)),
+        *(chat_line(f"sampled-{i}", "a sampled question", temperature=1.0) for i in range(3)),
+    ]
+    batch = create_batch(client, write_jsonl(tmp_path / "dups.jsonl", lines))
+    done = wait_done(client, batch.id)
+    assert done.status == "completed" and done.request_counts is not None
+    assert done.request_counts.completed == 8
+    output = {line["custom_id"]: line for line in lines_of(client, done.output_file_id)}
+    assert sorted(output) == sorted(x["custom_id"] for x in lines)
+    assert len({line["response"]["body"]["id"] for line in output.values()}) == 8
+    records = journal_records(server.batch_dir(batch.id))
+    copies = {r["custom_id"]: r["copy_of"] for r in records if "copy_of" in r}
+    assert copies == {f"same-{i}": "same-0" for i in range(1, 5)}
+    status = subprocess.run(
+        [sys.executable, "-m", "batchrun", "status", "--json", "--job-dir",
+         str(server.batch_dir(batch.id))],
+        capture_output=True, text=True, cwd=ROOT, check=True,
+    )  # fmt: skip
+    assert json.loads(status.stdout)["deduplicated"] == 4

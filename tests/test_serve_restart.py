@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import openai
-from conftest import group_alive, journal_records, wait_until
+from conftest import chat_line, group_alive, journal_records, wait_until, write_jsonl
 from openai.types import Batch
 from test_serve import (
     SLOW_ENGINE,
@@ -25,12 +25,15 @@ from test_serve import (
 
 
 def test_kill_9_mid_batch_then_restart_answers_each_request_once(tmp_path: Path) -> None:
-    """A client polls across the kill and the restart and sees the batch complete."""
+    """A client polls across the kill and the restart and sees the batch complete. Half the
+    lines repeat the other half (greedy): run once each, answered for both, across the kill."""
     root = tmp_path / "root"
     n = 800
     first = start_server(root, *SLOW_ENGINE, env=SLOW_ENV)
     client = first.client()
-    batch = create_batch(client, requests_file(tmp_path / "in.jsonl", n), metadata={"k": "v"})
+    lines = [chat_line(f"req-{i:04d}", f"hello {i % 400}", temperature=0) for i in range(n)]
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    batch = create_batch(client, src, metadata={"k": "v"})
     job = first.batch_dir(batch.id)
     wait_until(
         lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 200,
@@ -70,8 +73,10 @@ def test_kill_9_mid_batch_then_restart_answers_each_request_once(tmp_path: Path)
         assert "down" in seen and seen[-1] == "completed"
         assert done.request_counts is not None
         assert (done.request_counts.total, done.request_counts.completed) == (n, n)
-        results = Counter(r["custom_id"] for r in journal_records(job) if r["kind"] == "result")
+        records = [r for r in journal_records(job) if r["kind"] == "result"]
+        results = Counter(r["custom_id"] for r in records)
         assert set(results.values()) == {1} and len(results) == n
+        assert any("copy_of" in r for r in records)  # the duplicates were answered as copies
         output = [line["custom_id"] for line in lines_of(client, done.output_file_id)]
         assert sorted(output) == [f"req-{i:04d}" for i in range(n)]
         assert batch.input_file_id in {f.id for f in client.files.list()}

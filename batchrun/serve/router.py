@@ -25,6 +25,7 @@ from batchrun.job.paths import JobPaths
 from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.state import OK, JobState, replay
 from batchrun.openai.records import POOLING_ENDPOINTS, Outcome, Request
+from batchrun.run.dedup import Duplicates
 from batchrun.run.options import RunOptions
 from batchrun.run.scheduler import Reporter, RunStats, Scheduler
 from batchrun.run.source import InputIndex
@@ -75,6 +76,9 @@ class ActiveJob:
     failed: int = 0
     # What a fresh validation of this process found, for a cheap first pass (see run/source.py).
     index: InputIndex | None = None
+    # The identical deterministic requests the dispatch plan holds back for the one that runs
+    # (run/dedup.py); None with --order input.
+    duplicates: Duplicates | None = None
 
     @property
     def kind(self) -> str:
@@ -110,6 +114,8 @@ def open_job(
     )
     job.completed = state.succeeded
     job.failed = state.failed
+    if manifest.order != "input":
+        job.duplicates = Duplicates()
     return job
 
 
@@ -155,6 +161,13 @@ class SharedScheduler(Scheduler):
             if job is None:  # cannot happen: a job stays open while it has outstanding requests
                 self.reporter.event(f"dropped {len(group)} results of an unknown batch slot {slot}")
                 continue
+            # The requests out are the group's; the copies answered for the duplicates held back
+            # (run/dedup.py) were never out, and go into the same journal append.
+            out = len(group)
+            if job.duplicates is not None and job.duplicates.held:
+                copies = job.duplicates.answer(group)
+                job.state.deduplicated += len(copies)
+                group += copies
             done = [outcome for outcome, _ in group]
             before = [job.state.last.get(o.custom_id) for o in done]
             attempts = job.state.record_results(done, index, now)
@@ -163,6 +176,8 @@ class SharedScheduler(Scheduler):
             for (outcome, request), attempt in zip(group, attempts, strict=True):
                 rec = result_record(outcome, request.line, attempt, now)
                 rec["worker"] = index
+                if outcome.extra:
+                    rec["copy_of"] = outcome.extra["copy_of"]
                 recs.append(rec)
                 plain = plain and plain_result(outcome)
             job.journal.append(recs, plain=plain)
@@ -170,7 +185,7 @@ class SharedScheduler(Scheduler):
                 new = job.state.last.get(outcome.custom_id)
                 job.completed += (new == OK) - (old == OK)
                 job.failed += (new is not None and new != OK) - (old is not None and old != OK)
-            job.outstanding -= len(done)
+            job.outstanding -= out
             records += recs
             outcomes += done
             if self.on_results is not None:

@@ -320,14 +320,14 @@ class Runner:
 
     def _next_pass(self, job: ActiveJob) -> Iterator[Request] | None:
         """The run pass first, then retry passes while retryable failures have attempts left;
-        each in the dispatch plan's order (run/planner.py; without its deduplication here: a
-        held copy would be answered outside the batch's count of requests out)."""
+        each in the dispatch plan's order, identical deterministic requests run once
+        (run/planner.py, run/dedup.py)."""
         if job.stop is not None:
             return None
         state, path = job.state, job.facts.input_path
         job.passes += 1
         if job.passes == 1:
-            return plan(requests(path, state.is_not_done, job.index), job.manifest.order)
+            return plan(requests(path, state.is_not_done, job.index), job.manifest.order, job.duplicates)
         ids = {
             cid
             for cid, last in state.last.items()
@@ -335,7 +335,11 @@ class Runner:
         }
         if not ids:
             return None
-        return plan(requests(path, lambda r: r.custom_id in ids, job.index), job.manifest.order)
+        return plan(
+            requests(path, lambda r: r.custom_id in ids, job.index),
+            job.manifest.order,
+            job.duplicates,
+        )
 
     # -- ending a job ---------------------------------------------------------------------------
 
