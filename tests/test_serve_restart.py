@@ -3,6 +3,7 @@ is back, the batch continues, and each custom_id is answered exactly once."""
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 from collections import Counter
@@ -22,6 +23,8 @@ from test_serve import (
     stop_server,
     wait_done,
 )
+
+from batchrun.serve.batches import RECORD_NAME
 
 
 def test_kill_9_mid_batch_then_restart_answers_each_request_once(tmp_path: Path) -> None:
@@ -110,3 +113,51 @@ def test_sigterm_to_the_servers_group_stops_it_without_restarting_a_worker(
         stop_server(again)
     assert done.status == "completed" and done.request_counts is not None
     assert done.request_counts.completed == 400
+
+
+def _status_is(client: openai.OpenAI, batch_id: str, wanted: str) -> bool:
+    return client.batches.retrieve(batch_id).status == wanted
+
+
+def _saved_status(job: Path) -> str:
+    """The batch's status as its record on disk holds it (what a killed server left)."""
+    return str(json.loads((job / RECORD_NAME).read_text())["batch"]["status"])
+
+
+def test_kill_9_while_validating_then_while_finalizing_then_restart(tmp_path: Path) -> None:
+    """The two ends of a batch are safe to run again: killed while its input is validated, then
+    while its output is written, the server started again finishes it, each request once."""
+    root = tmp_path / "root"
+    n = 150_000  # a few seconds of validation and of finalizing here
+    src = tmp_path / "big.jsonl"
+    with src.open("w") as f:
+        for i in range(n):
+            f.write(json.dumps(chat_line(f"r{i:06d}", f"hello {i}")) + "\n")
+    args = ("--max-file-bytes", str(100 * 2**20), "--batch-size", "256")
+    first = start_server(root, *args)
+    client = first.client()
+    batch = create_batch(client, src)
+    job = first.batch_dir(batch.id)
+    wait_until(lambda: job.exists(), "the batch's job directory exists", every=0.01)
+    assert client.batches.retrieve(batch.id).status == "validating"
+    stop_server(first, signal.SIGKILL)  # in the middle of the validation
+    wait_until(lambda: not group_alive(first.process.pid), "the killed server is gone")
+    assert _saved_status(job) == "validating"
+    second = start_server(root, *args)
+    client = second.client()
+    wait_until(lambda: _status_is(client, batch.id, "finalizing"), "finalizing", every=0.01)
+    stop_server(second, signal.SIGKILL)  # in the middle of writing the output
+    wait_until(lambda: not group_alive(second.process.pid), "the killed server is gone")
+    assert _saved_status(job) == "finalizing"
+    third = start_server(root, *args)
+    try:
+        client = third.client()
+        done = wait_done(client, batch.id, timeout=120)
+        assert done.status == "completed" and done.request_counts is not None
+        assert (done.request_counts.total, done.request_counts.completed) == (n, n)
+        results = Counter(r["custom_id"] for r in journal_records(job) if r["kind"] == "result")
+        assert len(results) == n and set(results.values()) == {1}
+        output = client.files.content(done.output_file_id or "").text.splitlines()
+        assert len(output) == n
+    finally:
+        stop_server(third)
