@@ -528,3 +528,65 @@ def test_identical_deterministic_lines_run_once_and_each_gets_its_answer(
         capture_output=True, text=True, cwd=ROOT, check=True,
     )  # fmt: skip
     assert json.loads(status.stdout)["deduplicated"] == 4
+
+
+def test_output_expires_after_deletes_the_output_files_when_due(
+    server: Server, tmp_path: Path
+) -> None:
+    """output_expires_after: the output and error files expire that many seconds after they are
+    made (any number from 1: shorter than OpenAI's hour, an extension), then are gone."""
+    client = server.client()
+    path = requests_file(tmp_path / "in.jsonl", 3)
+    with path.open("a") as f:
+        f.write("not json\n")  # an error file too
+    batch = create_batch(
+        client, path, output_expires_after={"anchor": "created_at", "seconds": 2}
+    )
+    done = wait_done(client, batch.id)
+    assert done.output_file_id and done.error_file_id
+    for file_id in (done.output_file_id, done.error_file_id):
+        made = client.files.retrieve(file_id)
+        assert made.expires_at == made.created_at + 2
+        assert client.files.content(file_id).text
+    wait_until(
+        lambda: done.output_file_id not in {f.id for f in client.files.list()},
+        "the output file expires",
+        timeout=10,
+    )
+    for file_id in (done.output_file_id, done.error_file_id):
+        with pytest.raises(openai.NotFoundError):
+            client.files.retrieve(file_id)
+        with pytest.raises(openai.NotFoundError):
+            client.files.content(file_id)
+    assert client.files.retrieve(batch.input_file_id).expires_at is None  # inputs stay
+
+
+@pytest.mark.parametrize(
+    ("expires", "param", "message"),
+    [
+        (
+            {"anchor": "completed_at", "seconds": 60},
+            "output_expires_after.anchor",
+            "output_expires_after.anchor must be 'created_at', got 'completed_at'",
+        ),
+        (
+            {"anchor": "created_at", "seconds": 0},
+            "output_expires_after.seconds",
+            "output_expires_after.seconds must be an integer from 1 to 2592000, got 0",
+        ),
+        (
+            {"anchor": "created_at"},
+            "output_expires_after",
+            "output_expires_after takes anchor and seconds only, got no seconds",
+        ),
+    ],
+)
+def test_a_bad_output_expires_after_is_refused(
+    server: Server, tmp_path: Path, expires: dict[str, Any], param: str, message: str
+) -> None:
+    client = server.client()
+    with pytest.raises(openai.BadRequestError) as e:
+        create_batch(
+            client, requests_file(tmp_path / "in.jsonl", 1), output_expires_after=expires
+        )
+    assert e.value.body == {"message": message, "type": "invalid_request_error", "param": param, "code": None}

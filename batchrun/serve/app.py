@@ -19,6 +19,7 @@ from batchrun.serve.checks import (
     check_endpoint,
     check_file_endpoint,
     check_metadata,
+    expiry_seconds,
     window_seconds,
 )
 from batchrun.serve.errors import ApiError, not_found
@@ -139,6 +140,7 @@ def create_app(services: Services) -> FastAPI:
     def create_batch(body: CreateBatch) -> dict[str, Any]:
         check_endpoint(body.endpoint)
         window_s = window_seconds(body.completion_window)
+        expiry_seconds(body.output_expires_after)  # refused here, used when the output is made
         priority = check_metadata(body.metadata)
         record = files.get(body.input_file_id)
         if record is None or record.get("purpose") != "batch":

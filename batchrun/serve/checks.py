@@ -1,10 +1,12 @@
-"""The checks of POST /v1/batches that need no job: completion window, metadata, endpoint."""
+"""The checks of POST /v1/batches that need no job: completion window, metadata, endpoint,
+output expiry."""
 
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from batchrun.openai.records import SUPPORTED_ENDPOINTS
 from batchrun.serve.batches import PRIORITIES
@@ -26,6 +28,44 @@ def window_seconds(window: str) -> int:
             param="completion_window",
         )
     return int(match[1]) * _UNIT_S[match[2]]
+
+
+# OpenAI's longest output expiry (30 days). Its shortest is an hour; batchrun takes any number of
+# seconds from 1, as it takes completion windows shorter than OpenAI's (an extension).
+MAX_EXPIRY_S = 30 * 86400
+
+
+def expiry_seconds(expires_after: dict[str, Any] | None) -> int | None:
+    """The seconds after their creation that a batch's output and error files are deleted
+    (`output_expires_after: {"anchor": "created_at", "seconds": N}`); None: kept."""
+    if expires_after is None:
+        return None
+    anchor, seconds = expires_after.get("anchor"), expires_after.get("seconds")
+    if anchor != "created_at":
+        raise ApiError(
+            400,
+            f"output_expires_after.anchor must be 'created_at', got {anchor!r}",
+            param="output_expires_after.anchor",
+        )
+    if set(expires_after) != {"anchor", "seconds"}:
+        extra = sorted(set(expires_after) - {"anchor", "seconds"})
+        raise ApiError(
+            400,
+            f"output_expires_after takes anchor and seconds only, got {', '.join(extra) or 'no seconds'}",
+            param="output_expires_after",
+        )
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int)
+        or not 1 <= seconds <= MAX_EXPIRY_S
+    ):
+        raise ApiError(
+            400,
+            f"output_expires_after.seconds must be an integer from 1 to {MAX_EXPIRY_S}, "
+            f"got {seconds!r}",
+            param="output_expires_after.seconds",
+        )
+    return seconds
 
 
 def check_endpoint(endpoint: str) -> None:

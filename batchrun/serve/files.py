@@ -68,8 +68,11 @@ class FileStore:
         fsync_dir(self.dir)
         return self._publish(file_id, filename, purpose)
 
-    def add_copy(self, source: Path, filename: str, purpose: str) -> dict[str, Any]:
-        """Make a file of `source` (a batch's output): a hard link, else a copy."""
+    def add_copy(
+        self, source: Path, filename: str, purpose: str, expires_after: int | None = None
+    ) -> dict[str, Any]:
+        """Make a file of `source` (a batch's output): a hard link, else a copy; with
+        `expires_after`, deleted that many seconds after its creation."""
         file_id = new_file_id()
         tmp = self.temp_path()
         try:
@@ -80,18 +83,21 @@ class FileStore:
                 os.fsync(f.fileno())
         os.replace(tmp, self.content(file_id))
         fsync_dir(self.dir)
-        return self._publish(file_id, filename, purpose)
+        return self._publish(file_id, filename, purpose, expires_after)
 
-    def _publish(self, file_id: str, filename: str, purpose: str) -> dict[str, Any]:
+    def _publish(
+        self, file_id: str, filename: str, purpose: str, expires_after: int | None = None
+    ) -> dict[str, Any]:
+        now = int(time.time())
         record: dict[str, Any] = {
             "id": file_id,
             "object": "file",
             "bytes": self.content(file_id).stat().st_size,
-            "created_at": int(time.time()),
+            "created_at": now,
             "filename": filename,
             "purpose": purpose,
             "status": "processed",
-            "expires_at": None,
+            "expires_at": None if expires_after is None else now + expires_after,
             "status_details": None,
         }
         write_json_atomic(self.dir / f"{file_id}.json", record)
@@ -100,21 +106,36 @@ class FileStore:
         return record
 
     def get(self, file_id: str) -> dict[str, Any] | None:
-        """A file's record, or None when there is no such file."""
+        """A file's record, or None when there is no such file (an expired one is deleted)."""
         if not is_file_id(file_id):
             return None
+        self.delete_expired()
         with self._lock:
             record = self._records.get(file_id)
         return dict(record) if record is not None else None
 
     def list(self, purpose: str | None = None) -> list[dict[str, Any]]:
         """Every file's record (of one purpose, when given), newest first."""
+        self.delete_expired()
         with self._lock:
             records = [dict(r) for r in self._records.values()]
         if purpose:
             records = [r for r in records if r.get("purpose") == purpose]
         records.sort(key=lambda r: (r.get("created_at", 0), r["id"]), reverse=True)
         return records
+
+    def delete_expired(self) -> None:
+        """Delete the files whose `expires_at` has passed (checked as files are asked for, so
+        an expired file is never shown)."""
+        now = time.time()
+        with self._lock:
+            expired = [
+                file_id
+                for file_id, r in self._records.items()
+                if r.get("expires_at") is not None and r["expires_at"] <= now
+            ]
+        for file_id in expired:
+            self.delete(file_id)
 
     def delete(self, file_id: str) -> bool:
         """Remove a file (its record first, so it is never listed without its bytes)."""

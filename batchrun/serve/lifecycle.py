@@ -26,6 +26,7 @@ from batchrun.run.inputs import discard_unfinished_validation, validate_into_job
 from batchrun.run.options import RunOptions
 from batchrun.run.source import InputIndex, requests
 from batchrun.serve.batches import BatchStore
+from batchrun.serve.checks import expiry_seconds
 from batchrun.serve.files import FileStore
 from batchrun.serve.jobview import job_facts, stamp_job
 from batchrun.serve.router import ActiveJob
@@ -163,7 +164,12 @@ def finalize(batches: BatchStore, files: FileStore, batch_id: str) -> None:
         if isinstance(known, str) and files.get(known) is not None:
             ids[key] = known
             continue
-        made = files.add_copy(job_dir / name, f"{batch_id}_{label}.jsonl", "batch_output")
+        made = files.add_copy(
+            job_dir / name,
+            f"{batch_id}_{label}.jsonl",
+            "batch_output",
+            expires_after=expiry_seconds(record.batch.get("output_expires_after")),
+        )
         ids[key] = made["id"]
         batches.update(batch_id, **{key: made["id"]})  # remembered before the next step
     state = replay(paths, manifest)
