@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from batchrun.config import EngineSettings
+from batchrun.engines.base import CacheCounting
 from batchrun.errors import BatchrunError
 from batchrun.openai.records import Outcome, Request
 from batchrun.workers.process import Worker, WorkerDeath
@@ -99,6 +100,8 @@ class EngineActor:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # as in a local worker
         self.settings = EngineSettings.from_dict(settings)
         self.feeder: Any = None
+        # The engine's prefix-cache counters, when it counts its lookups (engines/base.py).
+        self.counters: Any = None
 
     def start(self) -> dict[str, Any]:
         """Start the engine; report where it runs, or why it could not start."""
@@ -114,6 +117,8 @@ class EngineActor:
         except BaseException as e:  # reported to the supervisor
             return {"fatal": True, "oom": is_oom(e), "message": f"{type(e).__name__}: {e}"}
         self.feeder = Feeder(engine, self.settings.window)
+        if isinstance(engine, CacheCounting):
+            self.counters = engine.prefix_cache_counters
         return {
             "pid": os.getpid(),
             "node": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
@@ -130,8 +135,11 @@ class EngineActor:
         """Change the number of requests kept inside the engine."""
         self.feeder.window = window
 
-    def poll(self, max_wait: float) -> tuple[list[Outcome], dict[str, Any] | None]:
-        """Run the engine for up to `max_wait` seconds; return what finished (and a fatal error)."""
+    def poll(
+        self, max_wait: float
+    ) -> tuple[list[Outcome], dict[str, Any] | None, tuple[int, int] | None]:
+        """Run the engine for up to `max_wait` seconds; return what finished, a fatal error, and
+        the engine's prefix-cache counters (None when it keeps none)."""
         from batchrun.engines.oom import is_oom
 
         deadline = time.monotonic() + max_wait
@@ -143,9 +151,9 @@ class EngineActor:
                 else:
                     out.extend(self.feeder.pump())
                 if out or time.monotonic() >= deadline:
-                    return out, None
+                    return out, None, self.counters() if self.counters is not None else None
         except BaseException as e:  # the engine is broken: say so, then die
-            return out, {"oom": is_oom(e), "message": f"{type(e).__name__}: {e}"}
+            return out, {"oom": is_oom(e), "message": f"{type(e).__name__}: {e}"}, None
 
 
 class RayWorker(Worker):
@@ -197,8 +205,13 @@ class RayWorker(Worker):
                 return
             self.pid, self.node = info.get("pid"), info.get("node")
             put((self.index, gen, "ready", info))
+            cache_sent = (0, 0)
             while not self._stopping.is_set():
-                outcomes, fatal = ray.get(actor.poll.remote(POLL_S))
+                outcomes, fatal, cache = ray.get(actor.poll.remote(POLL_S))
+                if cache is not None and cache != cache_sent:
+                    # Before the results, as a local worker sends them (workers/child.py).
+                    put((self.index, gen, "cache", cache))
+                    cache_sent = cache
                 if outcomes:
                     put((self.index, gen, "results", outcomes))
                 if fatal is not None:
