@@ -23,12 +23,13 @@ from batchrun.job.journal import JournalWriter, plain_result
 from batchrun.job.manifest import Manifest, load_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.records import ResultRecord, result_record
-from batchrun.job.state import OK, JobState, replay
+from batchrun.job.state import FAILED_RETRYABLE, OK, JobState, replay
 from batchrun.openai.records import POOLING_ENDPOINTS, Outcome, Request
 from batchrun.run.dedup import Duplicates
 from batchrun.run.options import RunOptions
+from batchrun.run.planner import plan
 from batchrun.run.scheduler import Reporter, RunStats, Scheduler
-from batchrun.run.source import InputIndex
+from batchrun.run.source import InputIndex, requests
 from batchrun.run.tuning import cached_size, lower_size
 from batchrun.serve.jobview import JobFacts, job_facts
 from batchrun.workers.plan import plan_workers
@@ -117,6 +118,30 @@ def open_job(
     if manifest.order != "input":
         job.duplicates = Duplicates()
     return job
+
+
+def next_pass(job: ActiveJob) -> Iterator[Request] | None:
+    """The run pass first, then retry passes while retryable failures have attempts left;
+    each in the dispatch plan's order, identical deterministic requests run once
+    (run/planner.py, run/dedup.py)."""
+    if job.stop is not None:
+        return None
+    state, path = job.state, job.facts.input_path
+    job.passes += 1
+    if job.passes == 1:
+        return plan(requests(path, state.is_not_done, job.index), job.manifest.order, job.duplicates)
+    ids = {
+        cid
+        for cid, last in state.last.items()
+        if last == FAILED_RETRYABLE and state.attempts.get(cid, 0) < job.facts.max_attempts
+    }
+    if not ids:
+        return None
+    return plan(
+        requests(path, lambda r: r.custom_id in ids, job.index),
+        job.manifest.order,
+        job.duplicates,
+    )
 
 
 class SharedScheduler(Scheduler):

@@ -15,21 +15,25 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from batchrun.errors import BatchrunError
-from batchrun.job.state import FAILED_RETRYABLE
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.options import RunOptions
-from batchrun.run.planner import plan
-from batchrun.run.source import requests
 from batchrun.serve import lifecycle
 from batchrun.serve.batches import PRIORITIES, BatchStore
 from batchrun.serve.files import FileStore
 from batchrun.serve.jobview import stamp_job
 from batchrun.serve.metrics import Metrics
-from batchrun.serve.router import SEP, ActiveJob, SharedScheduler, build_pool, open_job
+from batchrun.serve.router import (
+    SEP,
+    ActiveJob,
+    SharedScheduler,
+    build_pool,
+    next_pass,
+    open_job,
+)
 
 SWEEP_EVERY_S = 0.2
 
@@ -294,7 +298,7 @@ class Runner:
         """The next request of `job` for the pool, or None when it has none to give now."""
         while True:
             if job.source is None:
-                job.source = self._next_pass(job)
+                job.source = next_pass(job)
                 if job.source is None:  # nothing is left to run, and nothing is out
                     job.drained = True
                     self._changed()
@@ -317,29 +321,6 @@ class Runner:
                 job.waiting = True
                 self._changed()
                 return None
-
-    def _next_pass(self, job: ActiveJob) -> Iterator[Request] | None:
-        """The run pass first, then retry passes while retryable failures have attempts left;
-        each in the dispatch plan's order, identical deterministic requests run once
-        (run/planner.py, run/dedup.py)."""
-        if job.stop is not None:
-            return None
-        state, path = job.state, job.facts.input_path
-        job.passes += 1
-        if job.passes == 1:
-            return plan(requests(path, state.is_not_done, job.index), job.manifest.order, job.duplicates)
-        ids = {
-            cid
-            for cid, last in state.last.items()
-            if last == FAILED_RETRYABLE and state.attempts.get(cid, 0) < job.facts.max_attempts
-        }
-        if not ids:
-            return None
-        return plan(
-            requests(path, lambda r: r.custom_id in ids, job.index),
-            job.manifest.order,
-            job.duplicates,
-        )
 
     # -- ending a job ---------------------------------------------------------------------------
 
