@@ -22,7 +22,7 @@ from batchrun.openai.records import CHAT, COMPLETIONS, LineError, Request
 
 ENDPOINTS = (
     "'/v1/chat/completions', '/v1/completions', '/v1/embeddings', '/v1/responses', '/v1/score', "
-    "'/score', '/v1/rerank', '/rerank'"
+    "'/score', '/v1/rerank', '/rerank', '/v2/rerank'"
 )
 
 

@@ -61,7 +61,7 @@ def run_echo(url: str, **body: Any) -> dict[str, Any]:
 # --- urls ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("url", ["/v1/score", "/score", "/v1/rerank", "/rerank"])
+@pytest.mark.parametrize("url", ["/v1/score", "/score", "/v1/rerank", "/rerank", "/v2/rerank"])
 def test_score_and_rerank_urls_are_taken_with_and_without_v1(url: str) -> None:
     assert check_url({"url": url}) == url
     assert url in SUPPORTED_ENDPOINTS and url in POOLING_ENDPOINTS
@@ -394,8 +394,9 @@ def test_echo_rerank_sample_exports_ranked_results(echo_jobs: dict[str, Path]) -
     assert df.loc["rank", "n_choices"] == 4
 
 
-def test_a_score_job_on_the_unprefixed_url(tmp_path: Path) -> None:
-    line = {"custom_id": "a", "method": "POST", "url": "/rerank"}
+@pytest.mark.parametrize("url", ["/rerank", "/v2/rerank"])
+def test_a_rerank_job_on_another_spelling_of_the_url(tmp_path: Path, url: str) -> None:
+    line = {"custom_id": "a", "method": "POST", "url": url}
     src = write_jsonl(
         tmp_path / "in.jsonl", [{**line, "body": {"query": "cat", "documents": ["a cat", "x"]}}]
     )

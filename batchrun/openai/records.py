@@ -18,7 +18,7 @@ RESPONSES = "/v1/responses"
 SCORE = "/v1/score"
 RERANK = "/v1/rerank"
 SCORE_URLS = (SCORE, "/score")
-RERANK_URLS = (RERANK, "/rerank")
+RERANK_URLS = (RERANK, "/rerank", "/v2/rerank")  # vLLM's server routes all three
 SCORING_URLS = (*SCORE_URLS, *RERANK_URLS)
 # The endpoints a pooling model answers: vLLM starts the model with its pooling runner for them,
 # and one such engine answers all of them.
