@@ -245,3 +245,48 @@ def test_the_real_vllm_engine_in_one_actor(vllm_completions_job: dict[str, Any])
         for o in read_jsonl(job / "output.jsonl")
     }
     assert "5" in got["c1"] and "paris" in got["c0"].lower()  # "1, 2, 3, 4," and the capital
+
+
+def test_an_actor_reports_its_engines_prefix_cache_counters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The actor's body, in this process: each poll returns the engine's prefix-cache counters
+    with what finished, as a local worker sends them (the parent turns them into the hit rate)."""
+    import ray
+
+    from batchrun.config import EngineSettings
+    from batchrun.engines import base
+    from batchrun.engines.echo import EchoEngine
+    from batchrun.openai.records import CHAT, Request
+    from batchrun.workers.ray import EngineActor
+
+    class CountingEcho(EchoEngine):
+        """The echo engine with counters that grow by 10 lookups, 4 found, per request added."""
+
+        looked = 0
+
+        def add(self, request: Request) -> Any:
+            self.looked += 1
+            return super().add(request)
+
+        def prefix_cache_counters(self) -> tuple[int, int]:
+            return 10 * self.looked, 4 * self.looked
+
+    monkeypatch.setattr(base, "create_engine", CountingEcho)
+    # Where the actor runs: asked of Ray, which is not started here.
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "192.0.2.1")
+    monkeypatch.setattr(ray, "get_gpu_ids", lambda: [])
+    actor = EngineActor(EngineSettings(engine="echo").to_dict(), {})
+    assert "fatal" not in actor.start()
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    actor.add([Request(f"r{i}", i + 1, CHAT, body) for i in range(3)])
+    done: list[Any] = []
+    cache = None
+    for _ in range(100):
+        outcomes, fatal, cache = actor.poll(0.05)
+        assert fatal is None
+        done += outcomes
+        if len(done) == 3:
+            break
+    assert sorted(o.custom_id for o in done) == ["r0", "r1", "r2"]
+    assert cache == (30, 12)
