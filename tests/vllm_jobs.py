@@ -165,7 +165,8 @@ def results(job: Path) -> list[dict[str, Any]]:
     return [r for r in journal_records(job) if r["kind"] == "result"]
 
 
-def _exports(job: Path) -> dict[str, Any]:
+def exports(job: Path) -> dict[str, Any]:
+    """`batchrun export` of a job, JSONL then Parquet, and its output and error lines by id."""
     export = cli("export", "--job-dir", str(job))
     parquet = cli("export", "--job-dir", str(job), "--parquet")
     return {
@@ -191,7 +192,7 @@ def run_chat_job(tmp: Path) -> dict[str, Any]:
         "submit", str(src), "--job-dir", str(job), "--max-model-len", "1024", "--no-progress",
         "--model", HUB_ID, env={"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"},
     )  # fmt: skip
-    return {"job": job, "src": src, "submit": run, "hf_home": hf_home, **_exports(job)}
+    return {"job": job, "src": src, "submit": run, "hf_home": hf_home, **exports(job)}
 
 
 def completions_input(tmp: Path) -> Path:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import cli, write_jsonl
-from vllm_jobs import SAMPLES, _exports, embedding_model_dir
+from vllm_jobs import SAMPLES, embedding_model_dir, exports
 
 SCORE_SAMPLE = SAMPLES / "score.jsonl"
 RERANK_SAMPLE = SAMPLES / "rerank.jsonl"
@@ -41,7 +41,7 @@ def _submit(tmp: Path, src: Path, model: Path, *args: str) -> dict[str, Any]:
         "submit", str(src), "--job-dir", str(job), "--batch-size", "32", "--model", str(model),
         "--no-progress", *args,
     )  # fmt: skip
-    return {"job": job, "src": src, "submit": run, **_exports(job)}
+    return {"job": job, "src": src, "submit": run, **exports(job)}
 
 
 def _score_line(cid: str, **body: Any) -> dict[str, Any]:

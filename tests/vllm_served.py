@@ -37,9 +37,9 @@ from vllm_jobs import (
     RESPONSES_REASONING,
     RESPONSES_SAMPLE,
     SAMPLES,
-    _exports,
     completions_input,
     embedding_model_dir,
+    exports,
     results,
     sample_lines,
     thinking_model,
@@ -67,7 +67,7 @@ def _create(client: OpenAI, src: Path, endpoint: str) -> Batch:
 def _job(server: Server, batch: Batch, src: Path, log: str) -> dict[str, Any]:
     """A served batch, as the jobs of tests/vllm_jobs.py are (see the module's docstring)."""
     job = server.batch_dir(batch.id)
-    return {"job": job, "src": src, "batch": batch, "log": log, **_exports(job)}
+    return {"job": job, "src": src, "batch": batch, "log": log, **exports(job)}
 
 
 def _await(

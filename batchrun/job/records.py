@@ -54,9 +54,9 @@ def result_record(
     outcome: Outcome, line: int, attempt: int, now: float | None = None
 ) -> ResultRecord:
     """The journal record of one attempt, finished at `now` (as written: `time.time()` to the
-    millisecond; by default, now)."""
+    millisecond; by default, now); a deduplicated copy's names the request it was copied from."""
     latency = round(outcome.latency_s, 6)
-    return {
+    rec: ResultRecord = {
         "kind": "result",
         "custom_id": outcome.custom_id,
         "line": line,
@@ -73,6 +73,9 @@ def result_record(
         "latency_s": latency if latency == 0 or 1e-4 <= latency < 1e16 else _json_float(latency),
         "time": round(time.time(), 3) if now is None else now,
     }
+    if outcome.extra:  # a copy answered for a duplicate names its representative (run/dedup.py)
+        rec["copy_of"] = outcome.extra["copy_of"]
+    return rec
 
 
 def _json_float(value: float) -> msgspec.Raw:

@@ -315,8 +315,6 @@ class Scheduler(RestartPolicy):
         for (outcome, request), attempt in zip(pairs, attempts, strict=True):
             rec = result_record(outcome, request.line, attempt, now)
             rec["worker"] = index
-            if outcome.extra:
-                rec["copy_of"] = outcome.extra["copy_of"]
             records.append(rec)
             if plain:
                 plain = plain_result(outcome)

@@ -30,6 +30,9 @@ class FileStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._records: dict[str, dict[str, Any]] = {}
+        # The earliest `expires_at` of any file (None: none expires), so that asking for files
+        # looks through them all only when one is due.
+        self._next_expiry: float | None = None
         self._load()
 
     def _load(self) -> None:
@@ -49,6 +52,7 @@ class FileStore:
                 and self.content(meta.stem).exists()
             ):
                 self._records[meta.stem] = record
+                self._expires(record)
         for data in self.dir.glob("*.jsonl"):
             if data.stem not in self._records:
                 data.unlink(missing_ok=True)
@@ -103,7 +107,13 @@ class FileStore:
         write_json_atomic(self.dir / f"{file_id}.json", record)
         with self._lock:
             self._records[file_id] = record
+            self._expires(record)
         return record
+
+    def _expires(self, record: dict[str, Any]) -> None:
+        at = record.get("expires_at")
+        if at is not None and (self._next_expiry is None or at < self._next_expiry):
+            self._next_expiry = at
 
     def get(self, file_id: str) -> dict[str, Any] | None:
         """A file's record, or None when there is no such file (an expired one is deleted)."""
@@ -129,11 +139,18 @@ class FileStore:
         an expired file is never shown)."""
         now = time.time()
         with self._lock:
-            expired = [
-                file_id
-                for file_id, r in self._records.items()
-                if r.get("expires_at") is not None and r["expires_at"] <= now
-            ]
+            if self._next_expiry is None or now < self._next_expiry:
+                return
+            expired = []
+            self._next_expiry = None
+            for file_id, r in self._records.items():
+                at = r.get("expires_at")
+                if at is None:
+                    continue
+                if at <= now:
+                    expired.append(file_id)
+                elif self._next_expiry is None or at < self._next_expiry:
+                    self._next_expiry = at
         for file_id in expired:
             self.delete(file_id)
 

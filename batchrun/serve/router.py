@@ -201,8 +201,6 @@ class SharedScheduler(Scheduler):
             for (outcome, request), attempt in zip(group, attempts, strict=True):
                 rec = result_record(outcome, request.line, attempt, now)
                 rec["worker"] = index
-                if outcome.extra:
-                    rec["copy_of"] = outcome.extra["copy_of"]
                 recs.append(rec)
                 plain = plain and plain_result(outcome)
             job.journal.append(recs, plain=plain)

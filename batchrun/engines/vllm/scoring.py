@@ -227,17 +227,12 @@ class Scorer:
             )
             try:
                 rendered = processor.render(render)
-            except VLLMValidationError as exc:
-                code = (
-                    "context_length_exceeded"
-                    if exc.parameter in _LENGTH_PARAMETERS
-                    else "invalid_request"
-                )
+            except (VLLMValidationError, ValueError, TypeError) as exc:
+                # vLLM's validation error names the parameter: a length one is the context's.
+                length = getattr(exc, "parameter", None) in _LENGTH_PARAMETERS
                 pair = f"{_where(fields, 0, q)} with {_where(fields, 1, d)}"
+                code = "context_length_exceeded" if length else "invalid_request"
                 raise BadRequest(f"{pair}: {exc}", code=code) from exc
-            except (ValueError, TypeError) as exc:
-                pair = f"{_where(fields, 0, q)} with {_where(fields, 1, d)}"
-                raise BadRequest(f"{pair}: {exc}") from exc
             inputs.append((rendered["prompts"], rendered["params"]))
         tokens = sum(len(prompt["prompt_token_ids"]) for prompt, _ in inputs)
         return ScoreWork(fields, True, inputs, prompt_tokens=tokens)
