@@ -18,6 +18,19 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _share_cores_between_test_processes() -> None:
+    """Under pytest-xdist each test process may run a CPU engine at the same time as another:
+    give each engine its share of the cores, as a user running two jobs on one machine would.
+    batchrun's default gives one engine every core; two such engines' OpenMP threads stall each
+    other (the suite took 4:44 so, 3:52 with one thread each, on 2 cores)."""
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if count > 1 and "OMP_NUM_THREADS" not in os.environ and hasattr(os, "sched_getaffinity"):
+        os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // count))
+
+
+_share_cores_between_test_processes()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """No test touches the user's cache: the default model is converted once per session here."""
