@@ -1103,7 +1103,7 @@ def part_a(args: argparse.Namespace, work: Path, command: str, machine: dict[str
     print()
     print_table(PART_A_HEAD, rows)
     verdict = ratio_verdict(results)
-    print(f"\n  {verdict}\n")
+    print("\n" + "".join(f"  {line}\n" for line in verdict.split("\n\n")))
     if args.no_docs:
         return
     settings = (
