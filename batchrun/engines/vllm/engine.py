@@ -30,17 +30,17 @@ from typing import Any
 
 from batchrun.config import EngineSettings
 from batchrun.engines.vllm.answers import choice_of
+from batchrun.engines.vllm.args import engine_args
 from batchrun.engines.vllm.cache import PrefixCacheCounter
-from batchrun.engines.vllm.dtype import resolve_dtype
 from batchrun.engines.vllm.embeddings import EmbeddingWork, embedding_work
 from batchrun.engines.vllm.errors import BadRequest
-from batchrun.engines.vllm.params import capped_max_model_len, sampling_params
+from batchrun.engines.vllm.params import sampling_params
 from batchrun.engines.vllm.prompts import (
     completion_prompt,
     prompt_token_ids,
     request_template_kwargs,
 )
-from batchrun.engines.vllm.reasoning import Reasoner, check_parser_name
+from batchrun.engines.vllm.reasoning import Reasoner
 from batchrun.engines.vllm.release import release_vllm_globals
 from batchrun.engines.vllm.scoring import Scorer, ScoreWork
 from batchrun.engines.vllm.tokens import TokenText
@@ -48,10 +48,6 @@ from batchrun.models import engine_model
 from batchrun.openai.params import Sampling, sampling
 from batchrun.openai.records import CHAT, EMBEDDINGS, POOLING_ENDPOINTS, RESPONSES, Outcome, Request
 from batchrun.openai.responses import failure, response_model, success
-
-# On the CPU backend `gpu_memory_utilization` is the fraction of host memory vLLM reserves, and
-# vLLM's default (0.92) is refused at start-up on a machine that runs anything else.
-CPU_MEMORY_UTILIZATION = 0.4
 
 
 @dataclass
@@ -92,55 +88,9 @@ class VllmEngine:
         # imported (vllm.envs reads it at use, but set early to be safe across versions).
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
-        import torch
-        from vllm import EngineArgs, LLMEngine
+        from vllm import LLMEngine
 
-        memory_utilization = settings.gpu_memory_utilization
-        if memory_utilization is None and not torch.cuda.is_available():
-            memory_utilization = CPU_MEMORY_UTILIZATION
-        extra: dict[str, Any] = {}
-        if memory_utilization is not None:
-            extra["gpu_memory_utilization"] = memory_utilization
-        # An embeddings, score or rerank job runs the model as a pooling model (vLLM converts a
-        # generative one); otherwise vLLM picks the runner from the architecture.
-        if settings.endpoint in POOLING_ENDPOINTS:
-            extra["runner"] = "pooling"
-        if settings.reasoning_parser is not None:
-            check_parser_name(settings.reasoning_parser)  # before the engine's 20 s start
-            # As `vllm serve --reasoning-parser`: the engine then holds a response_format's
-            # constraint back until the reasoning has ended.
-            extra["reasoning_parser"] = settings.reasoning_parser
-
-        model_args: dict[str, Any] = {
-            "model": target.model,
-            "tokenizer": target.tokenizer,
-            "revision": target.revision,
-            "served_model_name": self.model_name,
-        }
-        # EngineArgs types dtype as a Literal; the value is validated by vLLM itself.
-        dtype: Any = resolve_dtype(settings.dtype, cuda=torch.cuda.is_available())
-        if settings.max_model_len is not None:
-            extra["max_model_len"] = capped_max_model_len(
-                EngineArgs(**model_args, dtype=dtype, **extra), settings.max_model_len
-            )
-        args = EngineArgs(
-            **model_args,
-            dtype=dtype,
-            tensor_parallel_size=settings.tensor_parallel_size,
-            # Unset: eager on the CPU backend, where compiling costs more start-up than it saves.
-            enforce_eager=(
-                settings.enforce_eager
-                if settings.enforce_eager is not None
-                else not torch.cuda.is_available()
-            ),
-            seed=settings.seed,
-            max_num_seqs=settings.max_num_seqs,
-            # On: vLLM counts prefix-cache hits only then (its periodic log lines stay off: see
-            # cache.py). None: vLLM sizes the KV cache from the memory fraction.
-            disable_log_stats=False,
-            kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
-            **extra,
-        )
+        args = engine_args(settings, target, self.model_name)
         self._cache = PrefixCacheCounter()
         self._engine: Any = LLMEngine.from_engine_args(args, stat_loggers=[self._cache.factory()])
         self._tokenizer: Any = self._engine.get_tokenizer()
