@@ -163,6 +163,25 @@ def test_a_response_with_reasoning_parses_as_the_openai_type() -> None:
     assert response.usage is not None and response.usage.output_tokens_details.reasoning_tokens == 3
 
 
+def test_cached_prompt_tokens_are_reported_where_openai_reports_them() -> None:
+    """An engine's prefix-cache count goes into each body's usage; an engine without a cache
+    (None) leaves chat and completions usage without the details, as before."""
+    chat = Request("c", 1, CHAT, chat_line("c", "hi")["body"])
+    body = success(chat, [Choice("yo", "stop", 1)], model="m", prompt_tokens=40, latency_s=0,
+                   cached_tokens=32).body  # fmt: skip
+    assert isinstance(body, dict)
+    usage = ChatCompletion.model_validate(body, strict=True).usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == 32
+    plain = success(chat, [Choice("yo", "stop", 1)], model="m", prompt_tokens=40, latency_s=0)
+    assert isinstance(plain.body, dict) and "prompt_tokens_details" not in plain.body["usage"]
+    resp = Request("r", 1, RESPONSES, {"input": "x"})
+    body = success(resp, [Choice("yo", "stop", 1)], model="m", prompt_tokens=40, latency_s=0,
+                   cached_tokens=16).body  # fmt: skip
+    response = Response.model_validate(body, strict=True)
+    assert response.usage is not None and response.usage.input_tokens_details.cached_tokens == 16
+
+
 def test_chat_reasoning_comes_from_vllms_parser_and_parses_as_a_chat_completion() -> None:
     from transformers import AutoTokenizer
 

@@ -170,6 +170,14 @@ def test_the_prefix_cache_hit_rate_comes_from_vllm_and_duplicates_run_once(
     assert set(outputs) == CHAT_PREFIX_IDS
     a, b = (outputs[c]["response"]["body"] for c in ("dup-a", "dup-b"))
     assert a["id"] != b["id"] and a["choices"] == b["choices"] and a["usage"] == b["usage"]
+    # Each answer says how many of its prompt tokens vLLM found cached, as OpenAI's usage does
+    # (`prompt_tokens_details.cached_tokens`): the document's questions after the first find its
+    # first blocks in the cache (whole blocks only: 128 tokens on the CPU backend, 16 on a GPU).
+    usages = {c: o["response"]["body"]["usage"] for c, o in outputs.items()}
+    cached = {c: u["prompt_tokens_details"]["cached_tokens"] for c, u in usages.items()}
+    assert all(0 <= cached[c] <= usages[c]["prompt_tokens"] for c in cached), usages
+    assert max(cached[f"doc-{i}"] for i in range(3)) > 0, cached
+    assert cached["dup-a"] == cached["dup-b"], cached  # a copy reports its representative's
 
 
 # --- the completions job: lines c0-c2 are this file's; killed on the way -------------------------

@@ -59,6 +59,8 @@ def test_every_line_answers_as_a_response_or_is_refused_naming_the_field(
         assert usage is not None and usage.total_tokens == usage.input_tokens + usage.output_tokens
         assert usage.output_tokens <= request["max_output_tokens"]
         assert usage.output_tokens_details.reasoning_tokens <= usage.output_tokens
+        # The prompt tokens vLLM found in its prefix cache (a count of the engine's, not 0 always).
+        assert 0 <= usage.input_tokens_details.cached_tokens <= usage.input_tokens
         assert response.instructions == request.get("instructions")
         assert response.metadata == (request.get("metadata") or {})
         assert response.temperature == request.get("temperature", 1.0)

@@ -92,11 +92,15 @@ def success(
     prompt_tokens: int,
     latency_s: float,
     reasoning: bool = False,
+    cached_tokens: int | None = None,
 ) -> Outcome:
-    """A successful outcome whose body is a ChatCompletion or Completion object.
+    """A successful outcome whose body is a ChatCompletion, Completion or Response object.
 
     `reasoning`: the engine runs a reasoning parser, so the usage counts reasoning tokens (in
-    `completion_tokens_details`, as vLLM's server reports them then).
+    `completion_tokens_details`, as vLLM's server reports them then). `cached_tokens`: the prompt
+    tokens the engine found in its prefix cache (None: an engine without one), reported as
+    OpenAI reports them (`prompt_tokens_details.cached_tokens`; a Response's
+    `input_tokens_details.cached_tokens`).
     """
     completion_tokens = (
         choices[0].token_count if len(choices) == 1 else sum([c.token_count for c in choices])
@@ -107,6 +111,8 @@ def success(
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
     if reasoning:
         usage["completion_tokens_details"] = {
             "reasoning_tokens": sum([c.reasoning_tokens for c in choices])
@@ -124,6 +130,7 @@ def success(
             output_tokens=completion_tokens,
             model=model,
             prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens or 0,
             ids=(f"resp_{response_id()}", f"rs_{response_id()}", f"msg_{response_id()}"),
         )
     elif request.url == CHAT:

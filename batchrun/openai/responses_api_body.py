@@ -23,8 +23,10 @@ def response_object(
     model: str,
     prompt_tokens: int,
     ids: tuple[str, str, str],
+    cached_tokens: int = 0,
 ) -> dict[str, Any]:
-    """A Response: `ids` are the response's, its reasoning item's and its message's id."""
+    """A Response: `ids` are the response's, its reasoning item's and its message's id;
+    `cached_tokens` of the prompt's were found in the engine's prefix cache."""
     body = request.body
     response_id, reasoning_id, message_id = ids
     incomplete = finish_reason == "length"
@@ -75,7 +77,7 @@ def response_object(
         "truncation": "disabled",
         "usage": {
             "input_tokens": prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
             "output_tokens": output_tokens,
             "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": prompt_tokens + output_tokens,

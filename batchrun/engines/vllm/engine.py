@@ -319,6 +319,9 @@ class VllmEngine:
             for c, reason in zip(completions, reasons, strict=True)
         ]
         prompt_ids = output.prompt_token_ids
+        # The prompt tokens vLLM found in its prefix cache (whole blocks: 16 tokens each on a
+        # GPU by default, 128 on the CPU backend).
+        cached = getattr(output, "num_cached_tokens", None)
         return success(
             request,
             choices,
@@ -326,6 +329,7 @@ class VllmEngine:
             prompt_tokens=len(prompt_ids) if prompt_ids is not None else 0,
             latency_s=latency_s,
             reasoning=reasoner is not None,
+            cached_tokens=int(cached) if cached is not None else None,
         )
 
     def _pooled_part(self, part: tuple[str, int], output: Any, now: float) -> Outcome | None:
