@@ -34,6 +34,18 @@ def test_batches_of_a_generative_model_run_on_the_engine_loaded_once(
         assert batch.status == "completed", batch
         assert batch.usage is not None and batch.usage.output_tokens > 0
         assert batch.request_counts is not None
+        # The batch's token details are its answers' (the engine's counts), not zeros.
+        usages = [line["response"]["body"]["usage"] for line in served[name]["files"]["output"]]
+        cached = sum(
+            (u.get("prompt_tokens_details") or u.get("input_tokens_details"))["cached_tokens"]
+            for u in usages
+        )
+        thought = sum(
+            (u.get("output_tokens_details") or {}).get("reasoning_tokens", 0) for u in usages
+        )
+        assert batch.usage.input_tokens_details.cached_tokens == cached, (batch.usage, usages)
+        assert batch.usage.output_tokens_details.reasoning_tokens == thought, batch.usage
+        assert (thought > 0) == (name != "completions"), batch.usage  # the thinking template
     for name in ("responses", "again"):
         for line in served[name]["files"]["output"]:
             assert line["error"] is None and line["response"]["status_code"] == 200

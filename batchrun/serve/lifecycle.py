@@ -30,6 +30,7 @@ from batchrun.serve.checks import expiry_seconds
 from batchrun.serve.files import FileStore
 from batchrun.serve.jobview import job_facts, stamp_job
 from batchrun.serve.router import ActiveJob
+from batchrun.serve.usage import token_details
 
 INPUT_NAME = "input.jsonl"
 # The most invalid lines a failed batch lists in `errors.data` (all are in the job's journal).
@@ -173,12 +174,13 @@ def finalize(batches: BatchStore, files: FileStore, batch_id: str) -> None:
         ids[key] = made["id"]
         batches.update(batch_id, **{key: made["id"]})  # remembered before the next step
     state = replay(paths, manifest)
+    details = token_details(job_dir / OUTPUT_NAME)
     now = int(time.time())
     usage = {
         "input_tokens": state.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": details.cached_tokens},
         "output_tokens": state.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": details.reasoning_tokens},
         "total_tokens": state.prompt_tokens + state.completion_tokens,
     }
     stamps: dict[str, Any] = {f"{record.final}_at": now, **ids}
