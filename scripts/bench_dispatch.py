@@ -281,34 +281,29 @@ def ratio(results: list[CResult], r: CResult, base: str = "raw") -> float | None
     return r.tok_per_s / raw.tok_per_s
 
 
+def auto_ratios(results: list[CResult], kind: str, base: str = "raw") -> list[float]:
+    """batchrun --order auto's ratio to `base` on workload `kind`, one per round measured."""
+    return [
+        x
+        for r in results
+        if r.name == "batchrun-auto" and r.workload == kind
+        if (x := ratio(results, r, base)) is not None
+    ]
+
+
 def verdicts(results: list[CResult], rounds: int) -> list[str]:
     """Per workload: batchrun --order auto / raw vLLM per round, and whether the target held in
     at least two rounds (in the one round, with --rounds 1)."""
     lines = []
     for kind, target in TARGETS.items():
-        ratios = [
-            x
-            for r in results
-            if r.name == "batchrun-auto" and r.workload == kind
-            if (x := ratio(results, r)) is not None
-        ]
+        ratios = auto_ratios(results, kind)
         if not ratios:
             continue
         met = sum(x >= target for x in ratios)
         need = min(2, rounds)
         each = ", ".join(f"{x:.2f}x" for x in ratios)
-        same = [
-            x
-            for r in results
-            if r.name == "batchrun-auto" and r.workload == kind
-            if (x := ratio(results, r, "raw-inproc")) is not None
-        ]
-        inproc = (
-            f"; against raw vLLM in-process (the same layout): "
-            f"{', '.join(f'{x:.2f}x' for x in same)}"
-            if same
-            else ""
-        )
+        same = ", ".join(f"{x:.2f}x" for x in auto_ratios(results, kind, "raw-inproc"))
+        inproc = f"; against raw vLLM in-process (the same layout): {same}" if same else ""
         lines.append(
             f"{WORKLOADS[kind]}: batchrun --order auto / raw vLLM, generation tok/s: {each}; "
             f"median {statistics.median(ratios):.2f}x; target >= {target}x in {need} rounds: "
