@@ -228,6 +228,8 @@ PARQUET_COLUMNS = [
     "prompt_tokens",
     "completion_tokens",
     "total_tokens",
+    "cached_tokens",
+    "reasoning_tokens",
     "error_code",
     "error_message",
     "attempts",
@@ -251,7 +253,14 @@ def test_parquet_rows_columns_dtypes_and_values(tmp_path: Path, mixed: Path) -> 
         "succeeded",
         "failed",
     ]
-    for col in ("line", "prompt_tokens", "completion_tokens", "total_tokens"):
+    for col in (
+        "line",
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "cached_tokens",
+        "reasoning_tokens",
+    ):
         assert df[col].dtype == "int64", col
     for col in ("n_choices", "attempts"):
         assert df[col].dtype == "int32", col
@@ -435,6 +444,38 @@ def shapes(tmp_path: Path, mixed: Path) -> Path:
         ),
         _body_record("emb-failed", 10, {"data": [{"embedding": [1.0]}]}, ok=False),
         _body_record("tools", 12, {"choices": [{"message": {"content": None, "tool_calls": []}}]}),
+        _body_record(
+            "details",
+            14,
+            {
+                "choices": [{"message": {"content": "d"}, "finish_reason": "stop"}],
+                "usage": {
+                    "prompt_tokens": 300,
+                    "completion_tokens": 9,
+                    "total_tokens": 309,
+                    "prompt_tokens_details": {"cached_tokens": 256},
+                    "completion_tokens_details": {"reasoning_tokens": 5},
+                },
+            },
+        ),
+        _body_record(
+            "response-details",
+            15,
+            {
+                "object": "response",
+                "status": "completed",
+                "output": [
+                    {"type": "message", "content": [{"type": "output_text", "text": "r"}]}
+                ],
+                "usage": {
+                    "input_tokens": 200,
+                    "output_tokens": 7,
+                    "total_tokens": 207,
+                    "input_tokens_details": {"cached_tokens": 128},
+                    "output_tokens_details": {"reasoning_tokens": 3},
+                },
+            },
+        ),
     ]
     with JournalWriter(mixed) as w:
         w.append(records)
@@ -470,6 +511,20 @@ def test_records_msgspec_refuses_are_read_as_json_reads_them(tmp_path: Path, sha
     assert df.loc["nan", "content"] == "x"
     assert [t["token"] for t in df.loc["lp", "logprobs"]] == ["a", "b"]
     assert len(df.loc["emb", "embeddings"]) == 2 and df.loc["emb", "n_choices"] == 2
+    _assert_token_details(df)
+
+
+def _assert_token_details(df: pd.DataFrame) -> None:
+    """The prompt tokens found cached and the reasoning tokens, from chat's usage and from a
+    Response's (its own names); 0 where a body reports none."""
+    details = df.loc[["details", "response-details", "lp"], ["cached_tokens", "reasoning_tokens"]]
+    assert details.values.tolist() == [[256, 5], [128, 3], [0, 0]]
+    assert df.loc["response-details", "content"] == "r"
+
+
+def test_parquet_has_the_token_details_usage_reports(tmp_path: Path, shapes: Path) -> None:
+    export_parquet(shapes, tmp_path / "out")
+    _assert_token_details(pd.read_parquet(tmp_path / "out" / PARQUET_NAME).set_index("custom_id"))
 
 
 def test_fast_paths_write_the_bytes_the_json_paths_write(

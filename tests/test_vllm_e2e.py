@@ -178,6 +178,9 @@ def test_the_prefix_cache_hit_rate_comes_from_vllm_and_duplicates_run_once(
     assert all(0 <= cached[c] <= usages[c]["prompt_tokens"] for c in cached), usages
     assert max(cached[f"doc-{i}"] for i in range(3)) > 0, cached
     assert cached["dup-a"] == cached["dup-b"], cached  # a copy reports its representative's
+    # results.parquet carries the same counts in its cached_tokens column.
+    df = pd.read_parquet(chat_job["job"] / "results.parquet").set_index("custom_id")
+    assert {c: df.loc[c, "cached_tokens"] for c in cached} == cached
 
 
 # --- the completions job: lines c0-c2 are this file's; killed on the way -------------------------

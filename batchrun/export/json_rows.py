@@ -40,6 +40,8 @@ def json_row(entry: Entry, rec: dict[str, Any], extras: Sequence[str]) -> tuple[
         or rec.get("completion_tokens")
         or 0
     )
+    prompt_details = _details(usage, "prompt_tokens_details", "input_tokens_details")
+    completion_details = _details(usage, "completion_tokens_details", "output_tokens_details")
     err = rec.get("error") or {}
     invalid = entry.status == INVALID
     values = [
@@ -54,6 +56,8 @@ def json_row(entry: Entry, rec: dict[str, Any], extras: Sequence[str]) -> tuple[
         prompt,
         completion,
         int(usage.get("total_tokens") or prompt + completion),
+        int(prompt_details.get("cached_tokens") or 0),
+        int(completion_details.get("reasoning_tokens") or 0),
         err.get("code"),
         err.get("message"),
         entry.attempts,
@@ -77,6 +81,15 @@ def json_row(entry: Entry, rec: dict[str, Any], extras: Sequence[str]) -> tuple[
         else:  # scores, score_indices
             values.append(json_scores(body, name))
     return tuple(values)
+
+
+def _details(usage: dict[str, Any], *names: str) -> dict[str, Any]:
+    """The first of a usage's token details objects named (chat's, then a Response's names)."""
+    for name in names:
+        details = usage.get(name)
+        if isinstance(details, dict):
+            return details
+    return {}
 
 
 def json_scores(body: dict[str, Any], name: str) -> list[Any] | None:

@@ -1,5 +1,9 @@
 """results.parquet: one flat row per request and per invalid line, written in row groups.
 
+The token columns are the body's usage (what output.jsonl says): `cached_tokens` from its
+prompt (or a Response's input) token details, `reasoning_tokens` from its completion (output)
+token details, 0 where the body reports none.
+
 Beyond the flat columns, a job whose answers carry logprobs gets a `logprobs` column (the first
 choice's tokens, as nested lists), one whose answers carry reasoning (--reasoning-parser) a
 `reasoning` column, and an embeddings job an `embeddings` column (per request, its vectors as
@@ -51,6 +55,8 @@ _BASE_COLUMNS = (
     ("prompt_tokens", "int64"),
     ("completion_tokens", "int64"),
     ("total_tokens", "int64"),
+    ("cached_tokens", "int64"),
+    ("reasoning_tokens", "int64"),
     ("error_code", "string"),
     ("error_message", "string"),
     ("attempts", "int32"),
@@ -196,12 +202,21 @@ class _Result(msgspec.Struct):
     relevance_score: Any = None
 
 
+class _Details(msgspec.Struct):
+    cached_tokens: Any = None
+    reasoning_tokens: Any = None
+
+
 class _Usage(msgspec.Struct):
     prompt_tokens: Any = None
     completion_tokens: Any = None
     total_tokens: Any = None
-    input_tokens: Any = None  # a Response's names for the first two
+    prompt_tokens_details: _Details | None = None
+    completion_tokens_details: _Details | None = None
+    input_tokens: Any = None  # a Response's names for the first two and their details
     output_tokens: Any = None
+    input_tokens_details: _Details | None = None
+    output_tokens_details: _Details | None = None
 
 
 class _Part(msgspec.Struct):
@@ -286,6 +301,12 @@ def _row(index: JournalIndex, entry: Entry, raw: bytes, extras: Sequence[str]) -
     prompt = int((usage and usage.prompt_tokens) or rec.prompt_tokens or 0)
     completion = int((usage and usage.completion_tokens) or rec.completion_tokens or 0)
     total = int((usage and usage.total_tokens) or prompt + completion)
+    cached = reasoning_tokens = 0
+    if usage is not None:
+        prompt_details = usage.prompt_tokens_details or usage.input_tokens_details
+        completion_details = usage.completion_tokens_details or usage.output_tokens_details
+        cached = int((prompt_details and prompt_details.cached_tokens) or 0)
+        reasoning_tokens = int((completion_details and completion_details.reasoning_tokens) or 0)
     err = rec.error or _Error()
     invalid = entry.status == INVALID
     values = [
@@ -300,6 +321,8 @@ def _row(index: JournalIndex, entry: Entry, raw: bytes, extras: Sequence[str]) -
         prompt,
         completion,
         total,
+        cached,
+        reasoning_tokens,
         err.code,
         err.message,
         entry.attempts,
