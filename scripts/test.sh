@@ -8,6 +8,7 @@ bash scripts/setup.sh
 PY="${BATCHRUN_VENV:-$ROOT/.venv}/bin/python"
 echo "[test] ruff" >&2
 "$PY" -m ruff check batchrun tests scripts
+"$PY" -m ruff format --check batchrun tests scripts
 echo "[test] mypy" >&2
 "$PY" -m mypy
 echo "[test] pytest" >&2

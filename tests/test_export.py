@@ -464,9 +464,7 @@ def shapes(tmp_path: Path, mixed: Path) -> Path:
             {
                 "object": "response",
                 "status": "completed",
-                "output": [
-                    {"type": "message", "content": [{"type": "output_text", "text": "r"}]}
-                ],
+                "output": [{"type": "message", "content": [{"type": "output_text", "text": "r"}]}],
                 "usage": {
                     "input_tokens": 200,
                     "output_tokens": 7,

@@ -61,7 +61,12 @@ def test_a_manifest_from_an_older_version_loads(tmp_path: Path) -> None:
            "input_bytes": 3, "requests": 2, "invalid": 1, "a_key_from_elsewhere": [1]}  # fmt: skip
     write_json_atomic(paths.manifest, old)
     loaded = load_manifest(paths)
-    assert (loaded.job_id, loaded.requests, loaded.runs, loaded.status) == ("j0", 2, [], "validated")
+    assert (loaded.job_id, loaded.requests, loaded.runs, loaded.status) == (
+        "j0",
+        2,
+        [],
+        "validated",
+    )
 
 
 def test_a_manifest_with_a_field_of_the_wrong_type_is_named_damaged(tmp_path: Path) -> None:
@@ -69,7 +74,9 @@ def test_a_manifest_with_a_field_of_the_wrong_type_is_named_damaged(tmp_path: Pa
     data = msgspec.to_builtins(manifest())
     data["requests"] = "many"
     write_json_atomic(paths.manifest, data)
-    with pytest.raises(BatchrunError, match=r"is damaged: Expected `int`, got `str` - at `\$\.requests`"):
+    with pytest.raises(
+        BatchrunError, match=r"is damaged: Expected `int`, got `str` - at `\$\.requests`"
+    ):
         load_manifest(paths)
 
 

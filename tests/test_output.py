@@ -18,8 +18,19 @@ def test_a_closed_output_pipe_does_not_stop_the_job(tmp_path: Path) -> None:
     )
     job = tmp_path / "job"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "batchrun", "submit", str(src), "--job-dir", str(job),
-         "--engine", "echo", "--batch-size", "64"],
+        [
+            sys.executable,
+            "-m",
+            "batchrun",
+            "submit",
+            str(src),
+            "--job-dir",
+            str(job),
+            "--engine",
+            "echo",
+            "--batch-size",
+            "64",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={**os.environ, "BATCHRUN_ECHO_DELAY_MS": "5"},

@@ -9,7 +9,9 @@ from batchrun.openai.records import CHAT, COMPLETIONS, EMBEDDINGS, Request
 
 
 def chat(**body: Any) -> Sampling:
-    return sampling(Request("a", 1, CHAT, {"messages": [{"role": "user", "content": "hi"}], **body}))
+    return sampling(
+        Request("a", 1, CHAT, {"messages": [{"role": "user", "content": "hi"}], **body})
+    )
 
 
 def completion(**body: Any) -> Sampling:

@@ -32,8 +32,18 @@ def test_poison_requests_fail_alone_and_every_other_request_is_answered(
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_CRASH_ON": "r7,r41", "BATCHRUN_ECHO_DELAY_MS": "2"}
     r = cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "16",
-        "--workers", str(workers), "--no-progress", env=env,
+        "submit",
+        str(src),
+        "--job-dir",
+        str(job),
+        "--engine",
+        "echo",
+        "--batch-size",
+        "16",
+        "--workers",
+        str(workers),
+        "--no-progress",
+        env=env,
     )
     assert r.returncode == 1, r.stderr  # finished, with two failed requests
     assert "Traceback" not in r.stderr
@@ -71,8 +81,16 @@ def test_isolation_costs_at_most_log2_of_what_the_worker_held(tmp_path: Path) ->
     src = make_input(tmp_path, 200)
     job = tmp_path / "job"
     r = cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "64",
-        "--no-progress", env={"BATCHRUN_ECHO_CRASH_ON": "r150"},
+        "submit",
+        str(src),
+        "--job-dir",
+        str(job),
+        "--engine",
+        "echo",
+        "--batch-size",
+        "64",
+        "--no-progress",
+        env={"BATCHRUN_ECHO_CRASH_ON": "r150"},
     )
     assert r.returncode == 1, r.stderr
     starts = r.stderr.count("starting echo engine")
@@ -91,8 +109,16 @@ def test_retry_failed_runs_a_poison_request_again_on_demand(tmp_path: Path) -> N
     src = make_input(tmp_path, 10)
     job = tmp_path / "job"
     r = cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "4",
-        "--no-progress", env={"BATCHRUN_ECHO_CRASH_ON": "r3"},
+        "submit",
+        str(src),
+        "--job-dir",
+        str(job),
+        "--engine",
+        "echo",
+        "--batch-size",
+        "4",
+        "--no-progress",
+        env={"BATCHRUN_ECHO_CRASH_ON": "r3"},
     )
     assert r.returncode == 1, r.stderr
     # The engine was fixed (here: the fault is gone): retry-failed runs it and it succeeds.
@@ -107,8 +133,16 @@ def test_an_engine_that_crashes_on_every_request_gives_up_with_one_line(tmp_path
     job = tmp_path / "job"
     every = ",".join(f"r{i}" for i in range(12))
     r = cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "4",
-        "--no-progress", env={"BATCHRUN_ECHO_CRASH_ON": every},
+        "submit",
+        str(src),
+        "--job-dir",
+        str(job),
+        "--engine",
+        "echo",
+        "--batch-size",
+        "4",
+        "--no-progress",
+        env={"BATCHRUN_ECHO_CRASH_ON": every},
     )
     assert r.returncode == 1
     assert "Traceback" not in r.stderr

@@ -348,7 +348,9 @@ def test_unsupported_url(tmp_path: Path) -> None:
     line = chat("a")
     line["url"] = "/v1/chat"
     err = only_error(write(tmp_path, line))
-    assert err == LineError(1, "a", "invalid_url", f"url must be one of {ENDPOINTS}, got '/v1/chat'")
+    assert err == LineError(
+        1, "a", "invalid_url", f"url must be one of {ENDPOINTS}, got '/v1/chat'"
+    )
 
 
 def test_url_missing(tmp_path: Path) -> None:

@@ -92,7 +92,8 @@ class FakeWorker(Worker):
     def _on_eof(self) -> None:
         if self.death is None:
             self.death = WorkerDeath(
-                oom=False, message="the worker process died (killed by signal 9)",
+                oom=False,
+                message="the worker process died (killed by signal 9)",
                 during_start=not self.ready,
             )
 
@@ -158,8 +159,10 @@ def test_a_poison_request_is_isolated_and_fails_alone(tmp_path: Path) -> None:
     assert FakeWorker.starts - 1 <= 1 + math.ceil(math.log2(held))
     found = [e for e in events.lines if "'r13' (line 14) on its own" in e]
     assert len(found) == 1 and "not retried; finding it took" in found[0]
-    assert any(f"died holding {held} requests" in e and "at most 5 more restarts" in e
-               for e in events.lines)
+    assert any(
+        f"died holding {held} requests" in e and "at most 5 more restarts" in e
+        for e in events.lines
+    )
 
 
 def test_several_poison_requests_and_several_workers(tmp_path: Path) -> None:

@@ -539,9 +539,7 @@ def test_output_expires_after_deletes_the_output_files_when_due(
     path = requests_file(tmp_path / "in.jsonl", 3)
     with path.open("a") as f:
         f.write("not json\n")  # an error file too
-    batch = create_batch(
-        client, path, output_expires_after={"anchor": "created_at", "seconds": 2}
-    )
+    batch = create_batch(client, path, output_expires_after={"anchor": "created_at", "seconds": 2})
     done = wait_done(client, batch.id)
     assert done.output_file_id and done.error_file_id
     for file_id in (done.output_file_id, done.error_file_id):
@@ -586,7 +584,10 @@ def test_a_bad_output_expires_after_is_refused(
 ) -> None:
     client = server.client()
     with pytest.raises(openai.BadRequestError) as e:
-        create_batch(
-            client, requests_file(tmp_path / "in.jsonl", 1), output_expires_after=expires
-        )
-    assert e.value.body == {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+        create_batch(client, requests_file(tmp_path / "in.jsonl", 1), output_expires_after=expires)
+    assert e.value.body == {
+        "message": message,
+        "type": "invalid_request_error",
+        "param": param,
+        "code": None,
+    }

@@ -180,7 +180,10 @@ def exports(job: Path) -> dict[str, Any]:
 def run_chat_job(tmp: Path) -> dict[str, Any]:
     """The chat job: the e2e lines, then the chat sample; the batch size is searched for. The
     model is the default one, as the hub id HUB_ID, found offline in a hub cache made from it."""
-    src = write_jsonl(tmp / "chat.jsonl", [*CHAT_E2E, *sample_lines(CHAT_SAMPLE), *CHAT_PREFIX, *sample_lines(TOOL_CHOICE_SAMPLE)])
+    src = write_jsonl(
+        tmp / "chat.jsonl",
+        [*CHAT_E2E, *sample_lines(CHAT_SAMPLE), *CHAT_PREFIX, *sample_lines(TOOL_CHOICE_SAMPLE)],
+    )
     job = tmp / "job"
     converted = subprocess.run(
         [sys.executable, "-m", "batchrun.models"], capture_output=True, text=True, cwd=ROOT

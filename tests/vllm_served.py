@@ -189,4 +189,3 @@ def run_pooling_server(tmp: Path) -> dict[str, Any]:
             "rerank": (RERANK_SAMPLE, "/v1/rerank"),
         },
     )
-

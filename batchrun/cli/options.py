@@ -64,7 +64,10 @@ NoProgress = Annotated[
     typer.Option("--no-progress", envvar="BATCHRUN_NO_PROGRESS", help="Hide the progress bar."),
 ]
 InputFile = Annotated[
-    Path, typer.Argument(help="OpenAI batch input file (JSONL).", metavar="INPUT_FILE", show_default=False)
+    Path,
+    typer.Argument(
+        help="OpenAI batch input file (JSONL).", metavar="INPUT_FILE", show_default=False
+    ),
 ]
 NewJobDir = Annotated[
     Path | None,

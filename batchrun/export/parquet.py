@@ -277,7 +277,10 @@ def _row(index: JournalIndex, entry: Entry, raw: bytes, extras: Sequence[str]) -
     first = None
     if body is not None and body.output is not None:
         # A Response: its message's text and reasoning item's; one answer, cut or not.
-        content, reasoning = _item_text(body.output, "message"), _item_text(body.output, "reasoning")
+        content, reasoning = (
+            _item_text(body.output, "message"),
+            _item_text(body.output, "reasoning"),
+        )
         finish_reason = "length" if body.status == "incomplete" else "stop"
         n_choices = 1
         model, response_id, usage = body.model, body.id, body.usage

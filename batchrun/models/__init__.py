@@ -119,5 +119,3 @@ def engine_model(
         assert model is not None
         directory = check_directory(model)
     return EngineModel(model=str(directory), tokenizer=tokenizer or str(directory), revision=None)
-
-

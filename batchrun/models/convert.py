@@ -250,4 +250,3 @@ def main(argv: list[str] | None = None) -> None:
             print(default_model_dir())
     except BatchrunError as exc:
         raise SystemExit(f"error: {exc}") from None
-

@@ -128,5 +128,3 @@ def check_tokenizer(tokenizer: str) -> str:
     # Only the repo must be there: tokenizers come in several file layouts.
     resolve_hub(tokenizer, None, option="--tokenizer", need=None)
     return tokenizer
-
-

@@ -129,7 +129,9 @@ def next_pass(job: ActiveJob) -> Iterator[Request] | None:
     state, path = job.state, job.facts.input_path
     job.passes += 1
     if job.passes == 1:
-        return plan(requests(path, state.is_not_done, job.index), job.manifest.order, job.duplicates)
+        return plan(
+            requests(path, state.is_not_done, job.index), job.manifest.order, job.duplicates
+        )
     ids = {
         cid
         for cid, last in state.last.items()
