@@ -40,8 +40,9 @@ PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check)
 
 # The stamp records what was installed; when it matches, the (slow) resolver is not run again.
+# It hashes the files' contents only (not their paths), so a clone or a moved checkout matches.
 STAMP="$VENV/.batchrun-setup"
-WANT="$VLLM_PKG $(sha256sum "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" | sha256sum | cut -c1-16)"
+WANT="$VLLM_PKG $(cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" | sha256sum | cut -c1-16)"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]] && "$PY" -c "import vllm, batchrun" >/dev/null 2>&1; then
   log "already set up ($VLLM_PKG) in $VENV"
   exit 0
