@@ -10,19 +10,33 @@ from tqdm import tqdm
 
 from batchrun.openai.records import Outcome
 
+# Where stderr is a file or a pipe (a log, nohup, a batch system), a plain progress line this
+# often instead of the bar: a bar redrawn with carriage returns turns a log into noise.
+LOG_EVERY_S = 30.0
+
 
 class ProgressReporter:
-    """A tqdm bar (requests done/total, requests/s, ETA) with generated tokens/s and failures."""
+    """A tqdm bar (requests done/total, requests/s, ETA) with generated tokens/s and failures;
+    where stderr is not a terminal, a plain progress line every `log_every_s` seconds instead."""
 
     def __init__(
-        self, total: int, initial: int = 0, desc: str = "requests", enabled: bool = True
+        self,
+        total: int,
+        initial: int = 0,
+        desc: str = "requests",
+        enabled: bool = True,
+        tty: bool | None = None,
+        log_every_s: float = LOG_EVERY_S,
     ) -> None:
         self.started = time.monotonic()
         self.tokens = 0
         self.failed = 0
         self.done = 0
         self._last_postfix = 0.0
-        tty = sys.stderr.isatty()
+        self._total, self._initial, self._desc = total, initial, desc
+        tty = sys.stderr.isatty() if tty is None else tty
+        self._log_every_s = log_every_s if enabled and not tty else None
+        self._last_log = self.started
         self.bar = tqdm(
             total=total,
             initial=initial,
@@ -30,9 +44,9 @@ class ProgressReporter:
             unit="req",
             file=sys.stderr,
             dynamic_ncols=True,
-            mininterval=0.2 if tty else 5.0,
+            mininterval=0.2,
             smoothing=0.05,
-            disable=not enabled,
+            disable=not (enabled and tty),
         )
 
     def event(self, message: str) -> None:
@@ -47,6 +61,9 @@ class ProgressReporter:
                 self.failed += 1
         self.done += len(outcomes)
         now = time.monotonic()
+        if self._log_every_s is not None and now - self._last_log >= self._log_every_s:
+            self._last_log = now
+            self.event(self.line(now))
         if now - self._last_postfix >= 0.5:
             self._last_postfix = now
             self.bar.set_postfix_str(self._postfix(now), refresh=False)
@@ -59,7 +76,32 @@ class ProgressReporter:
             text += f", {self.failed} failed"
         return text
 
+    def line(self, now: float) -> str:
+        """Progress as one plain line: done/total, requests/s and tokens/s of this run, ETA."""
+        elapsed = max(now - self.started, 1e-9)
+        done = self._initial + self.done
+        rate = self.done / elapsed
+        text = f"{self._desc}: {done:,}/{self._total:,}"
+        if self._total:
+            text += f" ({done / self._total:.1%})"
+        text += f", {rate:,.1f} req/s, {self._postfix(now)}"
+        left = self._total - done
+        if left > 0 and rate > 0:
+            text += f", about {_duration(left / rate)} left"
+        return text
+
     def close(self) -> None:
-        """Finish the bar."""
-        self.bar.set_postfix_str(self._postfix(time.monotonic()), refresh=False)
+        """Finish the bar (or write the last progress line)."""
+        now = time.monotonic()
+        if self._log_every_s is not None and self.done and now - self._last_log >= 1.0:
+            self.event(self.line(now))
+        self.bar.set_postfix_str(self._postfix(now), refresh=False)
         self.bar.close()
+
+
+def _duration(seconds: float) -> str:
+    """`seconds` as h:mm:ss (or m:ss under an hour)."""
+    whole = int(seconds + 0.5)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
