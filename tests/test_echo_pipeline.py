@@ -57,6 +57,30 @@ def test_submit_export_round_trip_with_a_bad_line(tmp_path: Path) -> None:
     ]
 
 
+def test_a_dry_run_refuses_what_does_not_fit_the_context_as_vllm_would(tmp_path: Path) -> None:
+    """The echo engine counts words as tokens against --max-model-len."""
+    lines = [
+        chat_line("fits", "one two three", max_tokens=4),
+        chat_line("long-prompt", " ".join(["word"] * 9)),
+        chat_line("long-answer", "one two", max_tokens=100),
+    ]
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    job = tmp_path / "job"
+    args = ("--job-dir", str(job), "--engine", "echo", "--max-model-len", "8", "--no-progress")
+    r = cli("submit", str(src), *args)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert cli("export", "--job-dir", str(job)).returncode == 0
+    assert [o["custom_id"] for o in read_jsonl(job / "output.jsonl")] == ["fits"]
+    errors = {e["custom_id"]: e for e in read_jsonl(job / "errors.jsonl")}
+    assert set(errors) == {"long-prompt", "long-answer"}
+    for e in errors.values():
+        assert (
+            e["response"]["status_code"] == 400 and e["error"]["code"] == "context_length_exceeded"
+        )
+    assert "the prompt has 9 tokens and 1 token" in errors["long-prompt"]["error"]["message"]
+    assert "100 completion tokens" in errors["long-answer"]["error"]["message"]
+
+
 def test_retry_passes_then_retry_failed_after_the_fault_is_gone(tmp_path: Path) -> None:
     src = make_input(tmp_path, 20)
     job = tmp_path / "job"

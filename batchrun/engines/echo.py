@@ -3,6 +3,8 @@
 
 The reply honours ``stop`` (it ends before the first stop sequence) and ``max_tokens`` /
 ``max_completion_tokens`` (counting whitespace-separated words as tokens; finish_reason "length").
+A prompt whose words plus ``max_tokens`` exceed ``--max-model-len`` is refused as the vLLM engine
+refuses it (context_length_exceeded, 400), so a dry run shows those lines.
 Embeddings requests get a deterministic unit vector of `ECHO_DIMENSIONS` floats per input, derived
 from a hash of the input (``dimensions`` up to that size keeps the first values, renormalised).
 Score and rerank requests get the cosine similarity of the two texts' word counts (runs of
@@ -43,7 +45,14 @@ from collections import Counter, deque
 from typing import Any
 
 from batchrun.config import EngineSettings
-from batchrun.openai.params import Sampling, ScoreParams, embedding_params, sampling, score_params
+from batchrun.openai.params import (
+    Sampling,
+    ScoreParams,
+    context_exceeded,
+    embedding_params,
+    sampling,
+    score_params,
+)
 from batchrun.openai.records import CHAT, EMBEDDINGS, RESPONSES, SCORING_URLS, Outcome, Request
 from batchrun.openai.responses import (
     Choice,
@@ -188,6 +197,15 @@ class EchoEngine:
         params = sampling(request)
         prompt = echo_text(request)
         prompt_words = len(prompt.split())
+        limit = self.settings.max_model_len
+        too_long = (
+            None if limit is None else context_exceeded(prompt_words, params.max_tokens, limit)
+        )
+        if too_long is not None:  # as the vLLM engine refuses it, words counted as tokens
+            code = "context_length_exceeded"
+            return failure(
+                request, code, too_long, status_code=400, retryable=False, latency_s=latency_s
+            )
         text, finish_reason = _limit(params, prompt, prompt_words)
         tokens = max(1, prompt_words if text is prompt else len(text.split()))
         prompt_tokens = max(1, prompt_words)

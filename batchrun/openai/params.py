@@ -95,6 +95,19 @@ class ScoreParams(msgspec.Struct, frozen=True):
         return [(0 if one else i, i) for i in range(len(self.documents))]
 
 
+def context_exceeded(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> str | None:
+    """Why a prompt of `prompt_tokens` plus `max_tokens` (unset: at least one) does not fit a
+    context of `max_model_len` tokens (a context_length_exceeded 400), or None when it fits."""
+    needed = max_tokens if max_tokens is not None else 1
+    if prompt_tokens + needed <= max_model_len:
+        return None
+    asked = f"{max_tokens} completion tokens" if max_tokens is not None else "1 token"
+    return (
+        f"this model's maximum context length is {max_model_len} tokens; the prompt "
+        f"has {prompt_tokens} tokens and {asked} were requested"
+    )
+
+
 def sampling(request: Request) -> Sampling:
     """The typed generation parameters of a validated chat, completions or responses request."""
     body = request.body

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from batchrun.engines.vllm.errors import BadRequest
-from batchrun.openai.params import Sampling
+from batchrun.openai.params import Sampling, context_exceeded
 
 
 def sampling_params(
@@ -19,14 +19,9 @@ def sampling_params(
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
     max_tokens = params.max_tokens
-    needed = max_tokens if max_tokens is not None else 1
-    if prompt_tokens + needed > max_model_len:
-        asked = f"{max_tokens} completion tokens" if max_tokens is not None else "1 token"
-        raise BadRequest(
-            f"this model's maximum context length is {max_model_len} tokens; the prompt "
-            f"has {prompt_tokens} tokens and {asked} were requested",
-            code="context_length_exceeded",
-        )
+    too_long = context_exceeded(prompt_tokens, max_tokens, max_model_len)
+    if too_long is not None:
+        raise BadRequest(too_long, code="context_length_exceeded")
     try:
         return SamplingParams(
             n=params.n,
