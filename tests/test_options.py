@@ -257,16 +257,54 @@ def test_retry_failed_takes_the_same_options(tmp_path: Path) -> None:
         "Invalid value for '--min-batch-size' / '--max-batch-size': "
         "the lower bound 512 is above the upper bound 256"
     )
-    r = cli(
-        "retry-failed", "--job-dir", str(job), "--no-progress", "--workers", "2",
-        "--no-enforce-eager", env=WIDE,
-    )  # fmt: skip
+    given = ("--workers", "2", "--no-enforce-eager")
+    saved = _options_saved(job)
+    r = cli("retry-failed", "--job-dir", str(job), "--no-progress", *given, env=WIDE)
     assert r.returncode == 1  # the pending request is still pending: retry-failed runs failures
+    # Nothing failed, so nothing ran with the options: the job keeps its own.
+    assert r.stderr.splitlines()[0] == "nothing to run: the options given were not saved"
+    assert _options_saved(job) == saved
+
+    src = write_jsonl(tmp_path / "in2.jsonl", [chat_line("r0", "hi"), chat_line("r1", "yo")])
+    failing = tmp_path / "failing"
+    env = {**WIDE, "BATCHRUN_ECHO_FAIL": "r1"}
+    r = cli("submit", str(src), "--job-dir", str(failing), *ECHO, "--max-attempts", "1", env=env)
+    assert r.returncode == 1, r.stdout + r.stderr
+    r = cli("retry-failed", "--job-dir", str(failing), "--no-progress", *given, env=env)
+    assert r.returncode == 1  # r1 still fails
     assert r.stderr.splitlines()[0] == (
         "overrides: --no-enforce-eager (was not set), --workers 2 (was not set)"
     )
-    manifest = json.loads((job / "manifest.json").read_text())
+    manifest = json.loads((failing / "manifest.json").read_text())
     assert manifest["workers"] == 2 and manifest["engine"]["enforce_eager"] is False
+
+
+def _options_saved(job: Path) -> dict[str, object]:
+    """What a job's manifest says of its options (not of its runs)."""
+    manifest = json.loads((job / "manifest.json").read_text())
+    keys = ("engine", "model", "max_attempts", "batch_bounds", "gpus", "workers", "order")
+    return {k: manifest[k] for k in (*keys, "overrides")}
+
+
+def test_a_resume_that_runs_nothing_or_is_refused_changes_no_option(tmp_path: Path) -> None:
+    job = _job_with_pending(tmp_path, n=2)
+    r = cli("resume", "--job-dir", str(job), "--no-progress", env=WIDE)
+    assert r.returncode == 0, r.stdout + r.stderr
+    saved = _options_saved(job)
+    # Finished: a resume with options runs nothing and saves none of them.
+    r = cli("resume", "--job-dir", str(job), "--no-progress", "--seed", "3", env=WIDE)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "nothing to run: the options given were not saved" in r.stderr
+    assert "overrides" not in r.stdout
+    assert _options_saved(job) == saved and saved["overrides"] == []
+    # A journal that cannot be read refuses the run before any option is saved.
+    with (job / "journal.jsonl").open("ab") as f:
+        f.write(b"{broken\n")
+        f.write(json.dumps(journal_records(job)[0]).encode() + b"\n")
+    saved = (job / "manifest.json").read_bytes()
+    r = cli("resume", "--job-dir", str(job), "--no-progress", "--seed", "3", env=WIDE)
+    assert r.returncode == 1 and "corrupt" in r.stderr, r.stderr
+    assert (job / "manifest.json").read_bytes() == saved
 
 
 # --- the advice after a run -------------------------------------------------------------------

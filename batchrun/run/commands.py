@@ -10,8 +10,9 @@ from batchrun.config import GivenOptions, OptionError
 from batchrun.console.text import command
 from batchrun.errors import BatchrunError
 from batchrun.job.lock import job_lock
-from batchrun.job.manifest import load_manifest
+from batchrun.job.manifest import Manifest, load_manifest
 from batchrun.job.paths import JobPaths
+from batchrun.job.state import OK, JobState, replay
 from batchrun.openai.reader import check_input_file
 from batchrun.run.inputs import (
     check_input_unchanged,
@@ -144,10 +145,24 @@ def _continue(
         prepare_model(options.settings, say)
         index = InputIndex()
         check_input_unchanged(paths, manifest, force=force, new_input=input_path, index=index)
+        # A journal that cannot be read refuses the run here, before any option is saved.
+        state = replay(paths, manifest)
+        if changed and not force and input_path is None and not _work_left(state, manifest, mode):
+            # Nothing will run with them: the job keeps the options its results came from.
+            say("nothing to run: the options given were not saved")
+            changed = {}
         overrides = save_overrides(paths, manifest, options, changed, say)
-        summary = run_job(paths, manifest, options, mode=mode, index=index)
+        summary = run_job(paths, manifest, options, mode=mode, index=index, state=state)
         summary.overrides = overrides
         return summary
+
+
+def _work_left(state: JobState, manifest: Manifest, mode: str) -> bool:
+    """Whether a `mode` run of the job has anything to run: a request with no finished attempt
+    (resume), or one whose last attempt failed (retry)."""
+    if mode == "retry":
+        return any(last != OK for last in state.last.values())
+    return len(state.last) < manifest.requests
 
 
 def _to_stderr(line: str) -> None:

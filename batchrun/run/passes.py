@@ -65,15 +65,17 @@ def run_job(
     options: RunOptions,
     mode: str,
     index: InputIndex | None = None,
+    state: JobState | None = None,
 ) -> JobSummary:
     """Run the passes a command calls for, journaling every outcome; update the manifest.
 
     Each pass reads the input again: cheaply with an `index` a validating pass of this process
     made ready; an index not ready yet is recorded by the first pass, for the retry passes.
+    `state`: the journal replayed by the caller under the job's lock (else it is replayed here).
     """
     started = time.monotonic()
     # Of the input as it is now: after a forced resume, only the requests still in the file.
-    state = replay(paths, manifest)
+    state = replay(paths, manifest) if state is None else state
     input_path = Path(manifest.input_path)
     settings = options.settings
     worker_class, envs = plan_workers(
