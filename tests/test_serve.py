@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -398,6 +399,83 @@ def test_bad_input_is_400_and_a_big_upload_413(server: Server, tmp_path: Path) -
     assert answer.json()["error"]["code"] == "file_too_large"
     assert {f.id for f in client.files.list()} == before
     assert not list((server.root / "files").glob(".upload-*"))
+
+
+def test_an_input_that_is_not_jsonl_fails_naming_its_file_id_not_a_path(
+    server: Server, tmp_path: Path
+) -> None:
+    """A batch of an upload that is not JSONL fails; errors.data names the input by its file
+    id, never by a path of the server's (its root, its copy of the input)."""
+    client = server.client()
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(random.Random(0).randbytes(4096))
+    with path.open("rb") as f:
+        uploaded = client.files.create(file=f, purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    done = wait_done(client, batch.id)
+    assert done.status == "failed"
+    assert done.errors is not None and done.errors.data is not None
+    [error] = done.errors.data
+    assert error.code == "invalid_input"
+    assert error.message is not None and error.message.startswith(
+        f"{uploaded.id} is not a JSONL file of requests (line 1: "
+    )
+    root = str(server.root)
+    for leak in (root, str(server.root.resolve()), server.root.name + "/", "input.jsonl"):
+        assert leak not in error.message
+
+
+def test_a_body_that_is_not_json_is_an_openai_400(server: Server) -> None:
+    """A body that is not JSON, or not an object, is OpenAI's 400 with param null; a bad field
+    names its path as param (no "body", no loc index)."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+
+    def post(content: bytes, content_type: str = "application/json") -> httpx.Response:
+        return httpx.post(
+            server.url + "/v1/batches",
+            content=content,
+            headers={**headers, "Content-Type": content_type},
+        )
+
+    def error(message: str, param: str | None = None) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": param,
+                "code": None,
+            }
+        }
+
+    answer = post(b"not json")
+    assert answer.status_code == 400
+    assert answer.json() == error(
+        "The request body is not valid JSON: Expecting value at character 0"
+    )
+    assert post(b'{"endpoint": ').json() == error(
+        "The request body is not valid JSON: Expecting value at character 13"
+    )
+    assert post(b"").json() == error("The request body is missing: send a JSON object")
+    assert post(b"[1, 2]").json()["error"]["param"] is None
+    assert post(b'{"a": 1}', "text/plain").json() == error(
+        "The request body must be a JSON object sent as application/json"
+    )
+    fields = {
+        "input_file_id": "file-ffffffffffffffffffffffff",
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+        "metadata": {"priority": 1},
+    }
+    answer = post(json.dumps(fields).encode())
+    assert answer.status_code == 400
+    assert answer.json() == error(
+        "metadata.priority: Input should be a valid string", "metadata.priority"
+    )
+    answer = httpx.get(server.url + "/v1/batches", params={"limit": 0}, headers=headers)
+    assert answer.status_code == 400
+    assert answer.json() == error("limit: Input should be greater than or equal to 1", "limit")
 
 
 def test_fifty_clients_at_once_lose_nothing(server: Server, tmp_path: Path) -> None:

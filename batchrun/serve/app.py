@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Query, Request
@@ -22,7 +23,7 @@ from batchrun.serve.checks import (
     expiry_seconds,
     window_seconds,
 )
-from batchrun.serve.errors import ApiError, not_found
+from batchrun.serve.errors import ApiError, not_found, without_paths
 from batchrun.serve.files import FileStore
 from batchrun.serve.ids import new_batch_id
 from batchrun.serve.metrics import Metrics
@@ -73,7 +74,7 @@ def create_app(services: Services) -> FastAPI:
         openapi_url=None,
         redirect_slashes=False,
     )
-    _errors(app)
+    _errors(app, services.files.dir.parent)
     auth = [Depends(_authorize(services.api_key))]
     files, batches = services.files, services.batches
 
@@ -235,25 +236,62 @@ def _authorize(api_key: str | None) -> Callable[[Request], None]:
     return check
 
 
-def _errors(app: FastAPI) -> None:
-    """Every error in OpenAI's shape."""
+def _errors(app: FastAPI, root: Path) -> None:
+    """Every error in OpenAI's shape, naming none of the server's paths (an upload that cannot
+    be written says where it was going: the message shows its place inside the root)."""
+
+    def answer(error: ApiError) -> JSONResponse:
+        error.message = without_paths(error.message, root)
+        return JSONResponse(error.body(), status_code=error.status)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, e: ApiError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
+        return answer(e)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
         code = "not_found" if e.status_code == 404 else None
-        error = ApiError(e.status_code, str(e.detail), code=code)
-        return JSONResponse(error.body(), status_code=e.status_code)
+        return answer(ApiError(e.status_code, str(e.detail), code=code))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
-        first = e.errors()[0] if e.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        message = (
-            f"{where}: {first.get('msg', 'invalid request')}" if where else "invalid request body"
-        )
-        error = ApiError(400, message, param=where or None)
-        return JSONResponse(error.body(), status_code=400)
+        return answer(validation_error(e.errors()))
+
+
+# Where FastAPI says a value came from: the first element of a validation error's `loc`.
+_SOURCES = frozenset({"body", "query", "path", "header", "cookie"})
+
+
+def validation_error(errors: Sequence[Any]) -> ApiError:
+    """FastAPI's request validation errors as OpenAI's 400 (the first one): a body that is not
+    JSON, or not an object, says so with param null; any other names its field (`metadata.x`,
+    `limit`) as param."""
+    first: dict[str, Any] = dict(errors[0]) if errors else {}
+    loc = list(first.get("loc", ()))
+    kind, msg = first.get("type"), str(first.get("msg", "invalid request"))
+    if kind == "json_invalid":
+        # FastAPI's loc is ("body", the character where decoding stopped), not a field.
+        reason = str((first.get("ctx") or {}).get("error") or msg)
+        at = f" at character {loc[1]}" if len(loc) > 1 and isinstance(loc[1], int) else ""
+        return ApiError(400, f"The request body is not valid JSON: {reason}{at}")
+    if loc and loc[0] in _SOURCES:
+        loc = loc[1:]
+    if first.get("loc", ("",))[0] == "body" and not loc:  # the whole body, not one field
+        if kind == "missing":
+            return ApiError(400, "The request body is missing: send a JSON object")
+        if isinstance(first.get("input"), bytes):  # sent with another content type
+            return ApiError(400, "The request body must be a JSON object sent as application/json")
+        return ApiError(400, f"The request body must be a JSON object: {msg}")
+    param = field_path(loc)
+    return ApiError(400, f"{param}: {msg}" if param else msg, param=param or None)
+
+
+def field_path(loc: Sequence[Any]) -> str:
+    """A field's place as a client writes it: `metadata.priority`, `items[0].name`."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path

@@ -23,7 +23,9 @@ from batchrun.openai.records import Outcome, Request
 from batchrun.run.options import RunOptions
 from batchrun.serve import lifecycle
 from batchrun.serve.batches import PRIORITIES, BatchStore
+from batchrun.serve.errors import without_paths
 from batchrun.serve.files import FileStore
+from batchrun.serve.ids import is_file_id
 from batchrun.serve.jobview import stamp_job
 from batchrun.serve.metrics import Metrics
 from batchrun.serve.router import (
@@ -153,10 +155,13 @@ class Runner:
                 if done is not None:
                     self._activate(batch_id, done)
             except BatchrunError as e:
-                lifecycle.fail(self.batches, batch_id, [_error("invalid_input", str(e))])
+                lifecycle.fail(
+                    self.batches, batch_id, [self._error(batch_id, "invalid_input", str(e))]
+                )
             except Exception as e:  # a bug: this batch fails, the server goes on
                 self.say(f"validating {batch_id} failed:\n{traceback.format_exc()}")
-                lifecycle.fail(self.batches, batch_id, [_error("internal_error", repr(e))])
+                error = self._error(batch_id, "internal_error", repr(e))
+                lifecycle.fail(self.batches, batch_id, [error])
 
     def _activate(self, batch_id: str, done: lifecycle.Validated) -> None:
         record = self.batches.get(batch_id)
@@ -372,9 +377,23 @@ class Runner:
             fields["status"] = "finalizing"
             fields["finalizing_at"] = int(time.time())
         if job.error is not None:
-            fields["errors"] = {"object": "list", "data": [_error("batch_failed", job.error)]}
+            error = self._error(job.batch_id, "batch_failed", job.error)
+            fields["errors"] = {"object": "list", "data": [error]}
         self.batches.update(job.batch_id, final=final, **fields)
         self._to_finalize.put(job.batch_id)
+
+    def _error(self, batch_id: str, code: str, message: str) -> dict[str, object]:
+        """An `errors.data` entry of a batch. Its message reaches API clients, so it names no
+        path of the server's: the batch's input (its copy, or the upload) by its file id, any
+        other path under the root by its place there."""
+        record = self.batches.get(batch_id)
+        file_id = str(record.batch["input_file_id"]) if record is not None else None
+        names: dict[Path, str] = {}
+        if file_id is not None and is_file_id(file_id):
+            names[self.batches.job_dir(batch_id) / lifecycle.INPUT_NAME] = file_id
+            names[self.files.content(file_id)] = file_id
+        text = without_paths(message, self.root, names)
+        return {"code": code, "message": text, "line": None, "param": None}
 
     def _publish(self, job: ActiveJob) -> None:
         """The batch's moving request counts, for the API."""
@@ -406,7 +425,3 @@ class _Feed:
                 if request is not None:
                     return request
         raise StopIteration
-
-
-def _error(code: str, message: str) -> dict[str, object]:
-    return {"code": code, "message": message, "line": None, "param": None}
