@@ -217,10 +217,15 @@ def test_two_objects_on_one_line_is_invalid(tmp_path: Path) -> None:
     assert (err.line, err.custom_id, err.code) == (1, None, "invalid_json")
 
 
-def test_nan_is_not_json(tmp_path: Path) -> None:
+def test_nan_is_not_json_but_its_error_names_the_request(tmp_path: Path) -> None:
     err = only_error(write(tmp_path, json.dumps(chat("a", temperature=float("nan")))))
     assert err == LineError(
-        1, None, "invalid_json", "line is not valid JSON: NaN is not a valid JSON number"
+        1, "a", "invalid_json", "line is not valid JSON: NaN is not a valid JSON number"
+    )
+    line = json.dumps({**chat("b"), "custom_id": 7, "x": float("-inf")})
+    err = only_error(write(tmp_path, line))  # a custom_id that is not a string is not named
+    assert err == LineError(
+        1, None, "invalid_json", "line is not valid JSON: -Infinity is not a valid JSON number"
     )
 
 

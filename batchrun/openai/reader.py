@@ -119,7 +119,7 @@ def read_input(path: Path) -> Iterator[Request | LineError]:
             )
             del raw  # not held (a 50 MB line: 50 MB) while the consumer works on this line
             if isinstance(obj, _Unparsable):
-                yield LineError(lineno, None, "invalid_json", obj.message)
+                yield LineError(lineno, obj.custom_id, "invalid_json", obj.message)
                 continue
             if not isinstance(obj, dict):
                 yield LineError(
@@ -214,12 +214,14 @@ def _parse_line(raw: bytes) -> tuple[object, bool]:
 
 
 class _Unparsable:
-    """Why a line is not valid JSON (a class of its own: a JSON string is a str too)."""
+    """Why a line is not valid JSON (a class of its own: a JSON string is a str too), and its
+    custom_id where one can still be read (a line refused only for a NaN or an Infinity)."""
 
-    __slots__ = ("message",)
+    __slots__ = ("custom_id", "message")
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, custom_id: str | None = None) -> None:
         self.message = message
+        self.custom_id = custom_id
 
 
 def _parse_slow(raw: bytes) -> object:
@@ -266,7 +268,14 @@ def _parse_slow(raw: bytes) -> object:
             )
         return _Unparsable(f"line is not valid JSON: {reason} at column {e.pos + 1}")
     except _NonStandardNumber as e:
-        return _Unparsable(f"line is not valid JSON: {e}")
+        # Refused all the same, but the error record can name its request.
+        try:
+            loose = json.loads(text)
+        except (ValueError, RecursionError):
+            loose = None
+        custom_id = loose.get("custom_id") if isinstance(loose, dict) else None
+        named = custom_id if isinstance(custom_id, str) and custom_id else None
+        return _Unparsable(f"line is not valid JSON: {e}", named)
     except RecursionError:
         return _Unparsable("line is not valid JSON: it is nested too deeply to read")
     except ValueError:

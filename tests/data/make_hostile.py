@@ -99,12 +99,12 @@ def cases() -> list[Case]:
             "NaN",
             b'{"custom_id": "nan", "method": "POST", "url": "/v1/chat/completions", '
             b'"body": {"messages": [{"role": "user", "content": "x"}], "temperature": NaN}}',
-            (bad, "invalid_json", "NaN is not a valid JSON number", None),
+            (bad, "invalid_json", "NaN is not a valid JSON number", "nan"),
         ),
         (
             "Infinity",
             b'{"custom_id": "inf", "body": {"max_tokens": -Infinity}}',
-            (bad, "invalid_json", "Infinity is not a valid JSON number", None),
+            (bad, "invalid_json", "Infinity is not a valid JSON number", "inf"),
         ),
         (
             "non-UTF-8 bytes (Latin-1)",
