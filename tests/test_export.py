@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import re
 import stat
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -328,18 +332,35 @@ def test_uncreatable_out_dir_is_a_clear_error(tmp_path: Path, mixed: Path) -> No
         export_jsonl(tmp_path / "nojob", mixed, tmp_path / "out")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
-def test_unwritable_out_dir_is_a_clear_error(tmp_path: Path, mixed: Path) -> None:
+@contextlib.contextmanager
+def _unwritable_dir(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A directory export cannot write to, and the reason it should give: its permissions, or
+    for root (whom permissions do not stop) a read-only file system mounted on it."""
     locked = tmp_path / "locked"
     locked.mkdir()
-    locked.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    if os.geteuid() != 0:
+        locked.chmod(stat.S_IRUSR | stat.S_IXUSR)
+        try:
+            yield locked, "permission denied"
+        finally:
+            locked.chmod(stat.S_IRWXU)
+        return
+    mount = ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(locked)]
+    if subprocess.run(mount, capture_output=True).returncode != 0:
+        pytest.skip("root ignores directory permissions, and no read-only file system mounts here")
     try:
-        with pytest.raises(BatchrunError, match="cannot write"):
-            export_jsonl(tmp_path, mixed, locked)
-        with pytest.raises(BatchrunError, match="cannot write"):
-            export_parquet(mixed, locked)
+        yield locked, "read-only file system"
     finally:
-        locked.chmod(stat.S_IRWXU)
+        subprocess.run(["umount", str(locked)], check=True)
+
+
+def test_unwritable_out_dir_is_a_clear_error(tmp_path: Path, mixed: Path) -> None:
+    with _unwritable_dir(tmp_path) as (locked, reason):
+        message = f"cannot write to the output directory {locked}: {reason}; choose another"
+        with pytest.raises(BatchrunError, match=re.escape(message)):
+            export_jsonl(tmp_path, mixed, locked)
+        with pytest.raises(BatchrunError, match=re.escape(message)):
+            export_parquet(mixed, locked)
 
 
 def test_failed_write_is_a_clear_error_and_keeps_the_old_file(

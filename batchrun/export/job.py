@@ -185,6 +185,16 @@ def _prepare(out_dir: Path) -> None:
         ) from e
     if not os.access(out_dir, os.W_OK | os.X_OK):
         raise BatchrunError(
-            f"cannot write to the output directory {out_dir}: permission denied; "
+            f"cannot write to the output directory {out_dir}: {_why_unwritable(out_dir)}; "
             "choose another with --output-dir"
         )
+
+
+def _why_unwritable(out_dir: Path) -> str:
+    """Why a directory os.access says is not writable cannot be written: its file system is
+    mounted read-only, or its permissions."""
+    try:
+        read_only = bool(os.statvfs(out_dir).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    return "read-only file system" if read_only else "permission denied"
