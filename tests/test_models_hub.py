@@ -290,16 +290,17 @@ def test_a_job_keeps_the_hub_id_and_resume_resolves_it_again(tmp_path: Path, hf_
         f"download it first (hf download {HUB_ID}) or unset HF_HUB_OFFLINE"
     ]
 
-    # Back in the cache, with a name to report: saved into the job.
+    # Back in the cache: found again. Every line of this job is invalid, so nothing runs and a
+    # name given to report is not saved (the job keeps the options its results came from).
     r = cli(
         "resume", "--job-dir", str(job), "--no-progress", "--served-model-name", "smol",
         env=offline_env(hf_home),
     )  # fmt: skip
     assert r.returncode == 1, r.stderr
-    assert "overrides: --served-model-name smol (was not set)" in r.stderr
+    assert r.stderr.splitlines() == ["nothing to run: the options given were not saved"]
     manifest = json.loads((job / "manifest.json").read_text(encoding="utf-8"))
-    assert manifest["model"] == "smol"
-    assert manifest["engine"]["served_model_name"] == "smol"
+    assert manifest["model"] == HUB_ID
+    assert manifest["engine"]["served_model_name"] is None
 
 
 def test_served_model_name_is_what_answers_report(tmp_path: Path) -> None:
