@@ -95,6 +95,9 @@ def test_submit_refuses_to_overwrite_a_job(tmp_path: Path) -> None:
     assert "a job already exists" in output and "batchrun resume" in output
 
 
+ECHO_QUIET = ("--engine", "echo", "--no-progress")
+
+
 def test_status_json_and_table(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi there"), chat_line("b", "yo")])
     job = tmp_path / "j"
@@ -115,6 +118,36 @@ def test_status_json_and_table(tmp_path: Path) -> None:
     }
     code, output = run("status", "--job-dir", str(job))
     assert code == 0 and "succeeded" in output and "completed" in output
+
+
+def _restamp(job: Path, *times: float) -> None:
+    """Give the journal's results these arrival times, in order."""
+    lines = [json.loads(x) for x in (job / "journal.jsonl").read_text().splitlines()]
+    stamps = iter(times)
+    for rec in lines:
+        if rec.get("kind") == "result":
+            rec["time"] = next(stamps)
+    (job / "journal.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+
+
+def test_status_throughput_is_first_to_last_result_or_the_runs_time(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "one two"), chat_line("b", "yo")])
+    job = tmp_path / "j"
+    assert run("submit", str(src), "--job-dir", str(job), *ECHO_QUIET)[0] == 0
+    _restamp(job, 1000.0, 1004.0)
+    throughput = json.loads(run("status", "--job-dir", str(job), "--json")[1])["throughput"]
+    assert throughput == {"requests_per_s": 0.5, "completion_tokens_per_s": 0.75, "over": "results"}
+    assert "0.5 req/s, 0.8 tok/s (first to last result)" in run("status", "--job-dir", str(job))[1]
+    # Every result at one instant (a small job): over the runs' wall time, not "-".
+    _restamp(job, 1000.0, 1000.0)
+    status = json.loads(run("status", "--job-dir", str(job), "--json")[1])
+    wall = status["wall_s"]
+    assert wall > 0 and status["throughput"] == {
+        "requests_per_s": round(2 / wall, 2),
+        "completion_tokens_per_s": round(3 / wall, 2),
+        "over": "wall",
+    }
+    assert "(over the runs' wall time)" in run("status", "--job-dir", str(job))[1]
 
 
 def test_environment_variables_are_flag_twins(

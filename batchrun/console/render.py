@@ -104,7 +104,8 @@ def print_status(console: Console, s: dict[str, Any]) -> None:
     table.add_row(
         "throughput",
         f"{_fmt_rate(t['requests_per_s'], 'req/s')}, "
-        f"{_fmt_rate(t['completion_tokens_per_s'], 'tok/s')} (first to last result)",
+        f"{_fmt_rate(t['completion_tokens_per_s'], 'tok/s')} "
+        + ("(first to last result)" if t.get("over") != "wall" else "(over the runs' wall time)"),
     )
     table.add_row("batch size", _batch_size(s["batch_size"], s["batch_size_source"]))
     if s.get("prefix_cache"):

@@ -28,6 +28,11 @@ def job_status(job_dir: Path) -> dict[str, Any]:
     elif status == "running":
         status = "interrupted"  # the manifest says running but no process holds the lock
     span = (state.last_time - state.first_time) if state.first_time and state.last_time else 0.0
+    wall_s = sum(r.wall_s or 0.0 for r in manifest.runs)
+    over = "results"
+    if span <= 0 and done:
+        # Every result arrived at once (one small batch): over the runs' time instead.
+        span, over = wall_s, "wall"
     return {
         "job_id": manifest.job_id,
         "job_dir": str(job_dir),
@@ -54,9 +59,10 @@ def job_status(job_dir: Path) -> dict[str, Any]:
             "completion_tokens_per_s": round(state.completion_tokens / span, 2)
             if span > 0
             else None,
+            "over": over,
         },
         "runs": len(manifest.runs),
-        "wall_s": round(sum(r.wall_s or 0.0 for r in manifest.runs), 3),
+        "wall_s": round(wall_s, 3),
         "probes": manifest.probes,
         "workers": _workers(manifest, state.per_worker),
         "order": manifest.order,
