@@ -54,6 +54,34 @@ def test_a_back_off_lowers_the_cached_size_and_the_job_records_the_size_running(
     assert "out of memory" not in third.stderr
 
 
+def test_a_job_with_its_own_kv_budget_keeps_its_sizes_apart(
+    tmp_path: Path, isolated_cache: Path
+) -> None:
+    base = ("--engine", "echo", "--no-progress")
+    first = cli(
+        "submit", str(make_input(tmp_path, "a.jsonl", 600)), "--job-dir", str(tmp_path / "a"),
+        *base, "--min-batch-size", "256",
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    cache = isolated_cache / "batch_sizes.json"
+    before = json.loads(cache.read_text())
+    assert list(before.values()) == [256]
+    # A small KV budget backs off to 4: the size jobs without one start from stays.
+    small = cli(
+        "submit", str(make_input(tmp_path, "b.jsonl", 50)), "--job-dir", str(tmp_path / "b"),
+        *base, "--kv-cache-memory-bytes", "1000", "--batch-size", "16",
+        env={"BATCHRUN_ECHO_OOM_ABOVE": "4"},
+    )  # fmt: skip
+    assert small.returncode == 0, small.stderr
+    assert "backing off, batch size 8 -> 4" in small.stderr
+    assert json.loads(cache.read_text()) == before
+    third = cli(
+        "submit", str(make_input(tmp_path, "c.jsonl", 50)), "--job-dir", str(tmp_path / "c"),
+        *base,
+    )  # fmt: skip
+    assert "batch size 256 (found by an earlier job on this set-up)" in third.stderr
+
+
 def test_a_job_whose_lines_are_all_invalid_sizes_nothing_and_says_so(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "bad.jsonl", [{"custom_id": "x", "method": "GET"}, "{oops"])
     job = tmp_path / "job"

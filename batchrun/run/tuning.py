@@ -79,9 +79,10 @@ def search_batch_size(
 
 
 def cache_key(settings: EngineSettings, device: str) -> str:
-    """What a cached batch size depends on: model, device, max model length, engine, and the
-    endpoint (embeddings, score and rerank run vLLM as a pooling model, whose memory and best
-    size differ)."""
+    """What a cached batch size depends on: model, device, max model length, engine, the memory
+    given to the engine (its fraction, or a KV cache budget in bytes), and the endpoint
+    (embeddings, score and rerank run vLLM as a pooling model, whose memory and best size
+    differ)."""
     key: list[object] = [
         settings.engine,
         settings.model or "default",
@@ -92,6 +93,10 @@ def cache_key(settings: EngineSettings, device: str) -> str:
     ]
     if settings.endpoint in POOLING_ENDPOINTS:
         key.append("pooling")  # generation keys unchanged: sizes cached before stay valid
+    if settings.kv_cache_memory_bytes is not None:
+        # A job with its own KV budget finds (and backs off to) sizes of its own: it must not
+        # lower the size every job without one starts from.
+        key.append({"kv_cache_memory_bytes": settings.kv_cache_memory_bytes})
     return json.dumps(key, separators=(",", ":"))
 
 
