@@ -51,6 +51,7 @@ class FakeWorker(Worker):
     poison: ClassVar[set[str]] = set()
     oom_above: ClassVar[int | None] = None
     fail_start: ClassVar[bool] = False
+    fail_start_oom: ClassVar[str | None] = None
     starts: ClassVar[int] = 0
     received: ClassVar[list[str]] = []
 
@@ -64,6 +65,9 @@ class FakeWorker(Worker):
         FakeWorker.starts += 1
         if FakeWorker.fail_start:
             self._die("fatal", {"oom": False, "message": "RuntimeError: no engine"})
+            return
+        if FakeWorker.fail_start_oom is not None:
+            self._die("fatal", {"oom": True, "message": FakeWorker.fail_start_oom})
             return
         inbox.put((self.index, self.generation, "ready", {"start_s": 0.0}))
 
@@ -109,6 +113,7 @@ def reset_fake() -> Iterator[None]:
     FakeWorker.poison = set()
     FakeWorker.oom_above = None
     FakeWorker.fail_start = False
+    FakeWorker.fail_start_oom = None
     FakeWorker.starts = 0
     FakeWorker.received = []
     yield
@@ -231,6 +236,41 @@ def test_a_worker_that_cannot_start_is_given_up_on(tmp_path: Path) -> None:
         "the engine failed to start: RuntimeError: no engine. Everything finished so far is saved"
     )
     assert FakeWorker.starts == 1
+
+
+# vLLM 0.32's start-up error when the KV cache holds no block (here: --kv-cache-memory-bytes 1024).
+NO_CACHE_BLOCKS = (
+    "ValueError: No available memory for the cache blocks. Try increasing "
+    "`gpu_memory_utilization` when initializing the engine."
+)
+
+
+def test_a_kv_budget_too_small_to_start_is_one_clear_error_not_a_back_off(
+    tmp_path: Path,
+) -> None:
+    FakeWorker.fail_start_oom = NO_CACHE_BLOCKS
+    settings = EngineSettings(engine="echo", max_num_seqs=16, window=16, kv_cache_memory_bytes=1024)
+    journal = JournalWriter(tmp_path / "journal.jsonl").open()
+    scheduler = Scheduler(settings, [{}], journal, JobState(), Events(), FakeWorker)
+    with pytest.raises(BatchrunError) as info:
+        scheduler.run(iter(requests(5)))
+    journal.close()
+    assert str(info.value) == (
+        "--kv-cache-memory-bytes 1,024 is too small for this model and --max-model-len "
+        "(ValueError: No available memory for the cache blocks); give it more, or leave it out "
+        "to size the KV cache from --gpu-memory-utilization. Everything finished so far is saved"
+    )
+    assert FakeWorker.starts == 1  # no back-off: a smaller batch would not fit either
+
+
+def test_without_a_kv_budget_the_same_start_failure_backs_off(tmp_path: Path) -> None:
+    """Sized from the memory fraction, the KV cache grows when a smaller batch needs less."""
+    FakeWorker.fail_start_oom = NO_CACHE_BLOCKS
+    scheduler, _, journal = make(tmp_path, window=4)
+    with pytest.raises(BatchrunError, match="out of memory even at batch size 1"):
+        scheduler.run(iter(requests(5)))
+    journal.close()
+    assert FakeWorker.starts == 3  # 4, 2, 1
 
 
 def test_out_of_memory_backs_off_and_requeues_without_suspicion(tmp_path: Path) -> None:

@@ -48,6 +48,23 @@ _OOM_FRAGMENT_PAIRS = (
 _MAX_CHAIN = 64
 
 
+# vLLM's start-up failures when its KV cache cannot hold what it must: not one block, or not one
+# sequence of max_model_len tokens. With a KV budget fixed in bytes (--kv-cache-memory-bytes),
+# no smaller batch changes either: the budget itself is too small.
+_KV_TOO_SMALL = (
+    "no available memory for the cache blocks",
+    "larger than the maximum number of tokens that can be stored in kv cache",
+    "kv cache is needed, which is larger than the available kv cache memory",
+)
+
+
+def kv_cache_too_small(message: str) -> bool:
+    """Whether a start-up failure's message says the KV cache cannot hold one block or one
+    sequence (out of memory, but of the KV cache's size, not of the batch's)."""
+    lowered = message.lower()
+    return any(fragment in lowered for fragment in _KV_TOO_SMALL)
+
+
 def is_oom(exc: BaseException) -> bool:
     """Whether `exc`, or any exception it was raised from or during, means out of memory."""
     seen: set[int] = set()

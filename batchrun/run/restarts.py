@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchrun.console.text import command, plural
+from batchrun.engines.oom import kv_cache_too_small
 from batchrun.errors import BatchrunError
 from batchrun.job.records import ResultRecord
 from batchrun.openai.records import Outcome, Request
@@ -83,6 +84,19 @@ class RestartPolicy:
             )
             if not death.oom:
                 self._give_up(w, f"the engine failed to start: {death.message}")
+                return []
+            budget = w.settings.kv_cache_memory_bytes
+            if death.during_start and budget is not None and kv_cache_too_small(death.message):
+                # The KV cache's size is fixed: backing off would only start it again and again.
+                # vLLM's first sentence only: its advice (more gpu_memory_utilization) does not
+                # apply to a budget in bytes.
+                said = death.message.split(". ", 1)[0]
+                self._give_up(
+                    w,
+                    f"--kv-cache-memory-bytes {budget:,} is too small for this model and "
+                    f"--max-model-len ({said}); give it more, or leave it out to size the KV "
+                    "cache from --gpu-memory-utilization",
+                )
                 return []
             size = w.settings.window
             self.reporter.event(f"{w.label} ran out of memory at batch size {size}{back}")
