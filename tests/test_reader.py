@@ -471,12 +471,33 @@ def test_chat_messages_rules(tmp_path: Path, messages: Any, message: str) -> Non
 def test_chat_content_parts_and_tool_calls_are_valid(tmp_path: Path) -> None:
     messages = [
         {"role": "developer", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url"}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "!"}],
+        },
         {"role": "assistant", "content": None, "tool_calls": [{"id": "t1"}]},
         {"role": "tool", "content": "42", "tool_call_id": "t1"},
     ]
     line = chat("a", messages=messages)
     assert read(write(tmp_path, line)) == [Request("a", 1, CHAT, line["body"])]
+
+
+@pytest.mark.parametrize(
+    "part", [{"type": "image_url", "image_url": {"url": "x"}}, {"type": "input_audio"}]
+)
+def test_chat_parts_a_text_model_cannot_read_are_refused_at_validation(
+    tmp_path: Path, part: dict[str, object]
+) -> None:
+    """As the engine refuses them, so that a dry run (echo) finds them too."""
+    content = [{"type": "text", "text": "what is this?"}, part]
+    err = only_error(write(tmp_path, chat("a", messages=[{"role": "user", "content": content}])))
+    assert err == LineError(
+        1,
+        "a",
+        "invalid_request",
+        f"body.messages[0].content[1].type {part['type']!r} is not supported: batchrun runs text "
+        "models, which read parts of type 'text' only",
+    )
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,13 @@ def _check_content(where: str, role: object, msg: dict[str, Any]) -> None:
         if not isinstance(ptype, str):
             got = "it is missing" if "type" not in part else f"got {show(ptype)}"
             bad(f"{pwhere}.type must be a string such as 'text'; {got}")
-        if ptype == "text" and not isinstance(part.get("text"), str):
+        if ptype != "text":
+            # Refused here, as the engine would refuse it: a dry run (echo) finds it too.
+            bad(
+                f"{pwhere}.type {show(ptype)} is not supported: batchrun runs text models, which "
+                "read parts of type 'text' only"
+            )
+        if not isinstance(part.get("text"), str):
             bad(f"{pwhere}.text must be a string for a part of type 'text'")
 
 
