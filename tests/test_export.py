@@ -416,10 +416,20 @@ def _body_record(custom_id: str, line: int, body: Any, ok: bool = True) -> dict[
     }
 
 
+TOOL_CALLS = [
+    {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{\n  "city": "Z\u00fcrich \\"N\\""\n}'},
+    },
+    {"id": "call_1_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+]
+
+
 @pytest.fixture
 def shapes(tmp_path: Path, mixed: Path) -> Path:
-    """`mixed`, plus answers with logprobs and embeddings, floats json writes its own way, text
-    with escapes, and a line written by hand (not compact)."""
+    """`mixed`, plus answers with logprobs, embeddings and tool calls, floats json writes its own
+    way, text with escapes, and a line written by hand (not compact)."""
     logprobs = {
         "tokens": ["a", "b"],
         "token_logprobs": [-0.25, -1e-05],
@@ -465,6 +475,19 @@ def shapes(tmp_path: Path, mixed: Path) -> Path:
         ),
         _body_record("emb-failed", 10, {"data": [{"embedding": [1.0]}]}, ok=False),
         _body_record("tools", 12, {"choices": [{"message": {"content": None, "tool_calls": []}}]}),
+        _body_record(
+            "tool-call",
+            16,
+            {
+                "id": "chatcmpl-2",
+                "choices": [
+                    {
+                        "message": {"role": "assistant", "content": None, "tool_calls": TOOL_CALLS},
+                        "finish_reason": "tool_calls",
+                    }
+                ],
+            },
+        ),
         _body_record(
             "details",
             14,
@@ -544,6 +567,27 @@ def _assert_token_details(df: pd.DataFrame) -> None:
 def test_parquet_has_the_token_details_usage_reports(tmp_path: Path, shapes: Path) -> None:
     export_parquet(shapes, tmp_path / "out")
     _assert_token_details(pd.read_parquet(tmp_path / "out" / PARQUET_NAME).set_index("custom_id"))
+
+
+def test_parquet_has_the_first_choices_tool_calls(tmp_path: Path, shapes: Path) -> None:
+    """Each call's id, type, name and arguments (the JSON text, as the body holds it); null for
+    a row without calls, an empty list (vLLM's server writes one for none) included."""
+    export_parquet(shapes, tmp_path / "out")
+    path = tmp_path / "out" / PARQUET_NAME
+    field = pq.read_schema(path).field("tool_calls")
+    assert str(field.type) == (
+        "list<element: struct<id: string, type: string, name: string, arguments: string>>"
+    )
+    df = pd.read_parquet(path).set_index("custom_id")
+    calls = df.loc["tool-call", "tool_calls"]
+    assert [dict(c) for c in calls] == [
+        {"id": c["id"], "type": c["type"], **c["function"]} for c in TOOL_CALLS
+    ]
+    assert json.loads(calls[0]["arguments"]) == {"city": 'Z\u00fcrich "N"'}
+    assert pd.isna(df.loc["tool-call", "content"])
+    for row in ("tools", "details", "lp", "response-details", "emb"):
+        assert df.loc[row, "tool_calls"] is None, row
+    assert df.loc[df.index.isna(), "tool_calls"].isna().all()  # invalid lines
 
 
 def test_fast_paths_write_the_bytes_the_json_paths_write(

@@ -215,3 +215,25 @@ def test_the_sample_runs_on_the_echo_engine_and_parses_as_chat_completions(tmp_p
     ]
     ids = [a.choices[0].message.tool_calls[0].id for a in answers.values()]
     assert len(set(ids)) == len(ids) and all(i.startswith("call_") for i in ids)
+
+
+def test_results_parquet_holds_the_calls_output_jsonl_holds(tmp_path: Path) -> None:
+    """A forced call's content is null: its calls are in the `tool_calls` column, as written."""
+    import pandas as pd
+
+    job = tmp_path / "job"
+    run = cli("submit", str(SAMPLE), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert cli("export", "--job-dir", str(job)).returncode == 0
+    assert cli("export", "--job-dir", str(job), "--parquet").returncode == 0
+    df = pd.read_parquet(job / "results.parquet").set_index("custom_id")
+    for cid, out in output_lines(job / "output.jsonl").items():
+        message = out["response"]["body"]["choices"][0]["message"]
+        expected = [
+            {"id": c["id"], "type": c["type"], **c["function"]}
+            for c in message.get("tool_calls") or []
+        ]
+        got = df.loc[cid, "tool_calls"]
+        assert ([dict(c) for c in got] if got is not None else []) == expected, cid
+    assert df.loc["tool-named", "tool_calls"] is not None
+    assert pd.isna(df.loc["tool-named", "content"])

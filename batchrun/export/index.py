@@ -75,6 +75,9 @@ class JournalIndex:
     has_reasoning: bool = False
     # Any score or rerank answer (vLLM's ScoreResponse `data` of scores, RerankResponse `results`).
     has_scores: bool = False
+    # Any first choice whose message has tool calls (a forced or parsed call); an empty list
+    # (as vLLM's server writes for none) is none.
+    has_tool_calls: bool = False
     _order: array[int] | None = field(default=None, init=False, repr=False)
 
     def __len__(self) -> int:
@@ -111,6 +114,7 @@ class _IndexRecord(msgspec.Struct):
 class _Message(msgspec.Struct):
     # Present (even null) when the job ran a reasoning parser (--reasoning-parser).
     reasoning: Any = msgspec.UNSET
+    tool_calls: list[msgspec.Raw] | None = None  # counted, not read
 
 
 class _Choice(msgspec.Struct):
@@ -281,7 +285,7 @@ def _json_index_record(raw: bytes) -> _JsonRecord:
 
 def _note_body(index: JournalIndex, body: object) -> None:
     """Record in `index` whether a succeeded body (its shape, or as json read it) has logprobs,
-    reasoning, embeddings (and their size) or scores."""
+    reasoning, tool calls, embeddings (and their size) or scores."""
     if not isinstance(body, _Body):
         _note_decoded_body(index, body)
     elif body.results is not None:
@@ -299,6 +303,8 @@ def _note_body(index: JournalIndex, body: object) -> None:
             index.has_logprobs = bytes(first.logprobs) != b"null"
         if first.message is not None and first.message.reasoning is not msgspec.UNSET:
             index.has_reasoning = True
+        if first.message is not None and first.message.tool_calls:
+            index.has_tool_calls = True
     elif body.output:
         index.has_reasoning = index.has_reasoning or any(
             item.type == "reasoning" for item in body.output
@@ -327,6 +333,8 @@ def _note_decoded_body(index: JournalIndex, body: object) -> None:
         index.has_reasoning = index.has_reasoning or (
             isinstance(message, dict) and "reasoning" in message
         )
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        index.has_tool_calls = index.has_tool_calls or (isinstance(calls, list) and bool(calls))
     output = body.get("output")
     if isinstance(output, list):
         index.has_reasoning = index.has_reasoning or any(

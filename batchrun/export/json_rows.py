@@ -71,6 +71,11 @@ def json_row(entry: Entry, rec: dict[str, Any], extras: Sequence[str]) -> tuple[
             values.append(logprob_rows(first.get("logprobs") if isinstance(first, dict) else None))
         elif name == "reasoning":
             values.append(reasoning)
+        elif name == "tool_calls":
+            message = first.get("message") if isinstance(first, dict) else None
+            values.append(
+                json_tool_calls(message.get("tool_calls")) if isinstance(message, dict) else None
+            )
         elif name == "embeddings":
             data = body.get("data")
             values.append(
@@ -90,6 +95,28 @@ def _details(usage: dict[str, Any], *names: str) -> dict[str, Any]:
         if isinstance(details, dict):
             return details
     return {}
+
+
+def json_tool_calls(calls: object) -> list[dict[str, Any] | None] | None:
+    """parquet.py's `_tool_calls` for a message's `tool_calls` as json reads them."""
+    if not isinstance(calls, list) or not calls:
+        return None
+    rows: list[dict[str, Any] | None] = []
+    for call in calls:
+        if not isinstance(call, dict):
+            rows.append(None)  # not a call: msgspec refuses such a record, so only json sees it
+            continue
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
+        rows.append(
+            {
+                "id": call.get("id"),
+                "type": call.get("type"),
+                "name": function.get("name"),
+                "arguments": function.get("arguments"),
+            }
+        )
+    return rows
 
 
 def json_scores(body: dict[str, Any], name: str) -> list[Any] | None:

@@ -6,12 +6,16 @@ token details, 0 where the body reports none.
 
 Beyond the flat columns, a job whose answers carry logprobs gets a `logprobs` column (the first
 choice's tokens, as nested lists), one whose answers carry reasoning (--reasoning-parser) a
-`reasoning` column, and an embeddings job an `embeddings` column (per request, its vectors as
+`reasoning` column, one whose chat answers have tool calls a `tool_calls` column (the first
+choice's calls, each {id, type, name, arguments}, the arguments as the JSON text the body holds;
+null for a row without: a forced call's `content` is null, so its call is only there), and an
+embeddings job an `embeddings` column (per request, its vectors as
 fixed-size lists of float32), and a score or rerank job `scores` and `score_indices` (per request,
 its scores in the body's order, and what each scores: the pair's index for /v1/score, the
 document's for /v1/rerank, whose results are best first and cut to top_n). A /v1/responses
 answer's row holds its message's text as `content`
-and its status as `finish_reason` (stop, or length when incomplete).
+and its status as `finish_reason` (stop, or length when incomplete); its `tool_calls` are null, as
+batchrun's Responses hold no function_call items (responses_api.py refuses tools there).
 
 Each record read back is decoded by msgspec into just the fields a row needs, and a row group's
 columns are built from its rows at once. A record msgspec refuses (NaN, a lone surrogate escape:
@@ -94,8 +98,8 @@ def write_parquet(index: JournalIndex, f: IO[bytes], row_group_size: int = 10_00
 def parquet_schema(index: JournalIndex | None = None) -> Any:
     """The results.parquet schema, with pandas metadata so nullable ints read back as Int32.
 
-    The flat columns always; `logprobs`, `reasoning`, `embeddings`, and `scores` with
-    `score_indices`, when `index` saw answers that have them.
+    The flat columns always; `logprobs`, `reasoning`, `tool_calls`, `embeddings`, and `scores`
+    with `score_indices`, when `index` saw answers that have them.
     An embeddings column is a list of fixed-size lists when every vector has one size (the usual
     case), else a list of lists.
     """
@@ -114,6 +118,16 @@ def parquet_schema(index: JournalIndex | None = None) -> Any:
         fields.append(("logprobs", pa.list_(token)))
     if index is not None and index.has_reasoning:
         fields.append(("reasoning", pa.string()))
+    if index is not None and index.has_tool_calls:
+        call = pa.struct(
+            [
+                ("id", pa.string()),
+                ("type", pa.string()),
+                ("name", pa.string()),
+                ("arguments", pa.string()),
+            ]
+        )
+        fields.append(("tool_calls", pa.list_(call)))
     if index is not None and index.embedding_dims:
         dims = index.embedding_dims
         vector = pa.list_(pa.float32(), next(iter(dims)) if len(dims) == 1 else -1)
@@ -177,9 +191,21 @@ def _pandas_metadata(pa: Any, schema: Any) -> dict[bytes, bytes] | None:
 # --- rows ----------------------------------------------------------------------------------
 
 
+class _Function(msgspec.Struct):
+    name: Any = None
+    arguments: Any = None  # the JSON text, kept as it is
+
+
+class _ToolCall(msgspec.Struct):
+    id: Any = None
+    type: Any = None
+    function: _Function | None = None
+
+
 class _Message(msgspec.Struct):
     content: Any = None
     reasoning: Any = None
+    tool_calls: list[_ToolCall] | None = None
 
 
 class _Choice(msgspec.Struct):
@@ -339,12 +365,30 @@ def _row(index: JournalIndex, entry: Entry, raw: bytes, extras: Sequence[str]) -
             values.append(logprob_rows(first.logprobs if first is not None else None))
         elif name == "reasoning":
             values.append(reasoning)
+        elif name == "tool_calls":
+            message = first.message if first is not None else None
+            values.append(_tool_calls(message) if isinstance(message, _Message) else None)
         elif name == "embeddings":
             data = body.data
             values.append(None if data is None else [embedding(item.embedding) for item in data])
         else:  # scores, score_indices
             values.append(_scores(body, name))
     return tuple(values)
+
+
+def _tool_calls(message: _Message) -> list[dict[str, Any]] | None:
+    """A message's tool calls as `tool_calls` column values; None when it has none."""
+    if not message.tool_calls:
+        return None  # an empty list (vLLM's server writes one for no calls) is no calls
+    return [
+        {
+            "id": call.id,
+            "type": call.type,
+            "name": (call.function or _Function()).name,
+            "arguments": (call.function or _Function()).arguments,
+        }
+        for call in message.tool_calls
+    ]
 
 
 def _scores(body: _Body, name: str) -> list[Any] | None:
