@@ -41,6 +41,12 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         # A developer's own BATCHRUN_* settings must not leak into the tests.
         if key.startswith("BATCHRUN_") and key != "BATCHRUN_CACHE_DIR":
             del os.environ[key]
+    # The tests' CPU core claims (workers/cpu_claims.py) apart from the developer's own jobs',
+    # and one place for every test process of this run, so that their engines take cores apart.
+    # (Under pytest-xdist each process's base temp is a popen-gwN folder of the run's own.)
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+    os.environ["BATCHRUN_CPU_CLAIMS_DIR"] = str(shared / "cpu-claims")
     yield cache
     for k, v in saved.items():
         if v is None:

@@ -273,6 +273,21 @@ def test_without_a_kv_budget_the_same_start_failure_backs_off(tmp_path: Path) ->
     assert FakeWorker.starts == 3  # 4, 2, 1
 
 
+def test_a_worker_on_cores_another_job_runs_on_says_so(tmp_path: Path) -> None:
+    settings = EngineSettings(engine="echo", max_num_seqs=4, window=4)
+    env = {"BATCHRUN_CPU_AFFINITY": "0,1", "BATCHRUN_CPU_SHARED_WITH": "pid 42, /jobs/a"}
+    journal = JournalWriter(tmp_path / "journal.jsonl").open()
+    events = Events()
+    Scheduler(settings, [env], journal, JobState(), events, FakeWorker).run(iter(requests(3)))
+    journal.close()
+    assert events.lines[:2] == [
+        "worker 0 starting echo engine (CPU cores 0,1, batch size 4)",
+        "worker 0: every CPU core already runs the model of another batchrun job (pid 42, "
+        "/jobs/a); both run slowly while they share them. Give each job its own cores with "
+        "OMP_NUM_THREADS (half each, say)",
+    ]
+
+
 def test_out_of_memory_backs_off_and_requeues_without_suspicion(tmp_path: Path) -> None:
     FakeWorker.oom_above = 5
     scheduler, events, journal = make(tmp_path, window=16)

@@ -375,6 +375,12 @@ class Scheduler(RestartPolicy):
         self.reporter.event(
             f"{w.label} starting {w.settings.engine} engine ({where}batch size {w.settings.window})"
         )
+        if w.env.get("BATCHRUN_CPU_SHARED_WITH"):
+            self.reporter.event(
+                f"{w.label}: every CPU core already runs the model of another batchrun job "
+                f"({w.env['BATCHRUN_CPU_SHARED_WITH']}); both run slowly while they share them. "
+                "Give each job its own cores with OMP_NUM_THREADS (half each, say)"
+            )
 
     def close(self) -> None:
         """Stop every worker (the requests they held stay pending in the journal's eyes)."""

@@ -8,6 +8,7 @@ import subprocess
 
 from batchrun.engines.registry import engine_spec
 from batchrun.errors import BatchrunError
+from batchrun.workers.cpu_claims import hold_claim, live_claims, release_claim
 
 
 def visible_gpus() -> list[str]:
@@ -49,19 +50,23 @@ def device_name() -> str:
 
 
 def worker_envs(
-    engine: str, gpus: list[str] | None, tensor_parallel_size: int, workers: int | None
+    engine: str,
+    gpus: list[str] | None,
+    tensor_parallel_size: int,
+    workers: int | None,
+    job: str = "",
 ) -> list[dict[str, str]]:
     """The environment of each worker: one per group of `tensor_parallel_size` GPUs.
 
     An engine that uses no GPU (echo; see engines/registry.py) starts `workers` workers (default
     1). One that does (vLLM), on a machine with no GPU, starts `workers` workers (default 1) on
-    the CPU, sharing its cores.
+    the CPU, sharing its cores (`job` names the run in its claim on them).
     """
     if not engine_spec(engine).uses_gpus:
         return [{} for _ in range(workers or 1)]
     ids = gpus if gpus is not None else visible_gpus()
     if not ids:
-        return cpu_worker_envs(workers or 1)
+        return cpu_worker_envs(workers or 1, job=job)
     tp = max(1, tensor_parallel_size)
     if len(ids) < tp:
         raise BatchrunError(
@@ -73,7 +78,9 @@ def worker_envs(
     return [{"CUDA_VISIBLE_DEVICES": ",".join(g)} for g in groups]
 
 
-def cpu_worker_envs(count: int, topology: str = "/sys/devices/system/cpu") -> list[dict[str, str]]:
+def cpu_worker_envs(
+    count: int, topology: str = "/sys/devices/system/cpu", job: str = ""
+) -> list[dict[str, str]]:
     """Share this process's cores among `count` CPU engine workers: OpenMP threads and affinity.
 
     Every core goes to the model. vLLM's own multiprocess engine keeps a core back for its
@@ -82,24 +89,54 @@ def cpu_worker_envs(count: int, topology: str = "/sys/devices/system/cpu") -> li
     both gave 1.4-1.5x the generation throughput of the model on one, parent and all). One
     thread per physical core, as vLLM binds them on x86: two threads on one core's hyperthreads
     only share its arithmetic units. Each worker gets OMP_NUM_THREADS and the cores to pin itself
-    to (BATCHRUN_CPU_AFFINITY, applied by the worker before torch loads). A user's own
-    OMP_NUM_THREADS or VLLM_CPU_OMP_THREADS_BIND wins.
+    to (BATCHRUN_CPU_AFFINITY, applied by the worker before torch loads).
+
+    Cores another live batchrun job on this machine holds (workers/cpu_claims.py) are left to
+    it while others are free; when none is, the workers share them and BATCHRUN_CPU_SHARED_WITH
+    names the other jobs, for the scheduler to say so. A user's own OMP_NUM_THREADS sets the
+    threads of each worker, pinned to that many free cores (unpinned when fewer are free), so
+    jobs given their shares that way get cores of their own; VLLM_CPU_OMP_THREADS_BIND leaves
+    it all to the user.
     """
-    if "OMP_NUM_THREADS" in os.environ or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+    asked = os.environ.get("OMP_NUM_THREADS")
+    if "VLLM_CPU_OMP_THREADS_BIND" in os.environ or (asked is not None and _count(asked) is None):
+        release_claim()  # the user places the threads: this job holds no cores of its own
         return [{} for _ in range(count)]
     try:
         cpus = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         return [{} for _ in range(count)]
     usable = physical_cores(cpus, topology)
-    per = max(1, len(usable) // count)
+    others = live_claims()
+    taken = {core for claim in others for core in claim.cores}
+    free = [core for core in usable if core not in taken]
+    if asked is not None:
+        per = _count(asked) or 1
+        if per * count > len(free):
+            release_claim()
+            return [{} for _ in range(count)]  # the user's threads, where the kernel puts them
+        usable, shared = free[: per * count], []
+    else:
+        shared = [claim for claim in others if set(claim.cores) & set(usable)] if not free else []
+        usable = free or usable
+        per = max(1, len(usable) // count)
     envs = []
     for i in range(count):
         mine = usable[i * per : (i + 1) * per] or usable[-per:]
-        envs.append(
-            {"OMP_NUM_THREADS": str(len(mine)), "BATCHRUN_CPU_AFFINITY": ",".join(map(str, mine))}
-        )
+        env = {"OMP_NUM_THREADS": str(len(mine)), "BATCHRUN_CPU_AFFINITY": ",".join(map(str, mine))}
+        if shared:
+            env["BATCHRUN_CPU_SHARED_WITH"] = "; ".join(
+                f"pid {c.pid}" + (f", {c.job}" if c.job else "") for c in shared
+            )
+        envs.append(env)
+    hold_claim(usable, job)
     return envs
+
+
+def _count(text: str) -> int | None:
+    """OMP_NUM_THREADS as one positive count (None for OpenMP's lists, "2,1", and the like)."""
+    text = text.strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
 
 
 def physical_cores(cpus: list[int], topology: str = "/sys/devices/system/cpu") -> list[int]:

@@ -26,7 +26,8 @@ def plan_workers(
         resources = ray_backend.connect(ray, workers)
         count = ray_backend.actor_count(resources, settings.tensor_parallel_size, workers)
         return ray_backend.RayWorker, [{} for _ in range(count)]
-    envs = worker_envs(settings.engine, gpus, settings.tensor_parallel_size, workers)
+    job = str(logs.parent.resolve())
+    envs = worker_envs(settings.engine, gpus, settings.tensor_parallel_size, workers, job)
     with contextlib.suppress(OSError):  # without it, worker output goes to the terminal
         logs.mkdir(exist_ok=True)
         for i, env in enumerate(envs):
