@@ -19,9 +19,20 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from conftest import ROOT, chat_line, journal_records, read_jsonl, wait_until, write_jsonl
+from conftest import (
+    ROOT,
+    chat_line,
+    cli,
+    journal_records,
+    read_jsonl,
+    results_at_least,
+    wait_until,
+    write_jsonl,
+)
 from openai import OpenAI
 from openai.types import Batch
+
+from batchrun.serve.batches import RECORD_NAME, BatchRecord, BatchStore, new_batch
 
 API_KEY = "test-key-123"
 DONE = ("completed", "failed", "expired", "cancelled")
@@ -221,7 +232,8 @@ def test_the_flow_of_the_issue_runs_and_status_agrees(server: Server, tmp_path: 
 def test_a_batch_of_only_invalid_lines_fails_with_its_errors(
     server: Server, tmp_path: Path
 ) -> None:
-    """No valid line: failed, with errors.data naming each line and why."""
+    """No valid line: failed, with errors.data naming each line and why; its job says so too
+    (`batchrun status` reads the manifest: the batch's id, failed)."""
     client = server.client()
     path = write_jsonl(
         tmp_path / "bad.jsonl",
@@ -240,6 +252,8 @@ def test_a_batch_of_only_invalid_lines_fails_with_its_errors(
     assert done.errors is not None and done.errors.data is not None
     assert [e.line for e in done.errors.data] == [1, 2]
     assert all(e.code and e.message for e in done.errors.data)
+    manifest = json.loads((server.batch_dir(done.id) / "manifest.json").read_text())
+    assert (manifest["job_id"], manifest["status"]) == (done.id, "failed")
 
 
 def test_cancel_keeps_what_finished(server: Server, tmp_path: Path) -> None:
@@ -280,6 +294,102 @@ def test_expiry_returns_finished_work_and_the_rest_as_batch_expired(
     assert sorted(ok + [e["custom_id"] for e in errors]) == [f"req-{i:04d}" for i in range(3000)]
     assert done.request_counts is not None
     assert (done.request_counts.completed, done.request_counts.failed) == (len(ok), len(errors))
+    exported = cli("export", "--job-dir", str(server.batch_dir(batch.id)), "-o", str(tmp_path))
+    assert exported.returncode == 0, exported.stderr
+    assert read_jsonl(tmp_path / "errors.jsonl") == errors
+
+
+def test_a_cancelled_batchs_job_exports_what_finished_and_never_runs_with_resume(
+    server: Server, tmp_path: Path
+) -> None:
+    """The job directory of a cancelled batch agrees with the API: `export` (no --partial)
+    writes what finished, `status` names the batch and says cancelled, and `resume` and
+    `retry-failed` refuse in one line, running nothing."""
+    client = server.client()
+    batch = create_batch(client, requests_file(tmp_path / "in.jsonl", 3000))
+    job = server.batch_dir(batch.id)
+    wait_until(results_at_least(job, 20), "20 requests of the batch finish")
+    client.batches.cancel(batch.id)
+    done = wait_done(client, batch.id)
+    assert done.status == "cancelled" and done.request_counts is not None
+    finished = done.request_counts.completed + done.request_counts.failed
+    assert finished < 3000
+    exported = cli("export", "--job-dir", str(job), "-o", str(tmp_path / "out"))
+    assert exported.returncode == 0, exported.stderr
+    assert f"{3000 - finished:,} not run (the batch was cancelled)" in exported.stdout
+    assert read_jsonl(tmp_path / "out" / "output.jsonl") == lines_of(client, done.output_file_id)
+    shown = json.loads(cli("status", "--json", "--job-dir", str(job)).stdout)
+    assert (shown["job_id"], shown["status"]) == (batch.id, "cancelled")
+    assert shown["requests"]["pending"] == 3000 - finished
+    journal = (job / "journal.jsonl").read_bytes()
+    for command in ("resume", "retry-failed"):
+        refused = cli(command, "--job-dir", str(job))
+        assert refused.returncode == 1
+        assert refused.stderr.strip() == (
+            f"error: this job is batch {batch.id} of `batchrun serve --root {server.root}`; "
+            f"it runs there (the API's batch), not with {command}"
+        )
+    assert (job / "journal.jsonl").read_bytes() == journal
+
+
+def test_batches_of_one_priority_made_in_one_second_run_in_creation_order(
+    server: Server, tmp_path: Path
+) -> None:
+    """created_at is whole seconds: batches made within one second still run in the order they
+    were made (not in the order of their random ids), behind a high-priority one that runs."""
+    client = server.client()
+    uploads = []
+    for i in range(6):
+        with requests_file(tmp_path / f"n{i}.jsonl", 20, f"n{i}").open("rb") as f:
+            uploads.append(client.files.create(file=f, purpose="batch").id)
+    create_batch(
+        client, requests_file(tmp_path / "h.jsonl", 300, "h"), metadata={"priority": "high"}
+    )
+    made = [
+        client.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        for file_id in uploads
+    ]
+    assert len({b.created_at for b in made}) <= 2  # made within a second or two
+    for b in made:
+        assert wait_done(client, b.id, timeout=60).status == "completed"
+
+    def first_result(batch_id: str) -> float:
+        return min(r["time"] for r in journal_records(server.batch_dir(batch_id)))
+
+    starts = [first_result(b.id) for b in made]
+    assert starts == sorted(starts), [b.id for b in made]
+
+
+def test_the_creation_order_is_kept_across_a_restart_and_old_records_load(
+    tmp_path: Path,
+) -> None:
+    """The store numbers batches as they are made and keeps the number in batch.json; a record
+    written before it was kept loads, ordered by its creation second and then its id."""
+
+    def batch(c: str, created_at: int) -> dict[str, Any]:
+        made = new_batch(f"batch_{c * 24}", "file-" + "0" * 24, "/v1/chat/completions",
+                         "24h", 86400, None, "m")  # fmt: skip
+        return {**made, "created_at": created_at}
+
+    old = [batch(c, 100) for c in "ba"]  # written before the sequence: no "seq" key
+    for b in old:
+        (tmp_path / "batches" / b["id"]).mkdir(parents=True)
+        (tmp_path / "batches" / b["id"] / RECORD_NAME).write_text(
+            json.dumps({"batch": b, "priority": "normal", "final": None})
+        )
+    store = BatchStore(tmp_path)
+    made = [batch(c, 200) for c in "fedc"]  # ids against the order they are made in
+    for b in made:
+        store.add(BatchRecord(b))
+    again = BatchStore(tmp_path)
+    expected = [b["id"] for b in (*reversed(old), *made)]
+    assert [r.id for r in sorted(again.all(), key=BatchRecord.queue_order)] == expected
+    assert [r.id for r in again.all()] == expected[::-1]  # the API lists the newest first
+    later = BatchRecord(batch("9", 200))
+    again.add(later)
+    assert later.seq == 5
 
 
 def test_priority_high_runs_before_normal_before_low(server: Server, tmp_path: Path) -> None:
@@ -427,6 +537,24 @@ def test_an_input_that_is_not_jsonl_fails_naming_its_file_id_not_a_path(
         assert leak not in error.message
 
 
+def test_a_completion_window_beyond_a_year_is_refused(server: Server, tmp_path: Path) -> None:
+    """Durations are an extension (OpenAI takes only 24h), up to 365 days: beyond, OpenAI's 400."""
+    client = server.client()
+    path = requests_file(tmp_path / "in.jsonl", 1)
+    for window in ("99999999d", "366d", "8761h"):
+        with pytest.raises(openai.BadRequestError) as e:
+            create_batch(client, path, window=window)
+        assert e.value.body == {
+            "message": f"completion_window must be at most 365d (31536000 seconds), got '{window}'",
+            "type": "invalid_request_error",
+            "param": "completion_window",
+            "code": None,
+        }
+    longest = create_batch(client, path, window="365d")
+    assert longest.expires_at == longest.created_at + 365 * 86400
+    wait_done(client, longest.id)
+
+
 def test_a_body_that_is_not_json_is_an_openai_400(server: Server) -> None:
     """A body that is not JSON, or not an object, is OpenAI's 400 with param null; a bad field
     names its path as param (no "body", no loc index)."""
@@ -536,7 +664,7 @@ def test_a_port_in_use_is_one_line_and_nothing_runs(server: Server, tmp_path: Pa
     assert result.stderr.strip() == (
         f"error: cannot listen on 127.0.0.1:{port}: Address already in use; choose another --port"
     )
-    assert not (other / "batches").exists()
+    assert not other.exists()  # the root it made is taken away with it
 
 
 def test_a_stopped_server_says_how_to_go_on(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import openai
-from conftest import chat_line, group_alive, journal_records, wait_until, write_jsonl
+from conftest import chat_line, cli, group_alive, journal_records, wait_until, write_jsonl
 from openai.types import Batch
 from test_serve import (
     SLOW_ENGINE,
@@ -106,6 +106,10 @@ def test_sigterm_to_the_servers_group_stops_it_without_restarting_a_worker(
     log = server.log.read_text()
     assert server.process.returncode == 143, log
     assert " died" not in log and log.count("starting echo engine") == 1, log
+    # The stopped server's batch goes on when the server starts again: never with resume.
+    exported = cli("export", "--job-dir", str(job))
+    assert exported.returncode == 1 and "resume" not in exported.stderr
+    assert f"batch {batch.id}, which runs on `batchrun serve --root {root}`" in exported.stderr
     again = start_server(root, *SLOW_ENGINE, env=SLOW_ENV)
     try:
         done = wait_done(again.client(), batch.id, timeout=60)

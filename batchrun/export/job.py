@@ -22,6 +22,7 @@ from batchrun.job.inputmap import load_input_map
 from batchrun.job.manifest import Manifest, load_manifest, recorded_runner
 from batchrun.job.paths import JobPaths
 from batchrun.job.state import INVALID, OK, PENDING
+from batchrun.serve.jobview import ENDED, ServedBatch, served_batch
 
 _WRITE_ADVICE = "check free space and permissions, or choose another --output-dir"
 
@@ -58,6 +59,9 @@ class ExportSummary:
     # many requests the job has.
     pending: int | None = None
     running_pid: int | None = None  # the process running the job while it was exported
+    # How a `batchrun serve` batch ended before its pending requests ran (cancelled, expired,
+    # failed): they never will, and the files hold what finished, as the API's do.
+    ended: str | None = None
 
     @property
     def total(self) -> int:
@@ -69,7 +73,9 @@ class ExportSummary:
         text = (
             f"{self.succeeded:,} succeeded, {self.failed:,} failed, {self.invalid:,} invalid lines"
         )
-        if self.pending:
+        if self.pending and self.ended:
+            text += f", {self.pending:,} not run (the batch was {self.ended})"
+        elif self.pending:
             text += f", {self.pending:,} pending (not in the output: partial export)"
         if self.running_pid is not None:
             text += f"; the job is running (process {self.running_pid}), export again when it ends"
@@ -80,7 +86,8 @@ class ExportSummary:
 def export_job(
     job_dir: Path, out_dir: Path, *, parquet: bool = False, partial: bool = False
 ) -> ExportSummary:
-    """Export a job; refuse while requests are pending, unless `partial` (then count them).
+    """Export a job; refuse while requests are pending, unless `partial` (then count them) or
+    the job is a `batchrun serve` batch that ended (its pending requests never run).
 
     Only reads the job directory and takes no lock, so it can run beside the job's own run.
     The requests are those of the input as it is now (after a forced resume, its input map).
@@ -109,20 +116,36 @@ def export_job(
             finished = index.count(OK, *FAILED)
             pending = max(0, manifest.requests - finished)
         running = recorded_runner(manifest)
-    if pending and not partial:
-        are = "request is" if pending == 1 else "requests are"
-        if running is not None:
-            raise BatchrunError(
-                f"{pending:,} {are} still pending: the job is running (process {running}); "
-                "wait for it to finish, or pass --partial to export only what is finished so far"
-            )
-        raise BatchrunError(
-            f"{pending:,} {are} still pending; continue the job with: batchrun resume "
-            f"--job-dir {shlex.quote(str(job_dir))}, or pass --partial to export only what is "
-            "finished"
-        )
+    served = served_batch(job_dir) if manifest is not None else None
+    ended = manifest.status if served and manifest and manifest.status in ENDED else None
+    if pending and not partial and ended is None:
+        raise _still_pending(pending, job_dir, running, served)
     summary = _write_parquet(index, out_dir) if parquet else _write_jsonl(index, out_dir)
-    return dataclasses.replace(summary, pending=pending, running_pid=running)
+    return dataclasses.replace(summary, pending=pending, running_pid=running, ended=ended)
+
+
+def _still_pending(
+    pending: int, job_dir: Path, running: int | None, served: ServedBatch | None
+) -> BatchrunError:
+    """Why an export without --partial is refused, and what finishes the job: its run, the
+    server a batch of `batchrun serve` runs on, or a resume."""
+    are = "request is" if pending == 1 else "requests are"
+    if running is not None:
+        return BatchrunError(
+            f"{pending:,} {are} still pending: the job is running (process {running}); "
+            "wait for it to finish, or pass --partial to export only what is finished so far"
+        )
+    if served is not None:
+        return BatchrunError(
+            f"{pending:,} {are} still pending: this job is batch {served.batch_id}, which runs "
+            f"on `{served.serve_command()}` (start it again to go on), or pass --partial to "
+            "export only what is finished"
+        )
+    return BatchrunError(
+        f"{pending:,} {are} still pending; continue the job with: batchrun resume "
+        f"--job-dir {shlex.quote(str(job_dir))}, or pass --partial to export only what is "
+        "finished"
+    )
 
 
 @_without_gc

@@ -24,6 +24,7 @@ from batchrun.run.options import Notify, RunOptions, merge_options, options_from
 from batchrun.run.passes import JobSummary, run_job
 from batchrun.run.sizing import Probe
 from batchrun.run.source import InputIndex
+from batchrun.serve.jobview import served_batch
 
 
 def submit(
@@ -131,6 +132,9 @@ def _continue(
     notify: Notify | None = None,
 ) -> JobSummary:
     """resume and retry-failed: the job's options with those given over them, then run `mode`."""
+    served = served_batch(job_dir)
+    if served is not None:  # its server runs it: a run of the CLI's would part it from the API's
+        raise BatchrunError(served.refusal("resume" if mode == "resume" else "retry-failed"))
     paths = JobPaths(job_dir)
     manifest = load_manifest(paths)
     with job_lock(paths):

@@ -14,6 +14,9 @@ from batchrun.serve.errors import ApiError
 
 _WINDOW = re.compile(r"([1-9][0-9]{0,8})([smhd])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# The longest completion window batchrun takes (OpenAI takes only 24h): a year is beyond any
+# batch, and a bound keeps expires_at a time that means something.
+MAX_WINDOW_S = 365 * 86400
 # How far into an input file the endpoint check looks for a line naming its url.
 SCAN_LINES = 1000
 
@@ -27,7 +30,14 @@ def window_seconds(window: str) -> int:
             f"completion_window must be a duration such as 24h, 1h, 30m or 90s, got {window!r}",
             param="completion_window",
         )
-    return int(match[1]) * _UNIT_S[match[2]]
+    seconds = int(match[1]) * _UNIT_S[match[2]]
+    if seconds > MAX_WINDOW_S:
+        raise ApiError(
+            400,
+            f"completion_window must be at most 365d ({MAX_WINDOW_S} seconds), got {window!r}",
+            param="completion_window",
+        )
+    return seconds
 
 
 # OpenAI's longest output expiry (30 days). Its shortest is an hour; batchrun takes any number of

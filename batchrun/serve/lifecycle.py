@@ -28,7 +28,7 @@ from batchrun.run.source import InputIndex, requests
 from batchrun.serve.batches import BatchStore
 from batchrun.serve.checks import expiry_seconds
 from batchrun.serve.files import FileStore
-from batchrun.serve.jobview import job_facts, stamp_job
+from batchrun.serve.jobview import claim_job, job_facts, stamp_job
 from batchrun.serve.router import ActiveJob
 from batchrun.serve.usage import token_details
 
@@ -74,12 +74,13 @@ def validate(
                 options, settings=dataclasses.replace(options.settings)
             )
             manifest = validate_into_job(source, paths, run_options, index)
+        claim_job(paths, manifest, batch_id)
         facts = job_facts(manifest)
         if facts.requests > 0:
             return Validated(locks, index)
         # No valid line: the batch fails, its errors listed (OpenAI's `errors.data`).
         state = replay(paths, manifest)
-        stamp_job(paths, manifest, "completed", state)
+        stamp_job(paths, manifest, "failed", state)  # as the API says
         locks.close()
         fail(batches, batch_id, invalid_lines(paths), total=facts.invalid)
         return None

@@ -31,6 +31,7 @@ from batchrun.run.planner import plan
 from batchrun.run.scheduler import Reporter, RunStats, Scheduler
 from batchrun.run.source import InputIndex, requests
 from batchrun.run.tuning import cached_size, lower_size
+from batchrun.serve.batches import QueueOrder
 from batchrun.serve.jobview import JobFacts, job_facts
 from batchrun.workers.plan import plan_workers
 from batchrun.workers.process import Worker
@@ -55,8 +56,8 @@ class ActiveJob:
     manifest: Manifest
     facts: JobFacts
     state: JobState
-    # The queue's order: priority (high first), then creation time, then id.
-    order: tuple[int, int, str]
+    # The queue's order: priority (high first), then creation (second, sequence), then id.
+    order: QueueOrder
     deadline: float
     journal: JournalWriter
     locks: contextlib.ExitStack
@@ -91,7 +92,7 @@ def open_job(
     batch_id: str,
     slot: str,
     job_dir: Path,
-    order: tuple[int, int, str],
+    order: QueueOrder,
     deadline: float,
     locks: contextlib.ExitStack,
 ) -> ActiveJob:

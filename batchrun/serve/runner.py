@@ -22,11 +22,11 @@ from batchrun.errors import BatchrunError
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.options import RunOptions
 from batchrun.serve import lifecycle
-from batchrun.serve.batches import PRIORITIES, BatchStore
+from batchrun.serve.batches import BatchRecord, BatchStore
 from batchrun.serve.errors import without_paths
 from batchrun.serve.files import FileStore
 from batchrun.serve.ids import is_file_id
-from batchrun.serve.jobview import stamp_job
+from batchrun.serve.jobview import ENDED, stamp_job
 from batchrun.serve.metrics import Metrics
 from batchrun.serve.router import (
     SEP,
@@ -94,7 +94,7 @@ class Runner:
 
     def start(self) -> None:
         """Take up every batch that had not ended (after a restart), then start the threads."""
-        for record in sorted(self.batches.all(), key=lambda r: (r.batch["created_at"], r.id)):
+        for record in sorted(self.batches.all(), key=BatchRecord.created):
             if record.status in ("completed", "failed", "expired", "cancelled"):
                 continue
             if record.final is not None:
@@ -166,11 +166,7 @@ class Runner:
     def _activate(self, batch_id: str, done: lifecycle.Validated) -> None:
         record = self.batches.get(batch_id)
         assert record is not None
-        order = (
-            PRIORITIES.get(record.priority, 1),
-            int(record.batch["created_at"]),
-            batch_id,
-        )
+        order = record.queue_order()
         slot = str(next(self._slots))
         job_dir = self.batches.job_dir(batch_id)
         try:
@@ -367,7 +363,7 @@ class Runner:
                 if self.pool.batch_size:
                     job.manifest.batch_size = self.pool.batch_size
                     job.manifest.batch_size_source = "server"
-            stamp_job(job.paths, job.manifest, "incomplete" if pending else "completed", job.state)
+            stamp_job(job.paths, job.manifest, _job_status(final, pending), job.state)
         except BatchrunError as e:  # the journal cannot be written: the batch fails
             final, job.error = "failed", str(e)
         finally:
@@ -401,6 +397,14 @@ class Runner:
         self.batches.set_counts(
             job.batch_id, job.facts.requests + invalid, job.completed, job.failed + invalid
         )
+
+
+def _job_status(final: str, pending: int) -> str:
+    """The status a batch's job ends with: the batch's own when it ended early (so `batchrun
+    export` writes what finished, as the API does), else as a CLI run's."""
+    if final in ENDED:
+        return final
+    return "incomplete" if pending else "completed"
 
 
 class _Feed:

@@ -29,27 +29,76 @@ def say(line: str) -> None:
 
 @contextlib.contextmanager
 def root_lock(root: Path) -> Iterator[None]:
-    """Hold ROOT/server.lock: two servers on one root would run the same batches twice."""
+    """Hold ROOT/server.lock: two servers on one root would run the same batches twice.
+
+    A refusal to start (the lock held, a port in use) takes away what this call made: the
+    root and the directories above it that did not exist, when they are still empty.
+    """
+    made = _missing_dirs(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(root / ROOT_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _locked(root / ROOT_LOCK)
     except OSError as e:
+        _unmake(made)
         raise BatchrunError(f"cannot use {root} as the server's root: {e.strerror or e}") from None
+    except BatchrunError:
+        _unmake(made)
+        raise
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise BatchrunError(
-                    f"another batchrun serve already runs on {root}; stop it first, or choose "
-                    "another --root"
-                ) from None
-            raise
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         yield
+    except BatchrunError:
+        if made:  # refused before serving: nothing of this root's is worth keeping
+            with contextlib.suppress(OSError):
+                (root / ROOT_LOCK).unlink()
+            _unmake(made)
+        raise
     finally:
         os.close(fd)
+
+
+def _locked(path: Path) -> int:
+    """An open descriptor of `path`, locked, or a BatchrunError when another server holds it."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # A server that gave up takes its lock file away: a lock on that file, opened just
+            # before, locks nothing another server would see. Lock the file at `path`.
+            held, named = os.fstat(fd), os.stat(path)
+            if (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino):
+                return fd
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise BatchrunError(
+                    f"another batchrun serve already runs on {path.parent}; stop it first, or "
+                    "choose another --root"
+                ) from None
+            raise
+        os.close(fd)
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """The directories from `path` upwards that do not exist yet (deepest first)."""
+    missing: list[Path] = []
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            break
+        missing.append(p)
+    return missing
+
+
+def _unmake(made: list[Path]) -> None:
+    """Remove directories this server made, deepest first, while they are empty."""
+    for d in made:
+        try:
+            d.rmdir()
+        except OSError:
+            return
 
 
 def serve(
