@@ -103,11 +103,17 @@ def _other_job(cores: str) -> subprocess.Popen[str]:
     return proc
 
 
-def test_a_second_job_takes_the_cores_another_live_job_left_free(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_user_threads: Path
-) -> None:
-    topo = _topology(tmp_path / "sys", {c: (0, c) for c in range(4)})
+@pytest.fixture
+def four_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_user_threads: Path) -> str:
+    """A machine of four cores (its fake topology), all this process's to use."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    return _topology(tmp_path / "sys", {c: (0, c) for c in range(4)})
+
+
+def test_a_second_job_takes_the_cores_another_live_job_left_free(
+    four_cores: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topo = four_cores
     other = _other_job("0,1")
     try:
         assert [(c.pid, c.cores, c.job) for c in live_claims()] == [
@@ -131,10 +137,9 @@ def test_a_second_job_takes_the_cores_another_live_job_left_free(
 
 
 def test_when_every_core_is_taken_the_job_shares_them_and_says_with_whom(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_user_threads: Path
+    four_cores: str, no_user_threads: Path
 ) -> None:
-    topo = _topology(tmp_path / "sys", {c: (0, c) for c in range(4)})
-    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    topo = four_cores
     other = _other_job("0,1,2,3")
     try:
         assert cpu_worker_envs(1, topo) == [
