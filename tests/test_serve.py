@@ -329,6 +329,10 @@ def test_a_cancelled_batchs_job_exports_what_finished_and_never_runs_with_resume
             f"error: this job is batch {batch.id} of `batchrun serve --root {server.root}`; "
             f"it runs there (the API's batch), not with {command}"
         )
+    src = write_jsonl(tmp_path / "more.jsonl", [chat_line("x", "hi")])
+    refused = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo")
+    assert refused.returncode == 1 and "resume" not in refused.stderr, refused.stderr
+    assert f"it runs on `batchrun serve --root {server.root}`" in refused.stderr
     assert (job / "journal.jsonl").read_bytes() == journal
 
 

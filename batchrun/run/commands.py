@@ -45,9 +45,14 @@ def submit(
     check_input_file(input_path)
     paths = JobPaths(job_dir)
     if paths.manifest.exists():
+        served = served_batch(job_dir)
+        goes_on = (
+            f"it runs on `{served.serve_command()}`"
+            if served is not None
+            else f"continue it with `{command('resume', job_dir)}`"
+        )
         raise BatchrunError(
-            f"a job already exists in {job_dir}; continue it with "
-            f"`{command('resume', job_dir)}`, or choose another --job-dir"
+            f"a job already exists in {job_dir}; {goes_on}, or choose another --job-dir"
         )
     prepare_model(options.settings, notify or _to_stderr)
     created = not job_dir.exists()
