@@ -202,9 +202,13 @@ class EchoEngine:
             None if limit is None else context_exceeded(prompt_words, params.max_tokens, limit)
         )
         if too_long is not None:  # as the vLLM engine refuses it, words counted as tokens
-            code = "context_length_exceeded"
             return failure(
-                request, code, too_long, status_code=400, retryable=False, latency_s=latency_s
+                request,
+                "context_length_exceeded",
+                too_long,
+                status_code=400,
+                retryable=False,
+                latency_s=latency_s,
             )
         text, finish_reason = _limit(params, prompt, prompt_words)
         tokens = max(1, prompt_words if text is prompt else len(text.split()))

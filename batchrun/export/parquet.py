@@ -44,6 +44,7 @@ from batchrun.export.index import (
 )
 from batchrun.export.json_rows import json_row, logprob_rows
 from batchrun.job.state import INVALID, OK
+from batchrun.openai.usage import DetailedUsage
 
 PARQUET_NAME = "results.parquet"
 
@@ -228,21 +229,12 @@ class _Result(msgspec.Struct):
     relevance_score: Any = None
 
 
-class _Details(msgspec.Struct):
-    cached_tokens: Any = None
-    reasoning_tokens: Any = None
-
-
-class _Usage(msgspec.Struct):
+class _Usage(DetailedUsage):
     prompt_tokens: Any = None
     completion_tokens: Any = None
     total_tokens: Any = None
-    prompt_tokens_details: _Details | None = None
-    completion_tokens_details: _Details | None = None
-    input_tokens: Any = None  # a Response's names for the first two and their details
+    input_tokens: Any = None  # a Response's names for the first two
     output_tokens: Any = None
-    input_tokens_details: _Details | None = None
-    output_tokens_details: _Details | None = None
 
 
 class _Part(msgspec.Struct):
@@ -330,12 +322,8 @@ def _row(index: JournalIndex, entry: Entry, raw: bytes, extras: Sequence[str]) -
     prompt = int((usage and usage.prompt_tokens) or rec.prompt_tokens or 0)
     completion = int((usage and usage.completion_tokens) or rec.completion_tokens or 0)
     total = int((usage and usage.total_tokens) or prompt + completion)
-    cached = reasoning_tokens = 0
-    if usage is not None:
-        prompt_details = usage.prompt_tokens_details or usage.input_tokens_details
-        completion_details = usage.completion_tokens_details or usage.output_tokens_details
-        cached = int((prompt_details and prompt_details.cached_tokens) or 0)
-        reasoning_tokens = int((completion_details and completion_details.reasoning_tokens) or 0)
+    cached = usage.cached_tokens() if usage is not None else 0
+    reasoning_tokens = usage.reasoning_tokens() if usage is not None else 0
     err = rec.error or _Error()
     invalid = entry.status == INVALID
     values = [

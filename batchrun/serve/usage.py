@@ -9,22 +9,11 @@ from pathlib import Path
 
 import msgspec
 
-
-class _Details(msgspec.Struct):
-    cached_tokens: int | None = None
-    reasoning_tokens: int | None = None
-
-
-class _Usage(msgspec.Struct):
-    # Chat and completions name them so; a Response names them input_/output_tokens_details.
-    prompt_tokens_details: _Details | None = None
-    completion_tokens_details: _Details | None = None
-    input_tokens_details: _Details | None = None
-    output_tokens_details: _Details | None = None
+from batchrun.openai.usage import DetailedUsage
 
 
 class _Body(msgspec.Struct):
-    usage: _Usage | None = None
+    usage: DetailedUsage | None = None
 
 
 class _Response(msgspec.Struct):
@@ -66,12 +55,6 @@ def token_details(output: Path) -> TokenDetails:
             usage = line.response.body.usage if line.response and line.response.body else None
             if usage is None:
                 continue
-            cached += _sum(usage.prompt_tokens_details, usage.input_tokens_details, "cached_tokens")
-            reasoning += _sum(
-                usage.completion_tokens_details, usage.output_tokens_details, "reasoning_tokens"
-            )
+            cached += usage.cached_tokens()
+            reasoning += usage.reasoning_tokens()
     return TokenDetails(cached, reasoning)
-
-
-def _sum(a: _Details | None, b: _Details | None, name: str) -> int:
-    return sum(int(getattr(d, name) or 0) for d in (a, b) if d is not None)
