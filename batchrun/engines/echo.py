@@ -29,6 +29,10 @@ environment, so failures are testable from the command line:
   running more than that many at once, raises an out-of-memory error shaped like PyTorch's.
 - ``BATCHRUN_ECHO_RECORD``: a file to which every custom_id the engine receives is appended, so
   that tests can assert what the engine was (and was not) asked to run.
+
+And the faults of GPU engines (a start that raises, stuck ranks, hangs, an out-of-memory error
+tied to one request): see engines/echo_faults.py. Every id list matches the custom_id, under
+``serve`` too.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ from collections import Counter, deque
 from typing import Any
 
 from batchrun.config import EngineSettings
+from batchrun.engines import echo_faults
+from batchrun.engines.echo_faults import env_int, id_set, plain_id
 from batchrun.openai.params import (
     Sampling,
     ScoreParams,
@@ -75,11 +81,6 @@ _TEXT_WORD = re.compile(r"\w+")
 
 class OutOfMemoryError(RuntimeError):
     """Shaped like torch.cuda.OutOfMemoryError: same class name, same message style."""
-
-
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name, "").strip()
-    return int(value) if value else None
 
 
 def echo_text(request: Request) -> str:
@@ -118,15 +119,15 @@ class EchoEngine:
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
-        self.delay_s = (_env_int("BATCHRUN_ECHO_DELAY_MS") or 0) / 1000.0
-        self.fail_ids = {
-            s.strip() for s in os.environ.get("BATCHRUN_ECHO_FAIL", "").split(",") if s.strip()
-        }
-        self.crash_after = _env_int("BATCHRUN_ECHO_CRASH_AFTER")
-        self.crash_on = {
-            s.strip() for s in os.environ.get("BATCHRUN_ECHO_CRASH_ON", "").split(",") if s.strip()
-        }
-        self.oom_above = _env_int("BATCHRUN_ECHO_OOM_ABOVE")
+        echo_faults.raise_start_error()
+        self.delay_s = (env_int("BATCHRUN_ECHO_DELAY_MS") or 0) / 1000.0
+        self.fail_ids = id_set("BATCHRUN_ECHO_FAIL")
+        self.crash_after = env_int("BATCHRUN_ECHO_CRASH_AFTER")
+        self.crash_on = id_set("BATCHRUN_ECHO_CRASH_ON")
+        self.oom_above = env_int("BATCHRUN_ECHO_OOM_ABOVE")
+        self.hang_after = env_int("BATCHRUN_ECHO_HANG_AFTER")
+        self.hang_on = id_set("BATCHRUN_ECHO_HANG_ON")
+        self.oom_on = id_set("BATCHRUN_ECHO_OOM_ON")
         self.produced = 0
         record = os.environ.get("BATCHRUN_ECHO_RECORD")
         # Line-buffered: the record must survive the abrupt deaths this engine simulates.
@@ -136,19 +137,41 @@ class EchoEngine:
                 "CUDA out of memory. Tried to allocate 2.00 GiB (simulated by the echo engine: "
                 f"max_num_seqs {settings.max_num_seqs} > BATCHRUN_ECHO_OOM_ABOVE {self.oom_above})"
             )
+        # Held by the engine object so that they live as long as it does; nothing stops them.
+        self._ranks = echo_faults.spawn_ranks()
         # (added time, request), in the order added: every request takes the same delay, so they
         # are also due in that order (a queue, not a heap).
         self._running: deque[tuple[float, Request]] = deque()
+        # Requests that never finish (BATCHRUN_ECHO_HANG_ON), by engine id; aborting drops them.
+        self._hung: dict[str, Request] = {}
+        # The BATCHRUN_ECHO_OOM_ON requests now running: any of them makes a step run out.
+        self._oom_running: set[str] = set()
 
     def add(self, request: Request) -> Outcome | None:
         """Queue a request; it finishes `BATCHRUN_ECHO_DELAY_MS` later."""
+        custom_id = plain_id(request.custom_id)
         if self._record is not None:
-            self._record.write(request.custom_id + "\n")
-        if request.custom_id in self.crash_on:
+            self._record.write(custom_id + "\n")
+        if custom_id in self.crash_on:
             # A poison request: the engine dies on it the way a native crash does, at once.
             os.kill(os.getpid(), signal.SIGKILL)
+        if custom_id in self.hang_on:
+            self._hung[request.custom_id] = request
+            return None
+        if custom_id in self.oom_on:
+            self._oom_running.add(request.custom_id)
         self._running.append((time.monotonic(), request))
         return None
+
+    def abort(self, custom_id: str) -> None:
+        """Drop a running request (the caller records its outcome); unknown ids are ignored."""
+        if self._hung.pop(custom_id, None) is not None:
+            return
+        self._oom_running.discard(custom_id)
+        for i, (_, request) in enumerate(self._running):
+            if request.custom_id == custom_id:
+                del self._running[i]
+                return
 
     def step(self) -> list[Outcome]:
         """Finish every request whose delay has passed (sleeping until the first one is due)."""
@@ -156,7 +179,17 @@ class EchoEngine:
             # Die the way a crashed engine dies: no cleanup, no goodbye message. Checked at the
             # start of a step, so the results of earlier steps have reached the parent.
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.hang_after is not None and self.produced >= self.hang_after:
+            # Checked at the start of a step too, so the results of earlier steps are out.
+            echo_faults.hang_forever()
+        if self._oom_running:
+            raise OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 20.00 GiB (simulated by the echo engine: "
+                f"request {plain_id(min(self._oom_running))!r} is in BATCHRUN_ECHO_OOM_ON)"
+            )
         if not self._running:
+            if self._hung:
+                time.sleep(0.01)  # as a step of an engine whose requests are all still running
             return []
         if self.oom_above is not None and len(self._running) > self.oom_above:
             raise OutOfMemoryError(
@@ -175,13 +208,15 @@ class EchoEngine:
         while running and running[0][0] <= due:
             if self.crash_after is not None and self.produced >= self.crash_after:
                 break
+            if self.hang_after is not None and self.produced >= self.hang_after:
+                break
             added, request = running.popleft()
             out.append(finish(request, now - added))
         return out
 
     def _finish(self, request: Request, latency_s: float) -> Outcome:
         self.produced += 1
-        if request.custom_id in self.fail_ids:
+        if self.fail_ids and plain_id(request.custom_id) in self.fail_ids:
             return failure(
                 request,
                 "engine_error",
@@ -290,11 +325,12 @@ class EchoEngine:
 
     def has_unfinished(self) -> bool:
         """Whether any request is still running."""
-        return bool(self._running)
+        return bool(self._running or self._hung)
 
     def close(self) -> None:
         """Release the record file."""
         self._running.clear()
+        self._hung.clear()
         if self._record is not None:
             self._record.close()
 
