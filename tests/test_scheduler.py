@@ -226,16 +226,21 @@ def test_an_engine_that_crashes_on_everything_is_given_up_on(tmp_path: Path) -> 
     assert all(r[0]["error"]["code"] == "engine_crash" for r in by_id.values())
 
 
-def test_a_worker_that_cannot_start_is_given_up_on(tmp_path: Path) -> None:
+def test_a_worker_that_cannot_start_is_given_up_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An unknown start failure may pass (a port race, NCCL): tried again, 3 starts in all.
+    monkeypatch.setenv("BATCHRUN_START_RETRY_DELAY_S", "0")
     FakeWorker.fail_start = True
     scheduler, _, journal = make(tmp_path)
     with pytest.raises(BatchrunError) as info:
         scheduler.run(iter(requests(5)))
     journal.close()
     assert str(info.value) == (
-        "the engine failed to start: RuntimeError: no engine. Everything finished so far is saved"
+        "the engine failed to start 3 times in a row: RuntimeError: no engine. Everything "
+        "finished so far is saved"
     )
-    assert FakeWorker.starts == 1
+    assert FakeWorker.starts == 3
 
 
 # vLLM 0.32's start-up error when the KV cache holds no block (here: --kv-cache-memory-bytes 1024).
@@ -263,14 +268,22 @@ def test_a_kv_budget_too_small_to_start_is_one_clear_error_not_a_back_off(
     assert FakeWorker.starts == 1  # no back-off: a smaller batch would not fit either
 
 
-def test_without_a_kv_budget_the_same_start_failure_backs_off(tmp_path: Path) -> None:
-    """Sized from the memory fraction, the KV cache grows when a smaller batch needs less."""
+def test_without_a_kv_budget_no_room_for_the_kv_cache_is_one_clear_error_too(
+    tmp_path: Path,
+) -> None:
+    """vLLM 0.32 sizes the KV cache from what --gpu-memory-utilization leaves after the weights
+    and its profiling pass: max_num_seqs does not enter into it, so halving cannot help."""
     FakeWorker.fail_start_oom = NO_CACHE_BLOCKS
     scheduler, _, journal = make(tmp_path, window=4)
-    with pytest.raises(BatchrunError, match="out of memory even at batch size 1"):
+    with pytest.raises(BatchrunError) as info:
         scheduler.run(iter(requests(5)))
     journal.close()
-    assert FakeWorker.starts == 3  # 4, 2, 1
+    assert str(info.value) == (
+        "the model leaves no memory for the KV cache (ValueError: No available memory for the "
+        "cache blocks); raise --gpu-memory-utilization, or spread the model over more GPUs with "
+        "--tensor-parallel-size. Everything finished so far is saved"
+    )
+    assert FakeWorker.starts == 1
 
 
 def test_a_worker_on_cores_another_job_runs_on_says_so(tmp_path: Path) -> None:

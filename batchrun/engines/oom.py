@@ -87,9 +87,18 @@ def _is_oom_one(exc: BaseException) -> bool:
     if any(cls.__name__ in _OOM_TYPE_NAMES for cls in type(exc).__mro__):
         return True
     try:
-        message = str(exc).lower()
+        message = str(exc)
     except Exception:  # a broken __str__ must not turn classification into a crash
         return False
-    if any(fragment in message for fragment in _OOM_FRAGMENTS):
+    return is_oom_message("", message)
+
+
+def is_oom_message(type_name: str, message: str) -> bool:
+    """Whether an exception known only by its text (a line of another process's traceback:
+    `torch.OutOfMemoryError: CUDA out of memory ...`) means out of memory."""
+    if type_name.rsplit(".", 1)[-1] in _OOM_TYPE_NAMES:
         return True
-    return any(all(part in message for part in pair) for pair in _OOM_FRAGMENT_PAIRS)
+    lowered = message.lower()
+    if any(fragment in lowered for fragment in _OOM_FRAGMENTS):
+        return True
+    return any(all(part in lowered for part in pair) for pair in _OOM_FRAGMENT_PAIRS)

@@ -7,6 +7,10 @@ finishes clears its members; a half that kills the worker again is halved again,
 that kills a worker on its own is found. That request becomes a failed result of its own
 (`engine_crash`, not retried) and everything else runs. Finding one such request among N suspects
 costs at most ceil(log2 N) restarts beyond the death that raised the suspicion.
+
+Out-of-memory deaths are isolated the same way once they look like one request's doing (the same
+requests run out twice, or a handful of them do: run/restarts.py): a request whose own memory need
+is the problem (prompt_logprobs over a long prompt, a large n) fails alone with `request_oom`.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from batchrun.openai.responses import failure
 
 # The error code of a request that crashed the engine worker on its own.
 ENGINE_CRASH = "engine_crash"
+# The error code of a request that ran the engine out of memory on its own.
+REQUEST_OOM = "request_oom"
 # This many requests in a row that crash the worker alone, with none finishing in between, and the
 # engine itself (not the requests) is taken to be broken ...
 BROKEN_ENGINE_STREAK = 8
@@ -43,6 +49,20 @@ def crash_outcome(request: Request, message: str, log: str | None) -> Outcome:
         status_code=500,
         # It would crash the next worker too: retrying it costs a restart each time for nothing.
         # `batchrun retry-failed` runs it again on demand (after an engine upgrade, say).
+        retryable=False,
+    )
+
+
+def oom_outcome(request: Request, message: str) -> Outcome:
+    """The failed result of a request that ran the engine out of memory on its own."""
+    return failure(
+        request,
+        REQUEST_OOM,
+        f"the engine ran out of memory running this request on its own ({message}); it needs "
+        "more memory than the engine has (a long prompt with prompt_logprobs, a large n or "
+        "logprobs, say); it is not retried",
+        status_code=500,
+        # It would run the next worker out of memory too; `retry-failed` sends it on demand.
         retryable=False,
     )
 

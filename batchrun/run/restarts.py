@@ -1,15 +1,28 @@
 """The restart policy: what happens to a dead worker and to the requests it held.
 
-Mixed into the Scheduler (run/scheduler.py), whose state it works on. An out-of-memory death backs
-off (half the batch size, the requests back to pending, not an attempt); a death during start-up
-gives the worker up; any other death with requests held isolates them (`poison.Isolator`) until
-the one that kills a worker on its own fails alone; a death holding nothing counts towards giving
-the worker up. Every death is written, with what the worker held, to the worker's log.
+Mixed into the Scheduler (run/scheduler.py), whose state it works on.
+
+- A death during start-up is answered by its cause (engines/startup.py): too little free memory
+  waits and starts again at the same batch size (at most `MAX_STARTS` starts), then gives up
+  naming --gpu-memory-utilization and what holds the memory; a max model length whose one sequence
+  does not fit the KV cache, or no room for the KV cache at all, gives up at once naming the option
+  that fixes it; an out-of-memory error while the engine profiles (sized by the batch) backs off;
+  anything else (NCCL, a port race, unknown) is tried again after a wait, `MAX_STARTS` starts in
+  all. A tensor-parallel rank's error reaches the worker only as "WorkerProc initialization
+  failed": its cause is read from the worker's log.
+- An out-of-memory death while running backs off (half the batch size, the requests back to
+  pending, not an attempt), unless it looks like one request's doing (the same requests ran out
+  twice, or a handful did): then, as for any other death with requests held, they are isolated
+  (`poison.Isolator`) until the one that kills a worker on its own fails alone (`engine_crash`,
+  or `request_oom` when it ran out of memory); a death holding nothing counts towards giving the
+  worker up. Every death while running is written, with what the worker held, to its log.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -17,12 +30,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchrun.console.text import command, plural
-from batchrun.engines.oom import kv_cache_too_small
+from batchrun.engines import startup
+from batchrun.engines.startup import StartFailure, StartKind
 from batchrun.errors import BatchrunError
 from batchrun.job.records import ResultRecord
 from batchrun.openai.records import Outcome, Request
-from batchrun.run.poison import ENGINE_CRASH, Isolator, crash_outcome, restarts_bound
+from batchrun.run.poison import (
+    ENGINE_CRASH,
+    REQUEST_OOM,
+    Isolator,
+    crash_outcome,
+    oom_outcome,
+    restarts_bound,
+)
 from batchrun.run.sizing import back_off
+from batchrun.workers.holders import memory_holders
 from batchrun.workers.process import Worker, WorkerDeath
 
 if TYPE_CHECKING:
@@ -32,6 +54,14 @@ if TYPE_CHECKING:
 MAX_DEATHS_WITHOUT_PROGRESS = 3
 # The most custom_ids written to a worker's log at its death (the rest are counted).
 LOGGED_IDS = 200
+# The most starts in a row of a worker whose start fails for a reason that waiting may cure
+# (memory still held, NCCL, a port race, anything unknown), and the waits between them.
+MAX_STARTS = 3
+FREE_MEMORY_WAITS_S = (10.0, 20.0)
+START_RETRY_WAITS_S = (3.0, 10.0)
+# An out-of-memory death with at most this many requests running is one request's doing, not
+# the batch's: its requests are isolated, and the one that runs out alone fails (request_oom).
+SMALL_OOM = 4
 
 
 class RestartPolicy:
@@ -72,47 +102,113 @@ class RestartPolicy:
         """Deal with a dead worker; return the failed outcomes of requests found to crash it."""
         death = w.death
         assert death is not None
-        progressed = w.results > 0
-        if death.oom or death.during_start:
-            requeued = self._requeue(w)
-            w.stop(timeout=5)
-            back = (
-                f"; {plural(requeued, 'in-flight request')} go{'es' if requeued == 1 else ''} "
-                "back to pending"
-                if requeued
-                else ""
-            )
-            if not death.oom:
-                self._give_up(w, f"the engine failed to start: {death.message}")
-                return []
-            budget = w.settings.kv_cache_memory_bytes
-            if death.during_start and budget is not None and kv_cache_too_small(death.message):
-                # The KV cache's size is fixed: backing off would only start it again and again.
-                # vLLM's first sentence only: its advice (more gpu_memory_utilization) does not
-                # apply to a budget in bytes.
-                said = death.message.split(". ", 1)[0]
-                self._give_up(
-                    w,
-                    f"--kv-cache-memory-bytes {budget:,} is too small for this model and "
-                    f"--max-model-len ({said}); give it more, or leave it out to size the KV "
-                    "cache from --gpu-memory-utilization",
-                )
-                return []
-            size = w.settings.window
-            self.reporter.event(f"{w.label} ran out of memory at batch size {size}{back}")
-            if stop_on_oom:
-                stats.oom = True
-                return []
-            smaller = back_off(size)
-            if smaller is None:
-                self._give_up(w, f"out of memory even at batch size 1 ({death.message})")
-                return []
-            self.reporter.event(f"{w.label}: backing off, batch size {size} -> {smaller}")
-            w.settings.window = smaller
-            w.settings.max_num_seqs = smaller
-            if self.on_back_off is not None:
-                self.on_back_off(smaller)
+        if death.during_start:
+            self._on_start_failure(w, death, stats, stop_on_oom)
             return []
+        w.start_failures = 0
+        if death.oom and not self._one_request_oom(w):
+            self._back_off(w, death, stats, stop_on_oom, start_cause=None)
+            return []
+        return self._isolate(w, death, stats)
+
+    def _one_request_oom(self, w: Worker) -> bool:
+        """Whether an out-of-memory death while running looks like one request's doing, not the
+        batch's: it ran suspects alone, or a handful of requests, or the very requests that ran
+        out last time. Otherwise the held set is remembered, for the next time."""
+        held = frozenset(w.inflight)
+        if not held:
+            return False
+        running = min(len(held), w.settings.window)
+        if w.isolating is not None or running <= SMALL_OOM or held == w.oom_held:
+            w.oom_held = frozenset()
+            return True
+        w.oom_held = held
+        return False
+
+    def _on_start_failure(
+        self, w: Worker, death: WorkerDeath, stats: RunStats, stop_on_oom: bool
+    ) -> None:
+        """A worker that died before it was ready: each cause gets its own answer."""
+        cause = startup.classify(death.message, death.oom, startup.log_since_start(w.log))
+        kind = cause.kind
+        if kind is StartKind.OOM:
+            self._back_off(w, death, stats, stop_on_oom, start_cause=cause)
+            return
+        self._requeue(w)
+        w.stop(timeout=5)
+        said = startup.first_sentence(cause.message)
+        if kind is StartKind.MAX_MODEL_LEN:
+            self._give_up(w, _max_model_len_advice(w, cause, said))
+            return
+        if kind is StartKind.NO_KV_CACHE:
+            self._give_up(w, _no_kv_cache_advice(w, said))
+            return
+        w.start_failures += 1
+        if w.start_failures < MAX_STARTS:
+            wait = _start_wait(kind, w.start_failures)
+            w.start_not_before = time.monotonic() + wait
+            why = {
+                StartKind.FREE_MEMORY: "not enough free memory",
+                StartKind.TRANSIENT: "a failure that usually passes",
+            }.get(kind, "the engine failed to start")
+            self.reporter.event(
+                f"{w.label} could not start ({why}: {said}); starting it again in {wait:g}s at "
+                f"batch size {w.settings.window} (start {w.start_failures + 1} of {MAX_STARTS})"
+            )
+            return
+        if kind is StartKind.FREE_MEMORY:
+            self._give_up(w, _free_memory_advice(w, said))
+            return
+        rank = " (read from its log)" if cause.from_log else ""
+        self._give_up(
+            w,
+            f"the engine failed to start {MAX_STARTS} times in a row: "
+            f"{' '.join(cause.message.split())}{rank}",
+        )
+
+    def _back_off(
+        self,
+        w: Worker,
+        death: WorkerDeath,
+        stats: RunStats,
+        stop_on_oom: bool,
+        start_cause: StartFailure | None,
+    ) -> None:
+        """Out of memory for the batch's size: the requests back to pending, half the size."""
+        requeued = self._requeue(w)
+        w.stop(timeout=5)
+        back = (
+            f"; {plural(requeued, 'in-flight request')} go{'es' if requeued == 1 else ''} "
+            "back to pending"
+            if requeued
+            else ""
+        )
+        size = w.settings.window
+        where = " while starting" if start_cause is not None else ""
+        rank = (
+            f" (read from its log: {start_cause.message})"
+            if start_cause is not None and start_cause.from_log
+            else ""
+        )
+        self.reporter.event(f"{w.label} ran out of memory at batch size {size}{where}{rank}{back}")
+        if stop_on_oom:
+            stats.oom = True
+            return
+        smaller = back_off(size)
+        if smaller is None:
+            self._give_up(w, f"out of memory even at batch size 1 ({death.message})")
+            return
+        self.reporter.event(f"{w.label}: backing off, batch size {size} -> {smaller}")
+        w.settings.window = smaller
+        w.settings.max_num_seqs = smaller
+        if self.on_back_off is not None:
+            self.on_back_off(smaller)
+
+    def _isolate(
+        self, w: Worker, death: WorkerDeath, stats: RunStats
+    ) -> list[tuple[Outcome, Request]]:
+        """A death with requests held that any of them may have caused: isolate them."""
+        progressed = w.results > 0
         held = w.take_inflight()
         group, w.isolating = w.isolating, None
         deaths = (group.deaths if group is not None else 0) + 1
@@ -130,14 +226,20 @@ class RestartPolicy:
             return []
         w.deaths_without_progress = 0
         iso = self.isolator
+        code = REQUEST_OOM if death.oom else ENGINE_CRASH
         if len(held) == 1:
             request = held[0]
-            outcome = crash_outcome(request, death.message, w.log)
+            if death.oom:
+                outcome = oom_outcome(request, death.message)
+                how = "ran out of memory"
+            else:
+                outcome = crash_outcome(request, death.message, w.log)
+                how = "died"
             iso.on_found()
             cost = f"; finding it took {deaths} restart{'s' if deaths != 1 else ''}"
             self.reporter.event(
-                f"{w.label} died running request {request.custom_id!r} (line {request.line}) "
-                f"on its own: {death.message}. It is recorded as failed ({ENGINE_CRASH}) "
+                f"{w.label} {how} running request {request.custom_id!r} (line {request.line}) "
+                f"on its own: {death.message}. It is recorded as failed ({code}) "
                 f"and not retried{cost}; the job goes on"
             )
             if iso.engine_looks_broken():
@@ -148,7 +250,7 @@ class RestartPolicy:
                     w,
                     f"{iso.streak} requests in a row crashed the engine worker on their own with "
                     f"none finishing in between, so the engine itself looks broken (last: "
-                    f"{death.message}); they are recorded as failed ({ENGINE_CRASH}). Once the "
+                    f"{death.message}); they are recorded as failed ({code}). Once the "
                     f"engine is fixed, `{command('resume', self.job_dir)}` runs the rest and "
                     f"`{command('retry-failed', self.job_dir)}` runs them again",
                 )
@@ -157,9 +259,11 @@ class RestartPolicy:
         iso.suspect(held, deaths)
         how = "running a group of {} suspects alone" if group else "holding {} requests"
         bound = restarts_bound(len(held))
+        verb = "ran out of memory" if death.oom else "died"
+        find = "needs more memory than the engine has" if death.oom else "crashes it"
         self.reporter.event(
-            f"{w.label} died {how.format(len(held))}: {death.message}. Running them again in "
-            f"halves, each alone, to find the one that crashes it (at most {bound} more "
+            f"{w.label} {verb} {how.format(len(held))}: {death.message}. Running them again in "
+            f"halves, each alone, to find the one that {find} (at most {bound} more "
             f"restart{'s' if bound != 1 else ''}); starting a fresh worker"
         )
         return []
@@ -189,3 +293,65 @@ def _log_death(w: Worker, death: WorkerDeath, held: Sequence[Request]) -> None:
             f.write(text)
     except OSError:
         pass  # the log is an aid; a full or read-only disk must not stop the job here
+
+
+def _start_wait(kind: StartKind, failures: int) -> float:
+    """Seconds to wait before start number `failures + 1` (BATCHRUN_START_RETRY_DELAY_S: all)."""
+    given = os.environ.get("BATCHRUN_START_RETRY_DELAY_S", "").strip()
+    if given:
+        with contextlib.suppress(ValueError):
+            return max(0.0, float(given))
+    waits = FREE_MEMORY_WAITS_S if kind is StartKind.FREE_MEMORY else START_RETRY_WAITS_S
+    return waits[min(failures, len(waits)) - 1]
+
+
+def _free_memory_advice(w: Worker, said: str) -> str:
+    """The one line for an engine that found too little free memory on every start."""
+    fraction = w.settings.gpu_memory_utilization
+    now = f" (now {fraction:g})" if fraction is not None else " (vLLM's default: 0.9 on a GPU)"
+    if "available memory on node" in said.lower():
+        held = "other processes on this machine hold its memory"
+    else:
+        held = memory_holders()
+    return (
+        f"not enough free memory to start the engine, {MAX_STARTS} starts in a row ({said}); "
+        f"{held}. Free that memory, or lower --gpu-memory-utilization{now}"
+    )
+
+
+def _max_model_len_advice(w: Worker, cause: StartFailure, said: str) -> str:
+    """The one line for a max model length whose one sequence does not fit the KV cache."""
+    given = w.settings.max_model_len
+    what = f"--max-model-len {given}" if given is not None else "the model's own max seq len"
+    more = (
+        "give --kv-cache-memory-bytes more"
+        if w.settings.kv_cache_memory_bytes is not None
+        else "raise --gpu-memory-utilization"
+    )
+    if cause.estimate:
+        fix = f"set --max-model-len {cause.estimate} or lower, or {more}"
+        estimate = f"; vLLM estimates the longest that fits at {cause.estimate} tokens"
+    else:
+        fix, estimate = f"set a smaller --max-model-len, or {more}", ""
+    return f"{what} does not fit in the KV cache ({said}){estimate}: {fix}"
+
+
+def _no_kv_cache_advice(w: Worker, said: str) -> str:
+    """The one line for an engine that has no room for a single KV cache block."""
+    budget = w.settings.kv_cache_memory_bytes
+    if budget is not None:
+        # The KV cache's size is fixed in bytes: backing off would only start it again and again.
+        return (
+            f"--kv-cache-memory-bytes {budget:,} is too small for this model and "
+            f"--max-model-len ({said}); give it more, or leave it out to size the KV "
+            "cache from --gpu-memory-utilization"
+        )
+    fraction = w.settings.gpu_memory_utilization
+    now = f" (now {fraction:g})" if fraction is not None else ""
+    # vLLM sizes the KV cache from what the fraction leaves after the weights and its profiling
+    # pass; the batch size does not enter into it, so no back-off can help.
+    return (
+        f"the model leaves no memory for the KV cache ({said}); raise "
+        f"--gpu-memory-utilization{now}, or spread the model over more GPUs with "
+        "--tensor-parallel-size"
+    )

@@ -208,6 +208,8 @@ class Scheduler(RestartPolicy):
                 if w.retired:
                     continue
                 if w.process is None:
+                    if time.monotonic() < w.start_not_before:
+                        continue  # waiting to start again after a start-up failure
                     self._start(w)
                 if not w.ready:
                     continue
@@ -279,6 +281,7 @@ class Scheduler(RestartPolicy):
                     self.isolator.on_success(len(pairs))
                     plain = self._records(pairs, index, records, outcomes) and plain
                 if kind == "ready":
+                    w.start_failures = 0
                     self.on_ready(w)
                     self.reporter.event(
                         f"{w.label} ready (pid {w.pid}, batch size {w.settings.window}, "

@@ -63,6 +63,13 @@ class Worker:
     cache_queries: int = 0
     cache_hits: int = 0
     cache_seen: tuple[int, int] = (0, 0)
+    # Start-up failures in a row that are retried (run/restarts.py), and the monotonic time
+    # before which the next start must not begin (a wait for memory, a port, NCCL to settle).
+    start_failures: int = 0
+    start_not_before: float = 0.0
+    # The custom_ids it held when it last ran out of memory while running: the same set running
+    # out again points at one of them, not at the batch's size.
+    oom_held: frozenset[str] = frozenset()
 
     @property
     def log(self) -> str | None:

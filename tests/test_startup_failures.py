@@ -1,0 +1,275 @@
+"""Start-up failures answered by their cause, not by halving the batch size (issue 27, item 5).
+
+vLLM 0.32's own wordings (from its source: v1/worker/utils.py, v1/core/kv_cache_utils.py,
+v1/executor/multiproc_executor.py) are raised by the echo engine at start
+(BATCHRUN_ECHO_START_ERROR, _TIMES) through real `batchrun submit` subprocesses; a tensor-parallel
+rank's error read from the worker's log is driven in process (a fake worker writes the log as
+vLLM's ranks do).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import stat
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from conftest import chat_line, cli, journal_records, write_jsonl
+
+from batchrun.config import EngineSettings
+from batchrun.engines.startup import (
+    StartKind,
+    classify,
+    classify_message,
+    log_since_start,
+    root_cause,
+)
+from batchrun.errors import BatchrunError
+from batchrun.job.journal import JournalWriter
+from batchrun.job.state import JobState
+from batchrun.run.scheduler import Scheduler
+from batchrun.workers.holders import memory_holders, parse_compute_apps
+from batchrun.workers.process import Worker
+
+FREE_MEMORY = (
+    "Free memory on device cuda:0 (10.5/79.19 GiB) on startup is less than desired GPU memory "
+    "utilization (0.9, 71.27 GiB). Decrease GPU memory utilization or reduce GPU memory used by "
+    "other processes."
+)
+MAX_SEQ_LEN = (
+    "To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
+    "needed, which is larger than the available KV cache memory (2.1 GiB). Based on the "
+    "available memory, the estimated maximum model length is 17344. Try increasing "
+    "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing "
+    "`max_model_len` when initializing the engine. See "
+    "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+)
+NCCL = (
+    "NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3"
+)
+WORKER_PROC = (
+    "WorkerProc initialization failed due to an exception in a background process. See stack "
+    "trace for root cause."
+)
+RANK_OOM_LOG = """\
+(Worker_TP1 pid=4711) ERROR 11-25 10:00:01 [multiproc_executor.py:953] WorkerProc failed to start.
+(Worker_TP1 pid=4711) Traceback (most recent call last):
+(Worker_TP1 pid=4711)   File "vllm/v1/worker/gpu_model_runner.py", line 5981, in _dummy_sampler_run
+(Worker_TP1 pid=4711) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.95 GiB. \
+GPU 1 has a total capacity of 79.19 GiB of which 1.02 GiB is free.
+(Worker_TP0 pid=4710) RuntimeError: NCCL communicator was aborted on rank 0.
+"""
+
+
+def test_vllm_wordings_are_classified() -> None:
+    assert classify_message(FREE_MEMORY).kind is StartKind.FREE_MEMORY
+    cpu = (
+        "Available memory on node 0 (11.2/23.4 GiB) on startup is less than desired CPU memory "
+        "utilization (0.92, 21.5 GiB). On the CPU backend, ..."
+    )
+    assert classify_message(cpu, oom=True).kind is StartKind.FREE_MEMORY
+    found = classify_message(MAX_SEQ_LEN, oom=True)
+    assert (found.kind, found.estimate) == (StartKind.MAX_MODEL_LEN, 17344)
+    no_blocks = "No available memory for the cache blocks. Try increasing ..."
+    assert classify_message(no_blocks, oom=True).kind is StartKind.NO_KV_CACHE
+    assert classify_message("OutOfMemoryError: CUDA out of memory", oom=True).kind is StartKind.OOM
+    assert classify_message(NCCL).kind is StartKind.TRANSIENT
+    assert classify_message("OSError: [Errno 98] Address already in use").kind is (
+        StartKind.TRANSIENT
+    )
+    assert classify_message("ValueError: no such model").kind is StartKind.OTHER
+
+
+def test_a_rank_error_is_read_from_the_log_when_the_message_only_points_there() -> None:
+    assert root_cause(RANK_OOM_LOG) == (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.95 GiB. GPU 1 has a "
+        "total capacity of 79.19 GiB of which 1.02 GiB is free."
+    )
+    found = classify(f"RuntimeError: {WORKER_PROC}", False, RANK_OOM_LOG)
+    assert (found.kind, found.from_log) == (StartKind.OOM, True)
+    # A message with its own cause is not second-guessed from the log.
+    assert classify(f"RuntimeError: {NCCL}", False, RANK_OOM_LOG).kind is StartKind.TRANSIENT
+
+
+def test_only_the_last_start_of_the_log_is_read(tmp_path: Path) -> None:
+    log = tmp_path / "worker-0.log"
+    log.write_text(
+        f"\n=== worker 0, pid 1, 2026-11-25 10:00:00 ===\n{RANK_OOM_LOG}"
+        "\n=== worker 0, pid 2, 2026-11-25 10:01:00 ===\nValueError: something else\n"
+    )
+    text = log_since_start(log)
+    assert text is not None and text.startswith("=== worker 0, pid 2") and "OutOfMemory" not in text
+    assert log_since_start(tmp_path / "missing.log") is None
+
+
+# -- nvidia-smi's list of what holds GPU memory --------------------------------------------------
+
+
+def fake_nvidia_smi(bin_dir: Path, apps: str) -> Path:
+    """An nvidia-smi first on PATH that lists `apps` for --query-compute-apps (nothing else)."""
+    bin_dir.mkdir(exist_ok=True)
+    exe = bin_dir / "nvidia-smi"
+    exe.write_text(
+        f"#!{sys.executable}\n"
+        "import sys\n"
+        "if any(a.startswith('--query-compute-apps') for a in sys.argv[1:]):\n"
+        f"    sys.stdout.write({apps!r})\n"
+    )
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return bin_dir
+
+
+def test_memory_holders_names_the_processes_nvidia_smi_lists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert parse_compute_apps("4242, python3, 70000\n17, my, app, 512\n[N/A]\n") == [
+        (4242, "python3", 70000),
+        (17, "my, app", 512),
+    ]
+    monkeypatch.setenv("PATH", str(fake_nvidia_smi(tmp_path / "bin", "4242, python3, 70000\n")))
+    assert memory_holders() == "held by pid 4242 python3 (70000 MiB)"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert memory_holders() == "nvidia-smi is not on PATH, so what holds the memory is not known"
+
+
+# -- through `batchrun submit --engine echo` -----------------------------------------------------
+
+
+def submit(tmp_path: Path, env: dict[str, str], n: int = 20, *extra: str) -> tuple[Any, Path]:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"m {i}") for i in range(n)])
+    job = tmp_path / "job"
+    r = cli(
+        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "16",
+        "--no-progress", *extra,
+        env={"BATCHRUN_START_RETRY_DELAY_S": "0", **env},
+    )  # fmt: skip
+    return r, job
+
+
+def starts(stderr: str) -> int:
+    return len(re.findall(r"^\[batchrun\] worker 0 starting echo engine", stderr, re.M))
+
+
+def error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def test_free_memory_at_start_three_starts_then_one_line_naming_the_option_and_the_holder(
+    tmp_path: Path,
+) -> None:
+    bin_dir = fake_nvidia_smi(tmp_path / "bin", "4242, python3, 70000\n")
+    env = {
+        "BATCHRUN_ECHO_START_ERROR": FREE_MEMORY,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    r, _ = submit(tmp_path, env, 20, "--gpu-memory-utilization", "0.9")
+    assert r.returncode == 1, r.stderr
+    assert starts(r.stderr) == 3, r.stderr
+    assert "batch size 16 (start 2 of 3)" in r.stderr and "backing off" not in r.stderr
+    assert error_line(r.stderr) == (
+        "error: not enough free memory to start the engine, 3 starts in a row (RuntimeError: "
+        "Free memory on device cuda:0 (10.5/79.19 GiB) on startup is less than desired GPU "
+        "memory utilization (0.9, 71.27 GiB)); held by pid 4242 python3 (70000 MiB). Free that "
+        "memory, or lower --gpu-memory-utilization (now 0.9). Everything finished so far is saved"
+    )
+    assert "Traceback" not in r.stderr
+
+
+def test_free_memory_twice_then_the_job_runs_at_the_same_batch_size(tmp_path: Path) -> None:
+    env = {"BATCHRUN_ECHO_START_ERROR": FREE_MEMORY, "BATCHRUN_ECHO_START_ERROR_TIMES": "2"}
+    r, job = submit(tmp_path, env, 30)
+    assert r.returncode == 0, r.stderr
+    assert starts(r.stderr) == 3, r.stderr
+    assert "out of memory" not in r.stderr and "backing off" not in r.stderr
+    assert "worker 0 ready (pid " in r.stderr and ", batch size 16, started in" in r.stderr
+    assert len(journal_records(job)) == 30
+    status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
+    assert status["batch_size"] == 16 and status["requests"]["succeeded"] == 30
+
+
+def test_max_seq_len_too_large_stops_at_once_naming_max_model_len_and_the_estimate(
+    tmp_path: Path,
+) -> None:
+    env = {"BATCHRUN_ECHO_START_ERROR": MAX_SEQ_LEN}
+    r, _ = submit(tmp_path, env, 5, "--max-model-len", "131072")
+    assert r.returncode == 1, r.stderr
+    assert starts(r.stderr) == 1, r.stderr
+    assert error_line(r.stderr) == (
+        "error: --max-model-len 131072 does not fit in the KV cache (RuntimeError: To serve at least one "
+        "request with the model's max seq len (131072), (16.0 GiB KV cache is needed, which is "
+        "larger than the available KV cache memory (2.1 GiB)); vLLM estimates the longest that "
+        "fits at 17344 tokens: set --max-model-len 17344 or lower, or raise "
+        "--gpu-memory-utilization. Everything finished so far is saved"
+    )
+
+
+def test_an_nccl_system_error_once_is_retried_and_the_job_completes(tmp_path: Path) -> None:
+    env = {"BATCHRUN_ECHO_START_ERROR": NCCL, "BATCHRUN_ECHO_START_ERROR_TIMES": "1"}
+    r, job = submit(tmp_path, env, 20)
+    assert r.returncode == 0, r.stderr
+    assert starts(r.stderr) == 2, r.stderr
+    assert (
+        "worker 0 could not start (a failure that usually passes: RuntimeError: NCCL error: "
+        "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3); "
+        "starting it again in 0s at batch size 16 (start 2 of 3)"
+    ) in r.stderr
+    assert len(journal_records(job)) == 20
+
+
+# -- a tensor-parallel rank's error, read from the worker's log ----------------------------------
+
+
+class RankFailingWorker(Worker):
+    """Fails its start as vLLM does when a TP rank fails: the rank's error in the worker's log
+    (vLLM's ranks inherit its stderr), the worker's own message only "WorkerProc ... failed"."""
+
+    starts: ClassVar[int] = 0
+    windows: ClassVar[list[int]] = []
+
+    def start(self, inbox: queue.Queue[tuple[int, int, str, Any]]) -> None:
+        self.process = object()
+        self.generation += 1
+        self.ready = False
+        self.death = None
+        RankFailingWorker.starts += 1
+        RankFailingWorker.windows.append(self.settings.window)
+        assert self.log is not None
+        with open(self.log, "a") as f:
+            f.write(f"\n=== worker 0, pid 1, 2026-11-25 10:00:00 ===\n{RANK_OOM_LOG}")
+        message = {"oom": False, "message": f"RuntimeError: {WORKER_PROC}"}
+        inbox.put((self.index, self.generation, "fatal", message))
+        inbox.put((self.index, self.generation, "eof", None))
+
+    def _on_eof(self) -> None:
+        pass
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.process = None
+
+
+def test_a_rank_oom_behind_workerproc_initialization_failed_is_recognised(tmp_path: Path) -> None:
+    from test_scheduler import Events, requests
+
+    RankFailingWorker.starts, RankFailingWorker.windows = 0, []
+    settings = EngineSettings(engine="echo", max_num_seqs=4, window=4)
+    journal = JournalWriter(tmp_path / "journal.jsonl").open()
+    events = Events()
+    env = {"BATCHRUN_WORKER_LOG": str(tmp_path / "worker-0.log")}
+    scheduler = Scheduler(settings, [env], journal, JobState(), events, RankFailingWorker)
+    with pytest.raises(BatchrunError, match="out of memory even at batch size 1"):
+        scheduler.run(iter(requests(3)))
+    journal.close()
+    # Recognised as an out-of-memory error of the profiling pass (sized by the batch): backed off.
+    assert RankFailingWorker.windows == [4, 2, 1]
+    assert events.lines[1] == (
+        "worker 0 ran out of memory at batch size 4 while starting (read from its log: "
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.95 GiB. GPU 1 has a "
+        "total capacity of 79.19 GiB of which 1.02 GiB is free.)"
+    )
