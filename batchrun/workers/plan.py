@@ -23,8 +23,10 @@ def plan_workers(
     if ray:
         from batchrun.workers import ray as ray_backend
 
-        resources = ray_backend.connect(ray, workers)
-        count = ray_backend.actor_count(resources, settings.tensor_parallel_size, workers)
+        ray_backend.connect(ray, workers)
+        # Per node: a tensor-parallel group never spans nodes.
+        gpus_per_node = ray_backend.node_gpus()
+        count = ray_backend.actor_count(gpus_per_node, settings.tensor_parallel_size, workers)
         return ray_backend.RayWorker, [{} for _ in range(count)]
     job = str(logs.parent.resolve())
     envs = worker_envs(settings.engine, gpus, settings.tensor_parallel_size, workers, job)

@@ -8,6 +8,12 @@ in-flight requests go back to pending and batchrun's supervisor starts a replace
 places wherever there is room. batchrun does this rather than Ray's own actor restarts because
 only the supervisor knows which requests the dead actor held (so none is lost or answered twice)
 and what batch size the replacement should start with after an out-of-memory failure.
+
+On a GPU cluster each actor gets a placement group of its own: one bundle of
+tensor_parallel_size GPUs (and a CPU) on one node, reserved whole before the actor starts. A
+cluster with no node that big is refused before any actor is made, and every wait of a start is
+bounded (workers/ray_start.py). Ray's memory monitor killing an actor (the node ran low on host
+memory) counts as out of memory, as a CUDA OOM does: the replacement backs off.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from batchrun.config import EngineSettings
 from batchrun.engines.base import CacheCounting
 from batchrun.errors import BatchrunError
 from batchrun.openai.records import Outcome, Request
+from batchrun.workers import ray_start
 from batchrun.workers.process import Worker, WorkerDeath
+from batchrun.workers.ray_start import StartTimeout
 
 # The variables the engine and the model need, passed to every actor through Ray's runtime_env:
 # an actor on another node starts from that node's environment, not this process's. HF_*
@@ -35,6 +43,18 @@ ACTOR_ENV_NAMES = frozenset({"HUGGING_FACE_HUB_TOKEN", "TRANSFORMERS_OFFLINE"})
 # Set per machine or per worker, never to be copied to another node: VLLM_HOST_IP is this
 # node's address; the worker log and CPU pinning are chosen per local worker process.
 ACTOR_ENV_SKIPPED = frozenset({"VLLM_HOST_IP", "BATCHRUN_WORKER_LOG", "BATCHRUN_CPU_AFFINITY"})
+# Settings of this machine's CPUs (the driver's): vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE,
+# VLLM_CPU_OMP_THREADS_BIND, ...), OpenMP's threads, batchrun's core claims. An engine on a GPU
+# node must not get them: a CPU head's thread binding or KV space means nothing there, or worse.
+CPU_ONLY_PREFIXES = ("VLLM_CPU_", "BATCHRUN_CPU_")
+CPU_ONLY_NAMES = frozenset({"OMP_NUM_THREADS"})
+# How often an actor's memory is asked for, as a local worker sends its own (workers/child.py).
+STATS_EVERY_S = 2.0
+# Ray's words when its memory monitor kills a worker (the actor, or the task it ran): "Memory on
+# the node (IP: ..., ID: ...) was ...GB used / ...GB limit", "OOM kill reason: ...", "... were
+# killed due to the node running low on memory". Not "OOM killer": Ray's message for any
+# unexplained death mentions the kernel's OOM killer among its possible causes.
+RAY_OOM_FRAGMENTS = ("memory on the node (ip:", "oom kill reason", "running low on memory")
 INSTALL_HINT = "--ray needs Ray: pip install 'batchrun[ray]' (or pip install ray)"
 # How long one poll of an actor may run the engine before it returns what finished.
 POLL_S = 0.05
@@ -51,6 +71,7 @@ def import_ray() -> Any:
 
 def connect(address: str, workers: int | None) -> dict[str, float]:
     """Connect to the cluster at `address` ("local" starts one here); return its resources."""
+    ray_start.start_timeouts(os.environ)  # a bad BATCHRUN_START_TIMEOUT is refused up front
     ray = import_ray()
     if not ray.is_initialized():
         try:
@@ -74,34 +95,71 @@ def shutdown() -> None:
         ray.shutdown()
 
 
-def actor_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The part of `environ` every actor gets (see ACTOR_ENV_PREFIXES), whatever its node."""
+def actor_env(environ: Mapping[str, str], *, gpus: bool = False) -> dict[str, str]:
+    """The part of `environ` every actor gets (see ACTOR_ENV_PREFIXES), whatever its node; for
+    actors on GPUs, without this machine's CPU-only settings (CPU_ONLY_PREFIXES)."""
     return {
         name: value
         for name, value in environ.items()
         if (name.startswith(ACTOR_ENV_PREFIXES) or name in ACTOR_ENV_NAMES)
         and name not in ACTOR_ENV_SKIPPED
+        and not (name.startswith("BATCHRUN_CPU_") or (gpus and is_cpu_only(name)))
     }
 
 
-def actor_count(resources: dict[str, float], tensor_parallel_size: int, workers: int | None) -> int:
-    """One actor per GPU group in the cluster, or `workers` if given (at least one)."""
-    if workers:
-        return workers
-    gpus = int(resources.get("GPU", 0))
-    return max(1, gpus // max(1, tensor_parallel_size))
+def is_cpu_only(name: str) -> bool:
+    """Whether the variable `name` tunes the CPUs of the machine it is set on (never for GPUs)."""
+    return name.startswith(CPU_ONLY_PREFIXES) or name in CPU_ONLY_NAMES
+
+
+def node_gpus() -> list[float]:
+    """The GPUs of each live node of the connected cluster."""
+    return ray_start.node_gpus(import_ray())
+
+
+def actor_count(
+    gpus_per_node: Sequence[float], tensor_parallel_size: int, workers: int | None
+) -> int:
+    """One actor per GPU group that fits on a node, or `workers` if given (at least one);
+    a tensor-parallel size no node can hold is refused (see workers/ray_start.py)."""
+    return ray_start.actor_count(gpus_per_node, tensor_parallel_size, workers)
+
+
+def death_is_oom(exc: BaseException) -> bool:
+    """Whether a failed call to an actor means out of memory: Ray's OutOfMemoryError (its memory
+    monitor killed the task), an actor it killed for memory, or an OOM the engine raised."""
+    from batchrun.engines.oom import is_oom
+
+    if is_oom(exc):  # ray.exceptions.OutOfMemoryError is one by its name
+        return True
+    try:
+        text = str(exc).lower()
+    except Exception:  # a broken __str__ must not turn classification into a crash
+        return False
+    return any(fragment in text for fragment in RAY_OOM_FRAGMENTS)
 
 
 class EngineActor:
     """The body of a Ray actor: one engine, fed like a local worker (see workers/child.py)."""
 
     def __init__(self, settings: dict[str, Any], env: dict[str, str]) -> None:
+        import ray
+
         os.environ.update(env)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # as in a local worker
+        # The GPUs Ray gave this actor (its placement group's), as CUDA_VISIBLE_DEVICES names them.
+        self.gpus = [str(g) for g in ray.get_gpu_ids()]
+        if self.gpus:
+            # On a local cluster an actor inherits the driver's environment (its raylet's), which
+            # runtime_env cannot take away: CPU-only settings of the driver's machine go here.
+            for name in [n for n in os.environ if is_cpu_only(n)]:
+                del os.environ[name]
         self.settings = EngineSettings.from_dict(settings)
         self.feeder: Any = None
         # The engine's prefix-cache counters, when it counts its lookups (engines/base.py).
         self.counters: Any = None
+        # The most memory in use seen on each of its GPUs (NVML), in MiB.
+        self.gpu_peaks: list[float] | None = None
 
     def start(self) -> dict[str, Any]:
         """Start the engine; report where it runs, or why it could not start."""
@@ -109,7 +167,7 @@ class EngineActor:
 
         from batchrun.engines.base import create_engine
         from batchrun.engines.oom import is_oom
-        from batchrun.workers.child import Feeder, peak_memory_mb
+        from batchrun.workers.child import Feeder
 
         started = time.monotonic()
         try:
@@ -122,10 +180,24 @@ class EngineActor:
         return {
             "pid": os.getpid(),
             "node": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
-            "gpus": [str(g) for g in ray.get_gpu_ids()],
+            "gpus": self.gpus,
             "start_s": time.monotonic() - started,
-            "peak_memory_mb": peak_memory_mb(),
+            **self.stats(),
         }
+
+    def stats(self) -> dict[str, Any]:
+        """Peak memory: the most in use on any one of its GPUs (NVML) when it has GPUs and NVML
+        reads them (the engine's ranks and engine process are not this process), else this
+        process's own peak (workers/child.py)."""
+        from batchrun.workers.child import peak_memory_mb
+        from batchrun.workers.gpu_memory import gpu_memory_mb
+
+        used = gpu_memory_mb(self.gpus)
+        if used is None:
+            return {"peak_memory_mb": peak_memory_mb()}
+        peaks = self.gpu_peaks or [0.0] * len(used)
+        self.gpu_peaks = [max(a, b) for a, b in zip(peaks, used, strict=True)]
+        return {"peak_memory_mb": max(self.gpu_peaks), "gpu_memory_mb": self.gpu_peaks}
 
     def add(self, requests: list[Request]) -> None:
         """Queue requests."""
@@ -169,17 +241,26 @@ class RayWorker(Worker):
         )
 
     def start(self, inbox: queue.Queue[tuple[int, int, str, Any]]) -> None:
-        """Create the actor and a thread that relays its outcomes to `inbox`."""
+        """Create the actor (in a placement group of its own on a GPU cluster) and a thread that
+        waits for it to start, then relays its outcomes to `inbox`."""
         ray = import_ray()
-        gpus = float(self.settings.tensor_parallel_size) if _cluster_has_gpus(ray) else 0.0
-        actor_cls = ray.remote(EngineActor)
-        self.process = actor_cls.options(
-            num_cpus=1,
-            num_gpus=gpus,
-            max_restarts=0,  # batchrun replaces a lost actor itself (see the module docstring)
-            name=None,
-            runtime_env={"env_vars": actor_env(os.environ)},
-        ).remote(self.settings.to_dict(), self.env)
+        timeouts = ray_start.start_timeouts(os.environ)
+        on_gpus = _cluster_has_gpus(ray)
+        tp = self.settings.tensor_parallel_size
+        options: dict[str, Any] = {
+            "num_cpus": 1,
+            "num_gpus": float(tp) if on_gpus else 0.0,
+            "max_restarts": 0,  # batchrun replaces a lost actor itself (see the module docstring)
+            "name": None,
+            "runtime_env": {"env_vars": actor_env(os.environ, gpus=on_gpus)},
+        }
+        self.placement: Any = None
+        if on_gpus:
+            self.placement = ray_start.reserve(tp)
+            options["scheduling_strategy"] = ray_start.placed(self.placement)
+        self.process = (
+            ray.remote(EngineActor).options(**options).remote(self.settings.to_dict(), self.env)
+        )
         self.conn = None
         self.pid = None
         self.node: str | None = None
@@ -190,22 +271,55 @@ class RayWorker(Worker):
         self.generation += 1
         self._stopping = threading.Event()
         threading.Thread(
-            target=self._relay, args=(self.process, inbox, self.generation), daemon=True
+            target=self._relay,
+            args=(self.process, self.placement, timeouts, inbox, self.generation),
+            daemon=True,
         ).start()
 
-    def _relay(self, actor: Any, inbox: queue.Queue[tuple[int, int, str, Any]], gen: int) -> None:
+    def _await_start(
+        self, ray: Any, actor: Any, placement: Any, timeouts: ray_start.StartTimeouts
+    ) -> dict[str, Any]:
+        """Wait, each step bounded, for the placement group, the actor, then its engine."""
+        if placement is not None:
+            tp = self.settings.tensor_parallel_size
+            ray_start.wait(
+                ray,
+                placement.ready(),
+                timeouts.placement,
+                f"the placement group of {self.label} ({tp} GPU{'s' if tp != 1 else ''} and "
+                "1 CPU on one node) to be placed: no node has that much free",
+            )
+        ray_start.wait(
+            ray,
+            actor.__ray_ready__.remote(),
+            timeouts.actor,
+            f"the Ray actor of {self.label} to be created",
+        )
+        info: dict[str, Any] = ray_start.wait(
+            ray, actor.start.remote(), timeouts.engine, f"the engine of {self.label} to start"
+        )
+        return info
+
+    def _relay(
+        self,
+        actor: Any,
+        placement: Any,
+        timeouts: ray_start.StartTimeouts,
+        inbox: queue.Queue[tuple[int, int, str, Any]],
+        gen: int,
+    ) -> None:
         ray = import_ray()
         put = inbox.put
         try:
-            info = ray.get(actor.start.remote())
+            info = self._await_start(ray, actor, placement, timeouts)
             if info.get("fatal"):
                 put((self.index, gen, "fatal", info))
-                with contextlib.suppress(Exception):
-                    ray.kill(actor)
+                self._discard(ray, actor, placement)
                 return
             self.pid, self.node = info.get("pid"), info.get("node")
             put((self.index, gen, "ready", info))
             cache_sent = (0, 0)
+            stats_at = time.monotonic()
             while not self._stopping.is_set():
                 outcomes, fatal, cache = ray.get(actor.poll.remote(POLL_S))
                 if cache is not None and cache != cache_sent:
@@ -216,22 +330,28 @@ class RayWorker(Worker):
                     put((self.index, gen, "results", outcomes))
                 if fatal is not None:
                     put((self.index, gen, "fatal", fatal))
-                    with contextlib.suppress(Exception):
-                        ray.kill(actor)
+                    self._discard(ray, actor, placement)
                     return
+                if time.monotonic() - stats_at >= STATS_EVERY_S:
+                    put((self.index, gen, "stats", ray.get(actor.stats.remote())))
+                    stats_at = time.monotonic()
+        except StartTimeout as e:
+            if not self._stopping.is_set():
+                put((self.index, gen, "fatal", {"oom": False, "message": str(e)}))
+            self._discard(ray, actor, placement)
         except Exception as e:  # an actor or node lost: Ray raises its own types
             if not self._stopping.is_set():
-                message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                put(
-                    (
-                        self.index,
-                        gen,
-                        "fatal",
-                        {"oom": False, "message": f"the Ray actor was lost: {message}"},
-                    )
-                )
+                put((self.index, gen, "fatal", lost(e)))
         finally:
             put((self.index, gen, "eof", None))
+
+    @staticmethod
+    def _discard(ray: Any, actor: Any, placement: Any) -> None:
+        """Kill the actor and give its GPUs back."""
+        with contextlib.suppress(Exception):
+            ray.kill(actor)
+        if placement is not None:
+            ray_start.release(placement)
 
     def _on_eof(self) -> None:
         if self.death is None:
@@ -261,13 +381,28 @@ class RayWorker(Worker):
         if self.process is None:
             return
         self._stopping.set()
-        with contextlib.suppress(Exception):
-            import_ray().kill(self.process)
+        self._discard(import_ray(), self.process, getattr(self, "placement", None))
         self.process = None
+        self.placement = None
 
     def kill(self) -> None:
         """Stop the actor at once."""
         self.stop()
+
+
+def lost(exc: BaseException) -> dict[str, Any]:
+    """The fatal report for a failed call to an actor: out of memory when Ray's memory monitor
+    killed it (its words about memory quoted), else "lost" with the first line of Ray's words."""
+    text = str(exc).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if death_is_oom(exc):
+        said = next(
+            (line for line in lines if any(f in line.lower() for f in RAY_OOM_FRAGMENTS)),
+            lines[0] if lines else type(exc).__name__,
+        )
+        return {"oom": True, "message": f"Ray killed the actor for memory: {said}"}
+    message = lines[0] if lines else type(exc).__name__
+    return {"oom": False, "message": f"the Ray actor was lost: {message}"}
 
 
 def _cluster_has_gpus(ray: Any) -> bool:
