@@ -14,7 +14,6 @@ finished and tops the engine up from its local queue, so vLLM's continuous batch
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import os
 import signal
@@ -31,23 +30,15 @@ from batchrun.engines.base import CacheCounting
 from batchrun.job.journal import encode_body
 from batchrun.openai.records import Outcome, Request
 from batchrun.openai.responses import holds_no_float
+from batchrun.workers.platform_env import apply_worker_environment
+from batchrun.workers.process_group import die_with_parent, lead_own_group
 
-PR_SET_PDEATHSIG = 1
 # The cyclic garbage collector collects its first generation every this many allocations of
 # containers not yet freed (CPython's default: 700), in a worker and in the parent while it runs
 # (scheduler.fewer_collections). At tens of thousands of results a second the default is
 # thousands of collections, each going over the young requests and results in flight again: a
 # tenth of either process's time. Here they die by reference count, not in cycles.
 GC_THRESHOLD = 20_000
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies, so no engine is left orphaned."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _redirect_output(log: str | None, name: str) -> None:
@@ -76,27 +67,36 @@ def _pin_to_cpus(cpus: str | None) -> None:
 
 
 def worker_main(
-    conn: Connection, settings_dict: dict[str, Any], env: dict[str, str], name: str
+    conn: Connection,
+    settings_dict: dict[str, Any],
+    env: dict[str, str],
+    name: str,
+    parent_pid: int,
 ) -> None:
     """Entry point of the worker process (spawned, so no state is inherited by accident)."""
-    _die_with_parent()
-    # Ctrl-C reaches the whole process group, and so does a SIGTERM sent to it (`kill -- -PGID`,
-    # a service manager stopping its unit): the parent decides how to stop, not the worker. A
-    # worker that died of it would be restarted by a parent that has not handled its own signal
-    # yet. The parent stops a worker by message, then SIGKILL; if the parent dies, so does the
-    # worker (_die_with_parent).
+    # Its own session and process group, before it starts anything: the engine's processes (a
+    # rank per GPU) join it, and the parent kills the group, not the worker alone.
+    lead_own_group()
+    # Armed before anything slow; a parent already gone (`parent_pid` is not the parent any
+    # more) means exit now, or this worker would run on with nobody to stop it.
+    die_with_parent(parent_pid)
+    # The parent decides how to stop, not the worker: a SIGINT or SIGTERM sent to the worker
+    # anyway (a service manager signalling every process of its unit) is set aside. A worker
+    # that died of it would be restarted by a parent that has not handled its own signal yet.
+    # The parent stops a worker by message, then SIGKILL to its group; if the parent dies, so
+    # does the group (die_with_parent).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
         # Spawned with both blocked (see process._stop_signals_blocked): one that came meanwhile
         # is dropped now that they are ignored.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    os.environ.update(env)
+    # The platform's settings (platform_env.py): vLLM's INFO lines on a GPU, its warnings for
+    # its developers (no tcmalloc, no Triton, ...) kept out on a CPU; no CPU tuning on a GPU.
+    apply_worker_environment(env, os.environ)
     _pin_to_cpus(env.get("BATCHRUN_CPU_AFFINITY"))
     _redirect_output(env.get("BATCHRUN_WORKER_LOG"), name)
-    # vLLM's warnings on a CPU (no tcmalloc in LD_PRELOAD, no Triton, ...) are for vLLM's
-    # developers; VLLM_LOGGING_LEVEL=WARNING shows them again. Libraries' deprecation notices too.
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # Libraries' deprecation notices are for their developers too.
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     # multiprocessing's resource tracker (a process of its own, started by the engine) warns of
@@ -145,7 +145,9 @@ def peak_memory_mb() -> float | None:
     """Peak accelerator memory reserved by this process (CUDA), else its peak resident memory."""
     torch = sys.modules.get("torch")
     try:
-        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        # is_initialized only: is_available would initialise the CUDA driver in this process
+        # where nothing used it, and vLLM would then start its ranks by fork, which fails.
+        if torch is not None and torch.cuda.is_initialized():
             return float(torch.cuda.max_memory_reserved()) / 2**20
     except Exception:
         pass

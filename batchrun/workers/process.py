@@ -21,9 +21,14 @@ from batchrun.config import EngineSettings
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.poison import Suspects
 from batchrun.workers.child import worker_main
+from batchrun.workers.gpu_release import memory_in_use, wait_memory_released
+from batchrun.workers.process_group import kill_group, wait_group_gone
 
 _QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
 _CUSTOM_ID = operator.attrgetter("custom_id")
+# The process groups of the workers started and not yet seen gone (each named by its worker's
+# pid): what kill_all_workers kills, ranks of workers already dead included.
+_GROUPS: set[int] = set()
 
 
 @dataclass
@@ -70,6 +75,9 @@ class Worker:
     # The custom_ids it held when it last ran out of memory while running: the same set running
     # out again points at one of them, not at the batch's size.
     oom_held: frozenset[str] = frozenset()
+    # MiB in use on each of its GPUs before it first started (NVML; None without it, or on the
+    # CPU): what a restart waits to see again before it starts another engine there.
+    gpu_baseline: list[float] | None = None
 
     @property
     def log(self) -> str | None:
@@ -84,6 +92,7 @@ class Worker:
 
     def start(self, inbox: queue.Queue[tuple[int, int, str, Any]]) -> None:
         """Spawn the process; its messages arrive in `inbox` as (index, generation, kind, payload)."""
+        self._clear_gpus()
         ctx = mp.get_context("spawn")
         # The first spawn starts multiprocessing's resource tracker, a process of its own with this
         # environment. The workers end with os._exit (an engine cannot be shut down cleanly
@@ -94,7 +103,7 @@ class Worker:
         # Not a daemon: a vLLM engine with tensor parallelism starts children of its own.
         process = ctx.Process(
             target=worker_main,
-            args=(child_conn, self.settings.to_dict(), self.env, str(self.index)),
+            args=(child_conn, self.settings.to_dict(), self.env, str(self.index), os.getpid()),
             name=f"batchrun-worker-{self.index}",
         )
         try:
@@ -109,6 +118,7 @@ class Worker:
         child_conn.close()
         self.conn = parent_conn
         self.pid = self.process.pid
+        _GROUPS.add(self.pid)  # the worker makes its pid its group's id first thing
         self.ready = False
         self.results = 0
         self.death = None
@@ -166,6 +176,8 @@ class Worker:
         """The worker's channel closed: it is gone. Say why, if its last words did not."""
         if self.process is not None:
             self.process.join(timeout=10)
+        if self.pid is not None:
+            kill_group(self.pid)  # its ranks, now orphans that would hold its GPUs
         if self.death is None:
             code = self.process.exitcode if self.process is not None else None
             how = (
@@ -217,12 +229,33 @@ class Worker:
                 self.conn.close()
             self.process = None
             self.conn = None
+            self._end_group()
 
     def kill(self) -> None:
-        """Stop the worker at once."""
+        """Stop the worker at once, with every process it started."""
         if self.process is not None and self.process.is_alive():
+            if self.pid is not None:
+                kill_group(self.pid)
             self.process.kill()
         self.stop(timeout=5)
+
+    def _end_group(self) -> None:
+        """Kill what is left of the worker's process group (ranks that outlived it) and wait,
+        within a bound, until it is gone: the next engine on these GPUs needs their memory."""
+        if self.pid is None or self.pid not in _GROUPS:
+            return
+        kill_group(self.pid)
+        if wait_group_gone(self.pid):
+            _GROUPS.discard(self.pid)
+
+    def _clear_gpus(self) -> None:
+        """Before a start: the last process's group gone, and its GPUs' memory given back (a
+        first start records what the GPUs hold, to know when that is)."""
+        if self.generation == 0:
+            self.gpu_baseline = memory_in_use(self.env)
+            return
+        self._end_group()
+        wait_memory_released(self.env, self.gpu_baseline)
 
 
 @contextlib.contextmanager
@@ -244,6 +277,9 @@ def _stop_signals_blocked() -> Iterator[None]:
 
 def kill_all_workers() -> None:
     """SIGKILL every worker process still running, without waiting for them."""
+    # Their groups first: the ranks a worker started, alive or orphaned by its death.
+    for pgid in list(_GROUPS):
+        kill_group(pgid)
     # Every child multiprocessing started, not only those a Worker got to record.
     for process in mp.active_children():
         with contextlib.suppress(Exception):

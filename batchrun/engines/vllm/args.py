@@ -1,7 +1,8 @@
 """batchrun's engine settings as vLLM's `EngineArgs`: the one place they are translated.
 
 vLLM and torch are imported at use: call this only where the engine is about to start (after
-VLLM_ENABLE_V1_MULTIPROCESSING is set; see engine.py).
+VLLM_ENABLE_V1_MULTIPROCESSING is decided; see engine.py). Whether it runs on a GPU is vLLM's
+own decision (platform.py), never torch.cuda's.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 from batchrun.config import EngineSettings
 from batchrun.engines.vllm.dtype import resolve_dtype
 from batchrun.engines.vllm.params import capped_max_model_len
+from batchrun.engines.vllm.platform import on_cuda
 from batchrun.engines.vllm.reasoning import check_parser_name
 from batchrun.models import EngineModel
 from batchrun.openai.records import POOLING_ENDPOINTS
@@ -22,10 +24,9 @@ CPU_MEMORY_UTILIZATION = 0.4
 
 def engine_args(settings: EngineSettings, target: EngineModel, model_name: str) -> Any:
     """vLLM's EngineArgs that load `target` as `settings` ask, answering as `model_name`."""
-    import torch
     from vllm import EngineArgs
 
-    cuda = torch.cuda.is_available()
+    cuda = on_cuda()
     memory_utilization = settings.gpu_memory_utilization
     if memory_utilization is None and not cuda:
         memory_utilization = CPU_MEMORY_UTILIZATION

@@ -35,6 +35,7 @@ from batchrun.engines.vllm.cache import PrefixCacheCounter
 from batchrun.engines.vllm.embeddings import EmbeddingWork, embedding_work
 from batchrun.engines.vllm.errors import BadRequest
 from batchrun.engines.vllm.params import sampling_params
+from batchrun.engines.vllm.platform import on_cuda
 from batchrun.engines.vllm.prompts import (
     completion_prompt,
     prompt_token_ids,
@@ -82,17 +83,28 @@ class VllmEngine:
         # Set by prepare_model: --served-model-name, else the hub id or the directory's name.
         self.model_name = settings.model_name
 
-        # Run vLLM's engine core in this process rather than in a child it spawns: the worker is
-        # then the only process holding the model, so killing it (kill -9 included) frees the
-        # accelerator with no orphaned engine process left behind. Must be set before vllm is
-        # imported (vllm.envs reads it at use, but set early to be safe across versions).
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        cuda = on_cuda()
+        if not cuda:
+            # On the CPU backend, vLLM's engine core runs in this process rather than in a child
+            # it spawns: that child's scheduler polls without sleeping, a core of two. On a GPU
+            # vLLM's own engine-core process stays (it overlaps scheduling and output handling
+            # with the forward pass); it and the ranks are in the worker's process group, which
+            # the parent kills whole (workers/process_group.py). Set before LLMEngine is
+            # imported (vllm.envs reads it at use, but set early to be safe across versions).
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
         from vllm import LLMEngine
+        from vllm.usage.usage_lib import UsageContext
 
         args = engine_args(settings, target, self.model_name)
         self._cache = PrefixCacheCounter()
-        self._engine: Any = LLMEngine.from_engine_args(args, stat_loggers=[self._cache.factory()])
+        self._engine: Any = LLMEngine.from_engine_args(
+            args,
+            # On a GPU, vLLM's offline defaults for the device (its LLM class's: 16384 tokens per
+            # step on an H100 rather than 2048); the CPU backend keeps the engine's own.
+            usage_context=UsageContext.LLM_CLASS if cuda else UsageContext.ENGINE_CONTEXT,
+            stat_loggers=[self._cache.factory()],
+        )
         self._tokenizer: Any = self._engine.get_tokenizer()
         model_config = self._engine.model_config
         self.max_model_len: int = int(model_config.max_model_len)

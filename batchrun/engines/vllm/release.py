@@ -22,5 +22,6 @@ def release_vllm_globals() -> None:
     gc.collect()
     import torch
 
-    if torch.cuda.is_available():
+    # Only where this process used CUDA: is_available would initialise the driver here.
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # untyped there
         torch.cuda.empty_cache()
