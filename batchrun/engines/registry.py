@@ -12,7 +12,7 @@ Adding an engine is one entry here (and its module under `batchrun/engines/`).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -38,8 +38,8 @@ class EngineSpec:
     # "module:attribute" of a class (or function) taking EngineSettings and returning an Engine.
     factory_path: str
     model: ModelSource
-    # The device its cached batch sizes are keyed by; None: the accelerator found (cuda:<name>,
-    # or cpu), since the best size depends on the memory the engine runs in.
+    # The device its cached batch sizes are keyed by; None: each worker's GPUs (cuda:<name>
+    # <memory>, MIG profile), or cpu, since the best size depends on the memory the engine runs in.
     cache_device: str | None
     # True: one worker per GPU (or tensor-parallel group), on the CPU when there is no GPU, and
     # named GPUs must hold one tensor-parallel group. False: `--workers` plain processes (default
@@ -75,13 +75,14 @@ class EngineSpec:
                 f"{', '.join(names)}",
             )
 
-    def device_key(self) -> str:
-        """The device part of the batch-size cache key for this engine."""
+    def device_key(self, envs: Sequence[Mapping[str, str]] = ()) -> str:
+        """The device part of the batch-size cache key for this engine, on workers with
+        environments `envs` (the GPUs each one's CUDA_VISIBLE_DEVICES names)."""
         if self.cache_device is not None:
             return self.cache_device
-        from batchrun.workers.devices import device_name
+        from batchrun.workers.devices import device_key
 
-        return device_name()
+        return device_key(envs)
 
 
 _SPECS = (

@@ -22,6 +22,7 @@ from batchrun.run.inputs import (
 from batchrun.run.model import prepare_model
 from batchrun.run.options import Notify, RunOptions, merge_options, options_from, save_overrides
 from batchrun.run.passes import JobSummary, run_job
+from batchrun.run.preflight import preflight
 from batchrun.run.sizing import Probe
 from batchrun.run.source import InputIndex
 from batchrun.serve.jobview import served_batch
@@ -41,7 +42,7 @@ def submit(
     journal and `resume` continues the job at the size found. Every option is checked before
     the job directory is made: a value no engine takes must never be saved into a job.
     """
-    check_submit(job_dir, options)
+    warnings = check_submit(job_dir, options)
     check_input_file(input_path)
     paths = JobPaths(job_dir)
     if paths.manifest.exists():
@@ -54,6 +55,8 @@ def submit(
         raise BatchrunError(
             f"a job already exists in {job_dir}; {goes_on}, or choose another --job-dir"
         )
+    for line in warnings:
+        (notify or _to_stderr)(line)
     prepare_model(options.settings, notify or _to_stderr)
     created = not job_dir.exists()
     try:
@@ -79,11 +82,14 @@ def submit(
         return run_job(paths, manifest, options, mode=mode, index=index)
 
 
-def check_submit(job_dir: Path, options: RunOptions) -> None:
-    """Refuse, before anything is made, options no run could take and a job dir that is a file."""
+def check_submit(job_dir: Path, options: RunOptions) -> list[str]:
+    """Refuse, before anything is made, options no run could take, a job dir that is a file,
+    and a machine the job would not run as expected on (run/preflight.py); returns the
+    pre-flight check's warnings."""
     options.check()
     if job_dir.exists() and not job_dir.is_dir():
         raise OptionError("--job-dir", f"{job_dir} is a file, not a directory")
+    return preflight(options)
 
 
 def resume(
@@ -149,6 +155,8 @@ def _continue(
         # Before the input is looked at: a bad option must change nothing (a forced resume
         # rewrites the job's idea of its input).
         changed = merge_options(options, given or GivenOptions())
+        for line in preflight(options):  # a machine the job cannot run on changes nothing
+            say(line)
         # Every run resolves the model again: a hub id may have left the cache, a .gguf file
         # changed, the default model's conversion been deleted.
         prepare_model(options.settings, say)

@@ -121,6 +121,7 @@ _SETTINGS_FIELDS = frozenset(
         "seed",
         "kv_cache_memory_bytes",
         "reasoning_parser",
+        "device",
     }
 )
 _RUN_FIELDS = {"min_batch_size": "min_batch", "max_batch_size": "max_batch"}

@@ -81,6 +81,8 @@ def run_job(
     worker_class, envs = plan_workers(
         settings, ray=options.ray, gpus=options.gpus, workers=options.workers, logs=paths.logs
     )
+    # Cached batch sizes are the workers' devices' (their GPUs' model, memory, MIG profile).
+    device = settings.spec.device_key(envs)
     requests_total = manifest.requests
     if mode == "retry":
         failed_ids = {cid for cid, last in state.last.items() if last != OK}
@@ -112,18 +114,27 @@ def run_job(
             scheduler = Scheduler(settings, envs, journal, state, reporter, worker_class)
             scheduler.job_dir = paths.root
             scheduler.duplicates = duplicates
-            scheduler.on_back_off = _keep_backed_off_size(paths, manifest, settings)
+            scheduler.on_back_off = _keep_backed_off_size(paths, manifest, settings, device)
             try:
                 if mode == "retry":
                     if failed_ids:  # else nothing to size or start an engine for
                         reporter.event(f"retrying {plural(len(failed_ids), 'failed request')}")
-                        _choose_size(scheduler, manifest, options, paths, iter(()), reporter)
+                        _choose_size(
+                            scheduler, manifest, options, paths, iter(()), reporter, device=device
+                        )
                         scheduler.run(planned(_requests_in(input_path, failed_ids, index)))
                 elif (
                     source := _nonempty(planned(requests(input_path, state.is_not_done, index)))
                 ) is not None:
                     _choose_size(
-                        scheduler, manifest, options, paths, source, reporter, search=mode == "tune"
+                        scheduler,
+                        manifest,
+                        options,
+                        paths,
+                        source,
+                        reporter,
+                        search=mode == "tune",
+                        device=device,
                     )
                     if mode != "tune":
                         scheduler.run(source)
@@ -178,7 +189,7 @@ def _nonempty(source: Iterator[Request]) -> Iterator[Request] | None:
 
 
 def _keep_backed_off_size(
-    paths: JobPaths, manifest: Manifest, settings: EngineSettings
+    paths: JobPaths, manifest: Manifest, settings: EngineSettings, device: str
 ) -> Callable[[int], None]:
     """What to do when a worker backs off after running out of memory: the job records the size
     now running (status shows it, resume starts there), and the size cache for this set-up comes
@@ -187,7 +198,6 @@ def _keep_backed_off_size(
     def backed_off(size: int) -> None:
         manifest.batch_size, manifest.batch_size_source = size, "out-of-memory back-off"
         save_manifest(paths, manifest)
-        device = settings.spec.device_key()
         lower_size(settings, device, size)
 
     return backed_off
@@ -202,10 +212,11 @@ def _choose_size(
     reporter: ProgressReporter,
     *,
     search: bool = False,
+    device: str,
 ) -> None:
-    """Use the job's batch size, a fixed one, a cached one, or search for one on `source`."""
+    """Use the job's batch size, a fixed one, a cached one, or search for one on `source`
+    (`device`: the workers', as the size cache keys it)."""
     settings = options.settings
-    device = settings.spec.device_key()
     # `search` (from `tune`) measures afresh, whatever an earlier job found.
     if not search and manifest.batch_size:
         size = manifest.batch_size

@@ -16,6 +16,7 @@ from batchrun import stopping
 from batchrun.errors import BatchrunError
 from batchrun.run.model import prepare_model
 from batchrun.run.options import RunOptions
+from batchrun.run.preflight import preflight
 
 DEFAULT_MAX_FILE_BYTES = 200 * 1000 * 1000  # OpenAI's limit for a batch input file
 ROOT_LOCK = "server.lock"
@@ -122,6 +123,8 @@ def serve(
     options.check()
     if root.exists() and not root.is_dir():
         raise BatchrunError(f"--root {root} is a file, not a directory")
+    for line in preflight(options):  # before the root is made: a refusal leaves nothing behind
+        say(line)
     prepare_model(options.settings, say)
     # After Ctrl-C or SIGTERM: the batches go on when the server starts again on this root.
     stopping.set_resume(f"batchrun serve --root {shlex.quote(str(root))}")

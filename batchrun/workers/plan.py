@@ -29,7 +29,9 @@ def plan_workers(
         count = ray_backend.actor_count(gpus_per_node, settings.tensor_parallel_size, workers)
         return ray_backend.RayWorker, [{} for _ in range(count)]
     job = str(logs.parent.resolve())
-    envs = worker_envs(settings.engine, gpus, settings.tensor_parallel_size, workers, job)
+    envs = worker_envs(
+        settings.engine, gpus, settings.tensor_parallel_size, workers, job, device=settings.device
+    )
     with contextlib.suppress(OSError):  # without it, worker output goes to the terminal
         logs.mkdir(exist_ok=True)
         for i, env in enumerate(envs):

