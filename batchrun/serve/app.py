@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import traceback
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from batchrun.serve.batches import TERMINAL, BatchRecord, BatchStore, new_batch
@@ -21,11 +22,13 @@ from batchrun.serve.checks import (
     check_file_endpoint,
     check_metadata,
     expiry_seconds,
+    file_expiry,
     window_seconds,
 )
 from batchrun.serve.errors import ApiError, not_found, without_paths
 from batchrun.serve.files import FileStore
-from batchrun.serve.ids import new_batch_id
+from batchrun.serve.guard import Guard, bad_key
+from batchrun.serve.ids import new_batch_id, new_error_id
 from batchrun.serve.metrics import Metrics
 from batchrun.serve.runner import Runner
 from batchrun.serve.uploads import receive_upload
@@ -42,10 +45,14 @@ class Services:
     model: str
     api_key: str | None
     max_file_bytes: int
+    # Where an unexpected error is logged (the server's log).
+    say: Callable[[str], None] = print
 
 
 class CreateBatch(BaseModel):
-    """POST /v1/batches."""
+    """POST /v1/batches (a field it does not know is refused, naming it, as OpenAI does)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     input_file_id: str
     endpoint: str
@@ -74,7 +81,9 @@ def create_app(services: Services) -> FastAPI:
         openapi_url=None,
         redirect_slashes=False,
     )
-    _errors(app, services.files.dir.parent)
+    _errors(app, services.files.dir.parent, services.say)
+    # The key, and a body's size and depth, are checked before any route reads the body.
+    app.add_middleware(Guard, api_key=services.api_key)
     auth = [Depends(_authorize(services.api_key))]
     files, batches = services.files, services.batches
 
@@ -100,10 +109,14 @@ def create_app(services: Services) -> FastAPI:
             problem = ApiError(400, f"purpose must be 'batch', got {purpose!r}", param="purpose")
         elif got.size == 0:
             problem = ApiError(400, "the file is empty", param="file")
+        try:
+            expires_after = file_expiry(got.fields)
+        except ApiError as e:
+            problem = problem or e
         if problem is not None:
             tmp.unlink(missing_ok=True)
             raise problem
-        return files.add(tmp, got.filename, "batch")
+        return files.add(tmp, got.filename, "batch", expires_after)
 
     @app.get("/v1/files", dependencies=auth)
     def list_files(
@@ -169,9 +182,12 @@ def create_app(services: Services) -> FastAPI:
 
     @app.get("/v1/batches", dependencies=auth)
     def list_batches(
-        limit: Annotated[int, Query(ge=1, le=100)] = 20, after: str | None = None
+        limit: Annotated[int, Query(ge=1, le=100)] = 20,
+        after: str | None = None,
+        order: Literal["asc", "desc"] = "desc",
     ) -> dict[str, Any]:
-        return _page([_shown(r) for r in batches.all()], limit, after)
+        page, more = batches.page(limit, after, order)
+        return _listing(page, more)
 
     @app.get("/v1/batches/{batch_id}", dependencies=auth)
     def get_batch(batch_id: str) -> dict[str, Any]:
@@ -182,6 +198,12 @@ def create_app(services: Services) -> FastAPI:
 
     @app.post("/v1/batches/{batch_id}/cancel", dependencies=auth)
     def cancel_batch(batch_id: str) -> dict[str, Any]:
+        # Decided against the batch's record as it is (runner.cancel): a validating or running
+        # batch is cancelling and ends cancelled; a cancelling or finalizing one is answered
+        # unchanged; an ended one is OpenAI's 400.
+        cancelled = services.runner.cancel(batch_id)
+        if cancelled is not None:
+            return _shown(cancelled)
         record = batches.get(batch_id)
         if record is None:
             raise not_found("batch", batch_id)
@@ -189,11 +211,7 @@ def create_app(services: Services) -> FastAPI:
             raise ApiError(
                 400, f"cannot cancel a batch that is {record.status}", code="invalid_state"
             )
-        if record.status != "cancelling":
-            services.runner.cancel(batch_id)
-        current = batches.get(batch_id)
-        assert current is not None
-        return _shown(current)
+        return _shown(record)
 
     return app
 
@@ -208,13 +226,17 @@ def _page(items: list[dict[str, Any]], limit: int, after: str | None) -> dict[st
     if after is not None:
         ids = [item["id"] for item in items]
         items = items[ids.index(after) + 1 :] if after in ids else []
-    page = items[:limit]
+    return _listing(items[:limit], len(items) > limit)
+
+
+def _listing(page: list[dict[str, Any]], more: bool) -> dict[str, Any]:
+    """A page in OpenAI's list shape."""
     return {
         "object": "list",
         "data": page,
         "first_id": page[0]["id"] if page else None,
         "last_id": page[-1]["id"] if page else None,
-        "has_more": len(items) > limit,
+        "has_more": more,
     }
 
 
@@ -227,18 +249,15 @@ def _authorize(api_key: str | None) -> Callable[[Request], None]:
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
-            raise ApiError(
-                401,
-                "Incorrect API key provided. Pass it as 'Authorization: Bearer KEY'.",
-                code="invalid_api_key",
-            )
+            raise bad_key()
 
     return check
 
 
-def _errors(app: FastAPI, root: Path) -> None:
+def _errors(app: FastAPI, root: Path, say: Callable[[str], None]) -> None:
     """Every error in OpenAI's shape, naming none of the server's paths (an upload that cannot
-    be written says where it was going: the message shows its place inside the root)."""
+    be written says where it was going: the message shows its place inside the root); an
+    unexpected one is a JSON 500 with an id, logged with its traceback under that id."""
 
     def answer(error: ApiError) -> JSONResponse:
         error.message = without_paths(error.message, root)
@@ -257,6 +276,22 @@ def _errors(app: FastAPI, root: Path) -> None:
     async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
         return answer(validation_error(e.errors()))
 
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, e: Exception) -> JSONResponse:
+        error_id = new_error_id()
+        say(
+            f"error {error_id} answering {request.method} {request.url.path}:\n"
+            + "".join(traceback.format_exception(e))
+        )
+        return answer(
+            ApiError(
+                500,
+                f"The server had an error while processing your request (error id {error_id}).",
+                code="internal_error",
+                kind="server_error",
+            )
+        )
+
 
 # Where FastAPI says a value came from: the first element of a validation error's `loc`.
 _SOURCES = frozenset({"body", "query", "path", "header", "cookie"})
@@ -266,7 +301,9 @@ def validation_error(errors: Sequence[Any]) -> ApiError:
     """FastAPI's request validation errors as OpenAI's 400 (the first one): a body that is not
     JSON, or not an object, says so with param null; any other names its field (`metadata.x`,
     `limit`) as param."""
-    first: dict[str, Any] = dict(errors[0]) if errors else {}
+    # An unknown field first: a misspelt one (`completion_windw`) is why its field is missing.
+    unknown = [e for e in errors if dict(e).get("type") == "extra_forbidden"]
+    first: dict[str, Any] = dict((unknown or list(errors))[0]) if errors else {}
     loc = list(first.get("loc", ()))
     kind, msg = first.get("type"), str(first.get("msg", "invalid request"))
     if kind == "json_invalid":
@@ -283,6 +320,8 @@ def validation_error(errors: Sequence[Any]) -> ApiError:
             return ApiError(400, "The request body must be a JSON object sent as application/json")
         return ApiError(400, f"The request body must be a JSON object: {msg}")
     param = field_path(loc)
+    if kind == "extra_forbidden":  # OpenAI's words for a field it does not know
+        return ApiError(400, f"Unrecognized request argument supplied: {param}", param=param)
     return ApiError(400, f"{param}: {msg}" if param else msg, param=param or None)
 
 

@@ -2,28 +2,47 @@
 
 A record holds the OpenAI Batch object the API returns, plus what the server needs to go on
 after a restart (the priority, the order of creation, and the terminal status a finalizing batch
-is headed for). Each change of status is written atomically; the request counts of a running
-batch move in memory only (a restart counts them again from the journal).
+is headed for).
+
+Every change of a batch's status is a transition decided under the store's lock against the
+record as it is on disk (the copy in memory is only ever changed together with its atomic write,
+under that lock): a transition names the statuses it may start from, and does nothing from any
+other. So two threads racing (the validator, the runner, the finisher, a cancel) can never write
+a status from a stale read, and a terminal status is never left. The request counts of a running
+batch are written with the record at most every COUNTS_SAVE_S seconds, so that they never go
+back across a restart (the journal stays their truth: a restart counts them again from it).
+
+An index kept with the records (their creation order, the counts by status, the summed request
+counts) makes a page of the list and /metrics cost what they show, not the number of batches.
 """
 
 from __future__ import annotations
 
+import bisect
 import copy
 import json
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from batchrun.job.files import write_json_atomic
 from batchrun.serve.ids import is_batch_id
 
 RECORD_NAME = "batch.json"
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+# The statuses a cancel stops (a finalizing batch has finished: its cancel answers it unchanged).
+CANCELLABLE = frozenset({"validating", "in_progress"})
 PRIORITIES = {"high": 0, "normal": 1, "low": 2}
+# How often a running batch's request counts are written with its record (at most).
+COUNTS_SAVE_S = 1.0
 # A batch's place in the queue: priority (high first), creation second, creation sequence, id.
 QueueOrder = tuple[int, int, int, str]
+# A batch's place in creation order: its second, its sequence within the root, its id.
+Created = tuple[int, int, str]
+COUNT_KEYS = ("total", "completed", "failed")
 
 
 @dataclass
@@ -48,7 +67,7 @@ class BatchRecord:
         """The batch's status as the API shows it."""
         return str(self.batch["status"])
 
-    def created(self) -> tuple[int, int, str]:
+    def created(self) -> Created:
         """The key of creation order: the second, then the sequence within the root, then id."""
         return (int(self.batch["created_at"]), self.seq, self.id)
 
@@ -111,9 +130,13 @@ class BatchStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._records: dict[str, BatchRecord] = {}
+        self._order: list[Created] = []  # ascending creation order
+        self._by_status: dict[str, int] = {}
+        self._totals = dict.fromkeys(COUNT_KEYS, 0)
+        self._counts_saved: dict[str, float] = {}
         for path in self.dir.glob(f"*/{RECORD_NAME}"):
             if is_batch_id(path.parent.name) and (record := _load(path)) is not None:
-                self._records[record.id] = record
+                self._index(record)
         # Batches made after a restart come after every batch made before it.
         self._next_seq = max((r.seq for r in self._records.values()), default=0) + 1
 
@@ -126,8 +149,8 @@ class BatchStore:
         self.job_dir(record.id).mkdir(parents=True, exist_ok=True)
         with self._lock:
             record.seq, self._next_seq = self._next_seq, self._next_seq + 1
-            self._records[record.id] = record
             self._save(record)
+            self._index(record)
 
     def get(self, batch_id: str) -> BatchRecord | None:
         """A copy of a batch's record, or None when there is no such batch."""
@@ -138,35 +161,136 @@ class BatchStore:
             return copy.deepcopy(record) if record is not None else None
 
     def all(self) -> list[BatchRecord]:
-        """Copies of every record, newest first."""
+        """Copies of every record, newest first (for a start: pages use `page`)."""
         with self._lock:
-            records = [copy.deepcopy(r) for r in self._records.values()]
-        records.sort(key=BatchRecord.created, reverse=True)
-        return records
+            return [copy.deepcopy(self._records[key[2]]) for key in reversed(self._order)]
 
-    def update(self, batch_id: str, *, final: str | None = None, **fields: Any) -> BatchRecord:
-        """Change fields of a batch's object (and where it is headed) and write it; return a copy."""
+    def page(
+        self, limit: int, after: str | None = None, order: Literal["asc", "desc"] = "desc"
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """The Batch objects of one page (newest first unless `order` is asc), from the one after
+        the batch `after` (none when it is unknown), and whether more follow; only the page is
+        copied."""
+        with self._lock:
+            if after is None:
+                start = 0
+            else:
+                known = self._records.get(after)
+                if known is None:
+                    return [], False
+                at = bisect.bisect_left(self._order, known.created())
+                start = (len(self._order) - at) if order == "desc" else at + 1
+            keys = _slice(self._order, start, limit + 1, order)
+            shown = [copy.deepcopy(self._records[key[2]].batch) for key in keys[:limit]]
+            return shown, len(keys) > limit
+
+    def counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        """The number of batches by status, and the sum of every batch's request_counts."""
+        with self._lock:
+            by_status = {k: v for k, v in self._by_status.items() if v}
+            return by_status, dict(self._totals)
+
+    def transition(
+        self,
+        batch_id: str,
+        sources: Collection[str],
+        *,
+        final: str | None = None,
+        **fields: Any,
+    ) -> BatchRecord | None:
+        """Change a batch whose status (as on disk) is one of `sources`, and write it; return a
+        copy, or None when its status is another (nothing is changed then)."""
+        with self._lock:
+            record = self._records.get(batch_id)
+            if record is None or record.status not in sources:
+                return None
+            self._change(record, fields, final)
+            return copy.deepcopy(record)
+
+    def update(self, batch_id: str, **fields: Any) -> BatchRecord:
+        """Change fields of a batch's object other than its status (an output's file id), and
+        write it; return a copy."""
+        assert "status" not in fields, "a status changes by `transition` or `end`"
         with self._lock:
             record = self._records[batch_id]
-            record.batch.update(fields)
-            if final is not None:
-                record.final = final
-            self._save(record)
+            self._change(record, fields, None)
+            return copy.deepcopy(record)
+
+    def end(self, batch_id: str, status: str, **fields: Any) -> BatchRecord | None:
+        """End a batch that has not ended: `status`, or cancelled when a cancel came first
+        (it is cancelling); its `<status>_at` stamped. None when it had already ended."""
+        assert status in TERMINAL
+        with self._lock:
+            record = self._records.get(batch_id)
+            if record is None or record.status in TERMINAL:
+                return None
+            if record.status == "cancelling":
+                status = "cancelled"
+            fields = {"status": status, f"{status}_at": int(time.time()), **fields}
+            self._change(record, fields, None)
             return copy.deepcopy(record)
 
     def set_counts(self, batch_id: str, total: int, completed: int, failed: int) -> None:
-        """Move a running batch's request counts (in memory: the journal is their truth)."""
+        """Move a running batch's request counts; written with its record at most every
+        COUNTS_SAVE_S seconds (the journal is their truth)."""
+        counts = {"total": total, "completed": completed, "failed": failed}
         with self._lock:
             record = self._records.get(batch_id)
-            if record is not None:
-                record.batch["request_counts"] = {
-                    "total": total,
-                    "completed": completed,
-                    "failed": failed,
-                }
+            if record is None or record.status in TERMINAL:
+                return
+            self._recount(record, counts)
+            now = time.monotonic()
+            if now - self._counts_saved.get(batch_id, 0.0) >= COUNTS_SAVE_S:
+                self._counts_saved[batch_id] = now
+                self._save(record)
+
+    def _change(self, record: BatchRecord, fields: dict[str, Any], final: str | None) -> None:
+        """Apply `fields` to a record and write it (under the lock), keeping the index."""
+        old_status = record.status
+        counts = fields.pop("request_counts", None)
+        record.batch.update(fields)
+        if final is not None:
+            record.final = final
+        if counts is not None:
+            self._recount(record, counts)
+        if record.status != old_status:
+            self._by_status[old_status] -= 1
+            self._by_status[record.status] = self._by_status.get(record.status, 0) + 1
+        self._save(record)
+
+    def _recount(self, record: BatchRecord, counts: dict[str, int]) -> None:
+        old = _counts(record)
+        record.batch["request_counts"] = {k: int(counts.get(k, 0)) for k in COUNT_KEYS}
+        for k in COUNT_KEYS:
+            self._totals[k] += record.batch["request_counts"][k] - old[k]
+
+    def _index(self, record: BatchRecord) -> None:
+        self._records[record.id] = record
+        bisect.insort(self._order, record.created())
+        self._by_status[record.status] = self._by_status.get(record.status, 0) + 1
+        for k, v in _counts(record).items():
+            self._totals[k] += v
 
     def _save(self, record: BatchRecord) -> None:
         write_json_atomic(self.job_dir(record.id) / RECORD_NAME, record.to_dict())
+
+
+def _slice(order: list[Created], start: int, n: int, direction: str) -> list[Created]:
+    """`n` keys from position `start` of `order` read in `direction` (desc: from its end)."""
+    if direction == "asc":
+        return order[start : start + n]
+    end = len(order) - start
+    return order[max(0, end - n) : max(0, end)][::-1]
+
+
+def _counts(record: BatchRecord) -> dict[str, int]:
+    """A record's request counts (0 for any that is missing or not a number)."""
+    counts = record.batch.get("request_counts")
+    counts = counts if isinstance(counts, dict) else {}
+    return {
+        k: v if isinstance(v := counts.get(k), int) and not isinstance(v, bool) else 0
+        for k in COUNT_KEYS
+    }
 
 
 def _load(path: Path) -> BatchRecord | None:
@@ -175,11 +299,13 @@ def _load(path: Path) -> BatchRecord | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         seq = data.get("seq", 0)
-        return BatchRecord(
+        record = BatchRecord(
             data["batch"],
             data.get("priority", "normal"),
             data.get("final"),
             seq if isinstance(seq, int) and not isinstance(seq, bool) else 0,
         )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        record.created()  # a record without its creation time cannot be listed
+        return record
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None

@@ -45,24 +45,26 @@ def window_seconds(window: str) -> int:
 MAX_EXPIRY_S = 30 * 86400
 
 
-def expiry_seconds(expires_after: dict[str, Any] | None) -> int | None:
-    """The seconds after their creation that a batch's output and error files are deleted
-    (`output_expires_after: {"anchor": "created_at", "seconds": N}`); None: kept."""
+def expiry_seconds(
+    expires_after: dict[str, Any] | None, name: str = "output_expires_after"
+) -> int | None:
+    """The seconds after their creation that a batch's output and error files (or, as `name`
+    says, an uploaded file) are deleted (`{"anchor": "created_at", "seconds": N}`); None: kept."""
     if expires_after is None:
         return None
     anchor, seconds = expires_after.get("anchor"), expires_after.get("seconds")
     if anchor != "created_at":
         raise ApiError(
             400,
-            f"output_expires_after.anchor must be 'created_at', got {anchor!r}",
-            param="output_expires_after.anchor",
+            f"{name}.anchor must be 'created_at', got {anchor!r}",
+            param=f"{name}.anchor",
         )
     if set(expires_after) != {"anchor", "seconds"}:
         extra = sorted(set(expires_after) - {"anchor", "seconds"})
         raise ApiError(
             400,
-            f"output_expires_after takes anchor and seconds only, got {', '.join(extra) or 'no seconds'}",
-            param="output_expires_after",
+            f"{name} takes anchor and seconds only, got {', '.join(extra) or 'no seconds'}",
+            param=name,
         )
     if (
         isinstance(seconds, bool)
@@ -71,11 +73,27 @@ def expiry_seconds(expires_after: dict[str, Any] | None) -> int | None:
     ):
         raise ApiError(
             400,
-            f"output_expires_after.seconds must be an integer from 1 to {MAX_EXPIRY_S}, "
-            f"got {seconds!r}",
-            param="output_expires_after.seconds",
+            f"{name}.seconds must be an integer from 1 to {MAX_EXPIRY_S}, got {seconds!r}",
+            param=f"{name}.seconds",
         )
     return seconds
+
+
+_EXPIRY_FIELD = re.compile(r"expires_after\[(\w+)\]")
+
+
+def file_expiry(fields: dict[str, str]) -> int | None:
+    """The seconds after which an uploaded file is deleted, from its form fields as the openai
+    client sends them (`expires_after[anchor]`, `expires_after[seconds]`); None: kept."""
+    given: dict[str, Any] = {}
+    for key, value in fields.items():
+        if (match := _EXPIRY_FIELD.fullmatch(key)) is not None:
+            given[match[1]] = int(value) if value.isdigit() and len(value) < 12 else value
+        elif key.startswith("expires_after"):
+            raise ApiError(
+                400, f"Unrecognized request argument supplied: {key}", param="expires_after"
+            )
+    return expiry_seconds(given, "expires_after") if given else None
 
 
 def check_endpoint(endpoint: str) -> None:
@@ -117,7 +135,7 @@ def check_file_endpoint(path: Path, endpoint: str) -> None:
         for _, raw in zip(range(SCAN_LINES), f, strict=False):
             try:
                 line = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # left to validation, which says why
                 continue
             url = line.get("url") if isinstance(line, dict) else None
             if isinstance(url, str):

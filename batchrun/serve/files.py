@@ -20,6 +20,9 @@ from batchrun.job.files import fsync_dir, write_json_atomic
 from batchrun.serve.ids import is_file_id, new_file_id
 
 TMP_PREFIX = ".upload-"
+# The key of a file's creation sequence in its record on disk (not shown: files made in one
+# second are listed in the order they were made, across restarts).
+SEQ_KEY = "_seq"
 
 
 class FileStore:
@@ -30,10 +33,12 @@ class FileStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._records: dict[str, dict[str, Any]] = {}
+        self._seq: dict[str, int] = {}
         # The earliest `expires_at` of any file (None: none expires), so that asking for files
         # looks through them all only when one is due.
         self._next_expiry: float | None = None
         self._load()
+        self._next_seq = max(self._seq.values(), default=0) + 1
 
     def _load(self) -> None:
         """Read every record; drop what a killed upload or delete left behind."""
@@ -51,6 +56,8 @@ class FileStore:
                 and is_file_id(meta.stem)
                 and self.content(meta.stem).exists()
             ):
+                seq = record.pop(SEQ_KEY, 0)
+                self._seq[meta.stem] = seq if isinstance(seq, int) else 0
                 self._records[meta.stem] = record
                 self._expires(record)
         for data in self.dir.glob("*.jsonl"):
@@ -65,19 +72,31 @@ class FileStore:
         """A fresh temporary path for an upload in progress (removed at the next start)."""
         return self.dir / f"{TMP_PREFIX}{os.getpid()}-{new_file_id()}.tmp"
 
-    def add(self, tmp: Path, filename: str, purpose: str) -> dict[str, Any]:
-        """Make the finished, fsync'd temporary file `tmp` a file; return its record."""
+    def add(
+        self, tmp: Path, filename: str, purpose: str, expires_after: int | None = None
+    ) -> dict[str, Any]:
+        """Make the finished, fsync'd temporary file `tmp` a file (deleted `expires_after`
+        seconds after its creation, when given); return its record."""
         file_id = new_file_id()
         os.replace(tmp, self.content(file_id))
         fsync_dir(self.dir)
-        return self._publish(file_id, filename, purpose)
+        return self._publish(file_id, filename, purpose, expires_after)
 
     def add_copy(
-        self, source: Path, filename: str, purpose: str, expires_after: int | None = None
+        self,
+        source: Path,
+        filename: str,
+        purpose: str,
+        expires_after: int | None = None,
+        file_id: str | None = None,
     ) -> dict[str, Any]:
         """Make a file of `source` (a batch's output): a hard link, else a copy; with
-        `expires_after`, deleted that many seconds after its creation."""
-        file_id = new_file_id()
+        `expires_after`, deleted that many seconds after its creation. With `file_id`, a file
+        of that id made before is kept and returned (made again it would be the same)."""
+        if file_id is None:
+            file_id = new_file_id()
+        elif (known := self.get(file_id)) is not None:
+            return known
         tmp = self.temp_path()
         try:
             os.link(source, tmp)
@@ -104,11 +123,13 @@ class FileStore:
             "expires_at": None if expires_after is None else now + expires_after,
             "status_details": None,
         }
-        write_json_atomic(self.dir / f"{file_id}.json", record)
         with self._lock:
+            seq, self._next_seq = self._next_seq, self._next_seq + 1
+            write_json_atomic(self.dir / f"{file_id}.json", {**record, SEQ_KEY: seq})
+            self._seq[file_id] = seq
             self._records[file_id] = record
             self._expires(record)
-        return record
+        return dict(record)
 
     def _expires(self, record: dict[str, Any]) -> None:
         at = record.get("expires_at")
@@ -128,11 +149,14 @@ class FileStore:
         """Every file's record (of one purpose, when given), newest first."""
         self.delete_expired()
         with self._lock:
-            records = [dict(r) for r in self._records.values()]
-        if purpose:
-            records = [r for r in records if r.get("purpose") == purpose]
-        records.sort(key=lambda r: (r.get("created_at", 0), r["id"]), reverse=True)
-        return records
+            keyed = [
+                ((r.get("created_at", 0), self._seq.get(i, 0), i), r)
+                for i, r in self._records.items()
+                if not purpose or r.get("purpose") == purpose
+            ]
+        # Newest first, stable: by creation second, then the order made in, then id.
+        keyed.sort(key=lambda pair: pair[0], reverse=True)
+        return [dict(r) for _, r in keyed]
 
     def delete_expired(self) -> None:
         """Delete the files whose `expires_at` has passed (checked as files are asked for, so
@@ -161,6 +185,7 @@ class FileStore:
         with self._lock:
             if self._records.pop(file_id, None) is None:
                 return False
+            self._seq.pop(file_id, None)
         (self.dir / f"{file_id}.json").unlink(missing_ok=True)
         fsync_dir(self.dir)
         with contextlib.suppress(OSError):

@@ -6,6 +6,7 @@ that is not ours (`../x`, unknown, percent-encoded) is a 404 before any path is 
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 
@@ -21,6 +22,19 @@ def new_file_id() -> str:
 def new_batch_id() -> str:
     """A fresh batch id, OpenAI-shaped (`batch_...`)."""
     return f"batch_{secrets.token_hex(12)}"
+
+
+def new_error_id() -> str:
+    """A fresh id for an unexpected error: in its 500 answer and beside its traceback in the log."""
+    return f"err_{secrets.token_hex(8)}"
+
+
+def output_file_id(batch_id: str, label: str) -> str:
+    """The id of a batch's output (`label`: output or errors): the same every time it is made, so
+    that a finisher killed between making the file and saving its id in the batch's record makes
+    the same file again, never a second one."""
+    digest = hashlib.sha256(f"{batch_id}/{label}".encode()).hexdigest()
+    return f"file-{digest[:24]}"
 
 
 def is_file_id(value: str) -> bool:

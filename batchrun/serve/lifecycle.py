@@ -28,6 +28,7 @@ from batchrun.run.source import InputIndex, requests
 from batchrun.serve.batches import BatchStore
 from batchrun.serve.checks import expiry_seconds
 from batchrun.serve.files import FileStore
+from batchrun.serve.ids import output_file_id
 from batchrun.serve.jobview import claim_job, job_facts, stamp_job
 from batchrun.serve.router import ActiveJob
 from batchrun.serve.usage import token_details
@@ -35,6 +36,13 @@ from batchrun.serve.usage import token_details
 INPUT_NAME = "input.jsonl"
 # The most invalid lines a failed batch lists in `errors.data` (all are in the job's journal).
 MAX_LISTED_ERRORS = 1000
+# Why a batch whose input holds no line at all (blank lines only) failed.
+EMPTY = {
+    "code": "empty_file",
+    "message": "The input file holds no requests (it is empty or has only blank lines).",
+    "line": None,
+    "param": None,
+}
 EXPIRED = {
     "code": "batch_expired",
     "message": "This request could not be executed before the completion window expired.",
@@ -82,7 +90,7 @@ def validate(
         state = replay(paths, manifest)
         stamp_job(paths, manifest, "failed", state)  # as the API says
         locks.close()
-        fail(batches, batch_id, invalid_lines(paths), total=facts.invalid)
+        fail(batches, batch_id, invalid_lines(paths) or [dict(EMPTY)], total=facts.invalid)
         return None
     except BaseException:
         locks.close()
@@ -131,11 +139,11 @@ def invalid_lines(paths: JobPaths) -> list[dict[str, Any]]:
 def fail(
     batches: BatchStore, batch_id: str, errors: list[dict[str, Any]], *, total: int = 0
 ) -> None:
-    """Mark a batch failed before it ran, with its errors."""
-    batches.update(
+    """Mark a batch failed before it ran, with its errors (cancelled, when a cancel came
+    first; nothing when it has ended)."""
+    batches.end(
         batch_id,
-        status="failed",
-        failed_at=int(time.time()),
+        "failed",
         errors={"object": "list", "data": errors},
         request_counts={"total": total, "completed": 0, "failed": total},
     )
@@ -171,12 +179,12 @@ def finalize(batches: BatchStore, files: FileStore, batch_id: str) -> None:
             f"{batch_id}_{label}.jsonl",
             "batch_output",
             expires_after=expiry_seconds(record.batch.get("output_expires_after")),
+            file_id=output_file_id(batch_id, label),
         )
         ids[key] = made["id"]
         batches.update(batch_id, **{key: made["id"]})  # remembered before the next step
     state = replay(paths, manifest)
     details = token_details(job_dir / OUTPUT_NAME)
-    now = int(time.time())
     usage = {
         "input_tokens": state.prompt_tokens,
         "input_tokens_details": {"cached_tokens": details.cached_tokens},
@@ -184,11 +192,11 @@ def finalize(batches: BatchStore, files: FileStore, batch_id: str) -> None:
         "output_tokens_details": {"reasoning_tokens": details.reasoning_tokens},
         "total_tokens": state.prompt_tokens + state.completion_tokens,
     }
-    stamps: dict[str, Any] = {f"{record.final}_at": now, **ids}
-    batches.update(
+    # Cancelled instead when a cancel came after the runner chose `final` (it is cancelling).
+    batches.end(
         batch_id,
-        status=record.final,
-        **stamps,
+        record.final,
+        **ids,
         usage=usage,
         request_counts={
             "total": facts.requests + state.invalid,

@@ -9,35 +9,35 @@ from batchrun.openai.records import Outcome
 
 
 class Metrics:
-    """Requests by outcome and tokens (counters); queue depth, batches by status and engine
+    """Tokens (counters); requests by outcome, queue depth, batches by status and engine
     restarts come from `gauges`, read when the page is asked for."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.requests = {"succeeded": 0, "failed": 0}
         self.tokens = {"prompt": 0, "completion": 0}
         self.gauges: Callable[[], Mapping[str, object]] = dict
 
     def count(self, outcomes: Sequence[Outcome]) -> None:
-        """Count journaled outcomes."""
-        ok = sum(1 for o in outcomes if o.ok)
+        """Count the tokens of journaled outcomes."""
         with self._lock:
-            self.requests["succeeded"] += ok
-            self.requests["failed"] += len(outcomes) - ok
             self.tokens["prompt"] += sum(int(o.prompt_tokens or 0) for o in outcomes)
             self.tokens["completion"] += sum(int(o.completion_tokens or 0) for o in outcomes)
 
     def render(self) -> str:
         """The Prometheus text exposition."""
         with self._lock:
-            requests, tokens = dict(self.requests), dict(self.tokens)
+            tokens = dict(self.tokens)
         gauges = self.gauges()
+        requests = gauges.get("requests", {"succeeded": 0, "failed": 0})
+        assert isinstance(requests, Mapping)
         lines: list[str] = []
+        # The batches' request_counts summed (invalid lines are failed requests), so that the
+        # page and the API always agree.
         _family(
             lines,
             "batchrun_requests_total",
             "counter",
-            "Request attempts journaled, by outcome.",
+            "Requests of every batch by outcome: the sum of the batches' request_counts.",
             (({"outcome": k}, v) for k, v in requests.items()),
         )
         _family(

@@ -22,7 +22,7 @@ from batchrun.errors import BatchrunError
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.options import RunOptions
 from batchrun.serve import lifecycle
-from batchrun.serve.batches import BatchRecord, BatchStore
+from batchrun.serve.batches import CANCELLABLE, BatchRecord, BatchStore
 from batchrun.serve.errors import without_paths
 from batchrun.serve.files import FileStore
 from batchrun.serve.ids import is_file_id
@@ -108,15 +108,25 @@ class Runner:
         """Queue a batch just created."""
         self._to_validate.put(batch_id)
 
-    def cancel(self, batch_id: str) -> None:
-        """Ask a batch to stop: nothing more of it is fed; what is in flight finishes."""
+    def cancel(self, batch_id: str) -> BatchRecord | None:
+        """Stop a validating or running batch: nothing more of it is fed, what is in flight
+        finishes, and it ends cancelled. Returns its record, or None when its status (as on
+        disk) was another: it is left as it is.
+
+        Under the runner's lock, which `_activate` and `_finish` hold when they move a batch on:
+        whichever comes first, the other sees it."""
         with self.lock:
             now = int(time.time())
-            self.batches.update(batch_id, status="cancelling", cancelling_at=now)
+            record = self.batches.transition(
+                batch_id, CANCELLABLE, status="cancelling", cancelling_at=now
+            )
+            if record is None:
+                return None
             for job in self.active.values():
                 if job.batch_id == batch_id and job.stop is None:
                     job.stop = "cancelled"
                     self._changed()
+            return record
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop the threads (the pool's workers with them); what is in flight runs again later."""
@@ -135,16 +145,22 @@ class Runner:
                     job.locks.close()
 
     def gauges(self) -> dict[str, object]:
-        """Queue depth, batches by status and engine restarts, for /metrics."""
+        """Queue depth, batches by status, requests by outcome (the sum of the batches'
+        request_counts) and engine restarts, for /metrics (from the store's index: the cost
+        does not grow with the number of batches)."""
         with self.lock:
             depth = sum(
                 max(0, j.facts.requests - j.completed - j.failed) for j in self.active.values()
             )
             restarts = self.restarts + (self._pool_restarts(self.pool) if self.pool else 0)
-        by_status: dict[str, int] = {}
-        for record in self.batches.all():
-            by_status[record.status] = by_status.get(record.status, 0) + 1
-        return {"queue_depth": depth, "batches": by_status, "engine_restarts": restarts}
+        by_status, totals = self.batches.counts()
+        requests = {"succeeded": totals["completed"], "failed": totals["failed"]}
+        return {
+            "queue_depth": depth,
+            "batches": by_status,
+            "engine_restarts": restarts,
+            "requests": requests,
+        }
 
     # -- validation and finalizing --------------------------------------------------------------
 
@@ -178,12 +194,13 @@ class Runner:
             raise
         job.index = done.index
         stamp_job(job.paths, job.manifest, "running", job.state, ray=self.options.ray)
-        if record.status == "validating":
-            record = self.batches.update(
-                batch_id, status="in_progress", in_progress_at=int(time.time())
-            )
         with self.lock:
-            if record.status == "cancelling":
+            # Decided against the record as it is now (a cancel may have come since it was read).
+            self.batches.transition(
+                batch_id, ("validating",), status="in_progress", in_progress_at=int(time.time())
+            )
+            current = self.batches.get(batch_id)
+            if current is None or current.status != "in_progress":
                 job.stop = "cancelled"
             self.active[slot] = job
             self._publish(job)
@@ -369,13 +386,26 @@ class Runner:
         finally:
             job.locks.close()
         fields: dict[str, object] = {}
-        if final == "completed":
-            fields["status"] = "finalizing"
-            fields["finalizing_at"] = int(time.time())
         if job.error is not None:
             error = self._error(job.batch_id, "batch_failed", job.error)
             fields["errors"] = {"object": "list", "data": [error]}
-        self.batches.update(job.batch_id, final=final, **fields)
+        # A completed batch is finalizing from now on (a cancel answers it unchanged); any other
+        # keeps its status until the finisher ends it (cancelled, if a cancel comes first).
+        done = final == "completed" and self.batches.transition(
+            job.batch_id,
+            ("in_progress",),
+            final=final,
+            status="finalizing",
+            finalizing_at=int(time.time()),
+            **fields,
+        )
+        if not done:
+            self.batches.transition(
+                job.batch_id,
+                ("validating", "in_progress", "cancelling"),
+                final="cancelled" if final == "completed" else final,
+                **fields,
+            )
         self._to_finalize.put(job.batch_id)
 
     def _error(self, batch_id: str, code: str, message: str) -> dict[str, object]:

@@ -136,7 +136,14 @@ def serve(
         runner = Runner(root, options, files, batches, metrics, say)
         metrics.gauges = runner.gauges
         services = Services(
-            files, batches, runner, metrics, options.settings.model_name, api_key, max_file_bytes
+            files,
+            batches,
+            runner,
+            metrics,
+            options.settings.model_name,
+            api_key,
+            max_file_bytes,
+            say,
         )
         app = create_app(services)
         where = (

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from python_multipart.multipart import MultipartParser, parse_options_header
+from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
@@ -22,6 +22,9 @@ from batchrun.serve.errors import ApiError
 # Room for the multipart framing and the other fields around the file's bytes.
 FRAMING_SLACK = 64 * 1024
 MAX_FIELD_BYTES = 4096
+# A part's headers, and the number of parts: bounded, so that nothing but the file grows.
+MAX_HEADER_BYTES = 8192
+MAX_PARTS = 16
 
 
 class _TooLarge(Exception):
@@ -62,14 +65,28 @@ class _Parser:
             "on_part_end": self.part_end,
         }
 
+    parts: int = 0
+    header_bytes: int = 0
+
     def part_begin(self) -> None:
         self.headers, self.name, self.is_file, self.value = {}, None, False, b""
+        self.parts += 1
+        self.header_bytes = 0
+        if self.parts > MAX_PARTS:
+            raise ApiError(400, f"the upload has more than {MAX_PARTS} parts")
 
     def header_field_data(self, data: bytes, start: int, end: int) -> None:
+        self._header_room(end - start)
         self.header_field += data[start:end]
 
     def header_value_data(self, data: bytes, start: int, end: int) -> None:
+        self._header_room(end - start)
         self.header_value += data[start:end]
+
+    def _header_room(self, size: int) -> None:
+        self.header_bytes += size
+        if self.header_bytes > MAX_HEADER_BYTES:
+            raise ApiError(400, f"a part's headers are longer than {MAX_HEADER_BYTES} bytes")
 
     def header_end(self) -> None:
         key = self.header_field.decode("latin-1").lower()
@@ -119,10 +136,19 @@ async def receive_upload(request: Request, tmp: Path, max_bytes: int) -> Upload:
         raise _too_large(max_bytes)
     state = _Parser(Upload(tmp), max_bytes)
     parser = MultipartParser(boundary, state.callbacks())  # type: ignore[arg-type]
+    received = 0
     try:
         async for chunk in request.stream():
+            received += len(chunk)
             parser.write(chunk)
         parser.finalize()
+        # A body cut short (a client gone mid-upload) is refused, never stored as if whole.
+        if parser.state != MultipartState.END:
+            raise ApiError(
+                400, "the upload was cut short: its closing multipart boundary is missing"
+            )
+        if declared is not None and declared.isdigit() and received < int(declared):
+            raise ApiError(400, "the upload was cut short: shorter than its Content-Length")
         if state.out is not None:
             out = state.out
             await run_in_threadpool(_flush, out)
