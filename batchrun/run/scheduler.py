@@ -39,7 +39,7 @@ from batchrun.job.state import JobState
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.dedup import Duplicates
 from batchrun.run.poison import Isolator
-from batchrun.run.restarts import RestartPolicy
+from batchrun.run.watchdog import HangPolicy, Watchdog
 from batchrun.workers.child import GC_THRESHOLD
 from batchrun.workers.process import Worker
 
@@ -101,7 +101,7 @@ class RunStats:
         return self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-class Scheduler(RestartPolicy):
+class Scheduler(HangPolicy):
     """Feeds requests to one or more engine workers and journals what comes back."""
 
     def __init__(
@@ -135,6 +135,8 @@ class Scheduler(RestartPolicy):
         # The duplicates the dispatch plan holds back (run/dedup.py): each is answered, and
         # journaled, with its representative's outcome. None: every request runs itself.
         self.duplicates: Duplicates | None = None
+        # Notices workers gone silent: hung mid-run, or never ready (run/watchdog.py).
+        self.watchdog = Watchdog()
 
     # -- sizing ---------------------------------------------------------------------------------
 
@@ -242,6 +244,7 @@ class Scheduler(RestartPolicy):
             if inflight == 0 and no_more:
                 break
             self._wait(stats, stop_on_oom)
+            self._watch(stats, stop_on_oom)
         if busy_since is not None:
             stats.seconds = time.monotonic() - busy_since
         return stats
@@ -276,6 +279,7 @@ class Scheduler(RestartPolicy):
             index, generation, kind, payload = item
             w = self.workers[index]
             if generation == w.generation and w.process is not None:
+                self.watchdog.heard(w, kind)
                 pairs = w.handle(kind, payload)
                 if pairs:
                     self.isolator.on_success(len(pairs))
@@ -294,6 +298,10 @@ class Scheduler(RestartPolicy):
                     crashed = self._on_death(w, stats, stop_on_oom)
                     plain = self._records(crashed, index, records, outcomes)
                     stats.crashed += len(crashed)
+                if kind == "restart":
+                    # Its engine cannot abort a timed-out request (workers/child.py): it holds
+                    # a slot until it finishes, if ever; a fresh engine holds none.
+                    self._replace(w, str(payload))
             try:
                 item = self.inbox.get_nowait()
             except queue.Empty:
@@ -372,6 +380,7 @@ class Scheduler(RestartPolicy):
 
     def _start(self, w: Worker) -> None:
         w.start(self.inbox)
+        self.watchdog.started(w)
         where = f"pid {w.pid}, " if w.pid else ""
         if w.env.get("BATCHRUN_CPU_AFFINITY"):
             where += f"CPU cores {w.env['BATCHRUN_CPU_AFFINITY']}, "

@@ -5,7 +5,10 @@ Worker -> parent: ``("ready", info)``, ``("results", [Outcome, ...])`` (each bod
 a ``msgspec.Raw`` of its journal JSON: see journal.encode_body),
 ``("cache", (queries, hits))`` (an engine's prefix-cache counters since it started, sent before
 the results of a step that changed them, so the parent has them with the last result),
-``("stats", {...})``, ``("fatal", {"oom": bool, "message": str})``.
+``("stats", {...})`` (every HEARTBEAT_S while the engine runs: the heartbeat),
+``("heartbeat", seconds)`` (once, before the first step: this worker beats that often),
+``("restart", reason)`` (a request timed out in an engine that cannot abort it: replace me),
+``("fatal", {"oom": bool, "message": str})``.
 
 The worker never waits for a group of requests to finish: after every engine step it sends what
 finished and tops the engine up from its local queue, so vLLM's continuous batching stays busy.
@@ -22,14 +25,15 @@ import time
 import traceback
 import warnings
 from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from batchrun.config import EngineSettings
-from batchrun.engines.base import CacheCounting
+from batchrun.engines.base import Abortable, CacheCounting
 from batchrun.job.journal import encode_body
 from batchrun.openai.records import Outcome, Request
-from batchrun.openai.responses import holds_no_float
+from batchrun.openai.responses import failure, holds_no_float
 from batchrun.workers.platform_env import apply_worker_environment
 from batchrun.workers.process_group import die_with_parent, lead_own_group
 
@@ -39,6 +43,8 @@ from batchrun.workers.process_group import die_with_parent, lead_own_group
 # thousands of collections, each going over the young requests and results in flight again: a
 # tenth of either process's time. Here they die by reference count, not in cycles.
 GC_THRESHOLD = 20_000
+# Seconds between a busy worker's heartbeats ("stats"); config.MIN_STALL_TIMEOUT is two of them.
+HEARTBEAT_S = 1.0
 
 
 def _redirect_output(log: str | None, name: str) -> None:
@@ -129,7 +135,7 @@ def worker_main(
         )
     )
     try:
-        _loop(conn, engine, settings.window)
+        _loop(conn, engine, settings.window, settings.request_timeout)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent went away: nothing left to report to
     except BaseException as e:
@@ -170,13 +176,28 @@ def _send_fatal(conn: Connection, exc: BaseException) -> None:
 
 
 class Feeder:
-    """Keeps up to `window` requests inside the engine and tops it up after every step."""
+    """Keeps up to `window` requests inside the engine and tops it up after every step.
 
-    def __init__(self, engine: Any, window: int) -> None:
+    With a `request_timeout`, a request still running that many seconds after it entered the
+    engine is aborted there and answered as failed (code `timeout`, retryable). The clock starts
+    at the engine, not at the worker's queue: waiting behind the window is batchrun's buffering,
+    not the request being stuck. An engine that cannot abort keeps the request; `restart` then
+    says why the worker should be replaced.
+    """
+
+    def __init__(self, engine: Any, window: int, request_timeout: float | None = None) -> None:
         self.engine = engine
         self.window = window
         self.queue: deque[Request] = deque()
         self.active = 0
+        self.request_timeout = request_timeout
+        # With a request timeout: custom_id -> (when it entered the engine, the request), in the
+        # order they entered, so the oldest is first.
+        self.entered: dict[str, tuple[float, Request]] = {}
+        self.abort: Callable[[str], None] | None = (
+            engine.abort if isinstance(engine, Abortable) else None
+        )
+        self.restart: str | None = None
 
     @property
     def idle(self) -> bool:
@@ -190,22 +211,69 @@ class Feeder:
     def pump(self) -> list[Outcome]:
         """Top the engine up to the window, run one step, return what finished."""
         out: list[Outcome] = []
+        timed = self.request_timeout is not None
         while self.queue and self.active < self.window:
             request = self.queue.popleft()
             immediate = self.engine.add(request)
             if immediate is None:
                 self.active += 1
+                if timed:
+                    self.entered[request.custom_id] = (time.monotonic(), request)
             else:
                 out.append(immediate)
         if self.active:
             finished = self.engine.step()
             self.active -= len(finished)
             out.extend(finished)
+            if timed:
+                entered = self.entered
+                for outcome in finished:
+                    entered.pop(outcome.custom_id, None)
+                if entered:
+                    out.extend(self._expire())
+        return out
+
+    def _expire(self) -> list[Outcome]:
+        """Abort the requests past the timeout; return their `timeout` failures."""
+        limit = self.request_timeout
+        assert limit is not None
+        now = time.monotonic()
+        expired: list[tuple[str, float, Request]] = []
+        for custom_id, (at, request) in self.entered.items():
+            if now - at < limit:
+                break  # the rest entered later
+            expired.append((custom_id, at, request))
+        out: list[Outcome] = []
+        for custom_id, at, request in expired:
+            del self.entered[custom_id]
+            if self.abort is not None:
+                self.abort(custom_id)
+                self.active -= 1
+            else:
+                # Still in the engine: its late answer, if any, is dropped by the parent.
+                self.restart = (
+                    f"a request passed --request-timeout {limit:g} s and this engine cannot "
+                    "abort it"
+                )
+            out.append(
+                failure(
+                    request,
+                    "timeout",
+                    f"the request did not finish within {limit:g} s of reaching the engine "
+                    "(--request-timeout); it was aborted",
+                    status_code=504,
+                    retryable=True,
+                    latency_s=now - at,
+                )
+            )
         return out
 
 
-def _loop(conn: Connection, engine: Any, window: int) -> None:
-    feeder = Feeder(engine, window)
+def _loop(conn: Connection, engine: Any, window: int, request_timeout: float | None = None) -> None:
+    feeder = Feeder(engine, window, request_timeout)
+    # The parent watches a worker that beats (run/watchdog.py): say so before the first step,
+    # which may be the one that never returns.
+    conn.send(("heartbeat", HEARTBEAT_S))
     last_stats = time.monotonic()
     # An engine with a prefix cache counts its lookups (engines/base.py, CacheCounting).
     counters = engine.prefix_cache_counters if isinstance(engine, CacheCounting) else None
@@ -231,7 +299,11 @@ def _loop(conn: Connection, engine: Any, window: int) -> None:
                     # As JSON bytes: cheaper to pickle, and the parent writes them as they are.
                     outcome.body = encode_body(body, floats=not holds_no_float(body))
             conn.send(("results", out))
+            if feeder.restart is not None:
+                conn.send(("restart", feeder.restart))
+                feeder.restart = None
         now = time.monotonic()
-        if now - last_stats >= 2.0:
+        if now - last_stats >= HEARTBEAT_S:
+            # Also the heartbeat: sent between steps, so a step that never returns stops it.
             conn.send(("stats", {"peak_memory_mb": peak_memory_mb()}))
             last_stats = now

@@ -207,6 +207,22 @@ class VllmEngine:
         """Whether any added request has not finished yet."""
         return bool(self._in_flight)
 
+    def abort(self, custom_id: str) -> None:
+        """Drop a running request from vLLM (--request-timeout); the caller records its outcome.
+        A generation request is vLLM's request of the same id; a pooling request, one per input."""
+        pending = self._in_flight.pop(custom_id, None)
+        if pending is None:
+            return
+        if pending.work is None:
+            ids = [custom_id]
+        else:
+            ids = [p for p, (cid, _) in self._parts.items() if cid == custom_id]
+            for part_id in ids:
+                del self._parts[part_id]
+        if ids:
+            # External ids: vLLM maps them to its internal ones (and a request's n children).
+            self._engine.abort_request(ids)
+
     def prefix_cache_counters(self) -> tuple[int, int]:
         """vLLM's prefix-cache counters: prompt tokens looked up, and found cached."""
         return self._cache.counters()
