@@ -21,8 +21,8 @@ import pytest
 from conftest import ROOT, chat_line, cli, start_cli, wait_until, write_jsonl
 
 from batchrun.config import EngineSettings
-from batchrun.workers import process_group
-from batchrun.workers.gpu_release import memory_in_use, wait_memory_released
+from batchrun.workers import gpu_release, process_group
+from batchrun.workers.gpu_release import wait_for_gpus
 from batchrun.workers.process import Worker
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux prctl")
@@ -177,7 +177,7 @@ def test_a_worker_whose_parent_is_already_gone_exits_at_once(tmp_path: Path) -> 
 
 
 def test_kill_group_reaches_an_orphaned_rank(tmp_path: Path) -> None:
-    """The group outlives its leader: a dead worker's ranks are killed by the pid the parent knew."""
+    """The group outlives its leader: a dead worker's ranks are killed by the pid it had."""
     code = textwrap.dedent(
         """
         import os, subprocess, sys
@@ -208,7 +208,7 @@ def test_wait_group_gone_is_bounded() -> None:
 
 
 class _Gpus:
-    """NVML's readings of one GPU, in turn: the memory in use falls as a killed engine's is freed."""
+    """NVML's readings of one GPU, in turn (the last one repeats)."""
 
     def __init__(self, readings: list[float]) -> None:
         self.readings = readings
@@ -220,6 +220,13 @@ class _Gpus:
         return [self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]]
 
 
+@pytest.fixture
+def no_gpu_used_yet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This test process has started no engine on any GPU before."""
+    monkeypatch.setattr(gpu_release, "_BASELINES", {})
+
+
+@pytest.mark.usefixtures("no_gpu_used_yet")
 def test_a_restart_waits_until_the_gpus_memory_is_given_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -231,9 +238,9 @@ def test_a_restart_waits_until_the_gpus_memory_is_given_back(
     monkeypatch.setattr(gpu_memory, "gpu_memory_mb", gpus)
     worker = Worker(0, EngineSettings(engine="echo"), {"CUDA_VISIBLE_DEVICES": "0"})
     inbox: queue.Queue[tuple[int, int, str, Any]] = queue.Queue()
-    worker.start(inbox)  # reads the baseline: 500 MiB
+    worker.start(inbox)  # the first start on GPU 0 records what it holds: 500 MiB
     try:
-        assert worker.gpu_baseline == [500.0]
+        assert len(gpus.read_at) == 1
         worker.kill()
         worker.start(inbox)
         assert len(gpus.read_at) == 5  # 70000, 70000, 30000: waited; 600: within the slack
@@ -242,17 +249,23 @@ def test_a_restart_waits_until_the_gpus_memory_is_given_back(
         worker.kill()
 
 
+@pytest.mark.usefixtures("no_gpu_used_yet")
 def test_the_wait_for_gpu_memory_is_bounded() -> None:
-    gpus = _Gpus([70_000.0])
-    started = time.monotonic()
     env = {"CUDA_VISIBLE_DEVICES": "0"}
-    assert not wait_memory_released(env, [500.0], timeout=0.5, read=gpus)
+    assert wait_for_gpus(env, read=_Gpus([500.0]))  # the first engine there: no wait
+    started = time.monotonic()
+    assert not wait_for_gpus(env, timeout=0.5, read=_Gpus([70_000.0]))
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.usefixtures("no_gpu_used_yet")
 def test_no_wait_for_gpu_memory_without_nvml_or_on_the_cpu() -> None:
     def no_nvml(devices: Sequence[str]) -> list[float] | None:
         return None
 
-    assert wait_memory_released({"CUDA_VISIBLE_DEVICES": "0"}, [500.0], read=no_nvml)
-    assert memory_in_use({"OMP_NUM_THREADS": "2"}, read=_Gpus([1.0])) is None
+    env = {"CUDA_VISIBLE_DEVICES": "0"}
+    assert wait_for_gpus(env, read=_Gpus([500.0]))
+    assert wait_for_gpus(env, timeout=60, read=no_nvml)
+    cpu = _Gpus([1.0])
+    assert wait_for_gpus({"OMP_NUM_THREADS": "2"}, read=cpu)
+    assert cpu.read_at == []

@@ -3,9 +3,10 @@
 A killed process's GPU memory is given back by the driver after the process is gone, not at
 once; an engine started meanwhile sees the GPU still full and fails ("Free memory on device ...
 is less than desired GPU memory utilization"). NVML (`nvidia-ml-py`, through gpu_memory.py) says
-how much is in use; the wait ends when each GPU is back to what it held before the worker first
-started there, or after a bound (another process may have taken memory meanwhile: the engine's
-own start then says so). Without NVML there is nothing to read, and no wait.
+how much is in use; the wait ends when each GPU is back to what it held before this process
+first started an engine there, or after a bound (another process may have taken memory
+meanwhile: the engine's own start then says so). Without NVML there is nothing to read, and no
+wait.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ GPU_FREE_TIMEOUT_S = 30.0
 SLACK_MIB = 512.0
 
 Reader = Callable[[Sequence[str]], "list[float] | None"]
+# MiB in use on each GPU (by its CUDA_VISIBLE_DEVICES entry) before this process first started an
+# engine there: what it waits to see again before another engine starts there (a restarted
+# worker, or a new pool of them under serve).
+_BASELINES: dict[str, float] = {}
 
 
 def gpu_entries(env: Mapping[str, str]) -> list[str]:
@@ -39,26 +44,33 @@ def memory_in_use(env: Mapping[str, str], read: Reader | None = None) -> list[fl
     return (read or _nvml_reader())(devices)
 
 
-def wait_memory_released(
-    env: Mapping[str, str],
-    baseline: Sequence[float] | None,
-    timeout: float = GPU_FREE_TIMEOUT_S,
-    read: Reader | None = None,
+def wait_for_gpus(
+    env: Mapping[str, str], timeout: float = GPU_FREE_TIMEOUT_S, read: Reader | None = None
 ) -> bool:
-    """Wait until each GPU of `env` holds no more than `baseline` (plus SLACK_MIB), up to
-    `timeout` seconds; True when it does (or when there is nothing to wait for)."""
-    if baseline is None:
+    """Before a worker starts on the GPUs of `env`: where this process ran an engine before,
+    wait until each holds no more than it did before the first one started there (plus
+    SLACK_MIB), up to `timeout` seconds; the first start on a GPU records that. True when the
+    memory is back (or there is nothing to wait for)."""
+    used = memory_in_use(env, read)
+    devices = gpu_entries(env)
+    if used is None or len(used) != len(devices):
+        return True  # a CPU worker, or NVML cannot tell: nothing to wait for
+    used_before = any(d in _BASELINES for d in devices)
+    for device, mib in zip(devices, used, strict=True):
+        _BASELINES.setdefault(device, mib)
+    if not used_before:
         return True
+    baseline = [_BASELINES[d] for d in devices]
     deadline = time.monotonic() + timeout
-    while True:
-        used = memory_in_use(env, read)
-        if used is None or len(used) != len(baseline):
-            return True  # NVML cannot tell: nothing to wait for
-        if all(u <= b + SLACK_MIB for u, b in zip(used, baseline, strict=True)):
-            return True
+    while not all(u <= b + SLACK_MIB for u, b in zip(used, baseline, strict=True)):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.25)
+        now = memory_in_use(env, read)
+        if now is None or len(now) != len(baseline):
+            return True  # NVML cannot tell any more: nothing to wait for
+        used = now
+    return True
 
 
 def _nvml_reader() -> Reader:

@@ -78,7 +78,11 @@ def apply_worker_environment(own: Mapping[str, str], environ: MutableMapping[str
     wanted = worker_environment(environ, own)
     for name in [n for n in environ if n not in wanted]:
         del environ[name]
-    environ.update(wanted)
+    # Only what changes: rewriting every variable moves the environment out of the memory
+    # setproctitle takes over for the worker's name (`batchrun-worker N` in ps).
+    for name, value in wanted.items():
+        if environ.get(name) != value:
+            environ[name] = value
     return worker_platform(own)
 
 

@@ -21,7 +21,7 @@ from batchrun.config import EngineSettings
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.poison import Suspects
 from batchrun.workers.child import worker_main
-from batchrun.workers.gpu_release import memory_in_use, wait_memory_released
+from batchrun.workers.gpu_release import wait_for_gpus
 from batchrun.workers.process_group import kill_group, wait_group_gone
 
 _QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
@@ -75,9 +75,6 @@ class Worker:
     # The custom_ids it held when it last ran out of memory while running: the same set running
     # out again points at one of them, not at the batch's size.
     oom_held: frozenset[str] = frozenset()
-    # MiB in use on each of its GPUs before it first started (NVML; None without it, or on the
-    # CPU): what a restart waits to see again before it starts another engine there.
-    gpu_baseline: list[float] | None = None
 
     @property
     def log(self) -> str | None:
@@ -249,13 +246,10 @@ class Worker:
             _GROUPS.discard(self.pid)
 
     def _clear_gpus(self) -> None:
-        """Before a start: the last process's group gone, and its GPUs' memory given back (a
-        first start records what the GPUs hold, to know when that is)."""
-        if self.generation == 0:
-            self.gpu_baseline = memory_in_use(self.env)
-            return
-        self._end_group()
-        wait_memory_released(self.env, self.gpu_baseline)
+        """Before a start: the last process's group gone, and its GPUs' memory given back."""
+        if self.generation > 0:
+            self._end_group()
+        wait_for_gpus(self.env)
 
 
 @contextlib.contextmanager
