@@ -37,6 +37,9 @@ What it does, with a seeded random generator (the seed is printed first; `--seed
    listed), 2 when the harness could not do what was asked (e.g. the job finished before all the
    kills: give it more --requests or a longer --delay-ms).
 
+`--serve N` instead kills `batchrun serve`, N times, between making a batch's output file and
+saving its id in the batch's record (and at random moments while it runs): scripts/chaos_serve.py.
+
 `--plant-bug KIND` corrupts the job on purpose, to show that the checker can fail:
 duplicate-result (copy a finished answer's journal line), drop-invalid (delete an invalid line's
 record: resume never writes it again), wrong-answer (change a finished answer), garbage (a line of
@@ -939,6 +942,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--report", help="write the figures and violations to this JSON file")
     p.add_argument("-q", "--quiet", action="store_true", help="no line per stop")
+    p.add_argument(
+        "--serve",
+        type=int,
+        default=0,
+        help="instead: N cycles of `batchrun serve` SIGKILLed between making a batch's output "
+        "file and saving its id (and at random moments), checked after each restart "
+        "(scripts/chaos_serve.py) [0]",
+    )
+    p.add_argument(
+        "--serve-requests", type=int, default=200, help="--serve: requests per batch [200]"
+    )
     args = p.parse_args(argv)
     vllm = args.engine == "vllm"
     defaults = {
@@ -964,7 +978,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return Harness(parse_args(argv)).main()
+    args = parse_args(argv)
+    if args.serve:
+        import chaos_serve
+
+        work = Path(args.work_dir or tempfile.mkdtemp(prefix="batchrun-chaos-")).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")}
+        env["BATCHRUN_CACHE_DIR"] = str(work / "cache")
+        return chaos_serve.run(args, work, env)
+    return Harness(args).main()
 
 
 if __name__ == "__main__":

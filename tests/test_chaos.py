@@ -77,6 +77,21 @@ def test_chaos_fast_run_loses_nothing_and_answers_nothing_twice(tmp_path: Path) 
     assert rep["violations"] == 0
 
 
+def test_chaos_serve_killed_between_an_output_file_and_its_record_makes_each_file_once(
+    tmp_path: Path,
+) -> None:
+    """`--serve`: the server SIGKILLed after making a batch's output file, before saving its id
+    (and at a random moment before, every other cycle): after each restart the batch completes
+    with one output file and one error file, nothing left over."""
+    code, report, out = run_chaos(
+        tmp_path, "--serve", "2", "--serve-requests", "60", "--delay-ms", "5", "--seed", "3",
+        timeout=300,
+    )  # fmt: skip
+    assert code == 0, out
+    assert report["violations"] == []
+    assert report["serve_kills"] == {"output_window": 2, "random": 1}
+
+
 def test_chaos_graceful_stops_exit_130_or_143_and_leave_a_working_hint(tmp_path: Path) -> None:
     """SIGINT to the group, SIGTERM to batchrun, or two SIGINTs, at random moments: each exits
     130/143 with no traceback, a flushed journal and a hint that works; nothing is lost."""

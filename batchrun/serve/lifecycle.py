@@ -43,6 +43,8 @@ EMPTY = {
     "line": None,
     "param": None,
 }
+# A fault to test with: seconds to wait after making an output file, before saving its id.
+PAUSE_AFTER_OUTPUT_ENV = "BATCHRUN_SERVE_PAUSE_AFTER_OUTPUT_S"
 EXPIRED = {
     "code": "batch_expired",
     "message": "This request could not be executed before the completion window expired.",
@@ -182,6 +184,7 @@ def finalize(batches: BatchStore, files: FileStore, batch_id: str) -> None:
             file_id=output_file_id(batch_id, label),
         )
         ids[key] = made["id"]
+        _fault_pause()
         batches.update(batch_id, **{key: made["id"]})  # remembered before the next step
     state = replay(paths, manifest)
     details = token_details(job_dir / OUTPUT_NAME)
@@ -204,6 +207,14 @@ def finalize(batches: BatchStore, files: FileStore, batch_id: str) -> None:
             "failed": state.failed + state.invalid,
         },
     )
+
+
+def _fault_pause() -> None:
+    """A fault for the crash harness (scripts/chaos.py --serve): wait PAUSE_AFTER_OUTPUT_ENV
+    seconds between making a batch's output file and saving its id, a window to kill in."""
+    seconds = os.environ.get(PAUSE_AFTER_OUTPUT_ENV)
+    if seconds:
+        time.sleep(float(seconds))
 
 
 def expire_rest(job: ActiveJob) -> None:
