@@ -4,6 +4,7 @@ file expiry, empty inputs, and /metrics agreeing with the batches (echo engine).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -171,6 +172,37 @@ def test_an_upload_cut_short_is_refused_and_nothing_is_stored(server: Server) ->
     assert answer.json()["error"]["message"] == (
         "the upload was cut short: its closing multipart boundary is missing"
     )
+    assert server.client().files.list().data == listed
+    assert sorted(p.name for p in files_dir.iterdir()) == stored
+
+
+def test_an_upload_shorter_than_its_content_length_leaves_nothing(server: Server) -> None:
+    """A whole multipart body, but fewer bytes than declared, the client then gone: nothing is
+    listed or left on disk."""
+    files_dir = server.root / "files"
+    listed = server.client().files.list().data
+    stored = sorted(p.name for p in files_dir.iterdir())
+    body = (
+        b'--XyZ\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--XyZ\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'
+        + json.dumps(chat_line("a", "short")).encode()
+        + b"\n\r\n--XyZ--\r\n"
+    )
+    head = (
+        b"POST /v1/files HTTP/1.1\r\nHost: x\r\n"
+        + f"Authorization: Bearer {API_KEY}\r\n".encode()
+        + b"Content-Type: multipart/form-data; boundary=XyZ\r\n"
+        + f"Content-Length: {len(body) + 1000}\r\n\r\n".encode()
+    )
+    where = urlsplit(server.url)
+    with socket.create_connection((where.hostname, where.port), timeout=5) as s:
+        s.sendall(head + body)
+        time.sleep(0.3)
+        s.shutdown(socket.SHUT_WR)
+        s.settimeout(2)
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            s.recv(65536)
+    time.sleep(0.3)
     assert server.client().files.list().data == listed
     assert sorted(p.name for p in files_dir.iterdir()) == stored
 

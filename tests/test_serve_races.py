@@ -170,3 +170,44 @@ def test_request_counts_never_go_back_across_a_kill_9(tmp_path: Path) -> None:
         assert after["request_counts"]["completed"] >= seen["completed"]
     finally:
         stop_server(server)
+
+
+def test_a_cancel_while_finalizing_answers_the_batch_unchanged_and_it_completes(
+    tmp_path: Path,
+) -> None:
+    """The finisher held between making the output file and saving its id (the crash harness's
+    fault): a cancel then answers `finalizing`, unchanged, and the batch completes without a
+    cancelling_at; a cancel of the completed batch is OpenAI's 400."""
+    root = tmp_path / "root"
+    env = {**FAST, "BATCHRUN_SERVE_PAUSE_AFTER_OUTPUT_S": "1.5"}
+    server = start_server(root, *ENGINE, env=env)
+    try:
+        path = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", "x") for i in range(5)])
+        batch_id, _, _ = _create_then_cancel(server.url, _upload(server, path), None)
+
+        def finalizing() -> bool:
+            got = httpx.get(server.url + f"/v1/batches/{batch_id}", headers=AUTH).json()
+            return got["status"] == "finalizing"
+
+        wait_until(finalizing, "the batch is finalizing", timeout=30, every=0.02)
+        answer = httpx.post(server.url + f"/v1/batches/{batch_id}/cancel", headers=AUTH)
+        assert (answer.status_code, answer.json()["status"]) == (200, "finalizing")
+        assert answer.json()["cancelling_at"] is None
+
+        def ended() -> bool:
+            got = httpx.get(server.url + f"/v1/batches/{batch_id}", headers=AUTH).json()
+            return got["status"] in TERMINAL
+
+        wait_until(ended, "the batch ends", timeout=30)
+        got = httpx.get(server.url + f"/v1/batches/{batch_id}", headers=AUTH).json()
+        assert (got["status"], got["cancelling_at"]) == ("completed", None)
+        again = httpx.post(server.url + f"/v1/batches/{batch_id}/cancel", headers=AUTH)
+        assert again.status_code == 400
+        assert again.json()["error"] == {
+            "message": "cannot cancel a batch that is completed",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_state",
+        }
+    finally:
+        stop_server(server)
