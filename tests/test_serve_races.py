@@ -187,7 +187,7 @@ def test_a_cancel_while_finalizing_answers_the_batch_unchanged_and_it_completes(
 
         def finalizing() -> bool:
             got = httpx.get(server.url + f"/v1/batches/{batch_id}", headers=AUTH).json()
-            return got["status"] == "finalizing"
+            return bool(got["status"] == "finalizing")
 
         wait_until(finalizing, "the batch is finalizing", timeout=30, every=0.02)
         answer = httpx.post(server.url + f"/v1/batches/{batch_id}/cancel", headers=AUTH)
@@ -196,7 +196,7 @@ def test_a_cancel_while_finalizing_answers_the_batch_unchanged_and_it_completes(
 
         def ended() -> bool:
             got = httpx.get(server.url + f"/v1/batches/{batch_id}", headers=AUTH).json()
-            return got["status"] in TERMINAL
+            return bool(got["status"] in TERMINAL)
 
         wait_until(ended, "the batch ends", timeout=30)
         got = httpx.get(server.url + f"/v1/batches/{batch_id}", headers=AUTH).json()
