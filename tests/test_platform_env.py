@@ -5,8 +5,10 @@ there is a GPU (that initialises CUDA, and vLLM then forks its ranks)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -120,9 +122,13 @@ def test_a_gpu_workers_processes_run_without_the_parents_cpu_tuning(
     worker.start(inbox)
     try:
         wait_until(lambda: pids.exists() and pids.read_text().strip(), "the rank started", 60)
-        env = _rank_environ(int(pids.read_text().split()[0]))
+        rank = int(pids.read_text().split()[0])
+        env = _rank_environ(rank)
     finally:
         worker.kill()
+        for pid in pids.read_text().split() if pids.exists() else []:
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), signal.SIGKILL)  # a rank the worker's group did not take along
     assert env["CUDA_VISIBLE_DEVICES"] == "0"
     assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
     assert env["VLLM_LOGGING_LEVEL"] == "INFO"

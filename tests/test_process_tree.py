@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, chat_line, cli, start_cli, wait_until, write_jsonl
+from conftest import ROOT, chat_line, cli, start_cli, wait_until, worker_pids, write_jsonl
 
 from batchrun.config import EngineSettings
 from batchrun.workers import gpu_release, process_group
@@ -117,20 +117,25 @@ def test_ranks_are_gone_before_a_restarted_worker_starts(tmp_path: Path) -> None
         _kill_all(_pids(pids))
 
 
-def test_ranks_die_when_the_parent_is_killed(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "fault",
+    [{"BATCHRUN_ECHO_DELAY_MS": "1000"}, {"BATCHRUN_ECHO_HANG_AFTER": "1"}],
+    ids=["busy", "engine-step-hung"],
+)
+def test_ranks_die_when_the_parent_is_killed(tmp_path: Path, fault: dict[str, str]) -> None:
     pids = tmp_path / "ranks"
-    p = start_cli(
-        *_submit(tmp_path, 40, "--batch-size", "1"),
-        env=_rank_env(pids, BATCHRUN_ECHO_DELAY_MS="1000"),
-    )
+    p = start_cli(*_submit(tmp_path, 40, "--batch-size", "1"), env=_rank_env(pids, **fault))
+    tree: list[int] = []
     try:
         wait_until(lambda: len(_pids(pids)) >= 2, "the worker started its ranks", 60)
-        ranks = _pids(pids)
+        time.sleep(0.5)  # the engine at work (or stuck in its step)
+        tree = _pids(pids) + worker_pids(p.pid)
+        assert len(tree) == 3
         os.kill(p.pid, signal.SIGKILL)  # the parent alone: its worker is not told
         p.wait()
-        wait_until(lambda: not any(map(_alive, ranks)), "the ranks died with the parent", 10)
+        wait_until(lambda: not any(map(_alive, tree)), "the worker's tree died with the parent", 10)
     finally:
-        _kill_all(_pids(pids))
+        _kill_all(_pids(pids) + tree)
 
 
 def test_a_worker_whose_parent_is_already_gone_exits_at_once(tmp_path: Path) -> None:
