@@ -9,6 +9,7 @@ driver's CPU-only settings kept from GPU actors, and per-GPU memory read from NV
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import types
@@ -70,17 +71,11 @@ def test_actors_are_counted_per_node_and_a_cpu_cluster_is_not_refused() -> None:
     assert ray_start.actor_count([], 1, 5) == 5
 
 
-def test_the_start_timeout_comes_from_batchrun_start_timeout() -> None:
-    assert ray_start.start_timeouts({}) == ray_start.StartTimeouts(120.0, 120.0, 1800.0)
-    assert ray_start.start_timeouts({"BATCHRUN_START_TIMEOUT": "7.5"}) == (
-        ray_start.StartTimeouts(7.5, 7.5, 7.5)
-    )
-    for bad in ("soon", "0", "-3", "nan", "inf"):
-        with pytest.raises(BatchrunError) as e:
-            ray_start.start_timeouts({"BATCHRUN_START_TIMEOUT": bad})
-        assert str(e.value) == (
-            f"BATCHRUN_START_TIMEOUT must be a number of seconds greater than 0, not {bad!r}"
-        )
+def test_every_step_of_an_actors_start_is_bounded_by_the_start_timeout() -> None:
+    """By default: 120 s to place the actor and create it, 1800 s for its engine to start;
+    --start-timeout (BATCHRUN_START_TIMEOUT) bounds every step."""
+    assert ray_start.start_timeouts(None) == ray_start.StartTimeouts(120.0, 120.0, 1800.0)
+    assert ray_start.start_timeouts(7.5) == ray_start.StartTimeouts(7.5, 7.5, 7.5)
 
 
 # -- what an actor's death means -----------------------------------------------------------------
@@ -167,6 +162,18 @@ class FakeNvml(types.ModuleType):
 
 
 @pytest.fixture
+def saved_environ() -> Iterator[None]:
+    """os.environ as it was before the test, back after it (an actor's body, run in this
+    process, changes it as it would its own process's)."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture
 def nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
     fake = FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
@@ -183,7 +190,7 @@ def test_gpu_memory_is_read_per_device_by_ordinal_or_uuid(nvml: FakeNvml) -> Non
 
 
 def test_a_tensor_parallel_actor_reports_its_gpus_peak_memory_from_nvml(
-    nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
+    nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch, saved_environ: None
 ) -> None:
     """The actor's body, in this process, given GPUs 0 and 1 by Ray: the peak it reports is the
     most in use on one of its GPUs (the engine's ranks are other processes), kept as a peak;
@@ -198,14 +205,15 @@ def test_a_tensor_parallel_actor_reports_its_gpus_peak_memory_from_nvml(
     monkeypatch.setattr(ray, "get_gpu_ids", lambda: [0, 1])
     for name in ("VLLM_CPU_KVCACHE_SPACE", "BATCHRUN_CPU_SHARED_WITH", "OMP_NUM_THREADS"):
         monkeypatch.setenv(name, DRIVER_ENV[name])
-    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
     actor = EngineActor(EngineSettings(engine="echo", tensor_parallel_size=2).to_dict(), {})
-    import os
-
     assert not {"VLLM_CPU_KVCACHE_SPACE", "BATCHRUN_CPU_SHARED_WITH", "OMP_NUM_THREADS"} & set(
         os.environ
     )
+    # A GPU worker's settings, as a local one gets them: ranks spawned, vLLM's INFO log kept.
     assert os.environ["VLLM_LOGGING_LEVEL"] == "INFO"
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
     info = actor.start()
     assert info["gpus"] == ["0", "1"]
     assert (info["peak_memory_mb"], info["gpu_memory_mb"]) == (3000.0, [1000.0, 3000.0])
@@ -312,7 +320,7 @@ def test_a_placement_group_that_cannot_be_placed_times_out_naming_it(
     assert took < 90
     assert (
         "timed out after 3s waiting for the placement group of ray worker 0 (2 GPUs and 1 CPU "
-        "on one node) to be placed: no node has that much free; set BATCHRUN_START_TIMEOUT "
-        "(seconds) to wait longer" in r.stderr
+        "on one node) to be placed: no node has that much free; raise --start-timeout "
+        "(BATCHRUN_START_TIMEOUT) to wait longer" in r.stderr
     ), r.stderr[-3000:]
     assert "Traceback" not in r.stderr

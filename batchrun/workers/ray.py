@@ -31,6 +31,8 @@ from batchrun.engines.base import CacheCounting
 from batchrun.errors import BatchrunError
 from batchrun.openai.records import Outcome, Request
 from batchrun.workers import ray_start
+from batchrun.workers.platform_env import is_cpu_only as platform_cpu_only
+from batchrun.workers.platform_env import platform_settings
 from batchrun.workers.process import Worker, WorkerDeath
 from batchrun.workers.ray_start import StartTimeout
 
@@ -71,7 +73,6 @@ def import_ray() -> Any:
 
 def connect(address: str, workers: int | None) -> dict[str, float]:
     """Connect to the cluster at `address` ("local" starts one here); return its resources."""
-    ray_start.start_timeouts(os.environ)  # a bad BATCHRUN_START_TIMEOUT is refused up front
     ray = import_ray()
     if not ray.is_initialized():
         try:
@@ -108,8 +109,9 @@ def actor_env(environ: Mapping[str, str], *, gpus: bool = False) -> dict[str, st
 
 
 def is_cpu_only(name: str) -> bool:
-    """Whether the variable `name` tunes the CPUs of the machine it is set on (never for GPUs)."""
-    return name.startswith(CPU_ONLY_PREFIXES) or name in CPU_ONLY_NAMES
+    """Whether the variable `name` tunes the CPUs of the machine it is set on (never for GPUs):
+    a local CPU worker's (workers/platform_env.py), or batchrun's core claims."""
+    return name.startswith(CPU_ONLY_PREFIXES) or name in CPU_ONLY_NAMES or platform_cpu_only(name)
 
 
 def node_gpus() -> list[float]:
@@ -146,7 +148,6 @@ class EngineActor:
         import ray
 
         os.environ.update(env)
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # as in a local worker
         # The GPUs Ray gave this actor (its placement group's), as CUDA_VISIBLE_DEVICES names them.
         self.gpus = [str(g) for g in ray.get_gpu_ids()]
         if self.gpus:
@@ -154,6 +155,11 @@ class EngineActor:
             # runtime_env cannot take away: CPU-only settings of the driver's machine go here.
             for name in [n for n in os.environ if is_cpu_only(n)]:
                 del os.environ[name]
+            # As a local GPU worker's (workers/platform_env.py): ranks spawned, INFO log.
+            for name, value in platform_settings("cuda").items():
+                os.environ.setdefault(name, value)
+        else:
+            os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # as in a local worker
         self.settings = EngineSettings.from_dict(settings)
         self.feeder: Any = None
         # The engine's prefix-cache counters, when it counts its lookups (engines/base.py).
@@ -244,7 +250,7 @@ class RayWorker(Worker):
         """Create the actor (in a placement group of its own on a GPU cluster) and a thread that
         waits for it to start, then relays its outcomes to `inbox`."""
         ray = import_ray()
-        timeouts = ray_start.start_timeouts(os.environ)
+        timeouts = ray_start.start_timeouts(self.settings.start_timeout)
         on_gpus = _cluster_has_gpus(ray)
         tp = self.settings.tensor_parallel_size
         options: dict[str, Any] = {

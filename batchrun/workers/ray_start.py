@@ -10,20 +10,15 @@ bound, past which the worker's start fails with a message naming what it waited 
 from __future__ import annotations
 
 import contextlib
-import math
-import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from batchrun.config import DEFAULT_START_TIMEOUT
 from batchrun.console.text import plural
 from batchrun.errors import BatchrunError
 
-# Seconds, for every wait of a worker's start (the same variable bounds a local worker's).
-START_TIMEOUT_ENV = "BATCHRUN_START_TIMEOUT"
-# Loading a big model onto GPUs takes minutes; compiling CUDA graphs, more.
-ENGINE_START_S = 1800.0
 # Resources the cluster has, free, are reserved in seconds; a busy cluster frees them as its
 # other work ends. Past this, more waiting is unlikely to help.
 PLACEMENT_S = 120.0
@@ -35,32 +30,20 @@ class StartTimeouts:
 
     placement: float = PLACEMENT_S
     actor: float = PLACEMENT_S
-    engine: float = ENGINE_START_S
+    # Loading a big model onto GPUs takes minutes; compiling CUDA graphs, more.
+    engine: float = DEFAULT_START_TIMEOUT
 
 
 class StartTimeout(Exception):
     """A step of an actor's start did not finish in time (the message says which)."""
 
 
-def start_timeouts(environ: Mapping[str, str] = os.environ) -> StartTimeouts:
-    """The bounds on an actor's start: BATCHRUN_START_TIMEOUT seconds for every step when set,
-    else the defaults above.
-
-    Raises:
-        BatchrunError: the variable is not a number of seconds greater than 0.
-    """
-    raw = environ.get(START_TIMEOUT_ENV, "").strip()
-    if not raw:
+def start_timeouts(start_timeout: float | None) -> StartTimeouts:
+    """The bounds on an actor's start: `--start-timeout` (BATCHRUN_START_TIMEOUT) seconds for
+    every step when given, else the defaults above."""
+    if start_timeout is None:
         return StartTimeouts()
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise BatchrunError(
-            f"{START_TIMEOUT_ENV} must be a number of seconds greater than 0, not {raw!r}"
-        )
-    return StartTimeouts(seconds, seconds, seconds)
+    return StartTimeouts(start_timeout, start_timeout, start_timeout)
 
 
 def node_gpus(ray: Any) -> list[float]:
@@ -146,6 +129,6 @@ def wait(ray: Any, ref: Any, timeout: float, what: str) -> Any:
         return ray.get(ref, timeout=timeout)
     except ray.exceptions.GetTimeoutError:
         raise StartTimeout(
-            f"timed out after {timeout:g}s waiting for {what}; set {START_TIMEOUT_ENV} "
-            "(seconds) to wait longer"
+            f"timed out after {timeout:g}s waiting for {what}; raise --start-timeout "
+            "(BATCHRUN_START_TIMEOUT) to wait longer"
         ) from None
