@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
+import os
 import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from batchrun.errors import BatchrunError
@@ -38,6 +40,15 @@ from batchrun.serve.router import (
 )
 
 SWEEP_EVERY_S = 0.2
+# A switch of the engine pool between generate and embed batches stops one set of engines and
+# starts another (on GPUs, minutes of loading weights). So when a batch of the other kind comes
+# first in the queue's order, the pool keeps its kind while that kind has work left (its
+# batches' passes, and new batches of it), and, its work done, until it has run KIND_SWITCH_S
+# in all; either way no longer than that batch has waited KIND_SWITCH_S. Batches of the two
+# kinds arriving in turn then cost at most one switch per KIND_SWITCH_S, not one per batch,
+# and none waits much more than KIND_SWITCH_S for its kind's engines (docs/serve-kinds.md).
+KIND_SWITCH_ENV = "BATCHRUN_SERVE_KIND_SWITCH_S"
+KIND_SWITCH_S = 120.0
 
 
 class StopServing(Exception):
@@ -81,6 +92,12 @@ class Runner:
         self._last_sweep = 0.0
         self.pool: SharedScheduler | None = None
         self._pool_kind: str | None = None
+        self._switch_after = kind_switch_after()
+        # Since when a batch of another kind than the pool's has come first in the queue's order.
+        self._other_first_since: float | None = None
+        # Whether the feed holds back for that batch (checked at most every SWEEP_EVERY_S).
+        self._yielding, self._yield_checked = False, 0.0
+        self._pool_since = 0.0  # when the pool of the current kind was made
         self.restarts = 0
         self._to_validate: queue.Queue[str | None] = queue.Queue()
         self._to_finalize: queue.Queue[str | None] = queue.Queue()
@@ -250,6 +267,8 @@ class Runner:
         )
         pool.live = lambda: self._live(kind)
         self.pool, self._pool_kind = pool, kind
+        self._other_first_since, self._yielding = None, False
+        self._pool_since = time.monotonic()
         return pool
 
     @staticmethod
@@ -272,13 +291,48 @@ class Runner:
                     self._finish(job)
 
     def _live(self, kind: str) -> bool:
-        """While the pool runs: go on unless the server stops or only another kind has work."""
+        """While the pool runs: go on unless the server stops, or another kind's batch comes
+        first and has waited KIND_SWITCH_S, or this kind has no work left and its pool has
+        run KIND_SWITCH_S (see KIND_SWITCH_S)."""
         if self._stopping:
             raise StopServing
         with self.lock:
             self._sweep()
-            top = self._wanted()
-            return top is None or top.kind == kind
+            waited = self._other_waited(kind)
+            if waited is None:
+                return True
+            if waited >= self._switch_after:
+                return False
+            ran = time.monotonic() - self._pool_since
+            return self._has_work(kind) or ran < self._switch_after
+
+    def _other_waited(self, kind: str) -> float | None:
+        """How long a batch of another kind than `kind` has come first in the queue's order
+        (None while none does)."""
+        top = self._wanted()
+        if top is None or top.kind == kind:
+            self._other_first_since = None
+            return None
+        now = time.monotonic()
+        if self._other_first_since is None:
+            self._other_first_since = now
+        return now - self._other_first_since
+
+    def yields(self, kind: str) -> bool:
+        """Whether the pool of `kind` stops taking work, for a batch of another kind that came
+        first and has waited KIND_SWITCH_S (the pool then finishes what it holds and switches)."""
+        now = time.monotonic()
+        if now - self._yield_checked >= SWEEP_EVERY_S:
+            self._yield_checked = now
+            waited = self._other_waited(kind)
+            self._yielding = waited is not None and waited >= self._switch_after
+        return self._yielding
+
+    def _has_work(self, kind: str) -> bool:
+        """Whether a batch of `kind` has requests left to feed (now, or in its next pass)."""
+        return any(
+            j.kind == kind and j.stop is None and not j.drained for j in self.active.values()
+        )
 
     def _on_results(self, job: ActiveJob, outcomes: Sequence[Outcome]) -> None:
         self.metrics.count(outcomes)
@@ -429,6 +483,27 @@ class Runner:
         )
 
 
+def kind_switch_after(environ: Mapping[str, str] = os.environ) -> float:
+    """Seconds a batch of another kind waits before the pool switches to it (KIND_SWITCH_S, or
+    BATCHRUN_SERVE_KIND_SWITCH_S when set).
+
+    Raises:
+        BatchrunError: the variable is not a number of seconds, 0 or more.
+    """
+    raw = environ.get(KIND_SWITCH_ENV, "").strip()
+    if not raw:
+        return KIND_SWITCH_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise BatchrunError(
+            f"{KIND_SWITCH_ENV} must be a number of seconds, 0 or more, not {raw!r}"
+        )
+    return seconds
+
+
 def _job_status(final: str, pending: int) -> str:
     """The status a batch's job ends with: the batch's own when it ended early (so `batchrun
     export` writes what finished, as the API does), else as a CLI run's."""
@@ -451,7 +526,7 @@ class _Feed:
         runner = self.runner
         with runner.lock:
             runner._sweep()
-            while not runner._stopping:
+            while not runner._stopping and not runner.yields(self.kind):
                 job = runner.top(self.kind)
                 if job is None:
                     break
