@@ -11,6 +11,7 @@ import typer
 
 from batchrun import stopping
 from batchrun.cli.doctor import doctor
+from batchrun.cli.helpformat import HelpCommand, HelpGroup
 from batchrun.cli.jobs import resume, retry_failed, submit, tune
 from batchrun.cli.results import export, status
 from batchrun.cli.serve import serve
@@ -22,6 +23,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=HelpGroup,
+    # Help as wide as the terminal (click would stop at 80); helpformat keeps it whole at 80.
+    context_settings={"max_content_width": 400},
 )
 for _name, _command in (
     ("submit", submit),
@@ -33,7 +37,7 @@ for _name, _command in (
     ("serve", serve),
     ("doctor", doctor),
 ):
-    app.command(_name)(_command)
+    app.command(_name, cls=HelpCommand)(_command)
 
 
 def main() -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
-from rich.markup import escape
 
 from batchrun import stopping
 from batchrun.cli.options import (
@@ -21,7 +20,7 @@ from batchrun.cli.options import (
     RayAddress,
     engine_options,
 )
-from batchrun.cli.report import err, finish, guarded, out, plain, say
+from batchrun.cli.report import finish, guarded, out, plain, say
 from batchrun.config import GivenOptions
 from batchrun.console.text import command
 
@@ -57,7 +56,6 @@ def _start(
     def run() -> JobSummary:
         options = RunOptions.from_given(given, progress=not no_progress, ray=ray)
         check_submit(job, options)  # (submit checks too) a usage error comes before anything
-        err.print(f"[bold]job dir:[/] {escape(str(job))}", highlight=False, soft_wrap=True)
         return run_submit(input_file, job, options, tune_only=tune_only, notify=say)
 
     summary = guarded(ctx, run)

@@ -63,6 +63,8 @@ def submit(
         job_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise BatchrunError(f"cannot create the job directory {job_dir}: {e.strerror or e}") from e
+    # Said only once the job exists: a refusal before this point leaves no job to name.
+    (notify or _to_stderr)(f"job dir: {job_dir}")
     with job_lock(paths):
         discard_unfinished_validation(paths)
         # What the validating pass finds, so that the run pass reads the file cheaply.

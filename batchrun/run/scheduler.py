@@ -236,11 +236,11 @@ class Scheduler(HangPolicy):
                     taken += len(batch)
                     w.send(batch)
             inflight = sum(len(w.inflight) for w in self.workers)
+            # At its limit a run ends even with requests pending: those a worker held when it
+            # ran out of memory went back there, for the next run (the search's next probe).
             no_more = (
-                (exhausted or (limit is not None and taken >= limit))
-                and not self.pending
-                and not self.isolator.groups
-            )
+                (limit is not None and taken >= limit) or (exhausted and not self.pending)
+            ) and not self.isolator.groups
             if inflight == 0 and no_more:
                 break
             self._wait(stats, stop_on_oom)
