@@ -1,71 +1,68 @@
-"""Check batchrun's out-of-memory handling against real CUDA out-of-memory errors.
+"""Check batchrun's out-of-memory handling against real CUDA out-of-memory errors, through its real
+workers and its real restart policy (not a copy of them).
 
-    python scripts/gpu_oom_check.py [--hi ROWS] [--lo ROWS] [--strict]
+    python scripts/gpu_oom_check.py [--device cuda:0] [--strict] [--no-gpu]
 
-Needs only PyTorch and batchrun (never vLLM): the GPU machines this runs on have CUDA PyTorch but
-no vLLM. On a CUDA machine it
+Needs PyTorch and batchrun's core (msgspec), never vLLM: the GPU machines this runs on have CUDA
+PyTorch but no vLLM. The engine is scripts/gpu_check_engine.py, registered in each worker: a step
+allocates GPU memory in proportion to the requests it runs, so PyTorch raises its own
+`torch.OutOfMemoryError` above FIT requests at once. Through `batchrun.run.scheduler.Scheduler`
+and real worker processes (`batchrun.workers.process.Worker`) it checks that
 
-1. provokes real `torch.cuda.OutOfMemoryError`s on purpose (a workload of rows x seq x hidden floats
-   and two matmuls, doubling the rows until it runs out of memory; one impossible allocation; an
-   out-of-memory failure inside a matmul; the same wrapped in other exceptions, as the worker sees
-   them) and checks that `batchrun.engines.oom.is_oom` recognises every one, and that ordinary CUDA
-   errors (a shape mismatch, a device mismatch) are not taken for one;
-2. drives `batchrun.sizing.BatchSizeSearch` with real probes of that workload between `--lo` and
-   `--hi` rows, catching the real out-of-memory errors (`torch.cuda.empty_cache()` after each);
-3. backs off with `batchrun.sizing.back_off` from the smallest size that ran out of memory until
-   a size runs;
+1. the back-off: a job started at batch size 32 runs out of memory in its worker, the worker
+   classifies the real error (`batchrun.engines.oom.is_oom`), and the policy halves the size until
+   it fits (32 -> 16 -> 8 -> 4), every request answered once;
+2. the batch-size search (`batchrun.run.tuning.search_batch_size`) finds a size that fits, the
+   sizes above FIT failing with real out-of-memory errors;
+3. one request that needs twice the device on its own fails alone (`request_oom`), the others run;
+4. (CUDA only) a rank the engine started (a process holding GPU memory that ignores SIGTERM, as a
+   tensor-parallel rank stuck in NCCL does) is gone, and its memory with it, once the worker stops;
+5. the classifier on real PyTorch errors of several shapes (scripts/gpu_oom_classify.py).
 
-and prints a table: phase, size, ok/OOM, seconds, throughput (rows/s), peak memory
-(`torch.cuda.max_memory_allocated`). It exits 1 if a real out-of-memory error is not recognised, a
-non-OOM error is taken for one, or the search does not converge.
-
-Best effort, reported but not counted unless `--strict`: out-of-memory failures that happen outside
-PyTorch's caching allocator (a cuBLAS handle created while the device is full), which reach the
-worker as plain RuntimeErrors.
-
-Without CUDA it says so, runs the classifier checks on a synthetic exception class named
-OutOfMemoryError and on a real CPU allocator failure, drives the same search over a small CPU
-workload with a simulated memory cap, and exits 0 when all of that passes.
+Without CUDA (or with --no-gpu) the engine simulates the same limits on the CPU, so 1-3 check the
+policy's plumbing there; 4 is skipped (the suite emulates it: BATCHRUN_ECHO_SPAWN_RANKS), and 5
+runs on a synthetic OutOfMemoryError and a real CPU allocator failure. Exit 0 when every check
+passes, 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import contextlib
+import os
+import signal
+import subprocess
 import sys
-import threading
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # batchrun from this checkout
 
-import torch
+import gpu_check_engine
 
+from batchrun.config import EngineSettings
 from batchrun.engines.oom import is_oom
-from batchrun.run.sizing import BatchSizeSearch, Probe, back_off
+from batchrun.errors import BatchrunError
+from batchrun.job.journal import JournalWriter, read_records
+from batchrun.job.state import JobState
+from batchrun.openai.records import CHAT, Outcome, Request
+from batchrun.run.scheduler import Scheduler
+from batchrun.run.tuning import search_batch_size
+from batchrun.workers import process as worker_process
 
-# The workload: `rows` sequences of SEQ positions of HIDDEN float32 values, through two matmuls.
-# About 3 tensors of rows x SEQ x HIDDEN x 4 bytes live at the peak: 1.5 MiB a row, so an 80 GiB
-# GPU runs out between 32k and 64k rows, well inside the default bounds.
-SEQ = 128
-HIDDEN = 1024
-ROW_BYTES = SEQ * HIDDEN * 4
-
-# The CPU stand-in: a small workload and a simulated memory cap.
-CPU_SEQ = 8
-CPU_HIDDEN = 64
-CPU_CAP_BYTES = 64 * 2**20
-
-
-class OutOfMemoryError(RuntimeError):
-    """Synthetic stand-in for torch.cuda.OutOfMemoryError (is_oom matches by class name)."""
+# Requests that fit at once on a worker of the check's engine (see gpu_check_engine.py).
+FIT = 6
+# How long a stuck rank may outlive its worker's stop.
+RANK_GONE_S = 30.0
 
 
 @dataclass
 class Checks:
-    """Classifier checks and their outcomes."""
+    """Checks and their outcomes."""
 
     failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -74,6 +71,7 @@ class Checks:
     def expect(
         self, label: str, exc: BaseException, want_oom: bool, *, strict: bool = True
     ) -> None:
+        """Check that is_oom(exc) is `want_oom`."""
         got = is_oom(exc)
         self.count += 1
         ok = got == want_oom
@@ -85,7 +83,17 @@ class Checks:
             message = f"{label}: expected {kind}, is_oom returned {got} for {summary}"
             (self.failures if strict else self.warnings).append(message)
 
+    def check(self, label: str, ok: bool, detail: str = "") -> bool:
+        """Count one check; print it."""
+        self.count += 1
+        print(f"  [{'ok ' if ok else 'FAIL'}] {label}" + (f": {detail}" if detail else ""))
+        if not ok:
+            self.failures.append(f"{label}" + (f": {detail}" if detail else ""))
+        return ok
+
     def fail(self, message: str) -> None:
+        """Count a failure."""
+        self.count += 1
         print(f"  [FAIL] {message}")
         self.failures.append(message)
 
@@ -97,406 +105,250 @@ def _describe(exc: BaseException, limit: int = 150) -> str:
     return f"{type(exc).__module__}.{type(exc).__qualname__}: {text}"
 
 
-def _wrapped(inner: BaseException, *, explicit: bool) -> BaseException:
-    """`inner` as the worker may see it: wrapped in another exception, `from` it or during it."""
-    try:
-        try:
-            raise inner
-        except BaseException as exc:
-            if explicit:
-                raise RuntimeError("engine step failed") from exc
-            raise ValueError("error while handling a failed step")  # noqa: B904
-    except BaseException as caught:
-        return caught
-    raise AssertionError("unreachable")
+class Events:
+    """The scheduler's reporter: its lines, printed and kept."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def event(self, message: str) -> None:
+        """A line the scheduler says."""
+        self.lines.append(message)
+        print(f"    [batchrun] {message}")
+
+    def advance(self, outcomes: Sequence[Outcome]) -> None:
+        """Outcomes journaled (counted from the journal instead)."""
 
 
-# torch.OutOfMemoryError is new in PyTorch 2.5; torch.cuda.OutOfMemoryError is older.
-_OOM_TYPES: tuple[type[BaseException], ...] = tuple(
-    t
-    for t in (
-        getattr(torch, "OutOfMemoryError", None),
-        getattr(torch.cuda, "OutOfMemoryError", None),
-        MemoryError,
+def requests(n: int, huge: str | None = None) -> Iterator[Request]:
+    """`n` requests r0, r1, ...; the one named `huge` asks for twice the device on its own."""
+    for i in range(n):
+        cid = f"r{i}"
+        yield Request(cid, i + 1, CHAT, {"messages": [], "huge": cid == huge})
+
+
+@contextlib.contextmanager
+def scheduler(
+    work: Path, name: str, env: dict[str, str], size: int
+) -> Iterator[tuple[Scheduler, Events, Path]]:
+    """A real Scheduler with one real worker of the check's engine, journaling to work/name."""
+    settings = EngineSettings(engine=gpu_check_engine.ENGINE, max_num_seqs=size, window=size)
+    path = work / f"{name}.jsonl"
+    log = work / f"{name}-worker.log"
+    events = Events()
+    journal = JournalWriter(path).open()
+    sched = Scheduler(
+        settings, [{**env, "BATCHRUN_WORKER_LOG": str(log)}], journal, JobState(), events
     )
-    if isinstance(t, type)
-)
-
-
-def _looks_like_oom(exc: BaseException) -> bool:
-    """A failure that is certainly about memory, whatever is_oom says (to catch what it misses)."""
-    if isinstance(exc, _OOM_TYPES):
-        return True
-    text = str(exc).lower()
-    return "out of memory" in text or "alloc_failed" in text or "can't allocate memory" in text
-
-
-def _free() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-
-
-# -- workloads ----------------------------------------------------------------------------------
-
-
-class Workload:
-    """One probe of `rows` rows: allocate, two matmuls, synchronise. Raises on out of memory."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.cuda = device.type == "cuda"
-        self.seq, self.hidden = (SEQ, HIDDEN) if self.cuda else (CPU_SEQ, CPU_HIDDEN)
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        scale = self.hidden**-0.5
-        self.w1 = (torch.randn(self.hidden, self.hidden, generator=gen) * scale).to(device)
-        self.w2 = (torch.randn(self.hidden, self.hidden, generator=gen) * scale).to(device)
-        self.stage = ""
-
-    def bytes_for(self, rows: int) -> int:
-        return 3 * rows * self.seq * self.hidden * 4
-
-    def run(self, rows: int) -> tuple[float, float | None]:
-        """(seconds, peak memory in MiB) of one probe."""
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        elif self.bytes_for(rows) > CPU_CAP_BYTES:
-            raise OutOfMemoryError(
-                f"CUDA out of memory. Tried to allocate {self.bytes_for(rows) / 2**20:.2f} MiB "
-                f"(simulated on CPU: cap {CPU_CAP_BYTES / 2**20:.0f} MiB)"
-            )
-        started = time.perf_counter()
-        self.stage = "input"
-        x = torch.empty(rows, self.seq, self.hidden, device=self.device).uniform_(-1.0, 1.0)
-        self.stage = "matmul 1"
-        h = torch.relu_(x @ self.w1)
-        self.stage = "matmul 2"
-        y = h @ self.w2
-        self.stage = "sync"
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-        checksum = float(y[0, 0, 0])  # keep the work from being skipped
-        seconds = time.perf_counter() - started
-        del x, h, y, checksum
-        self.stage = ""
-        if self.cuda:
-            peak = torch.cuda.max_memory_allocated(self.device) / 2**20
-        else:
-            peak = self.bytes_for(rows) / 2**20  # an estimate: the three live tensors
-        return seconds, peak
-
-
-# -- 1. classifier checks -----------------------------------------------------------------------
-
-
-def classifier_checks_cpu(checks: Checks) -> None:
-    print("Classifier checks (synthetic OutOfMemoryError, real CPU errors):")
-    synthetic = OutOfMemoryError(
-        "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
-        "79.19 GiB of which 3.12 GiB is free."
-    )
-    checks.expect("synthetic OutOfMemoryError", synthetic, True)
-    checks.expect("synthetic, raised from", _wrapped(synthetic, explicit=True), True)
-    checks.expect("synthetic, raised during", _wrapped(synthetic, explicit=False), True)
-    checks.expect(
-        "synthetic class name, other message", OutOfMemoryError("allocation failed"), True
-    )
-    # A real allocation failure of PyTorch's CPU allocator: 1 PiB is refused at once.
     try:
-        torch.empty(2**50, dtype=torch.uint8)
-    except RuntimeError as exc:
-        checks.expect("real CPU allocator failure (1 PiB)", exc, True)
-    else:
-        print("  [skip] a 1 PiB CPU allocation succeeded (overcommit?); not checked")
-    _free()
-    _non_oom_checks(checks, torch.device("cpu"))
-
-
-def _non_oom_checks(checks: Checks, device: torch.device) -> None:
-    try:
-        torch.ones(2, 3, device=device) @ torch.ones(4, 5, device=device)
-    except RuntimeError as exc:
-        checks.expect(f"shape mismatch on {device.type}", exc, False)
-        checks.expect(
-            f"shape mismatch on {device.type}, wrapped", _wrapped(exc, explicit=True), False
-        )
-    if device.type == "cuda":
-        try:
-            torch.ones(2, 2, device=device) @ torch.ones(2, 2)
-        except RuntimeError as exc:
-            checks.expect("device mismatch (cuda @ cpu)", exc, False)
-    try:
-        torch.ones(2, device=device).view(3)
-    except RuntimeError as exc:
-        checks.expect(f"invalid view on {device.type}", exc, False)
-    checks.expect("ValueError", ValueError("temperature must be non-negative"), False)
-
-
-def classifier_checks_cuda(checks: Checks, device: torch.device, work: Workload) -> None:
-    print(f"Classifier checks on {torch.cuda.get_device_name(device)} (real CUDA errors):")
-    free, total = torch.cuda.mem_get_info(device)
-    print(f"  memory: {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB")
-
-    # a) Grow the workload, doubling the rows, until it runs out of memory.
-    rows, grown = 1024, 0
-    while rows <= 2**24:
-        try:
-            work.run(rows)
-        except Exception as exc:
-            stage = work.stage
-            if not _looks_like_oom(exc):
-                raise
-            checks.expect(f"workload OOM at {rows} rows (during {stage})", exc, True)
-            checks.expect("  the same, raised from", _wrapped(exc, explicit=True), True)
-            checks.expect("  the same, raised during", _wrapped(exc, explicit=False), True)
-            grown += 1
-            break
-        rows *= 2
-    if not grown:
-        checks.fail(f"the workload never ran out of memory up to {rows // 2} rows")
-    _free()
-
-    # b) One impossible allocation (twice the device's memory).
-    try:
-        torch.empty(2 * total, dtype=torch.uint8, device=device)
-    except Exception as exc:
-        if not _looks_like_oom(exc):
-            raise
-        checks.expect("impossible allocation (2x the device)", exc, True)
-    _free()
-
-    # c) Running out inside a matmul: the input fits, its product does not.
-    free, _ = torch.cuda.mem_get_info(device)
-    n = int(free * 0.6) // (HIDDEN * 4)
-    x = None
-    stage = "the input"
-    try:
-        x = torch.empty(n, HIDDEN, device=device).uniform_(-1.0, 1.0)
-        stage = "the matmul"
-        y = x @ work.w1
-        torch.cuda.synchronize(device)
-        del y
-        print("  [skip] the matmul fitted after all; no in-matmul OOM to check")
-    except Exception as exc:
-        if not _looks_like_oom(exc):
-            raise
-        checks.expect(f"OOM in {stage} (sized so the input fits, its product not)", exc, True)
-    del x
-    _free()
-
-    # d) Ordinary CUDA errors are not out-of-memory failures.
-    _non_oom_checks(checks, device)
-    _free()
-
-    # e) Best effort: out of memory outside the caching allocator.
-    _outside_allocator_check(checks, device, work)
-    _free()
-
-
-def _outside_allocator_check(checks: Checks, device: torch.device, work: Workload) -> None:
-    """Fill the device, then do a matmul in a new thread: it needs a new cuBLAS handle, which
-    cuBLAS allocates itself (not through PyTorch's allocator)."""
-    ballast: list[torch.Tensor] = []
-    chunk = 1 << 30
-    try:
-        while chunk >= 1 << 20:
-            try:
-                ballast.append(torch.empty(chunk, dtype=torch.uint8, device=device))
-            except Exception as exc:
-                if not _looks_like_oom(exc):
-                    raise
-                chunk //= 4
-        caught: list[BaseException] = []
-
-        def in_thread() -> None:
-            try:
-                a = torch.ones(64, 64, device=device)
-                (a @ a).sum().item()
-            except BaseException as exc:
-                caught.append(exc)
-
-        t = threading.Thread(target=in_thread)
-        t.start()
-        t.join()
-        if caught:
-            checks.expect(
-                "small matmul in a new thread with the device full (new cuBLAS handle)",
-                caught[0],
-                _looks_like_oom(caught[0]),
-                strict=False,
-            )
-            if not _looks_like_oom(caught[0]):
-                print("         (not a memory error; shown for information)")
-        else:
-            print("  [skip] the matmul in a new thread ran with the device full; nothing to check")
+        yield sched, events, log
     finally:
-        ballast.clear()
-        _free()
+        sched.close()
+        journal.close()
 
 
-# -- 2. and 3. search and back-off ---------------------------------------------------------------
+def records(work: Path, name: str) -> dict[str, list[dict[str, Any]]]:
+    """The journal's records by custom_id."""
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    for rec in read_records(work / f"{name}.jsonl"):
+        by_id.setdefault(rec["custom_id"], []).append(rec)
+    return by_id
 
 
-@dataclass
-class Row:
-    phase: str
-    size: int
-    ok: bool
-    seconds: float
-    rows_per_s: float
-    peak_mb: float | None
-    note: str = ""
-
-
-def probe(work: Workload, size: int, checks: Checks) -> tuple[Probe, str]:
-    """Run one size; a real OOM becomes a failed Probe (and must be recognised)."""
-    try:
-        seconds, peak = work.run(size)
-    except Exception as exc:
-        if not _looks_like_oom(exc):
-            raise
-        note = f"during {work.stage}" if work.stage else ""
-        if not is_oom(exc):
-            checks.fail(f"a real out-of-memory error at {size} rows was not recognised: {exc}")
-            note += " NOT RECOGNISED"
-        peak = torch.cuda.max_memory_allocated(work.device) / 2**20 if work.cuda else None
-    else:
-        rate = size / seconds if seconds > 0 else 0.0
-        return Probe(size, True, size, seconds, rate, peak), ""
-    # Outside the except block: the exception's traceback no longer holds the probe's tensors.
-    _free()
-    return Probe(size=size, ok=False, requests=size, peak_memory_mb=peak, note="oom"), note
-
-
-def search_and_back_off(work: Workload, lo: int, hi: int, checks: Checks) -> list[Row]:
-    rows: list[Row] = []
-    work.run(min(lo, 8))  # warm up (kernels, cuBLAS handle) so the first probe's time is fair
-
-    def record(phase: str, p: Probe, note: str) -> None:
-        rows.append(Row(phase, p.size, p.ok, p.seconds, p.tokens_per_s, p.peak_memory_mb, note))
-
-    search = BatchSizeSearch(lo=lo, hi=hi)
-    limit = 2 * len(search.sizes) + 4
-    steps = 0
-    while (size := search.next_size()) is not None:
-        steps += 1
-        if steps > limit:
-            checks.fail(f"the batch-size search did not converge in {limit} probes")
-            break
-        p, note = probe(work, size, checks)
-        search.report(p)
-        record("search", p, note)
-    best = search.best()
-    ooms = sorted(p.size for p in search.probes if not p.ok)
-    largest_ok = search.largest_ok()
-    if best is None:
-        checks.fail(f"the search found no size that runs between {lo} and {hi}")
-    else:
-        print(
-            f"Search: {steps} probes; largest size that ran {largest_ok}; "
-            f"smallest that ran out of memory {ooms[0] if ooms else 'none'}; best {best.size} "
-            f"({best.tokens_per_s:,.0f} rows/s)"
-        )
-        if ooms and largest_ok is not None and largest_ok >= ooms[0]:
-            checks.fail(
-                f"inconsistent search: {largest_ok} ran but the smaller {ooms[0]} ran out of memory"
-            )
-    if not ooms:
-        print(f"Search: no size up to {hi} ran out of memory; nothing to back off from")
-        return rows
-
-    # Back off from the smallest size that ran out of memory, as the scheduler does.
-    current: int | None = ooms[0]
-    backoffs = 0
-    while current is not None:
-        p, note = probe(work, current, checks)
-        record("back-off", p, note)
-        if p.ok:
-            print(f"Back-off: {ooms[0]} -> {current} in {backoffs} halvings; it runs")
-            if largest_ok is not None and current > largest_ok:
-                print(f"  note: {current} ran now though the search saw it fail (memory is noisy)")
-            break
-        backoffs += 1
-        current = back_off(current)
-        if backoffs > 64:
-            current = None
-    if current is None:
-        checks.fail(f"backing off from {ooms[0]} reached no size that runs")
-    return rows
-
-
-def print_table(rows: list[Row], cuda: bool) -> None:
-    mem = "peak memory" if cuda else "memory (est.)"
-    head = ["phase", "size", "result", "seconds", "rows/s", mem, "note"]
-    body = [
-        [
-            r.phase,
-            f"{r.size:,}",
-            "ok" if r.ok else "OOM",
-            f"{r.seconds:.3f}" if r.ok else "-",
-            f"{r.rows_per_s:,.0f}" if r.ok else "-",
-            f"{r.peak_mb:,.0f} MiB" if r.peak_mb is not None else "-",
-            r.note,
-        ]
-        for r in rows
-    ]
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
-    right = {1, 3, 4, 5}
-    fmt: Callable[[list[str]], str] = lambda cells: "  ".join(  # noqa: E731
-        c.rjust(w) if i in right else c.ljust(w)
-        for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+def back_off_check(checks: Checks, work: Path, env: dict[str, str], cuda: bool) -> None:
+    """1. A too-big batch backs off, halving, until it fits; nothing lost or run twice."""
+    print("\n1. Back-off through the real scheduler (start at 32; fits up to", FIT, "at once):")
+    started = time.monotonic()
+    with scheduler(work, "backoff", env, 32) as (sched, events, log):
+        stats = sched.run(requests(120))
+        size = sched.batch_size
+    by_id = records(work, "backoff")
+    halvings = [e.split(", batch size ", 1)[1] for e in events.lines if "backing off" in e]
+    checks.check(
+        "every request answered once",
+        len(by_id) == 120 and all(len(r) == 1 and r[0]["ok"] for r in by_id.values()),
+        f"{stats.succeeded} succeeded of 120",
     )
-    print(fmt(head))
-    print("  ".join("-" * w for w in widths))
-    for b in body:
-        print(fmt(b))
+    checks.check(
+        "halved 32 -> 16 -> 8 -> 4", halvings == ["32 -> 16", "16 -> 8", "8 -> 4"], str(halvings)
+    )
+    checks.check("runs on at batch size 4", size == 4, f"batch size {size}")
+    text = log.read_text(errors="replace") if log.exists() else ""
+    real = "torch.OutOfMemoryError" in text or "torch.cuda.OutOfMemoryError" in text
+    wanted = "PyTorch's own OutOfMemoryError in the worker's log"
+    if cuda:
+        checks.check(wanted, real and "CUDA out of memory. Tried to allocate" in text, str(log))
+    else:
+        checks.check(
+            "the simulated OutOfMemoryError in the worker's log", "OutOfMemoryError" in text
+        )
+    print(f"  ({time.monotonic() - started:.1f} s)")
 
 
-# -- main ---------------------------------------------------------------------------------------
+def search_check(checks: Checks, work: Path, env: dict[str, str]) -> None:
+    """2. The batch-size search finds a size that fits; the sizes above FIT run out."""
+    print("\n2. The batch-size search through the real scheduler (sizes 1..32):")
+    started = time.monotonic()
+    with scheduler(work, "search", env, 1) as (sched, events, _):
+        result = search_batch_size(sched, requests(400), events, lo=1, hi=32)
+    seen = {p.size: p.ok for p in result.probes}
+    checks.check(
+        "the chosen size fits", 1 <= result.size <= FIT, f"chose {result.size}; probes {seen}"
+    )
+    wrong = {s: ok for s, ok in seen.items() if ok != (s <= FIT)}
+    checks.check(f"sizes up to {FIT} ran, larger ones ran out of memory", not wrong, str(seen))
+    print(f"  ({time.monotonic() - started:.1f} s)")
 
 
-def _check_no_vllm(checks: Checks) -> None:
-    loaded = sorted(m for m in sys.modules if m == "vllm" or m.startswith("vllm."))
-    if loaded:
-        checks.fail(f"importing batchrun.sizing / batchrun.engines.oom loaded vLLM: {loaded[:5]}")
+def request_oom_check(checks: Checks, work: Path, env: dict[str, str]) -> None:
+    """3. One request that needs more than the device fails alone with request_oom."""
+    print("\n3. One request too big for the device on its own (r17 of 40, batch size 4):")
+    started = time.monotonic()
+    try:
+        with scheduler(work, "request-oom", env, 4) as (sched, _, _):
+            sched.run(requests(40, huge="r17"))
+    except BatchrunError as exc:
+        checks.fail(f"the job failed: {exc}")
+        return
+    by_id = records(work, "request-oom")
+    bad = by_id.get("r17", [{}])[0]
+    code = (bad.get("error") or {}).get("code")
+    checks.check("r17 failed alone with request_oom", code == "request_oom", f"code {code}")
+    others = [cid for cid, r in by_id.items() if cid != "r17" and r[0]["ok"] and len(r) == 1]
+    checks.check("the other 39 succeeded once each", len(others) == 39, f"{len(others)}")
+    print(f"  ({time.monotonic() - started:.1f} s)")
+
+
+def rank_check(checks: Checks, work: Path, env: dict[str, str]) -> None:
+    """4. A stuck rank holding GPU memory is gone, with its memory, once its worker stops."""
+    print("\n4. A stuck rank (1 GiB of GPU memory, SIGTERM ignored) after its worker stops:")
+    pids_file = work / "rank-pids.txt"
+    with scheduler(work, "ranks", {**env, "BATCHRUN_GPU_CHECK_RANK_PIDS": str(pids_file)}, 4) as (
+        sched,
+        _,
+        _,
+    ):
+        sched.run(requests(8))
+    pids = [int(p) for p in pids_file.read_text().split()] if pids_file.exists() else []
+    if not checks.check("the engine started its rank", bool(pids)):
+        return
+    deadline = time.monotonic() + RANK_GONE_S
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _alive(p)]
+        time.sleep(0.2)
+    checks.check(
+        f"the rank is gone within {RANK_GONE_S:g} s of its worker's stop",
+        not alive,
+        f"alive: {alive}",
+    )
+    holders = _compute_apps()
+    if holders is None:
+        print("  [skip] nvidia-smi not there: whether its memory came back is not checked")
+    else:
+        left = [p for p in pids if p in holders]
+        checks.check("nvidia-smi lists no memory held by it", not left, f"held by {left}")
+    for pid in alive:  # ours: started by this check's engine; not to outlive the check
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not count: it holds no memory)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _compute_apps() -> set[int] | None:
+    """The pids nvidia-smi lists as holding GPU memory (None without nvidia-smi)."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {int(x) for x in done.stdout.split() if x.isdigit()}
+
+
+def _cuda_index(device: str) -> str | None:
+    """The CUDA ordinal a worker should see (None: no CUDA here), without initialising CUDA in
+    this process (its context would take memory the workers measure)."""
+    probe = (
+        "import torch, sys\n"
+        "sys.stdout.write(str(torch.cuda.device_count()) if torch.cuda.is_available() else '0')\n"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+        )
+        count = int(done.stdout.strip() or "0")
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    if count == 0:
+        return None
+    index = device.partition(":")[2] or "0"
+    return index if index.isdigit() and int(index) < count else None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lo", type=int, default=1, help="smallest size to search (rows)")
-    parser.add_argument("--hi", type=int, default=2**20, help="largest size to search (rows)")
-    parser.add_argument("--strict", action="store_true", help="also fail on the best-effort checks")
+    """Run the checks; 0 when all pass."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--device", default="cuda:0", help="the CUDA device (default cuda:0)")
+    parser.add_argument("--strict", action="store_true", help="also fail on best-effort checks")
+    parser.add_argument("--no-gpu", action="store_true", help="check on the CPU even with CUDA")
     args = parser.parse_args(argv)
 
-    checks = Checks()
-    _check_no_vllm(checks)
-    print(f"torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}")
-    if torch.cuda.is_available():
-        device = torch.device(args.device)
-        torch.cuda.set_device(device)
-        work = Workload(device)
-        classifier_checks_cuda(checks, device, work)
-        print(
-            f"\nBatch-size search on a real workload: rows x {SEQ} x {HIDDEN} float32, two matmuls "
-            f"({ROW_BYTES * 3 / 2**20:.1f} MiB a row at the peak), rows in {args.lo}..{args.hi}"
-        )
-        rows = search_and_back_off(work, args.lo, args.hi, checks)
-        print_table(rows, cuda=True)
+    # The workers run the check's engine: registered here and, through this entry point, in each.
+    gpu_check_engine.register()
+    setattr(worker_process, "worker_main", gpu_check_engine.worker_main_with_engine)  # noqa: B010
+    index = None if args.no_gpu else _cuda_index(args.device)
+    cuda = index is not None
+    env = {
+        "BATCHRUN_GPU_CHECK_FIT": str(FIT),
+        "BATCHRUN_GPU_CHECK_DEVICE": "cuda" if cuda else "cpu",
+    }
+    if index is not None:
+        # The worker sees that one GPU (the parent's entry, when the parent sees a list).
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        entries = [e.strip() for e in visible.split(",")] if visible else []
+        env["CUDA_VISIBLE_DEVICES"] = entries[int(index)] if entries else index
     else:
-        print("No CUDA GPU available: checking the classifier on a synthetic OutOfMemoryError,")
-        print("and the search on a small CPU workload with a simulated memory cap.\n")
-        classifier_checks_cpu(checks)
-        work = Workload(torch.device("cpu"))
-        print(
-            f"\nBatch-size search on CPU (simulated cap {CPU_CAP_BYTES / 2**20:.0f} MiB): rows x "
-            f"{CPU_SEQ} x {CPU_HIDDEN} float32, two matmuls, rows in {args.lo}..{args.hi}"
-        )
-        rows = search_and_back_off(work, args.lo, args.hi, checks)
-        print_table(rows, cuda=False)
-    _check_no_vllm(checks)
+        print("No CUDA GPU (or --no-gpu): the engine simulates the memory limits on the CPU.")
+    checks = Checks()
+    # The check's engine is found by the workers through the path of this script's folder.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")) if p
+    )
+    with tempfile.TemporaryDirectory(prefix="batchrun-gpu-oom-check-") as tmp:
+        work = Path(tmp)
+        back_off_check(checks, work, env, cuda)
+        search_check(checks, work, env)
+        request_oom_check(checks, work, env)
+        if cuda:
+            rank_check(checks, work, env)
+        else:
+            print(
+                "\n4. [skip] stuck ranks holding GPU memory: needs CUDA (the suite emulates "
+                "ranks without memory: BATCHRUN_ECHO_SPAWN_RANKS)"
+            )
+    print("\n5. The classifier on real PyTorch errors:")
+    started = time.monotonic()
+    try:
+        import gpu_oom_classify
+    except ImportError as exc:
+        print(f"  [skip] PyTorch is not importable ({exc})")
+    else:
+        gpu_oom_classify.run(checks, "cpu" if not cuda else f"cuda:{index}")
+        print(f"  ({time.monotonic() - started:.1f} s)")
+    loaded = sorted(m for m in sys.modules if m == "vllm" or m.startswith("vllm."))
+    checks.check("vLLM was never imported", not loaded, str(loaded[:5]))
 
     if checks.warnings:
         print(f"\n{len(checks.warnings)} best-effort check(s) not met:")
@@ -505,11 +357,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.strict:
             checks.failures.extend(checks.warnings)
     if checks.failures:
-        print(f"\nFAILED: {len(checks.failures)} problem(s):")
+        print(f"\nFAILED: {len(checks.failures)} of {checks.count} checks:")
         for f in checks.failures:
             print(f"  - {f}")
         return 1
-    print(f"\nOK: {checks.count} classifier checks passed; the search converged and backed off.")
+    where = f"CUDA device {index}" if cuda else "the CPU (simulated memory limits)"
+    print(f"\nOK: {checks.count} checks passed on {where}.")
     return 0
 
 

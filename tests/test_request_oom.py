@@ -150,3 +150,23 @@ def test_a_batch_too_big_still_backs_off_as_before(tmp_path: Path) -> None:
     finally:
         FakeWorker.oom_above = None
     assert stats.succeeded == 40 and stats.crashed == 0 and scheduler.batch_size == 4
+
+
+def test_a_search_probe_after_an_oom_while_running_ends(tmp_path: Path) -> None:
+    """A probe that runs out of memory while running puts what it held back to pending; the next
+    probe, with a smaller limit than that, must end at its limit (it waited forever)."""
+    from batchrun.run.tuning import search_batch_size
+
+    FakeWorker.oom_above = 5
+    try:
+        settings = EngineSettings(engine="echo", max_num_seqs=1, window=1)
+        journal = JournalWriter(tmp_path / "journal.jsonl").open()
+        events = Events()
+        scheduler = Scheduler(settings, [{}], journal, JobState(), events, FakeWorker)
+        result = search_batch_size(scheduler, iter(requests(400)), events, lo=1, hi=32)
+        journal.close()
+    finally:
+        FakeWorker.oom_above = None
+    seen = {p.size: p.ok for p in result.probes}
+    assert seen[32] is False and all(ok == (size <= 5) for size, ok in seen.items()), seen
+    assert 1 <= result.size <= 5
