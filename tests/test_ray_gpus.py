@@ -86,8 +86,9 @@ def test_rays_out_of_memory_kills_count_as_oom() -> None:
     memory, back off like a CUDA OOM; any other loss of an actor does not."""
     from ray.exceptions import ActorDiedError, OutOfMemoryError, RayActorError
 
-    assert death_is_oom(OutOfMemoryError(RAY_OOM_KILL))
-    assert lost(OutOfMemoryError(RAY_OOM_KILL)) == {
+    oom = OutOfMemoryError(RAY_OOM_KILL)  # type: ignore[no-untyped-call]
+    assert death_is_oom(oom)
+    assert lost(oom) == {
         "oom": True,
         "message": "Ray killed the actor for memory: Task was killed due to the node running "
         "low on memory.",
@@ -240,7 +241,7 @@ def gpu_cluster() -> Iterator[str]:
         cluster.wait_for_nodes()
         yield str(cluster.address)
     finally:
-        cluster.shutdown()
+        cluster.shutdown()  # type: ignore[no-untyped-call]
 
 
 @pytest.fixture
