@@ -150,6 +150,39 @@ def test_a_request_past_its_timeout_fails_with_code_timeout_and_retry_failed_run
     assert last["ok"] is True and last["attempt"] == 3
 
 
+@pytest.mark.vllm
+def test_the_vllm_engine_aborts_a_request_past_its_timeout_and_goes_on(tmp_path: Path) -> None:
+    # ignore_eos: 1,900 tokens take a CPU over 20 s; the timeout is 10 s (the short answer's
+    # first step is slow on a busy machine).
+    long = chat_line("long", "Write a very long story about a dragon.", max_tokens=1900)
+    long["body"]["ignore_eos"] = True
+    src = write_jsonl(tmp_path / "in.jsonl", [long, chat_line("short", "Say hi.", max_tokens=5)])
+    job = tmp_path / "job"
+    r = cli(
+        "submit",
+        str(src),
+        "--job-dir",
+        str(job),
+        "--request-timeout",
+        "10",
+        "--max-attempts",
+        "2",
+        "--batch-size",
+        "4",
+        "--no-progress",
+        timeout=400,
+    )
+    assert r.returncode == 1, r.stderr
+    records = {(rec["custom_id"], rec["attempt"]): rec for rec in journal_records(job)}
+    assert records[("short", 1)]["ok"] is True
+    # Aborted in vLLM, then added again under the same id by the retry pass, and aborted again:
+    # the engine stayed healthy (one worker, no restart).
+    for attempt in (1, 2):
+        assert records[("long", attempt)]["error"]["code"] == "timeout"
+    assert set(records) == {("short", 1), ("long", 1), ("long", 2)}
+    assert r.stderr.count("worker 0 starting vllm engine") == 1
+
+
 @pytest.mark.parametrize(
     ("option", "value", "says"),
     [
