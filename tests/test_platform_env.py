@@ -43,6 +43,7 @@ def test_a_gpu_worker_gets_the_cuda_settings() -> None:
         "CUDA_VISIBLE_DEVICES": "0",
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "VLLM_LOGGING_LEVEL": "INFO",
+        "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
     }  # and VLLM_ENABLE_V1_MULTIPROCESSING left to vLLM (on)
 
 
@@ -67,6 +68,7 @@ def test_the_parents_cpu_variables_never_reach_a_gpu_worker() -> None:
         "CUDA_VISIBLE_DEVICES": "GPU-4f1c,GPU-77aa",
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "VLLM_LOGGING_LEVEL": "INFO",
+        "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
     }
 
 
@@ -132,6 +134,7 @@ def test_a_gpu_workers_processes_run_without_the_parents_cpu_tuning(
     assert env["CUDA_VISIBLE_DEVICES"] == "0"
     assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
     assert env["VLLM_LOGGING_LEVEL"] == "INFO"
+    assert env["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
     leaked = sorted(n for n in env if platform_env.is_cpu_only(n))
     assert leaked == []
@@ -181,8 +184,10 @@ def test_no_torch_cuda_probe_in_the_worker_or_the_engine_set_up(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """peak_memory_mb, the engine's arguments and its release never call
-    torch.cuda.is_available() (it initialises CUDA in the worker)."""
+    torch.cuda.is_available() (it initialises CUDA in the worker). vLLM's own import does (Triton
+    asks whether an AMD GPU is there): PYTORCH_NVML_BASED_CUDA_CHECK keeps that one harmless."""
     import torch
+    import vllm.engine.arg_utils  # noqa: F401  # vLLM's own import asks (Triton's AMD check)
 
     from batchrun.engines.vllm.args import engine_args
     from batchrun.engines.vllm.release import release_vllm_globals

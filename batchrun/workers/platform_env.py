@@ -7,7 +7,8 @@ initialises the CUDA driver in the worker, and vLLM then starts its tensor-paral
 `fork`, which fails in them with "CUDA error: initialization error").
 
 On CUDA: vLLM's own engine-core process stays on (it overlaps scheduling and output handling with
-the GPU's forward pass), its ranks are spawned, and its INFO lines (the KV cache's size,
+the GPU's forward pass), its ranks are spawned, torch answers `is_available()` from NVML (so a
+library asking does not initialise CUDA either), and vLLM's INFO lines (the KV cache's size,
 preemptions) go to the worker's log. On the CPU backend: the engine core runs inside the worker
 (a core polling for a scheduler process costs a CPU job a core of two), and vLLM's warnings for
 its developers stay out of the log. Variables that tune the CPU backend (VLLM_CPU_*, the OpenMP
@@ -55,7 +56,13 @@ def is_cpu_only(name: str) -> bool:
 def platform_settings(platform: Platform) -> dict[str, str]:
     """The variables batchrun sets for a worker on `platform` (a user's own values win)."""
     if platform == "cuda":
-        return {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_LOGGING_LEVEL": "INFO"}
+        return {
+            "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+            "VLLM_LOGGING_LEVEL": "INFO",
+            # torch.cuda.is_available() then asks NVML instead of initialising CUDA: vLLM's own
+            # import calls it (Triton's check for an AMD GPU), and so may any library.
+            "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+        }
     return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "ERROR"}
 
 
