@@ -185,9 +185,9 @@ def test_no_torch_cuda_probe_in_the_worker_or_the_engine_set_up(
 ) -> None:
     """peak_memory_mb, the engine's arguments and its release never call
     torch.cuda.is_available() (it initialises CUDA in the worker). vLLM's own import does (Triton
-    asks whether an AMD GPU is there): PYTORCH_NVML_BASED_CUDA_CHECK keeps that one harmless."""
+    asks whether an AMD GPU is there), after setting PYTORCH_NVML_BASED_CUDA_CHECK itself."""
     import torch
-    import vllm.engine.arg_utils  # noqa: F401  # vLLM's own import asks (Triton's AMD check)
+    import vllm.engine.arg_utils  # noqa: F401  # imported first: its own import asks
 
     from batchrun.engines.vllm.args import engine_args
     from batchrun.engines.vllm.release import release_vllm_globals

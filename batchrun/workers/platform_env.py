@@ -7,8 +7,8 @@ initialises the CUDA driver in the worker, and vLLM then starts its tensor-paral
 `fork`, which fails in them with "CUDA error: initialization error").
 
 On CUDA: vLLM's own engine-core process stays on (it overlaps scheduling and output handling with
-the GPU's forward pass), its ranks are spawned, torch answers `is_available()` from NVML (so a
-library asking does not initialise CUDA either), and vLLM's INFO lines (the KV cache's size,
+the GPU's forward pass), its ranks are spawned, torch answers `is_available()` from NVML from the
+worker's first line (vLLM sets that only when it is imported), and vLLM's INFO lines (the KV cache's size,
 preemptions) go to the worker's log. On the CPU backend: the engine core runs inside the worker
 (a core polling for a scheduler process costs a CPU job a core of two), and vLLM's warnings for
 its developers stay out of the log. Variables that tune the CPU backend (VLLM_CPU_*, the OpenMP
@@ -59,8 +59,8 @@ def platform_settings(platform: Platform) -> dict[str, str]:
         return {
             "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
             "VLLM_LOGGING_LEVEL": "INFO",
-            # torch.cuda.is_available() then asks NVML instead of initialising CUDA: vLLM's own
-            # import calls it (Triton's check for an AMD GPU), and so may any library.
+            # torch.cuda.is_available() then asks NVML instead of initialising CUDA. `import vllm`
+            # sets it too, but only from then on: this covers what runs before it.
             "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
         }
     return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "ERROR"}
