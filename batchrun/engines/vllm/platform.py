@@ -1,9 +1,10 @@
 """Whether vLLM runs on a GPU here, as vLLM itself decides: never by asking torch.cuda.
 
-`torch.cuda.is_available()` initialises the CUDA driver in the calling process; vLLM then keeps
-`fork` for its tensor-parallel ranks (it switches to spawn only when torch's own CUDA state is
-initialised), and the forked ranks fail with "CUDA error: initialization error". vLLM's
-`current_platform` decides from NVML and the build installed, without touching CUDA.
+`torch.cuda.is_available()` initialises the CUDA driver in the calling process (unless
+PYTORCH_NVML_BASED_CUDA_CHECK=1), and vLLM then starts its tensor-parallel ranks with `fork`
+(it switches to spawn only when torch's own CUDA state is initialised): the forked ranks fail
+with "CUDA error: initialization error". It also answers for the torch installed, not for the
+vLLM build. vLLM's `current_platform` decides from the build and NVML, without touching CUDA.
 """
 
 from __future__ import annotations
