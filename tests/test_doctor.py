@@ -133,6 +133,23 @@ def test_the_cpu_build_with_gpus_listed_is_a_problem_and_refuses_a_gpu_job(
     assert retry.stderr.strip() == CPU_BUILD_WITH_GPUS.format(n=8, ids="0,1,2,3,4,5,6,7")
 
 
+def test_gpu_ids_that_name_no_visible_gpu_are_refused_naming_the_visible_ones(
+    tmp_path: Path,
+) -> None:
+    """--gpus are ordinals within CUDA_VISIBLE_DEVICES: under 4,5 there is no GPU 4."""
+    env = install_nvidia_smi(tmp_path, {"gpus": EIGHT})
+    lines = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi")])
+    job = tmp_path / "job"
+    done = run("submit", str(lines), "--job-dir", str(job), "--gpus", "4", env=env, visible="4,5")
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "error: --gpus 4: 4 is not a visible GPU; visible: 0 (4: NVIDIA H100 80GB HBM3), "
+        "1 (5: NVIDIA H100 80GB HBM3) (--gpus takes ordinals within that list, or UUIDs); "
+        "pass --gpus with ids from that list, or leave it out"
+    )
+    assert not job.exists()
+
+
 def test_serve_is_refused_before_its_root_is_made(tmp_path: Path) -> None:
     env = install_nvidia_smi(tmp_path, {"gpus": EIGHT[:2]})
     root = tmp_path / "root"
