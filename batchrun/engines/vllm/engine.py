@@ -69,7 +69,7 @@ class _Pending:
 
 
 class VllmEngine:
-    """The Engine protocol over vLLM's `LLMEngine`, running its engine core in this process."""
+    """The Engine protocol over vLLM's `LLMEngine` (its engine core in this process on a CPU)."""
 
     def __init__(self, settings: EngineSettings) -> None:
         self._settings = settings
