@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from conftest import chat_line, cli, journal_records, read_jsonl, write_jsonl
+from conftest import chat_line, cli, journal_records, read_jsonl, wait_until, write_jsonl
+from test_serve import create_batch, lines_of, requests_file, start_server, stop_server
 
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
@@ -148,6 +149,38 @@ def test_a_request_past_its_timeout_fails_with_code_timeout_and_retry_failed_run
     assert record.read_text().split() == ["r7"]
     last = [rec for rec in journal_records(job) if rec["custom_id"] == "r7"][-1]
     assert last["ok"] is True and last["attempt"] == 3
+
+
+def test_under_serve_a_request_past_its_timeout_fails_alone_and_the_batch_completes(
+    tmp_path: Path,
+) -> None:
+    # The engine's ids are "<slot>\x00<custom_id>" there: the abort and the answer must map back.
+    server = start_server(
+        tmp_path / "root",
+        "--request-timeout",
+        "2",
+        "--max-attempts",
+        "1",
+        env={"BATCHRUN_ECHO_HANG_ON": "req-0003"},
+    )
+    try:
+        client = server.client()
+        batch = create_batch(client, requests_file(tmp_path / "in.jsonl", 6))
+
+        def ended() -> bool:
+            return client.batches.retrieve(batch.id).status in ("completed", "failed")
+
+        wait_until(ended, "the batch ends", timeout=60, every=0.2)
+        done = client.batches.retrieve(batch.id)
+        assert done.status == "completed"
+        assert done.request_counts is not None
+        assert (done.request_counts.completed, done.request_counts.failed) == (5, 1)
+        (error,) = lines_of(client, done.error_file_id)
+        assert error["custom_id"] == "req-0003"
+        assert error["error"]["code"] == "timeout"
+        assert len(lines_of(client, done.output_file_id)) == 5
+    finally:
+        stop_server(server)
 
 
 @pytest.mark.vllm
