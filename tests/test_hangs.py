@@ -528,3 +528,35 @@ def test_without_a_request_timeout_nothing_is_timed() -> None:
     feeder.add(requests(1))
     feeder.pump()
     assert feeder.entered == {}
+
+
+class RecordingVllm:
+    """Stands in for vLLM's LLMEngine: records what is aborted."""
+
+    def __init__(self) -> None:
+        self.aborted: list[list[str]] = []
+
+    def abort_request(self, request_ids: list[str], internal: bool = False) -> None:
+        self.aborted.append(list(request_ids))
+
+
+def test_the_vllm_engine_aborts_a_request_by_its_id_and_a_pooling_request_by_its_parts() -> None:
+    from batchrun.engines.vllm.engine import VllmEngine, _Pending
+
+    engine = VllmEngine.__new__(VllmEngine)  # no model: only the request bookkeeping is tried
+    vllm = RecordingVllm()
+    engine._engine = vllm
+    chat, pooled, other = requests(3)
+    engine._in_flight = {
+        "r0": _Pending(chat, 0.0),
+        "r1": _Pending(pooled, 0.0, work=object(), parts=[None, None], remaining=2),  # type: ignore[arg-type]
+        "r2": _Pending(other, 0.0),
+    }
+    engine._parts = {"r1#0": ("r1", 0), "r1#1": ("r1", 1)}
+    engine.abort("r0")
+    engine.abort("r1")
+    engine.abort("r0")  # no longer running: nothing to do
+    assert vllm.aborted == [["r0"], ["r1#0", "r1#1"]]
+    assert set(engine._in_flight) == {"r2"}
+    assert engine._parts == {}
+    assert engine.has_unfinished()  # r2 still runs
