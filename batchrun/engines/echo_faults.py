@@ -3,7 +3,7 @@ way real ones do on GPUs (a start that raises, ranks that outlive their worker, 
 returns, a request that never finishes, an out-of-memory error tied to one request).
 
 Every id list matches a request's custom_id; under `serve` the engine sees "<slot>\\x00<custom_id>"
-and the part after the separator is matched, so a fault names the line the same way under both.
+and the part after the first separator is matched, so a fault names the line the same way under both.
 
 - ``BATCHRUN_ECHO_START_ERROR``: every engine start raises ``RuntimeError(text)``.
 - ``BATCHRUN_ECHO_START_ERROR_TIMES``: only the first N starts of the job raise it (counted in a
@@ -43,7 +43,8 @@ _RANK_CODE = (
 
 def plain_id(engine_id: str) -> str:
     """The custom_id inside an engine's request id (the id itself outside serve)."""
-    return engine_id.rsplit(_SLOT_SEP, 1)[-1]
+    # After the first separator, as serve's router splits it: a custom_id may hold one too.
+    return engine_id.split(_SLOT_SEP, 1)[-1]
 
 
 def id_set(name: str) -> frozenset[str]:
