@@ -314,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
         report.skip("CUDA_VISIBLE_DEVICES and device order", "no GPU")
     if torch is None:
         report.skip("restart policy on real out-of-memory errors", "PyTorch is not importable")
+    elif importlib.util.find_spec("msgspec") is None:
+        report.skip(
+            "restart policy on real out-of-memory errors",
+            "batchrun's core needs msgspec (BATCHRUN_WHEELHOUSE: see docs/gpu.md)",
+        )
     else:
         check_oom_policy(report, mode == "GPU")
     if mode == "GPU" and vllm:
