@@ -13,7 +13,8 @@ why it died:
 
 A job is given up on only when its workers cannot start, die holding nothing, or crash on request
 after request with none finishing in between (the engine, not the input, is broken). That policy
-lives in `run/restarts.py`.
+lives in `run/restarts.py`. A worker that goes silent holding requests (a hung engine) or never
+gets ready is killed and replaced by the watchdog's policy (`run/watchdog.py`).
 """
 
 from __future__ import annotations
