@@ -152,7 +152,9 @@ def check_doctor(
     report.check("doctor's GPUs are nvidia-smi's (by UUID)", wanted == got, f"{sorted(got)}")
     memory = {str(g.get("uuid")): g.get("memory_total_mib") for g in found}
     wrong = [g["uuid"] for g in gpus if str(memory.get(g["uuid"])) != g["mib"]]
-    report.check("doctor's memory totals are nvidia-smi's", not wrong, f"differ: {wrong}")
+    report.check(
+        "doctor's memory totals are nvidia-smi's", not wrong, f"differ: {wrong}" if wrong else ""
+    )
 
 
 def check_nvml(report: Report, gpus: list[dict[str, str]]) -> None:
