@@ -31,7 +31,7 @@ LINES: list[bytes] = [
     b"   \t\r",  # whitespace only, CRLF
     chat("c", "caf\u00e9 \U0001f600", temperature=0.7, top_p=1, max_tokens=16, seed=2**40),
     b'{"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m",'
-    b' "messages": [{"role": "user", "content": "dup keys"}], "n": 1, "n": 2, "x": -0.0,'
+    b' "messages": [{"role": "user", "content": "odd numbers"}], "n": 1, "x": -0.0,'
     b' "y": 1E2, "z": 12345678901234567890123, "w": "\\u00e9\\ud83d\\ude00\\n\\"q\\""}}',
     chat("a", "a duplicate of line 1"),
     chat("b", "a duplicate of line 2") + b"\r",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 import shlex
 import stat
 from collections.abc import Callable, Iterator
@@ -117,6 +118,8 @@ def read_input(path: Path) -> Iterator[Request | LineError]:
             escaped = (
                 not fast and has_surrogate_escape(raw) is not None and may_hold_lone_surrogate(raw)
             )
+            # Before `raw` goes: a key given twice is found in the line's text (parsers keep the last).
+            duplicate = _duplicate_key(raw, obj) if isinstance(obj, dict) else None
             del raw  # not held (a 50 MB line: 50 MB) while the consumer works on this line
             if isinstance(obj, _Unparsable):
                 yield LineError(lineno, obj.custom_id, "invalid_json", obj.message)
@@ -131,6 +134,9 @@ def read_input(path: Path) -> Iterator[Request | LineError]:
                 )
                 continue
             custom_id: str | None = None
+            if duplicate == ("", "custom_id"):  # which of the two is the line's? Neither is named.
+                yield LineError(lineno, None, "duplicate_key", _duplicate_message(*duplicate))
+                continue
             try:
                 custom_id = check_custom_id(obj)
                 first = seen.get(custom_id)
@@ -146,6 +152,11 @@ def read_input(path: Path) -> Iterator[Request | LineError]:
                 # Registered even if the rest of the line is bad: a custom_id names at most one
                 # line, so its error record and a later line's result can never be confused.
                 seen[custom_id] = lineno
+                if duplicate is not None:
+                    yield LineError(
+                        lineno, custom_id, "duplicate_key", _duplicate_message(*duplicate)
+                    )
+                    continue
                 check_method(obj)
                 url = check_url(obj)
                 if file_url is None:
@@ -172,6 +183,81 @@ def read_input(path: Path) -> Iterator[Request | LineError]:
                     )
                     continue
             yield Request(custom_id, lineno, url, body)
+
+
+# A key written with an escape ("custom\\u005fid": the same key as "custom_id", which the quoted
+# text would not find): a backslash, the escaped character, more of the string, its closing
+# quote and a colon. It may also match inside a value (the exact test then runs: only slower).
+_ESCAPED_KEY = re.compile(rb'\\.[^"\\]*"[ \t\r\n]*:')
+
+
+def _duplicate_key(raw: bytes, obj: dict[str, Any]) -> tuple[str, str] | None:
+    """The first key given twice in the line's object or in its body, as (where, key): where is
+    "" for the line, "body." for the body. None when every key there is given once.
+
+    JSON parsers keep the last of two equal keys silently; which one the user meant is unknown,
+    so the line is refused. The quick test: each key's quoted text appears once in the line
+    (nearly every line); otherwise the line is parsed again, keeping every pair.
+    """
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        body = None
+    # Each key's quoted text once in the line, summed (map and sum: no Python loop on this hot
+    # path). A sum equal to the number of keys with none of them missing means each appears
+    # once; a key missing from the text is written with an escape, which _ESCAPED_KEY finds.
+    count, quoted = raw.count, _QUOTED.__getitem__
+    found = sum(map(count, map(quoted, obj)))
+    keys = len(obj)
+    if body is not None:
+        found += sum(map(count, map(quoted, body)))
+        keys += len(body)
+    if found == keys and (b"\\" not in raw or _ESCAPED_KEY.search(raw) is None):
+        return None
+    twice: dict[int, str] = {}  # id() of an object -> its first key given twice
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        made: dict[str, Any] = {}
+        for key, value in items:
+            if key in made:
+                twice.setdefault(id(made), key)
+            made[key] = value
+        return made
+
+    try:
+        text = raw.decode("utf-8").lstrip("\ufeff")
+        again = json.loads(text, object_pairs_hook=pairs, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        return None  # (not reached: the line parsed once already)
+    if id(again) in twice:
+        return "", twice[id(again)]
+    inner = again.get("body") if isinstance(again, dict) else None
+    if isinstance(inner, dict) and id(inner) in twice:
+        return "body.", twice[id(inner)]
+    return None
+
+
+class _QuotedKeys(dict[str, bytes]):
+    """A key's quoted text as the line holds it when written without escapes (in double quotes,
+    UTF-8), made once: the same few keys come on every line. Bounded: a file of ever-new keys
+    stops adding at the bound."""
+
+    def __missing__(self, key: str) -> bytes:
+        text = b'"' + key.encode("utf-8", "surrogatepass") + b'"'
+        if len(self) < 4096:
+            self[key] = text
+        return text
+
+
+_QUOTED = _QuotedKeys()
+
+
+def _duplicate_message(where: str, key: str) -> str:
+    """The message for a line that gives `key` twice ("" the line's own keys, "body." the body's)."""
+    place = "in body" if where else "on this line"
+    return (
+        f"the key {key!r} is given twice {place}; JSON readers keep the last one silently, so "
+        "which one was meant is unknown: give each key once"
+    )
 
 
 def _mixed(field: str, value: str, first: str, first_line: int) -> str:

@@ -22,6 +22,12 @@ def prepare_model(settings: EngineSettings, notify: Notify) -> None:
 
     served = settings.served_model_name
     if settings.spec.model == "none":
+        if settings.revision is not None:  # accepted and ignored, it would mislead
+            raise OptionError(
+                "--revision",
+                f"the {settings.engine} engine loads no model, so a revision means nothing to "
+                "it; leave --revision out",
+            )
         settings.model_name = served or _echo_name(settings.model)
         return
     kind = models.model_kind(settings.model)

@@ -444,11 +444,11 @@ def cases() -> list[Case]:
             (ok, "v-parts", "part \ntwo"),
         ),
         (
-            "duplicate keys (the last wins, as in JSON parsers)",
+            "duplicate keys (JSON parsers keep the last silently: which was meant?)",
             b'{"custom_id": "dupkey-first", "custom_id": "dupkey-last", "method": "POST", '
             b'"url": "/v1/chat/completions", "body": {"messages": '
             b'[{"role": "user", "content": "dup keys"}]}}',
-            (ok, "dupkey-last", "dup keys"),
+            (bad, "duplicate_key", "the key 'custom_id' is given twice on this line", None),
         ),
         (
             "JSON-special characters in content",
