@@ -273,3 +273,15 @@ def test_a_rank_oom_behind_workerproc_initialization_failed_is_recognised(tmp_pa
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.95 GiB. GPU 1 has a "
         "total capacity of 79.19 GiB of which 1.02 GiB is free.)"
     )
+
+
+def test_messages_are_one_line_and_keep_vllms_facts_not_its_advice() -> None:
+    from batchrun.engines.startup import first_sentence
+
+    assert first_sentence(FREE_MEMORY) == (
+        "Free memory on device cuda:0 (10.5/79.19 GiB) on startup is less than desired GPU "
+        "memory utilization (0.9, 71.27 GiB)"
+    )
+    assert first_sentence("NCCL error:\n  unhandled system error. Retry.") == (
+        "NCCL error: unhandled system error"
+    )

@@ -173,5 +173,6 @@ def log_since_start(path: str | Path | None) -> str | None:
 
 
 def first_sentence(message: str) -> str:
-    """vLLM's first sentence: its facts, without its advice (which names Python arguments)."""
-    return message.split(". ", 1)[0].rstrip(".")
+    """vLLM's first sentence, on one line: its facts, without its advice (which names Python
+    arguments, not batchrun's options)."""
+    return " ".join(message.split()).split(". ", 1)[0].rstrip(".")
