@@ -21,8 +21,8 @@ from batchrun.job.files import atomic_write
 from batchrun.job.inputmap import load_input_map
 from batchrun.job.manifest import Manifest, load_manifest, recorded_runner
 from batchrun.job.paths import JobPaths
+from batchrun.job.served import ENDED, ServedBatch, served_batch
 from batchrun.job.state import INVALID, OK, PENDING
-from batchrun.serve.jobview import ENDED, ServedBatch, served_batch
 
 _WRITE_ADVICE = "check free space and permissions, or choose another --output-dir"
 
@@ -116,7 +116,7 @@ def export_job(
             finished = index.count(OK, *FAILED)
             pending = max(0, manifest.requests - finished)
         running = recorded_runner(manifest)
-    served = served_batch(job_dir) if manifest is not None else None
+    served = served_batch(manifest) if manifest is not None else None
     ended = manifest.status if served and manifest and manifest.status in ENDED else None
     if pending and not partial and ended is None:
         raise _still_pending(pending, job_dir, running, served)

@@ -43,6 +43,13 @@ class InputMapRef(msgspec.Struct):
     generation: str
 
 
+class ServedBy(msgspec.Struct, kw_only=True):
+    """The server that owns a job: `batchrun serve --root ROOT` runs it as batch `batch_id`."""
+
+    batch_id: str
+    root: str  # absolute
+
+
 class Manifest(msgspec.Struct, kw_only=True):
     """The job's manifest (manifest.json): what the job is, how it runs, where it stands.
 
@@ -67,7 +74,7 @@ class Manifest(msgspec.Struct, kw_only=True):
     batch_size: int | None = None
     # How batch_size was found: fixed, search, cache, job, out-of-memory back-off.
     batch_size_source: str | None = None
-    batch_bounds: list[int] | None = None
+    batch_bounds: list[int | None] | None = None
     probes: list[dict[str, Any]] = msgspec.field(default_factory=list)
     gpus: list[str] | None = None
     workers: int | None = None
@@ -85,6 +92,8 @@ class Manifest(msgspec.Struct, kw_only=True):
     input_map: InputMapRef | None = None
     forced: list[float] = msgspec.field(default_factory=list)
     overrides: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    # Set when the job is a batch of `batchrun serve` (job/served.py): its server runs it.
+    served_by: ServedBy | None = None
 
 
 _DECODER = msgspec.json.Decoder(Manifest)

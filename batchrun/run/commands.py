@@ -12,6 +12,7 @@ from batchrun.errors import BatchrunError
 from batchrun.job.lock import job_lock
 from batchrun.job.manifest import Manifest, load_manifest
 from batchrun.job.paths import JobPaths
+from batchrun.job.served import served_batch
 from batchrun.job.state import OK, JobState, replay
 from batchrun.openai.reader import check_input_file
 from batchrun.run.inputs import (
@@ -25,7 +26,6 @@ from batchrun.run.passes import JobSummary, run_job
 from batchrun.run.preflight import preflight
 from batchrun.run.sizing import Probe
 from batchrun.run.source import InputIndex
-from batchrun.serve.jobview import served_batch
 
 
 def submit(
@@ -46,7 +46,10 @@ def submit(
     check_input_file(input_path)
     paths = JobPaths(job_dir)
     if paths.manifest.exists():
-        served = served_batch(job_dir)
+        try:
+            served = served_batch(load_manifest(paths))
+        except BatchrunError:  # a damaged manifest: still a job, refused all the same
+            served = None
         goes_on = (
             f"it runs on `{served.serve_command()}`"
             if served is not None
@@ -145,11 +148,11 @@ def _continue(
     notify: Notify | None = None,
 ) -> JobSummary:
     """resume and retry-failed: the job's options with those given over them, then run `mode`."""
-    served = served_batch(job_dir)
-    if served is not None:  # its server runs it: a run of the CLI's would part it from the API's
-        raise BatchrunError(served.refusal("resume" if mode == "resume" else "retry-failed"))
     paths = JobPaths(job_dir)
     manifest = load_manifest(paths)
+    served = served_batch(manifest)
+    if served is not None:  # its server runs it: a run of the CLI's would part it from the API's
+        raise BatchrunError(served.refusal("resume" if mode == "resume" else "retry-failed"))
     with job_lock(paths):
         options = options_from(manifest, progress)
         options.ray = ray

@@ -2,16 +2,15 @@
 
 `batchrun status --job-dir` on a batch's directory shows what the manifest says here: the batch
 id as the job's id, running (with the server's pid) while the server runs it, then the final
-status (`cancelled`, `expired` and `failed` as the API says them) and counts. The CLI's job
-commands ask `served_batch` whether a job directory is a batch of a server's: such a job runs
-there, never with `resume` or `retry-failed`.
+status (`cancelled`, `expired` and `failed` as the API says them) and counts. `claim_job` marks
+the job as this server's batch (the manifest's `served_by`, read by the core in job/served.py):
+such a job runs here, never with `resume` or `retry-failed`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +18,8 @@ from pathlib import Path
 from batchrun.errors import BatchrunError
 from batchrun.job.manifest import Manifest, Run, save_manifest
 from batchrun.job.paths import JobPaths
+from batchrun.job.served import ENDED, mark_served
 from batchrun.job.state import JobState
-from batchrun.serve.batches import RECORD_NAME
-from batchrun.serve.ids import is_batch_id
-
-# The job statuses of a batch that ended before all its requests ran: what finished is its result.
-ENDED = frozenset({"cancelled", "expired", "failed"})
 
 
 @dataclass(frozen=True)
@@ -78,38 +73,16 @@ def stamp_job(
 
 
 def claim_job(paths: JobPaths, manifest: Manifest, batch_id: str) -> None:
-    """Give a batch's job the batch's id, so that `batchrun status` names it as the API does."""
+    """Make a batch's job this server's: named by the batch's id, so that `batchrun status` names
+    it as the API does, and owned by the server's root (ROOT/batches/<batch id>), so that the
+    command line's resume and retry-failed leave it to the server."""
+    root = Path(os.path.abspath(paths.root)).parent.parent
+    changed = mark_served(manifest, batch_id, root)
     if manifest.job_id != batch_id:
-        manifest.job_id = batch_id
-        with contextlib.suppress(BatchrunError):  # only a name: the batch runs without it
+        manifest.job_id, changed = batch_id, True
+    if changed:
+        with contextlib.suppress(BatchrunError):  # a full disk: the next claim tries again
             save_manifest(paths, manifest)
 
 
-@dataclass(frozen=True)
-class ServedBatch:
-    """A job directory that is a batch of `batchrun serve`: its id and the server's root."""
-
-    batch_id: str
-    root: Path
-
-    def serve_command(self) -> str:
-        """The command that runs the batch (again, after the server stopped)."""
-        return f"batchrun serve --root {shlex.quote(str(self.root))}"
-
-    def refusal(self, command: str) -> str:
-        """Why `command` (resume, retry-failed) does not run this job."""
-        return (
-            f"this job is batch {self.batch_id} of `{self.serve_command()}`; it runs there "
-            f"(the API's batch), not with {command}"
-        )
-
-
-def served_batch(job_dir: Path) -> ServedBatch | None:
-    """The batch a job directory is (ROOT/batches/<batch id>, beside its batch.json), or None."""
-    # The root as the job directory names it (a relative path stays one), else its absolute path.
-    where = Path(os.path.normpath(job_dir))
-    if len(where.parts) < 3 or ".." in where.parts:
-        where = Path(os.path.abspath(job_dir))
-    if not is_batch_id(where.name) or not (where / RECORD_NAME).is_file():
-        return None
-    return ServedBatch(where.name, where.parent.parent)
+__all__ = ["ENDED", "JobFacts", "claim_job", "job_facts", "stamp_job"]
