@@ -8,7 +8,7 @@ a job, where it would fail every run of it.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
 from batchrun.engines.registry import DEFAULT_ENGINE, EngineSpec, engine_spec
@@ -46,6 +46,8 @@ STALL_PER_SEQUENCE_S = 1.0
 # How long a worker may take to start its engine and report ready: loading a large model from a
 # slow disk, compiling, capturing CUDA graphs take minutes; only a wait that never ends is wrong.
 DEFAULT_START_TIMEOUT = 1800.0
+# The LoRA ranks vLLM 0.32 takes as --max-lora-rank (vllm/config/lora.py, MaxLoRARanks).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # What CUDA_VISIBLE_DEVICES takes: an index, or a GPU-/MIG- UUID (MIG-GPU-<uuid>/<gi>/<ci> too).
 _GPU_ID = re.compile(r"\d+|(?:GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/-]*")
 
@@ -190,6 +192,14 @@ class EngineSettings:
     request_timeout: float | None = None
     # Seconds a worker may take to start its engine and report ready; None: DEFAULT_START_TIMEOUT.
     start_timeout: float | None = None
+    # --lora-modules: LoRA adapters a line picks with body.model, each {"name", "path" (absolute),
+    # "base_model_name" (None: any), "fingerprint" (of the directory's files, set before each
+    # run: models/adapters.py)}. Empty: no LoRA.
+    lora_modules: list[dict[str, Any]] = field(default_factory=list)
+    # vLLM's LoRA limits; None: vLLM's defaults (max_loras on the CPU backend: engines/vllm/lora.py).
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
+    max_cpu_loras: int | None = None
 
     @property
     def spec(self) -> EngineSpec:
@@ -241,6 +251,16 @@ class EngineSettings:
         if self.reasoning_parser is not None:
             spec.check_reasoning_parser(self.reasoning_parser)
         check_timeouts(self.stall_timeout, self.request_timeout, self.start_timeout)
+        for option, value in (
+            ("--max-loras", self.max_loras),
+            ("--max-lora-rank", self.max_lora_rank),
+            ("--max-cpu-loras", self.max_cpu_loras),
+        ):
+            if value is not None:
+                check_number(option, value, 1)
+        if self.max_lora_rank is not None and self.max_lora_rank not in LORA_RANKS:
+            ranks = ", ".join(map(str, LORA_RANKS))
+            raise OptionError("--max-lora-rank", f"must be one of {ranks}, got {self.max_lora_rank}")
 
 
 @dataclass
@@ -273,6 +293,11 @@ class GivenOptions:
     stall_timeout: float | None = None
     request_timeout: float | None = None
     start_timeout: float | None = None
+    # As typed (NAME=PATH or JSON, repeatable); models/adapters.py parses them.
+    lora_modules: list[str] | None = None
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
+    max_cpu_loras: int | None = None
 
     def given(self) -> dict[str, Any]:
         """The options given, by field name."""

@@ -34,6 +34,7 @@ from batchrun.config import (
     parse_gpus,
 )
 from batchrun.engines.registry import DEFAULT_ENGINE, engine_choice, engine_help
+from batchrun.models.adapters import parse_lora_modules
 from batchrun.run.planner import DEFAULT_ORDER, Order
 
 
@@ -102,6 +103,17 @@ def _checked(check: Callable[[Any], object]) -> Callable[[Any], Any]:
     return callback
 
 
+def _lora_modules(value: list[str] | None) -> list[str] | None:
+    """--lora-modules as given (None when not given), each value of a form it takes."""
+    if not value:
+        return None
+    try:
+        parse_lora_modules(value)
+    except OptionError as e:
+        raise typer.BadParameter(str(e)) from e
+    return value
+
+
 @dataclass(frozen=True)
 class EngineOption:
     """One engine option, declared once for submit, tune, resume and retry-failed."""
@@ -114,6 +126,7 @@ class EngineOption:
     min: int | float | None = None
     max: int | float | None = None
     callback: Callable[[Any], Any] | None = None
+    metavar: str | None = None
 
     def parameter(self, *, override: bool) -> inspect.Parameter:
         """The command's parameter. Left out, it is None: the default (submit), or the job's
@@ -128,6 +141,7 @@ class EngineOption:
             min=self.min,
             max=self.max,
             callback=self.callback,
+            metavar=self.metavar,
             rich_help_panel="Engine options (replace the job's)" if override else "Engine options",
         )
         return inspect.Parameter(
@@ -304,6 +318,36 @@ ENGINE_OPTIONS = (
         "Seconds a worker may take to start its engine (load the model) and report ready.",
         default=f"{DEFAULT_START_TIMEOUT:g}",
         callback=_checked(lambda v: check_timeouts(None, None, v)),
+    ),
+    EngineOption(
+        "lora_modules",
+        list[str],
+        "A LoRA adapter lines pick with body.model: NAME=PATH, or JSON "
+        '{"name", "path", "base_model_name"}; repeat it for several.',
+        default="none",
+        callback=_lora_modules,
+        metavar="NAME=PATH",
+    ),
+    EngineOption(
+        "max_loras",
+        int,
+        "Adapters in one engine batch (vLLM's max_loras); on CPU at least the adapters + 1.",
+        default="vLLM's (1)",
+        min=1,
+    ),
+    EngineOption(
+        "max_lora_rank",
+        int,
+        "The highest adapter rank (vLLM's max_lora_rank: 1, 8, 16, 32, 64, 128, 256, 320, 512).",
+        default="16",
+        min=1,
+    ),
+    EngineOption(
+        "max_cpu_loras",
+        int,
+        "Adapters kept in CPU memory (vLLM's max_cpu_loras).",
+        default="--max-loras",
+        min=1,
     ),
 )
 

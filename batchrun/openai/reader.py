@@ -22,6 +22,7 @@ import msgspec
 from batchrun.errors import BatchrunError
 from batchrun.openai.invalid import InvalidLine, json_type
 from batchrun.openai.records import LineError, Request
+from batchrun.openai.routing import MODEL_NOT_FOUND, KnownModels
 from batchrun.openai.text import SURROGATE_ESCAPE, may_hold_lone_surrogate
 from batchrun.openai.validation import check_body, check_custom_id, check_method, check_url
 
@@ -96,8 +97,12 @@ COMPRESSED_FORMATS = (
 _BLOCK_SIZES = tuple(b"%d" % n for n in range(1, 10))  # the digit after bzip2's "BZh"
 
 
-def read_input(path: Path) -> Iterator[Request | LineError]:
-    """Yield a Request for each valid line of `path` and a LineError for each invalid one."""
+def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request | LineError]:
+    """Yield a Request for each valid line of `path` and a LineError for each invalid one.
+
+    `known`: a job with LoRA adapters: a line may name its base model or any adapter, and a
+    line naming another model is an error record `model_not_found` (openai/routing.py).
+    """
     seen: dict[str, int] = {}  # custom_id -> the line where it first appeared
     file_url: str | None = None
     url_line = 0
@@ -171,7 +176,11 @@ def read_input(path: Path) -> Iterator[Request | LineError]:
                 yield LineError(lineno, custom_id, e.code, e.message)
                 continue
             model = body.get("model")  # a string or null: check_body saw to it
-            if model:
+            if known is not None:
+                if model and model not in known:
+                    yield LineError(lineno, custom_id, MODEL_NOT_FOUND, known.unknown(model))
+                    continue
+            elif model:
                 if file_model is None:
                     file_model, model_line = model, lineno
                 elif model != file_model:

@@ -14,6 +14,7 @@ from batchrun.job.manifest import Manifest, load_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.served import served_batch
 from batchrun.job.state import OK, JobState, replay
+from batchrun.models.adapters import prepare_adapters
 from batchrun.openai.reader import check_input_file
 from batchrun.run.inputs import (
     check_input_unchanged,
@@ -61,6 +62,7 @@ def submit(
     for line in warnings:
         (notify or _to_stderr)(line)
     prepare_model(options.settings, notify or _to_stderr)
+    known = prepare_adapters(options.settings)
     created = not job_dir.exists()
     try:
         job_dir.mkdir(parents=True, exist_ok=True)
@@ -71,7 +73,7 @@ def submit(
     with job_lock(paths):
         discard_unfinished_validation(paths)
         # What the validating pass finds, so that the run pass reads the file cheaply.
-        index = InputIndex()
+        index = InputIndex(known)
         try:
             manifest = validate_into_job(input_path, paths, options, index)
         except (BatchrunError, KeyboardInterrupt):
@@ -165,7 +167,8 @@ def _continue(
         # Every run resolves the model again: a hub id may have left the cache, a .gguf file
         # changed, the default model's conversion been deleted.
         prepare_model(options.settings, say)
-        index = InputIndex()
+        # The same adapters as the job's first answers: a changed or missing one refuses.
+        index = InputIndex(prepare_adapters(options.settings))
         check_input_unchanged(paths, manifest, force=force, new_input=input_path, index=index)
         # A journal that cannot be read refuses the run here, before any option is saved.
         state = replay(paths, manifest)

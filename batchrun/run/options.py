@@ -23,6 +23,7 @@ from batchrun.config import (
 )
 from batchrun.job.manifest import Manifest, save_manifest
 from batchrun.job.paths import JobPaths
+from batchrun.models.adapters import merge_adapters, parse_lora_modules, same_adapters
 from batchrun.run.planner import DEFAULT_ORDER, ORDERS
 
 # Where the runner says what it does before a run starts (the model conversion, the overrides).
@@ -66,6 +67,10 @@ class RunOptions:
         for name, value in given.given().items():
             new = parse_gpus(value) if name == "gpus" else value
             old = self.get(name)
+            if name == "lora_modules":
+                new = parse_lora_modules(value)
+                if same_adapters(old, new):
+                    continue  # their fingerprints stay, checked before the run
             if new == old:
                 continue
             changed[name] = (old, new)
@@ -125,6 +130,10 @@ _SETTINGS_FIELDS = frozenset(
         "stall_timeout",
         "request_timeout",
         "start_timeout",
+        "lora_modules",
+        "max_loras",
+        "max_lora_rank",
+        "max_cpu_loras",
     }
 )
 _RUN_FIELDS = {"min_batch_size": "min_batch", "max_batch_size": "max_batch"}
@@ -154,7 +163,11 @@ def merge_options(options: RunOptions, given: GivenOptions) -> dict[str, tuple[A
     A bad value given is a usage error (exit 2). A bad value the job saved (by an older
     batchrun, or edited by hand) would fail every run: the message says which option replaces it.
     """
+    old_adapters = options.settings.lora_modules
     changed = options.apply(given)
+    if "lora_modules" in changed:
+        # The same names only: the job's lines were checked against them.
+        options.settings.lora_modules = merge_adapters(old_adapters, options.settings.lora_modules)
     try:
         options.check()
     except OptionError as e:
@@ -212,8 +225,10 @@ def _describe_override(name: str, old: Any, new: Any) -> str:
             return "not set"
         if isinstance(value, bool):
             return f"--{'' if value else 'no-'}{name.replace('_', '-')}"
-        if isinstance(value, list):
-            return ",".join(map(str, value))
+        if isinstance(value, list):  # --gpus; --lora-modules as NAME=PATH
+            return ",".join(
+                f"{v['name']}={v['path']}" if isinstance(v, dict) else str(v) for v in value
+            )
         return str(value)
 
     flag = shown(new) if isinstance(new, bool) else f"--{name.replace('_', '-')} {shown(new)}"
