@@ -193,3 +193,14 @@ def test_torch_s_cuda_version_from_its_label() -> None:
     assert torch_cuda_version("2.13.0+cpu") is None
     assert torch_cuda_version("2.13.0") == "unknown"
     assert torch_cuda_version(None) is None
+
+
+def test_search_ceiling_is_vllms_own_default_for_the_workers_gpus(machine: Machine) -> None:
+    """Left out, --max-batch-size is vLLM's own default for the device (1024 on an H100), not the
+    CPU's 256; the smallest device of a job decides; workers with no GPU get 256."""
+    machine([gpu(0), gpu(1, name="NVIDIA L4", memory_mib=23034), gpu(2, name=A100)])
+    assert devices.batch_ceiling(gpu_envs("0")) == 1024
+    assert devices.batch_ceiling(gpu_envs("0", "1")) == 256
+    # vLLM gives an A100 80GB the smaller default (its "a100" exception), as batchrun does.
+    assert devices.batch_ceiling(gpu_envs("2")) == 256
+    assert devices.batch_ceiling([{"CUDA_VISIBLE_DEVICES": ""}]) == 256

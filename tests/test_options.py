@@ -250,7 +250,7 @@ def test_retry_failed_takes_the_same_options(tmp_path: Path) -> None:
     assert box(r) == "Invalid value for '--seed': Input should be greater than or equal to 0"
     r = cli(
         "retry-failed", "--job-dir", str(job), "--no-progress", "--min-batch-size", "512",
-        env=WIDE,
+        "--max-batch-size", "256", env=WIDE,
     )  # fmt: skip
     assert r.returncode == 2
     assert box(r) == (

@@ -235,7 +235,7 @@ ENGINE_OPTIONS = (
         "max_batch_size",
         int,
         "Upper bound of the batch-size search.",
-        default=str(DEFAULT_MAX_BATCH),
+        default=f"{DEFAULT_MAX_BATCH}; on GPUs vLLM's own for the device, 1024 on an H100",
         min=1,
         max=MAX_BATCH_SIZE,
     ),

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 ModelSource = Literal["none", "huggingface"]
 
 
+# config.DEFAULT_MAX_BATCH (config imports this module, so the value is repeated, not imported).
+_CPU_BATCH_CEILING = 256
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """One engine: everything outside the engine's own module that depends on which one it is."""
@@ -83,6 +87,15 @@ class EngineSpec:
         from batchrun.workers.devices import device_key
 
         return device_key(envs)
+
+    def batch_ceiling(self, envs: Sequence[Mapping[str, str]] = ()) -> int:
+        """The top of the batch-size search when --max-batch-size is left out: vLLM's own
+        default for the workers' GPUs (1024 on an H100), else 256."""
+        if not self.uses_gpus:
+            return _CPU_BATCH_CEILING
+        from batchrun.workers.devices import batch_ceiling
+
+        return batch_ceiling(envs)
 
 
 _SPECS = (

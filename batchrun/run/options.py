@@ -10,7 +10,6 @@ from typing import Any
 
 from batchrun.config import (
     DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_MAX_BATCH,
     DEFAULT_MIN_BATCH,
     MAX_ATTEMPTS_LIMIT,
     MAX_BATCH_SIZE,
@@ -38,7 +37,8 @@ class RunOptions:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     batch_size: int | None = None  # fixed by hand; None: search
     min_batch: int = DEFAULT_MIN_BATCH
-    max_batch: int = DEFAULT_MAX_BATCH
+    # None: by device (devices.batch_ceiling: vLLM's own default for the workers' GPUs).
+    max_batch: int | None = None
     gpus: list[str] | None = None
     workers: int | None = None
     progress: bool = True
@@ -87,8 +87,9 @@ class RunOptions:
         if self.batch_size is not None:
             check_number("--batch-size", self.batch_size, 1, MAX_BATCH_SIZE)
         check_number("--min-batch-size", self.min_batch, 1, MAX_BATCH_SIZE)
-        check_number("--max-batch-size", self.max_batch, 1, MAX_BATCH_SIZE)
-        if self.min_batch > self.max_batch:
+        if self.max_batch is not None:
+            check_number("--max-batch-size", self.max_batch, 1, MAX_BATCH_SIZE)
+        if self.max_batch is not None and self.min_batch > self.max_batch:
             raise OptionError(
                 ("--min-batch-size", "--max-batch-size"),
                 f"the lower bound {self.min_batch} is above the upper bound {self.max_batch}",
@@ -143,12 +144,12 @@ def options_from(manifest: Manifest, progress: bool) -> RunOptions:
     """The options the job saved, as saved: RunOptions.check says which one is bad, if any."""
     bounds = manifest.batch_bounds
     if not (bounds is not None and len(bounds) == 2):
-        bounds = [DEFAULT_MIN_BATCH, DEFAULT_MAX_BATCH]
+        bounds = [DEFAULT_MIN_BATCH, None]
     return RunOptions(
         settings=EngineSettings.from_dict(manifest.engine),
         max_attempts=manifest.max_attempts,
         batch_size=manifest.batch_size,
-        min_batch=bounds[0],
+        min_batch=bounds[0] or DEFAULT_MIN_BATCH,
         max_batch=bounds[1],
         gpus=manifest.gpus,
         workers=manifest.workers,
@@ -198,7 +199,8 @@ def save_overrides(
     elif {"min_batch_size", "max_batch_size"} & changed.keys():
         size = manifest.batch_size
         fixed = manifest.batch_size_source == "fixed"
-        if size and not fixed and not options.min_batch <= size <= options.max_batch:
+        top = options.max_batch if options.max_batch is not None else MAX_BATCH_SIZE
+        if size and not fixed and not options.min_batch <= size <= top:
             # Found within the old bounds: search again within the new ones.
             manifest.batch_size, manifest.batch_size_source = None, None
     manifest.engine = options.settings.to_dict()

@@ -7,9 +7,10 @@ import contextlib
 import itertools
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from batchrun.config import EngineSettings
 from batchrun.console.progress import ProgressReporter
@@ -27,6 +28,9 @@ from batchrun.run.scheduler import Scheduler
 from batchrun.run.source import InputIndex, requests
 from batchrun.run.tuning import cached_size, lower_size, remember_size, search_batch_size
 from batchrun.workers.plan import plan_workers
+
+if TYPE_CHECKING:
+    from batchrun.metrics import RunMetrics
 
 
 @dataclass
@@ -66,12 +70,14 @@ def run_job(
     mode: str,
     index: InputIndex | None = None,
     state: JobState | None = None,
+    metrics: RunMetrics | None = None,
 ) -> JobSummary:
     """Run the passes a command calls for, journaling every outcome; update the manifest.
 
     Each pass reads the input again: cheaply with an `index` a validating pass of this process
     made ready; an index not ready yet is recorded by the first pass, for the retry passes.
     `state`: the journal replayed by the caller under the job's lock (else it is replayed here).
+    `metrics`: told of every dispatch and result, for /metrics (batchrun/metrics).
     """
     started = time.monotonic()
     # Of the input as it is now: after a forced resume, only the requests still in the file.
@@ -115,12 +121,23 @@ def run_job(
             scheduler.job_dir = paths.root
             scheduler.duplicates = duplicates
             scheduler.on_back_off = _keep_backed_off_size(paths, manifest, settings, device)
+            if metrics is not None:
+                from batchrun.metrics.run import watch_run
+
+                watch_run(metrics, scheduler, reporter, envs, options.max_attempts, state, mode)
             try:
                 if mode == "retry":
                     if failed_ids:  # else nothing to size or start an engine for
                         reporter.event(f"retrying {plural(len(failed_ids), 'failed request')}")
                         _choose_size(
-                            scheduler, manifest, options, paths, iter(()), reporter, device=device
+                            scheduler,
+                            manifest,
+                            options,
+                            paths,
+                            iter(()),
+                            reporter,
+                            device=device,
+                            envs=envs,
                         )
                         scheduler.run(planned(_requests_in(input_path, failed_ids, index)))
                 elif (
@@ -135,6 +152,7 @@ def run_job(
                         reporter,
                         search=mode == "tune",
                         device=device,
+                        envs=envs,
                     )
                     if mode != "tune":
                         scheduler.run(source)
@@ -154,6 +172,10 @@ def run_job(
         raise
     finally:
         reporter.close()
+        if metrics is not None and scheduler is not None:
+            from batchrun.metrics.run import end_run
+
+            end_run(metrics, scheduler, paths.root, run_info.started_at)
         if scheduler is not None:
             manifest.worker_info = scheduler.worker_info
             queries, hits = scheduler.prefix_cache()
@@ -213,6 +235,7 @@ def _choose_size(
     *,
     search: bool = False,
     device: str,
+    envs: Sequence[Mapping[str, str]] = (),
 ) -> None:
     """Use the job's batch size, a fixed one, a cached one, or search for one on `source`
     (`device`: the workers', as the size cache keys it)."""
@@ -230,11 +253,14 @@ def _choose_size(
         manifest.batch_size, manifest.batch_size_source = size_cached, "cache"
         save_manifest(paths, manifest)
         return
+    top = options.max_batch
+    if top is None:  # by device: vLLM's own default for the workers' GPUs, at least the floor
+        top = max(options.min_batch, settings.spec.batch_ceiling(envs))
     reporter.event(
-        f"searching for the batch size between {options.min_batch} and {options.max_batch} "
+        f"searching for the batch size between {options.min_batch} and {top} "
         "(the probes run this job's own requests)"
     )
-    result = search_batch_size(scheduler, source, reporter, options.min_batch, options.max_batch)
+    result = search_batch_size(scheduler, source, reporter, options.min_batch, top)
     reporter.event(f"batch size {result.size} chosen")
     manifest.batch_size, manifest.batch_size_source = result.size, "search"
     manifest.probes = [p.to_dict() for p in result.probes]

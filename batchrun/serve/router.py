@@ -252,6 +252,11 @@ def build_pool(
     pool = SharedScheduler(settings, envs, jobs, reporter, worker_class, on_results)
     pool.job_dir = root
     device = settings.spec.device_key(envs)  # the workers' GPUs (or cpu)
-    pool.resize(options.batch_size or cached_size(settings, device) or options.max_batch)
+    pool.resize(
+        options.batch_size
+        or cached_size(settings, device)
+        or options.max_batch
+        or settings.spec.batch_ceiling(envs)
+    )
     pool.on_back_off = lambda size: lower_size(settings, device, size)
     return pool

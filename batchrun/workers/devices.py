@@ -20,6 +20,7 @@ from batchrun.engines.registry import engine_spec
 from batchrun.errors import BatchrunError
 from batchrun.workers import nvidia
 from batchrun.workers.cpu_claims import hold_claim, live_claims, release_claim
+from batchrun.workers.platform_env import DEFAULT_MAX_NUM_SEQS, default_max_num_seqs
 
 # CUDA_VISIBLE_DEVICES values that mean "no GPU": Slurm sets NoDevFiles for a job given none;
 # "-1" and "" are the usual ways to hide every GPU (CUDA stops at the first id it cannot use).
@@ -319,7 +320,23 @@ def device_key(envs: Sequence[Mapping[str, str]]) -> str:
     return " + ".join(sorted(keys))
 
 
-def _worker_key(env: Mapping[str, str]) -> str:
+def batch_ceiling(envs: Sequence[Mapping[str, str]]) -> int:
+    """The top of the batch-size search when --max-batch-size is left out: on GPUs, vLLM's own
+    default number of sequences for the smallest of the workers' devices (1024 on an H100,
+    256 on smaller ones); on the CPU, 256 (config.DEFAULT_MAX_BATCH)."""
+    ceilings = []
+    for env in envs or [{}]:
+        gpus = _worker_gpus(env)
+        if not gpus:
+            ceilings.append(DEFAULT_MAX_NUM_SEQS)
+            continue
+        smallest = min(gpus, key=lambda g: g.memory_total_mib or 0)
+        ceilings.append(default_max_num_seqs(smallest.memory_total_mib, smallest.name))
+    return min(ceilings)
+
+
+def _worker_gpus(env: Mapping[str, str]) -> list[Gpu]:
+    """The GPUs a worker with environment `env` runs on (a Ray actor's: this process's first)."""
     try:
         if "CUDA_VISIBLE_DEVICES" in env:
             entries = visible_entries(env["CUDA_VISIBLE_DEVICES"])
@@ -329,6 +346,11 @@ def _worker_key(env: Mapping[str, str]) -> str:
     except nvidia.NvidiaSmiError:
         entries = visible_entries(env.get("CUDA_VISIBLE_DEVICES")) or []
         gpus = resolve_entries(entries, None)
+    return gpus
+
+
+def _worker_key(env: Mapping[str, str]) -> str:
+    gpus = _worker_gpus(env)
     if not gpus:
         return "cpu"
     names = [g.key() for g in gpus]
