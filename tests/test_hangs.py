@@ -560,3 +560,18 @@ def test_the_vllm_engine_aborts_a_request_by_its_id_and_a_pooling_request_by_its
     assert set(engine._in_flight) == {"r2"}
     assert engine._parts == {}
     assert engine.has_unfinished()  # r2 still runs
+
+
+def test_a_start_that_never_finishes_is_killed_and_started_again(tmp_path: Path) -> None:
+    """BATCHRUN_ECHO_START_HANG=1: the first engine start never returns (an NCCL set-up stuck);
+    past --start-timeout it is killed with its group, counted as a failed start, and the next
+    start runs the job."""
+    src = make_input(tmp_path, 6)
+    job = tmp_path / "job"
+    r = submit(src, job, "--start-timeout", "2", env={"BATCHRUN_ECHO_START_HANG": "1"})
+    assert r.returncode == 0, r.stderr
+    assert "it did not report ready within 2 s of its start" in r.stderr, r.stderr
+    assert r.stderr.count("worker 0 starting echo engine") == 2, r.stderr
+    assert sorted(rec["custom_id"] for rec in journal_records(job)) == sorted(
+        f"r{i}" for i in range(6)
+    )

@@ -9,6 +9,8 @@ and the part after the first separator is matched, so a fault names the line the
 - ``BATCHRUN_ECHO_START_ERROR_TIMES``: only the first N starts of the job raise it (counted in a
   file beside the worker's log, else in ``BATCHRUN_ECHO_STATE_DIR``, else in the temp directory
   keyed by the parent's pid).
+- ``BATCHRUN_ECHO_START_HANG``: the first N starts of the job never finish (an NCCL set-up that
+  never returns), counted like the start errors.
 - ``BATCHRUN_ECHO_SPAWN_RANKS``: the engine starts N child processes that ignore SIGTERM and SIGINT
   and never exit on their own, as tensor-parallel ranks stuck in NCCL do; their pids are appended,
   one per line, to ``BATCHRUN_ECHO_RANK_PIDS`` when set.
@@ -59,19 +61,23 @@ def env_int(name: str) -> int | None:
 
 
 def raise_start_error() -> None:
-    """Raise BATCHRUN_ECHO_START_ERROR's text, on every start or on the first _TIMES ones."""
+    """Hang for BATCHRUN_ECHO_START_HANG's first starts; raise BATCHRUN_ECHO_START_ERROR's text,
+    on every start or on the first _TIMES ones."""
+    hangs = env_int("BATCHRUN_ECHO_START_HANG")
+    if hangs and _count_start("echo-start-hangs.count") <= hangs:
+        hang_forever()
     text = os.environ.get("BATCHRUN_ECHO_START_ERROR")
     if not text:
         return
     times = env_int("BATCHRUN_ECHO_START_ERROR_TIMES")
-    if times is not None and _count_start() > times:
+    if times is not None and _count_start("echo-starts.count") > times:
         return
     raise RuntimeError(text)
 
 
-def _count_start() -> int:
-    """Count this start in the job's counter file; return how many starts there have been."""
-    path = _state_dir() / "echo-starts.count"
+def _count_start(name: str) -> int:
+    """Count this start in the job's counter file `name`; return how many there have been."""
+    path = _state_dir() / name
     # One worker starts at a time per job here; an O_APPEND write of one byte is atomic anyway.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
