@@ -290,3 +290,24 @@ def test_an_actor_reports_its_engines_prefix_cache_counters(
             break
     assert sorted(o.custom_id for o in done) == ["r0", "r1", "r2"]
     assert cache == (30, 12)
+
+
+def test_a_hung_actor_is_replaced_and_a_stuck_request_times_out(tmp_path: Path) -> None:
+    """Ray actors are watched as local workers are: one whose engine step never returns (after
+    10 results) is killed past --stall-timeout and replaced; a request that never finishes is
+    aborted past --request-timeout and fails with code `timeout`."""
+    src = make_input(tmp_path, 30)
+    job = tmp_path / "job"
+    r = cli(
+        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "4",
+        "--ray", "local", "--workers", "1", "--no-progress", "--stall-timeout", "3",
+        "--request-timeout", "3", "--max-attempts", "1",
+        env={"BATCHRUN_ECHO_HANG_AFTER": "10", "BATCHRUN_ECHO_HANG_ON": "r3"},
+        timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "hung: no result for 3 s" in r.stderr, r.stderr[-3000:]
+    last = {rec["custom_id"]: rec for rec in journal_records(job)}
+    assert sorted(last) == sorted(f"r{i}" for i in range(30))
+    assert [cid for cid, rec in last.items() if not rec["ok"]] == ["r3"]
+    assert last["r3"]["error"]["code"] == "timeout"

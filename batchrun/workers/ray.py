@@ -60,6 +60,8 @@ RAY_OOM_FRAGMENTS = ("memory on the node (ip:", "oom kill reason", "running low 
 INSTALL_HINT = "--ray needs Ray: pip install 'batchrun[ray]' (or pip install ray)"
 # How long one poll of an actor may run the engine before it returns what finished.
 POLL_S = 0.05
+# How often the relay tells the scheduler the actor's engine is still stepping.
+HEARTBEAT_S = 1.0
 
 
 def import_ray() -> Any:
@@ -180,7 +182,8 @@ class EngineActor:
             engine = create_engine(self.settings)
         except BaseException as e:  # reported to the supervisor
             return {"fatal": True, "oom": is_oom(e), "message": f"{type(e).__name__}: {e}"}
-        self.feeder = Feeder(engine, self.settings.window)
+        # --request-timeout holds on Ray as on a local worker: the engine aborts the request.
+        self.feeder = Feeder(engine, self.settings.window, self.settings.request_timeout)
         if isinstance(engine, CacheCounting):
             self.counters = engine.prefix_cache_counters
         return {
@@ -325,9 +328,16 @@ class RayWorker(Worker):
             self.pid, self.node = info.get("pid"), info.get("node")
             put((self.index, gen, "ready", info))
             cache_sent = (0, 0)
-            stats_at = time.monotonic()
+            stats_at = beat_at = time.monotonic()
+            # Heartbeats as a local worker's (workers/child.py): a poll that returns is an engine
+            # still stepping, so the stall watchdog (run/watchdog.py) watches actors too; a poll
+            # stuck in a hung engine step sends none.
+            put((self.index, gen, "heartbeat", HEARTBEAT_S))
             while not self._stopping.is_set():
                 outcomes, fatal, cache = ray.get(actor.poll.remote(POLL_S))
+                if time.monotonic() - beat_at >= HEARTBEAT_S:
+                    put((self.index, gen, "heartbeat", HEARTBEAT_S))
+                    beat_at = time.monotonic()
                 if cache is not None and cache != cache_sent:
                     # Before the results, as a local worker sends them (workers/child.py).
                     put((self.index, gen, "cache", cache))
