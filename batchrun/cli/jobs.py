@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 import typer
 
 from batchrun import stopping
+from batchrun.cli.metrics_options import GpuHourCost, MetricsHost, MetricsPort, Monitoring
 from batchrun.cli.options import (
     InputFile,
     JobDir,
@@ -20,11 +21,12 @@ from batchrun.cli.options import (
     RayAddress,
     engine_options,
 )
-from batchrun.cli.report import finish, guarded, out, plain, say
+from batchrun.cli.report import fail, finish, guarded, out, plain, say
 from batchrun.config import GivenOptions
 from batchrun.console.text import command
 
 if TYPE_CHECKING:
+    from batchrun.metrics.recorder import RunMetrics
     from batchrun.run.commands import JobSummary
 
 
@@ -45,6 +47,7 @@ def _start(
     ray: str | None,
     no_progress: bool,
     tune_only: bool,
+    monitoring: Monitoring | None = None,
 ) -> NoReturn:
     """submit and tune: check every option, create the job, run it (or only its search)."""
     from batchrun.run.commands import RunOptions, check_submit
@@ -56,9 +59,16 @@ def _start(
     def run() -> JobSummary:
         options = RunOptions.from_given(given, progress=not no_progress, ray=ray)
         check_submit(job, options)  # (submit checks too) a usage error comes before anything
-        return run_submit(input_file, job, options, tune_only=tune_only, notify=say)
+        metrics = _monitor(monitoring)  # its port bound before the job is made
+        return run_submit(
+            input_file, job, options, tune_only=tune_only, notify=say, metrics=metrics
+        )
 
-    summary = guarded(ctx, run)
+    try:
+        summary = guarded(ctx, run)
+    finally:
+        if monitoring is not None:
+            monitoring.close()
     if not tune_only:
         finish(summary, "submit")
     from batchrun.console.render import print_probes
@@ -76,11 +86,23 @@ def submit(
     job_dir: NewJobDir = None,
     ray: RayAddress = None,
     no_progress: NoProgress = False,
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = "127.0.0.1",
+    gpu_hour_cost: GpuHourCost = None,
     *,
     options: GivenOptions,
 ) -> None:
     """Validate INPUT_FILE, create a job, and run it to the end, checkpointing every result."""
-    _start(ctx, input_file, job_dir, options, ray=ray, no_progress=no_progress, tune_only=False)
+    _start(
+        ctx,
+        input_file,
+        job_dir,
+        options,
+        ray=ray,
+        no_progress=no_progress,
+        tune_only=False,
+        monitoring=Monitoring(metrics_port, metrics_host, gpu_hour_cost),
+    )
 
 
 @engine_options(override=False, leave_out=("batch_size",))
@@ -120,6 +142,9 @@ def resume(
     ] = None,
     ray: RayAddress = None,
     no_progress: NoProgress = False,
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = "127.0.0.1",
+    gpu_hour_cost: GpuHourCost = None,
     *,
     options: GivenOptions,
 ) -> None:
@@ -128,18 +153,23 @@ def resume(
     from batchrun.run.commands import resume as run_resume
 
     stopping.set_job(job_dir)
-    summary = guarded(
-        ctx,
-        lambda: run_resume(
-            job_dir,
-            progress=not no_progress,
-            force=force,
-            ray=ray,
-            input_path=input_file,
-            given=options,
-            notify=say,
-        ),
-    )
+    monitoring = Monitoring(metrics_port, metrics_host, gpu_hour_cost)
+    try:
+        summary = guarded(
+            ctx,
+            lambda: run_resume(
+                job_dir,
+                progress=not no_progress,
+                force=force,
+                ray=ray,
+                input_path=input_file,
+                given=options,
+                notify=say,
+                metrics=_monitor(monitoring),
+            ),
+        )
+    finally:
+        monitoring.close()
     finish(summary, "resume")
 
 
@@ -149,6 +179,9 @@ def retry_failed(
     job_dir: JobDir,
     ray: RayAddress = None,
     no_progress: NoProgress = False,
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = "127.0.0.1",
+    gpu_hour_cost: GpuHourCost = None,
     *,
     options: GivenOptions,
 ) -> None:
@@ -157,8 +190,32 @@ def retry_failed(
     from batchrun.run.commands import retry_failed as run_retry
 
     stopping.set_job(job_dir)
-    summary = guarded(
-        ctx,
-        lambda: run_retry(job_dir, progress=not no_progress, ray=ray, given=options, notify=say),
-    )
+    monitoring = Monitoring(metrics_port, metrics_host, gpu_hour_cost)
+    try:
+        summary = guarded(
+            ctx,
+            lambda: run_retry(
+                job_dir,
+                progress=not no_progress,
+                ray=ray,
+                given=options,
+                notify=say,
+                metrics=_monitor(monitoring),
+            ),
+        )
+    finally:
+        monitoring.close()
     finish(summary, "retry-failed")
+
+
+def _monitor(monitoring: Monitoring | None) -> RunMetrics | None:
+    """Start the run's metrics (binding --metrics-port); a port that cannot be bound is one
+    line and exit 2, before anything is made or changed."""
+    if monitoring is None:
+        return None
+    from batchrun.config import OptionError
+
+    try:
+        return monitoring.start(say)
+    except OptionError as e:
+        fail(f"{' / '.join(e.options)}: {e}", 2)

@@ -72,6 +72,9 @@ class Outcome:
     latency_s: float = 0.0
     retryable: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    # Seconds from entering the engine to the first token, where the engine reports it (vLLM's
+    # RequestOutput.metrics); None elsewhere. Not journaled: /metrics exports it.
+    ttft_s: float | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         # As Request: by its fields in order (results cross back from the workers in bulk). A
@@ -90,6 +93,7 @@ class Outcome:
                 self.latency_s,
                 self.retryable,
                 self.extra,
+                self.ttft_s,
             ),
         )
 

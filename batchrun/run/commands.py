@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from batchrun.config import GivenOptions, OptionError
 from batchrun.console.text import command
@@ -28,6 +29,9 @@ from batchrun.run.preflight import preflight
 from batchrun.run.sizing import Probe
 from batchrun.run.source import InputIndex
 
+if TYPE_CHECKING:
+    from batchrun.metrics import RunMetrics
+
 
 def submit(
     input_path: Path,
@@ -36,6 +40,7 @@ def submit(
     *,
     tune_only: bool = False,
     notify: Notify | None = None,
+    metrics: RunMetrics | None = None,
 ) -> JobSummary:
     """Validate the input, create the job directory, and run the job to the end.
 
@@ -86,7 +91,7 @@ def submit(
                     p.unlink(missing_ok=True)
             raise
         mode = "tune" if tune_only else "submit"
-        return run_job(paths, manifest, options, mode=mode, index=index)
+        return run_job(paths, manifest, options, mode=mode, index=index, metrics=metrics)
 
 
 def check_submit(job_dir: Path, options: RunOptions) -> list[str]:
@@ -108,6 +113,7 @@ def resume(
     input_path: Path | None = None,
     given: GivenOptions | None = None,
     notify: Notify | None = None,
+    metrics: RunMetrics | None = None,
 ) -> JobSummary:
     """Continue a job: run only the requests with no finished attempt, then the retry passes.
 
@@ -123,6 +129,7 @@ def resume(
         input_path=input_path,
         given=given,
         notify=notify,
+        metrics=metrics,
     )
 
 
@@ -133,9 +140,12 @@ def retry_failed(
     ray: str | None = None,
     given: GivenOptions | None = None,
     notify: Notify | None = None,
+    metrics: RunMetrics | None = None,
 ) -> JobSummary:
     """Run one more pass over the requests whose last attempt failed (`given`: as resume's)."""
-    return _continue(job_dir, "retry", progress=progress, ray=ray, given=given, notify=notify)
+    return _continue(
+        job_dir, "retry", progress=progress, ray=ray, given=given, notify=notify, metrics=metrics
+    )
 
 
 def _continue(
@@ -148,6 +158,7 @@ def _continue(
     input_path: Path | None = None,
     given: GivenOptions | None = None,
     notify: Notify | None = None,
+    metrics: RunMetrics | None = None,
 ) -> JobSummary:
     """resume and retry-failed: the job's options with those given over them, then run `mode`."""
     paths = JobPaths(job_dir)
@@ -177,7 +188,9 @@ def _continue(
             say("nothing to run: the options given were not saved")
             changed = {}
         overrides = save_overrides(paths, manifest, options, changed, say)
-        summary = run_job(paths, manifest, options, mode=mode, index=index, state=state)
+        summary = run_job(
+            paths, manifest, options, mode=mode, index=index, state=state, metrics=metrics
+        )
         summary.overrides = overrides
         return summary
 

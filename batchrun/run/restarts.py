@@ -48,6 +48,7 @@ from batchrun.workers.holders import memory_holders
 from batchrun.workers.process import Worker, WorkerDeath
 
 if TYPE_CHECKING:
+    from batchrun.metrics.recorder import RunMetrics
     from batchrun.run.scheduler import Reporter, RunStats
 
 # A worker that dies this many times in a row holding no request and finishing none is given up on.
@@ -73,6 +74,7 @@ class RestartPolicy:
     reporter: Reporter
     on_back_off: Callable[[int], None] | None
     job_dir: Path | str
+    metrics: RunMetrics | None
 
     def _record(self, outcome: Outcome, request: Request, index: int) -> ResultRecord:
         raise NotImplementedError  # the Scheduler's
@@ -201,6 +203,8 @@ class RestartPolicy:
         self.reporter.event(f"{w.label}: backing off, batch size {size} -> {smaller}")
         w.settings.window = smaller
         w.settings.max_num_seqs = smaller
+        if self.metrics is not None:
+            self.metrics.backed_off()
         if self.on_back_off is not None:
             self.on_back_off(smaller)
 

@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
@@ -43,6 +43,9 @@ from batchrun.run.poison import Isolator
 from batchrun.run.watchdog import HangPolicy, Watchdog
 from batchrun.workers.child import GC_THRESHOLD
 from batchrun.workers.process import Worker
+
+if TYPE_CHECKING:
+    from batchrun.metrics.recorder import RunMetrics
 
 _OK = operator.attrgetter("ok")
 _PROMPT_TOKENS = operator.attrgetter("prompt_tokens")
@@ -138,6 +141,10 @@ class Scheduler(HangPolicy):
         self.duplicates: Duplicates | None = None
         # Notices workers gone silent: hung mid-run, or never ready (run/watchdog.py).
         self.watchdog = Watchdog()
+        # Told of every dispatch, result and restart, for /metrics (batchrun/metrics); None: off.
+        self.metrics: RunMetrics | None = None
+        # Why a worker stopped without dying (by index), for the restart's reason in /metrics.
+        self._stopped_for: dict[int, str] = {}
 
     # -- sizing ---------------------------------------------------------------------------------
 
@@ -164,6 +171,7 @@ class Scheduler(HangPolicy):
             if w.process is not None:
                 self._requeue(w)
                 w.stop()
+                self._stopped_for[w.index] = "resize"
             w.settings.max_num_seqs = size
             w.settings.window = size
 
@@ -236,6 +244,8 @@ class Scheduler(HangPolicy):
                 if batch:
                     taken += len(batch)
                     w.send(batch)
+                    if self.metrics is not None:
+                        self.metrics.dispatched(batch)
             inflight = sum(len(w.inflight) for w in self.workers)
             # At its limit a run ends even with requests pending: those a worker held when it
             # ran out of memory went back there, for the next run (the search's next probe).
@@ -265,6 +275,8 @@ class Scheduler(HangPolicy):
         assert group is not None
         w.isolating = group
         w.send(group.requests)
+        if self.metrics is not None:
+            self.metrics.dispatched(group.requests)
         return True
 
     def _wait(self, stats: RunStats, stop_on_oom: bool) -> None:
@@ -283,6 +295,8 @@ class Scheduler(HangPolicy):
                 self.watchdog.heard(w, kind)
                 pairs = w.handle(kind, payload)
                 if pairs:
+                    if self.metrics is not None:
+                        self.metrics.results(pairs, self.state.attempts)
                     self.isolator.on_success(len(pairs))
                     plain = self._records(pairs, index, records, outcomes) and plain
                 if kind == "ready":
@@ -297,11 +311,14 @@ class Scheduler(HangPolicy):
                     self._journal(records, outcomes, stats, plain)
                     records, outcomes, plain = [], [], True
                     crashed = self._on_death(w, stats, stop_on_oom)
+                    if crashed and self.metrics is not None:
+                        self.metrics.results(crashed, self.state.attempts)
                     plain = self._records(crashed, index, records, outcomes)
                     stats.crashed += len(crashed)
                 if kind == "restart":
                     # Its engine cannot abort a timed-out request (workers/child.py): it holds
                     # a slot until it finishes, if ever; a fresh engine holds none.
+                    self._stopped_for[w.index] = "request_timeout"
                     self._replace(w, str(payload))
             try:
                 item = self.inbox.get_nowait()
@@ -336,6 +353,8 @@ class Scheduler(HangPolicy):
             # either both or a duplicate with no record, which then simply runs again.
             copies = self.duplicates.answer(pairs)
             if copies:
+                if self.metrics is not None:
+                    self.metrics.copied([outcome for outcome, _ in copies])
                 self.state.deduplicated += len(copies)
                 plain = self._records(copies, index, records, outcomes) and plain
         return plain
@@ -380,6 +399,9 @@ class Scheduler(HangPolicy):
     # -- workers --------------------------------------------------------------------------------
 
     def _start(self, w: Worker) -> None:
+        if self.metrics is not None and w.generation > 0:
+            self.metrics.restarted(self._restart_reason(w))
+        self._stopped_for.pop(w.index, None)
         w.start(self.inbox)
         self.watchdog.started(w)
         where = f"pid {w.pid}, " if w.pid else ""
@@ -394,6 +416,16 @@ class Scheduler(HangPolicy):
                 f"({w.env['BATCHRUN_CPU_SHARED_WITH']}); both run slowly while they share them. "
                 "Give each job its own cores with OMP_NUM_THREADS (half each, say)"
             )
+
+    def _restart_reason(self, w: Worker) -> str:
+        """Why `w`, started before, starts again: its death's kind, or why it was stopped (a
+        worker killed by the watchdog, hung, leaves no death of its own)."""
+        death = w.death
+        if death is None:
+            return self._stopped_for.get(w.index, "hang")
+        if death.oom:
+            return "oom"
+        return "start_failure" if death.during_start else "crash"
 
     def close(self) -> None:
         """Stop every worker (the requests they held stay pending in the journal's eyes)."""

@@ -1,0 +1,67 @@
+"""A histogram that takes many observations at a time, cheaply, for the scheduler's hot path.
+
+prometheus_client's own Histogram takes a lock and walks its buckets per observation; the
+scheduler observes each result, tens of thousands a second on the echo engine. Here a batch of
+observations is one lock and one bisect each, and the exposition is built at scrape time.
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
+
+from prometheus_client.metrics_core import HistogramMetricFamily
+
+
+class FastHistogram:
+    """Bucket counts and a sum, exposed as one Prometheus histogram family."""
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = [float(b) for b in buckets]
+        self.counts = [0] * (len(self.bounds) + 1)  # the last: above every bound (+Inf)
+        self.sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, value: float, count: int = 1) -> None:
+        """`count` observations of `value`."""
+        with self._lock:
+            self.counts[bisect_left(self.bounds, value)] += count
+            self.sum += value * count
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        """One observation of each value."""
+        bounds, counts = self.bounds, self.counts
+        total = 0.0
+        with self._lock:
+            for v in values:
+                counts[bisect_left(bounds, v)] += 1
+                total += v
+            self.sum += total
+
+    @property
+    def count(self) -> int:
+        """Observations so far."""
+        return sum(self.counts)
+
+    def family(self) -> HistogramMetricFamily:
+        """The family as a scrape shows it: cumulative buckets, +Inf, sum."""
+        with self._lock:
+            counts = list(self.counts)
+            total = self.sum
+        cumulative: list[tuple[str, float]] = []
+        running = 0
+        for bound, n in zip(self.bounds, counts, strict=False):
+            running += n
+            cumulative.append((_bound(bound), running))
+        cumulative.append(("+Inf", running + counts[-1]))
+        return HistogramMetricFamily(
+            self.name, self.documentation, buckets=cumulative, sum_value=total
+        )
+
+
+def _bound(value: float) -> str:
+    """A bucket bound as Prometheus clients write it (`1.0`, `0.005`)."""
+    return repr(float(value))

@@ -1,0 +1,291 @@
+"""What a run counts (the scheduler feeds it) and its Prometheus registry, scraped at /metrics.
+
+The parent counts what it sees: each request's dispatch and result (latency, queue wait,
+outcome, tokens), restarts and out-of-memory back-offs; the workers' engine facts arrive with
+their outcomes (time to first token) or their messages (prefix-cache hits). Gauges (queue depth,
+in flight, batch size) and the cost are read from the run when the page is scraped, so they cost
+the hot path nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from batchrun.metrics import names
+from batchrun.metrics.gpu import GpuCollector
+from batchrun.metrics.histogram import FastHistogram
+from batchrun.openai.records import Outcome, Request
+
+OUTCOMES = ("succeeded", "failed", "invalid")
+
+
+def _zero() -> int:
+    return 0
+
+
+class RunMetrics(Collector):
+    """The counters, histograms and gauges of one process's runs, in a registry of their own.
+
+    Requests count once each, when their outcome is final: succeeded, failed for good (not
+    retryable, or out of attempts), or invalid (an input line that never runs). Tokens count
+    every attempt the engine ran.
+    """
+
+    def __init__(self, *, gpus: bool = True) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = dict.fromkeys(OUTCOMES, 0)
+        self.tokens = {"prompt": 0, "completion": 0}
+        self.restarts: dict[str, int] = {}
+        self.oom_backoffs = 0
+        self.latency = FastHistogram(
+            names.LATENCY,
+            "Seconds from a request's dispatch to a worker to its result.",
+            names.LATENCY_BUCKETS,
+        )
+        self.queue = FastHistogram(
+            names.QUEUE,
+            "Seconds a request waited before its dispatch (since the run started, or its batch "
+            "was created under serve).",
+            names.QUEUE_BUCKETS,
+        )
+        self.ttft = FastHistogram(
+            names.TTFT,
+            "Seconds from a request reaching the engine to its first token (engines that "
+            "report it: vLLM).",
+            names.TTFT_BUCKETS,
+        )
+        # custom_id (the engine's id) -> when it was dispatched (monotonic).
+        self.sent: dict[str, float] = {}
+        self.origin = time.monotonic()
+        self.max_attempts = 1 << 30
+        # Where the gauges come from (the scheduler's state); None: not exported.
+        self.queue_depth: Callable[[], int] | None = None
+        self.in_flight: Callable[[], int] | None = None
+        self.batch_size: Callable[[], int] | None = None
+        self.cached_tokens: Callable[[], int] = _zero
+        self.cached_base = 0
+        # serve: requests by outcome are the batches' request_counts summed, not counted here.
+        self.requests_source: Callable[[], Mapping[str, int]] | None = None
+        self.extra: Callable[[], Sequence[Metric]] | None = None
+        self.cost: CostMeter | None = None
+        self._lock = threading.Lock()
+        self.registry.register(self)
+        self.gpus: GpuCollector | None = None
+        if gpus:
+            self.gpus = GpuCollector()
+            self.registry.register(self.gpus)
+
+    # -- fed by the scheduler ---------------------------------------------------------------------
+
+    def dispatched(self, requests: Sequence[Request], origin: float | None = None) -> None:
+        """These requests were just sent to a worker (queued since `origin`: the run's start)."""
+        now = time.monotonic()
+        sent = self.sent
+        for r in requests:
+            sent[r.custom_id] = now
+        self.queue.observe(
+            max(0.0, now - (self.origin if origin is None else origin)), len(requests)
+        )
+
+    def results(
+        self, pairs: Sequence[tuple[Outcome, Request]], attempts: Mapping[str, int]
+    ) -> None:
+        """These outcomes just came back; `attempts`: the attempts each custom_id had before."""
+        now = time.monotonic()
+        pop = self.sent.pop
+        latencies: list[float] = []
+        ttfts: list[float] = []
+        succeeded = failed = prompt = completion = 0
+        last = self.max_attempts - 1
+        for outcome, request in pairs:
+            at = pop(request.custom_id, None)
+            if at is not None:
+                latencies.append(now - at)
+            if outcome.ok:
+                succeeded += 1
+            elif not outcome.retryable or attempts.get(request.custom_id, 0) >= last:
+                failed += 1
+            prompt += outcome.prompt_tokens
+            completion += outcome.completion_tokens
+            if outcome.ttft_s is not None:
+                ttfts.append(outcome.ttft_s)
+        self.latency.observe_many(latencies)
+        if ttfts:
+            self.ttft.observe_many(ttfts)
+        with self._lock:
+            self.requests["succeeded"] += succeeded
+            self.requests["failed"] += failed
+            self.tokens["prompt"] += prompt
+            self.tokens["completion"] += completion
+
+    def copied(self, outcomes: Sequence[Outcome]) -> None:
+        """Answers copied from an identical request's (run/dedup.py): requests, no tokens."""
+        succeeded = sum(1 for o in outcomes if o.ok)
+        with self._lock:
+            self.requests["succeeded"] += succeeded
+            self.requests["failed"] += len(outcomes) - succeeded
+
+    def invalid(self, lines: int) -> None:
+        """Input lines found invalid (they never run)."""
+        with self._lock:
+            self.requests["invalid"] += lines
+
+    def restarted(self, reason: str) -> None:
+        """A worker started again after `reason` (names.RESTART_REASONS)."""
+        with self._lock:
+            self.restarts[reason] = self.restarts.get(reason, 0) + 1
+
+    def backed_off(self) -> None:
+        """A worker backed off to a smaller batch after running out of memory."""
+        with self._lock:
+            self.oom_backoffs += 1
+
+    # -- scraped ----------------------------------------------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        """Every family this run exports (the GPU ones come from their own collector)."""
+        with self._lock:
+            requests = dict(self.requests)
+            tokens = dict(self.tokens)
+            restarts = dict(self.restarts)
+            backoffs = self.oom_backoffs
+        if self.requests_source is not None:
+            requests = {**dict.fromkeys(OUTCOMES, 0), **self.requests_source()}
+        family = CounterMetricFamily(
+            names.REQUESTS, "Requests by final outcome.", labels=["outcome"]
+        )
+        for outcome, n in requests.items():
+            family.add_metric([outcome], n)
+        yield family
+        tokens["cached"] = self.cached_base + self.cached_tokens()
+        family = CounterMetricFamily(
+            names.TOKENS,
+            "Tokens of the attempts the engine ran: prompt, completion, and prompt tokens found "
+            "in the prefix cache.",
+            labels=["kind"],
+        )
+        for kind in ("prompt", "completion", "cached"):
+            family.add_metric([kind], tokens[kind])
+        yield family
+        yield self.latency.family()
+        yield self.queue.family()
+        if self.ttft.count:
+            yield self.ttft.family()
+        for name, doc, read in (
+            (names.QUEUE_DEPTH, "Requests waiting to be dispatched.", self.queue_depth),
+            (names.IN_FLIGHT, "Requests dispatched to a worker, no result yet.", self.in_flight),
+            (names.BATCH_SIZE, "Sequences each engine runs at once.", self.batch_size),
+        ):
+            if read is not None:
+                yield GaugeMetricFamily(name, doc, value=read())
+        family = CounterMetricFamily(
+            names.RESTARTS, "Engine worker restarts by reason.", labels=["reason"]
+        )
+        for reason in names.RESTART_REASONS:
+            family.add_metric([reason], restarts.get(reason, 0))
+        yield family
+        yield CounterMetricFamily(
+            names.OOM_BACKOFFS,
+            "Out-of-memory back-offs to a smaller batch size.",
+            value=backoffs,
+        )
+        if self.cost is not None:
+            yield CounterMetricFamily(
+                names.COST,
+                "What the run cost so far, from --gpu-hour-cost and its GPUs (or machine).",
+                value=self.cost.usd(),
+            )
+        if self.extra is not None:
+            yield from self.extra()
+
+
+class CostMeter:
+    """USD per GPU-hour (per machine-hour on a CPU) times the units a run holds, over its time."""
+
+    def __init__(self, usd_per_hour: float) -> None:
+        self.usd_per_hour = usd_per_hour
+        self.units = 1
+        self.recorded = 0.0  # USD already written to the job's cost.json
+        self._spent_s = 0.0
+        self._since: float | None = None
+
+    def start(self, units: int) -> None:
+        """A run holding `units` GPUs (1 on a CPU) starts now."""
+        self.units = max(1, units)
+        self._since = time.monotonic()
+
+    def stop(self) -> None:
+        """The run ended: its time is spent."""
+        if self._since is not None:
+            self._spent_s += (time.monotonic() - self._since) * self.units
+            self._since = None
+
+    def usd(self) -> float:
+        """USD spent so far."""
+        unit_s = self._spent_s
+        if self._since is not None:
+            unit_s += (time.monotonic() - self._since) * self.units
+        return self.usd_per_hour * unit_s / 3600.0
+
+
+def gpu_units(envs: Sequence[Mapping[str, Any]]) -> int:
+    """GPUs the workers hold (their CUDA_VISIBLE_DEVICES), or 1: a CPU machine."""
+    n = 0
+    for env in envs:
+        given = str(env.get("CUDA_VISIBLE_DEVICES") or "").strip()
+        if given:
+            n += len([d for d in given.split(",") if d.strip()])
+    return max(1, n)
+
+
+def attach(
+    metrics: RunMetrics,
+    scheduler: Any,
+    *,
+    queue_depth: Callable[[], int],
+    envs: Sequence[Mapping[str, Any]],
+    max_attempts: int,
+    invalid: int = 0,
+) -> None:
+    """Point `metrics` at a run's scheduler (run/passes.py): its gauges read the scheduler's
+    state at scrape time, queue waits count from now, the cost meter starts."""
+    workers = scheduler.workers
+    scheduler.metrics = metrics
+    metrics.origin = time.monotonic()
+    metrics.max_attempts = max_attempts
+    metrics.queue_depth = queue_depth
+    metrics.in_flight = lambda: sum(len(w.inflight) for w in workers)
+    metrics.batch_size = lambda: scheduler.batch_size
+    metrics.cached_tokens = lambda: sum(w.cache_hits for w in workers)
+    devices = [
+        d.strip()
+        for env in envs
+        for d in str(env.get("CUDA_VISIBLE_DEVICES") or "").split(",")
+        if d.strip()
+    ]
+    if metrics.gpus is not None:
+        metrics.gpus.devices = lambda: devices or None
+    if invalid:
+        metrics.invalid(invalid)
+    if metrics.cost is not None:
+        metrics.cost.start(gpu_units(envs))
+
+
+def detach(metrics: RunMetrics, scheduler: Any) -> None:
+    """The run ended: its gauges keep their last values, its cost stops growing."""
+    in_flight = sum(len(w.inflight) for w in scheduler.workers)
+    size = scheduler.batch_size
+    metrics.in_flight = lambda: in_flight
+    metrics.batch_size = lambda: size
+    metrics.cached_base += metrics.cached_tokens()
+    metrics.cached_tokens = _zero
+    metrics.sent.clear()
+    if metrics.cost is not None:
+        metrics.cost.stop()

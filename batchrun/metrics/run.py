@@ -1,0 +1,91 @@
+"""A job's run and its metrics: the scheduler's state behind the gauges while it runs, and its
+cost kept in the job directory (cost.json) for `status`, the summary and `report`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from batchrun.errors import BatchrunError
+from batchrun.job.files import write_json_atomic
+from batchrun.metrics.recorder import RunMetrics, attach, detach
+
+COST_NAME = "cost.json"
+
+
+def watch_run(
+    metrics: RunMetrics,
+    scheduler: Any,
+    reporter: Any,
+    envs: Sequence[Mapping[str, Any]],
+    max_attempts: int,
+    state: Any,
+    mode: str,
+) -> None:
+    """Feed `metrics` from this run's scheduler (run/passes.py calls it when the run starts)."""
+    initial = len(state.last) if mode != "retry" else 0
+
+    def queue_depth() -> int:
+        # What the progress bar counts still to do (retry passes add to its total), less what
+        # is in flight: requests not dispatched yet.
+        total = int(reporter.bar.total or 0)
+        in_flight = sum(len(w.inflight) for w in scheduler.workers)
+        return max(0, total - initial - int(reporter.done) - in_flight)
+
+    # The invalid lines are counted by the run that found them: the submit that validated.
+    invalid = int(state.invalid) if mode in ("submit", "tune") else 0
+    attach(
+        metrics,
+        scheduler,
+        queue_depth=queue_depth,
+        envs=envs,
+        max_attempts=max_attempts,
+        invalid=invalid,
+    )
+
+
+def end_run(metrics: RunMetrics, scheduler: Any, job_dir: Path, started_at: float) -> None:
+    """The run ended: freeze its gauges; add its cost (with --gpu-hour-cost) to cost.json."""
+    detach(metrics, scheduler)
+    cost = metrics.cost
+    if cost is None:
+        return
+    runs = read_costs(job_dir)
+    runs.append(
+        {
+            "started_at": started_at,
+            "ended_at": time.time(),
+            "usd_per_hour": cost.usd_per_hour,
+            "units": cost.units,
+            "usd": round(cost.usd() - cost.recorded, 6),
+        }
+    )
+    cost.recorded = cost.usd()
+    with contextlib.suppress(BatchrunError, OSError):  # a full disk must not fail the job here
+        write_json_atomic(job_dir / COST_NAME, {"runs": runs})
+
+
+def read_costs(job_dir: Path) -> list[dict[str, Any]]:
+    """The runs' costs the job recorded (none without --gpu-hour-cost)."""
+    try:
+        data = json.loads((job_dir / COST_NAME).read_text(encoding="utf-8"))
+        runs = data.get("runs", [])
+        return [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def job_cost(job_dir: Path, tokens: int) -> dict[str, Any] | None:
+    """The job's cost in USD and per million tokens (prompt + completion); None if unrecorded."""
+    runs = read_costs(job_dir)
+    if not runs:
+        return None
+    usd = sum(float(r.get("usd") or 0.0) for r in runs)
+    return {
+        "usd": round(usd, 6),
+        "usd_per_million_tokens": round(usd / tokens * 1e6, 6) if tokens else None,
+    }
