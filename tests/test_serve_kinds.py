@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import chat_line, journal_records, results_at_least, wait_until, write_jsonl
+from conftest import chat_line, cli, journal_records, results_at_least, wait_until, write_jsonl
 from openai import OpenAI
 from openai.types import Batch
 from test_serve import API_KEY, Server, start_server, stop_server, wait_done
@@ -122,3 +122,16 @@ def test_the_switch_time_is_read_from_the_environment() -> None:
     assert str(e.value) == (
         "BATCHRUN_SERVE_KIND_SWITCH_S must be a number of seconds, 0 or more, not '-1'"
     )
+
+
+def test_a_bad_kind_switch_time_is_refused_before_the_root_is_made(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    r = cli(
+        "serve", "--root", str(root), "--engine", "echo",
+        env={"BATCHRUN_SERVE_KIND_SWITCH_S": "soon"},
+    )  # fmt: skip
+    assert r.returncode == 1
+    assert r.stderr.strip().endswith(
+        "BATCHRUN_SERVE_KIND_SWITCH_S must be a number of seconds, 0 or more, not 'soon'"
+    ), r.stderr
+    assert not root.exists()

@@ -118,9 +118,10 @@ def serve(
     from batchrun.serve.batches import BatchStore
     from batchrun.serve.files import FileStore
     from batchrun.serve.metrics import Metrics
-    from batchrun.serve.runner import Runner
+    from batchrun.serve.runner import Runner, kind_switch_after
 
     options.check()
+    kind_switch_after()  # a bad BATCHRUN_SERVE_KIND_SWITCH_S is refused before the root is made
     if root.exists() and not root.is_dir():
         raise BatchrunError(f"--root {root} is a file, not a directory")
     for line in preflight(options):  # before the root is made: a refusal leaves nothing behind
