@@ -7,12 +7,14 @@ a job, where it would fail every run of it.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
 from batchrun.engines.registry import DEFAULT_ENGINE, EngineSpec, engine_spec
 from batchrun.errors import BatchrunError
+from batchrun.openai.media import DEFAULT_MAX_MEDIA_BYTES
 
 # Exactly the strings vLLM's ModelConfig takes as its dtype (vllm/config/model.py, `ModelDType`,
 # a pydantic Literal, so case-sensitive); any other fails every engine start with a raw pydantic
@@ -200,6 +202,15 @@ class EngineSettings:
     max_loras: int | None = None
     max_lora_rank: int | None = None
     max_cpu_loras: int | None = None
+    # Chat lines' media parts (openai/media.py checks them, vLLM reads them in the worker):
+    # --allowed-local-media-path (absolute; None: file:// URLs refused), --allowed-media-domains
+    # (None: any host), --media-fetch-timeout (None: vLLM's, 5 s image, 10 s audio, 30 s video),
+    # --max-media-bytes, --limit-mm-per-prompt ({modality: count}; None: the model's own).
+    allowed_local_media_path: str | None = None
+    allowed_media_domains: list[str] | None = None
+    media_fetch_timeout: float | None = None
+    max_media_bytes: int = DEFAULT_MAX_MEDIA_BYTES
+    limit_mm_per_prompt: dict[str, int] | None = None
 
     @property
     def spec(self) -> EngineSpec:
@@ -261,6 +272,19 @@ class EngineSettings:
         if self.max_lora_rank is not None and self.max_lora_rank not in LORA_RANKS:
             ranks = ", ".join(map(str, LORA_RANKS))
             raise OptionError("--max-lora-rank", f"must be one of {ranks}, got {self.max_lora_rank}")
+        self.check_media()
+
+    def check_media(self) -> None:
+        """Refuse media limits no run could take; a local media root must be a directory."""
+        root = self.allowed_local_media_path
+        if root is not None and not os.path.isdir(root):
+            what = "is not a directory" if os.path.exists(root) else "does not exist"
+            raise OptionError("--allowed-local-media-path", f"{root} {what}")
+        check_number("--max-media-bytes", self.max_media_bytes, 1)
+        if self.media_fetch_timeout is not None:
+            check_number(
+                "--media-fetch-timeout", self.media_fetch_timeout, 0, integer=False, low_open=True
+            )
 
 
 @dataclass
@@ -298,6 +322,12 @@ class GivenOptions:
     max_loras: int | None = None
     max_lora_rank: int | None = None
     max_cpu_loras: int | None = None
+    # As typed: a directory; hosts separated by commas; seconds; bytes; image=2,audio=1 or JSON.
+    allowed_local_media_path: str | None = None
+    allowed_media_domains: str | None = None
+    media_fetch_timeout: float | None = None
+    max_media_bytes: int | None = None
+    limit_mm_per_prompt: str | None = None
 
     def given(self) -> dict[str, Any]:
         """The options given, by field name."""

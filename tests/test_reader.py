@@ -483,21 +483,35 @@ def test_chat_content_parts_and_tool_calls_are_valid(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "part", [{"type": "image_url", "image_url": {"url": "x"}}, {"type": "input_audio"}]
+    ("part", "code", "message"),
+    [
+        (
+            {"type": "image_url", "image_url": {"url": "x"}},
+            "invalid_media",
+            "body.messages[0].content[1].image_url.url must be a data: URL (base64), an "
+            "http(s):// URL or a file:// URL, got 'x'",
+        ),
+        (
+            {"type": "input_audio"},
+            "invalid_request",
+            'body.messages[0].content[1].input_audio must be an object {"data", "format"}, '
+            "got null",
+        ),
+        (
+            {"type": "input_file", "file": {}},
+            "invalid_request",
+            "body.messages[0].content[1].type 'input_file' is not supported: a part is of type "
+            "'text', 'image_url', 'input_audio', 'audio_url' or 'video_url'",
+        ),
+    ],
 )
-def test_chat_parts_a_text_model_cannot_read_are_refused_at_validation(
-    tmp_path: Path, part: dict[str, object]
+def test_chat_media_parts_are_checked_at_validation(
+    tmp_path: Path, part: dict[str, object], code: str, message: str
 ) -> None:
-    """As the engine refuses them, so that a dry run (echo) finds them too."""
+    """Media parts are taken (a multimodal model reads them); a broken one is refused at once."""
     content = [{"type": "text", "text": "what is this?"}, part]
     err = only_error(write(tmp_path, chat("a", messages=[{"role": "user", "content": content}])))
-    assert err == LineError(
-        1,
-        "a",
-        "invalid_request",
-        f"body.messages[0].content[1].type {part['type']!r} is not supported: batchrun runs text "
-        "models, which read parts of type 'text' only",
-    )
+    assert err == LineError(1, "a", code, message)
 
 
 @pytest.mark.parametrize(

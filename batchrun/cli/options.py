@@ -35,6 +35,7 @@ from batchrun.config import (
 )
 from batchrun.engines.registry import DEFAULT_ENGINE, engine_choice, engine_help
 from batchrun.models.adapters import parse_lora_modules
+from batchrun.openai.media import DEFAULT_MAX_MEDIA_BYTES
 from batchrun.run.planner import DEFAULT_ORDER, Order
 
 
@@ -348,6 +349,40 @@ ENGINE_OPTIONS = (
         "Adapters kept in CPU memory (vLLM's max_cpu_loras).",
         default="--max-loras",
         min=1,
+    ),
+    EngineOption(
+        "allowed_local_media_path",
+        str,
+        "A directory chat lines' file:// media may be read from (vLLM's flag).",
+        default="file:// refused",
+    ),
+    EngineOption(
+        "allowed_media_domains",
+        str,
+        "Hosts http(s) media may be fetched from, separated by commas.",
+        default="any",
+    ),
+    EngineOption(
+        "media_fetch_timeout",
+        float,
+        "Seconds to fetch one http(s) medium.",
+        default="vLLM's: 5 image, 10 audio, 30 video",
+        callback=_checked(
+            lambda v: check_number("--media-fetch-timeout", v, 0, integer=False, low_open=True)
+        ),
+    ),
+    EngineOption(
+        "max_media_bytes",
+        int,
+        "The largest medium (image, audio clip) a line may hold or name, in bytes.",
+        default=f"{DEFAULT_MAX_MEDIA_BYTES}",
+        min=1,
+    ),
+    EngineOption(
+        "limit_mm_per_prompt",
+        str,
+        "The most media parts per request, as vLLM takes it: image=2,audio=1 or JSON.",
+        default="the model's",
     ),
 )
 

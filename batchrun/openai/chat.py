@@ -15,6 +15,7 @@ from batchrun.openai.fields import (
     refuse,
 )
 from batchrun.openai.invalid import bad, describe, json_kind, show
+from batchrun.openai.media import check_media_part, is_media_part
 from batchrun.openai.toolchoice import check_forced_combination, check_tool_choice
 
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI limits it
@@ -32,6 +33,7 @@ def check_messages(body: dict[str, Any]) -> None:
         bad("body.messages must not be empty")
     # This loop is hot (every message of every line): the common case, a known role and a
     # plain string content, passes without building a field path or calling a helper.
+    counts: dict[str, int] = {}  # media parts by modality, over the whole request
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             bad(f"body.messages[{i}] must be an object with role and content, got {json_kind(msg)}")
@@ -41,10 +43,10 @@ def check_messages(body: dict[str, Any]) -> None:
             got = "it is missing" if "role" not in msg else f"got {show(role)}"
             bad(f"body.messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; {got}")
         if type(msg.get("content")) is not str:
-            _check_content(f"body.messages[{i}]", role, msg)
+            _check_content(f"body.messages[{i}]", role, msg, counts)
 
 
-def _check_content(where: str, role: object, msg: dict[str, Any]) -> None:
+def _check_content(where: str, role: object, msg: dict[str, Any], counts: dict[str, int]) -> None:
     content = msg.get("content")
     if isinstance(content, str):
         return
@@ -70,11 +72,14 @@ def _check_content(where: str, role: object, msg: dict[str, Any]) -> None:
             got = "it is missing" if "type" not in part else f"got {show(ptype)}"
             bad(f"{pwhere}.type must be a string such as 'text'; {got}")
         if ptype != "text":
-            # Refused here, as the engine would refuse it: a dry run (echo) finds it too.
-            bad(
-                f"{pwhere}.type {show(ptype)} is not supported: batchrun runs text models, which "
-                "read parts of type 'text' only"
-            )
+            if is_media_part(ptype) and role == "user":
+                # Cheap checks only (openai/media.py): the worker reads and decodes the media.
+                check_media_part(pwhere, part, counts)
+                continue
+            kinds = "'text', 'image_url', 'input_audio', 'audio_url' or 'video_url'"
+            if is_media_part(ptype):
+                bad(f"{pwhere}.type {show(ptype)} is only taken in a user message")
+            bad(f"{pwhere}.type {show(ptype)} is not supported: a part is of type {kinds}")
         if not isinstance(part.get("text"), str):
             bad(f"{pwhere}.text must be a string for a part of type 'text'")
 

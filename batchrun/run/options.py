@@ -23,6 +23,8 @@ from batchrun.config import (
 from batchrun.job.manifest import Manifest, save_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.models.adapters import merge_adapters, parse_lora_modules, same_adapters
+from batchrun.openai.media import use_media_policy
+from batchrun.run.media_options import MEDIA_OPTION_PARSERS, media_policy_of
 from batchrun.run.planner import DEFAULT_ORDER, ORDERS
 
 # Where the runner says what it does before a run starts (the model conversion, the overrides).
@@ -66,6 +68,8 @@ class RunOptions:
         changed: dict[str, tuple[Any, Any]] = {}
         for name, value in given.given().items():
             new = parse_gpus(value) if name == "gpus" else value
+            if name in MEDIA_OPTION_PARSERS:
+                new = MEDIA_OPTION_PARSERS[name](value)
             old = self.get(name)
             if name == "lora_modules":
                 new = parse_lora_modules(value)
@@ -83,6 +87,9 @@ class RunOptions:
     def check(self) -> None:
         """Refuse values no run could take, before they are saved into a job (OptionError)."""
         self.settings.check()
+        # Every command that reads a job's input checks its options first: the reader's media
+        # checks use the job's limits from here on (openai/media.py).
+        use_media_policy(media_policy_of(self.settings))
         check_number("--max-attempts", self.max_attempts, 1, MAX_ATTEMPTS_LIMIT)
         if self.batch_size is not None:
             check_number("--batch-size", self.batch_size, 1, MAX_BATCH_SIZE)
@@ -135,6 +142,11 @@ _SETTINGS_FIELDS = frozenset(
         "max_loras",
         "max_lora_rank",
         "max_cpu_loras",
+        "allowed_local_media_path",
+        "allowed_media_domains",
+        "media_fetch_timeout",
+        "max_media_bytes",
+        "limit_mm_per_prompt",
     }
 )
 _RUN_FIELDS = {"min_batch_size": "min_batch", "max_batch_size": "max_batch"}

@@ -34,6 +34,15 @@ from batchrun.engines.vllm.args import engine_args
 from batchrun.engines.vllm.cache import PrefixCacheCounter
 from batchrun.engines.vllm.embeddings import EmbeddingWork, embedding_work
 from batchrun.engines.vllm.errors import BadRequest
+from batchrun.engines.vllm.media import (
+    check_modalities,
+    has_media,
+    media_engine_args,
+    modalities,
+    prompt_length,
+    render_media_chat,
+    set_fetch_timeouts,
+)
 from batchrun.engines.vllm.params import sampling_params
 from batchrun.engines.vllm.platform import on_cuda
 from batchrun.engines.vllm.prompts import (
@@ -97,6 +106,9 @@ class VllmEngine:
         from vllm.usage.usage_lib import UsageContext
 
         args = engine_args(settings, target, self.model_name)
+        for name, value in media_engine_args(settings).items():
+            setattr(args, name, value)
+        set_fetch_timeouts(settings)
         self._cache = PrefixCacheCounter()
         self._engine: Any = LLMEngine.from_engine_args(
             args,
@@ -113,6 +125,7 @@ class VllmEngine:
         # Whether `dimensions` can shorten the embeddings (Matryoshka-trained models only).
         self.matryoshka: bool = bool(getattr(model_config, "is_matryoshka", False))
         self.vocab_size: int = int(model_config.get_vocab_size())
+        self._modalities = modalities(self._engine)  # what media parts the model takes
         template = getattr(self._tokenizer, "chat_template", None)
         self._template: str = template if isinstance(template, str) else ""
         self._tokens = TokenText(self._tokenizer)
@@ -147,17 +160,27 @@ class VllmEngine:
                     pending.template_kwargs = request_template_kwargs(
                         request, template=self._template, model_name=self.model_name
                     )
-                prompt_ids = prompt_token_ids(
-                    self._tokenizer,
-                    request,
-                    template=self._template,
-                    model_name=self.model_name,
-                    kwargs=pending.template_kwargs,
-                )
+                prompt_ids: Any
+                if request.url == CHAT and has_media(request.body):
+                    # Media parts: rendered and read by vLLM's own chat path (media.py).
+                    check_modalities(request.body, self._modalities, self.model_name)
+                    prompt_ids = render_media_chat(
+                        self._engine, request, pending.template_kwargs, self.model_name
+                    )
+                    prompt_len = prompt_length(prompt_ids)
+                else:
+                    prompt_ids = prompt_token_ids(
+                        self._tokenizer,
+                        request,
+                        template=self._template,
+                        model_name=self.model_name,
+                        kwargs=pending.template_kwargs,
+                    )
+                    prompt_len = len(prompt_ids)
                 pending.params = sampling(request)
                 params = sampling_params(
                     pending.params,
-                    len(prompt_ids),
+                    prompt_len,
                     max_model_len=self.max_model_len,
                     vocab_size=self.vocab_size,
                 )

@@ -1,0 +1,142 @@
+"""Chat requests with media parts, rendered by vLLM's own chat path in the worker.
+
+A chat line with image_url, input_audio, audio_url or video_url parts is handed to vLLM's renderer
+as the OpenAI-shaped messages it is (`renderer.render_chat`, what `LLM.chat` calls): vLLM fetches
+(data:, file:// under --allowed-local-media-path, http(s) within --allowed-media-domains and its
+fetch timeout), decodes, and expands the media into the model's placeholder tokens exactly as
+raw `LLM.chat` does, so the answers are raw vLLM's. This happens when the line is dispatched, in
+the worker: the parent only ever holds the lines of its window.
+
+A medium that cannot be read (corrupt base64, not an image, a file outside the root, a URL that
+times out or answers 404) fails its request with code `invalid_media` (400), never the worker.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Any
+
+from batchrun.config import EngineSettings
+from batchrun.engines.vllm.errors import BadRequest
+from batchrun.openai.media import MEDIA_PARTS
+from batchrun.openai.records import Request
+
+_OBJECT_REPR = re.compile(r":? ?<[\w.]+ object at 0x[0-9a-f]+>")
+
+
+def media_engine_args(settings: EngineSettings) -> dict[str, Any]:
+    """vLLM's engine arguments for a job's media options (only those set)."""
+    args: dict[str, Any] = {}
+    if settings.allowed_local_media_path is not None:
+        args["allowed_local_media_path"] = settings.allowed_local_media_path
+    if settings.allowed_media_domains:
+        args["allowed_media_domains"] = list(settings.allowed_media_domains)
+    if settings.limit_mm_per_prompt:
+        args["limit_mm_per_prompt"] = dict(settings.limit_mm_per_prompt)
+    return args
+
+
+def set_fetch_timeouts(settings: EngineSettings) -> None:
+    """--media-fetch-timeout as vLLM's per-modality fetch timeouts (whole seconds; vLLM reads
+    them from its environment at each fetch). Unset: vLLM's 5 s image, 10 s audio, 30 s video."""
+    if settings.media_fetch_timeout is None:
+        return
+    seconds = str(max(1, math.ceil(settings.media_fetch_timeout)))
+    for kind in ("IMAGE", "AUDIO", "VIDEO"):
+        os.environ[f"VLLM_{kind}_FETCH_TIMEOUT"] = seconds
+
+
+def has_media(body: dict[str, Any]) -> bool:
+    """Whether a chat body holds a media part."""
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("type") in MEDIA_PARTS:
+                    return True
+    return False
+
+
+def modalities(engine: Any) -> tuple[str, ...]:
+    """The media the loaded model takes, as vLLM's processor says (empty: text only)."""
+    model_config = engine.model_config
+    if getattr(model_config, "multimodal_config", None) is None:
+        return ()
+    processor = getattr(getattr(engine, "renderer", None), "mm_processor", None)
+    info = getattr(processor, "info", None)
+    try:
+        limits = info.supported_mm_limits if info is not None else {}
+    except Exception:  # older versions: only the method
+        limits = info.get_supported_mm_limits() if info is not None else {}
+    return tuple(sorted(limits))
+
+
+def check_modalities(body: dict[str, Any], taken: tuple[str, ...], model_name: str) -> None:
+    """Refuse a media part the model cannot take, naming what it takes."""
+    for message in body.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in MEDIA_PARTS:
+                continue
+            modality = MEDIA_PARTS[str(kind)][0]
+            if modality not in taken:
+                reads = ", ".join(("text", *taken))
+                raise BadRequest(
+                    f"a part of type {kind!r} needs a model that reads {modality}; "
+                    f"{model_name} reads {reads}",
+                    code="invalid_media",
+                )
+
+
+def render_media_chat(
+    engine: Any, request: Request, template_kwargs: dict[str, Any], model_name: str
+) -> Any:
+    """The request's messages rendered, media read and processed, by vLLM's chat path: the
+    engine input `LLM.chat` would add for them."""
+    from vllm.renderers import ChatParams
+
+    body = request.body
+    renderer = engine.renderer
+    tools = body.get("tools") or None
+    chat_params = ChatParams(
+        chat_template=None,
+        chat_template_content_format="auto",
+        chat_template_kwargs={
+            **template_kwargs,
+            "add_generation_prompt": True,
+            "continue_final_message": False,
+            "tools": tools,
+            "tokenize": False,
+        },
+    )
+    # As LLM.chat: the template writes the special tokens, the tokenizer adds none.
+    tok_params = renderer.default_chat_tok_params.with_kwargs(add_special_tokens=False)
+    try:
+        _, prompts = renderer.render_chat([body["messages"]], chat_params, tok_params)
+    except Exception as exc:  # vLLM's own reading of the media: its message names the cause
+        raise BadRequest(
+            f"cannot use the request's media: {_reason(exc)}", "invalid_media"
+        ) from exc
+    return prompts[0]
+
+
+def prompt_length(prompt: Any) -> int:
+    """The number of tokens of a prompt vLLM rendered (media placeholders included)."""
+    ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else None
+    if ids is None:
+        ids = getattr(prompt, "prompt_token_ids", None) or []
+    return len(ids)
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception's message, the first line only; its cause's too when it says more."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = _OBJECT_REPR.sub("", text)  # "<_io.BytesIO object at 0x...>" says nothing to a user
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and str(cause).strip() and str(cause) not in text:
+        text = f"{text} ({str(cause).strip().splitlines()[0]})"
+    return text[:500]
