@@ -8,7 +8,9 @@ from rich.console import Console
 from rich.table import Table
 
 from batchrun.console.text import command, plural
+from batchrun.job.cost import job_cost
 from batchrun.job.status import cache_rate
+from batchrun.job.timing import job_timing
 from batchrun.run.commands import JobSummary
 
 
@@ -51,8 +53,43 @@ def print_summary(console: Console, summary: JobSummary, title: str) -> None:
         table.add_row("deduplicated", _deduplicated(st.deduplicated))
     if summary.overrides:
         table.add_row("overrides", ", ".join(summary.overrides))
+    timing = job_timing(summary.job_dir / "journal.jsonl", [r.started_at for r in m.runs])
+    cost = job_cost(summary.job_dir, st.prompt_tokens + st.completion_tokens)
+    _timing_rows(table, {**timing, "cost": cost})
     table.add_row("job dir", str(summary.job_dir))
     console.print(table)
+
+
+def _timing_rows(table: Table, s: dict[str, Any]) -> None:
+    """Latency and queue wait p50/p99, errors by code, cost: the summary's and status'."""
+    for name, key, what in (
+        ("latency", "latency_s", "in the engine, per attempt"),
+        ("queue wait", "queue_s", "run start to the engine"),
+    ):
+        q = s.get(key) or {}
+        if q.get("p50") is not None:
+            table.add_row(name, f"p50 {_seconds(q['p50'])}, p99 {_seconds(q['p99'])} ({what})")
+    errors = s.get("errors") or {}
+    if errors.get("rate"):
+        codes = ", ".join(
+            f"{code} {e['count']:,} ({e['rate']:.2%})"
+            for code, e in list(errors["by_code"].items())[:5]
+        )
+        table.add_row("error rate", f"{errors['rate']:.2%} of attempts and invalid lines: {codes}")
+    cost = s.get("cost")
+    if cost:
+        per = cost.get("usd_per_million_tokens")
+        table.add_row(
+            "cost",
+            f"${cost['usd']:,.4f}" + (f" (${per:,.4f} per million tokens)" if per else ""),
+        )
+
+
+def _seconds(value: float) -> str:
+    """`0.0123s`, `1.23s`, `123s`."""
+    if value < 0.1:
+        return f"{value * 1000:.1f}ms"
+    return f"{value:.2f}s" if value < 100 else f"{value:,.0f}s"
 
 
 def next_step(summary: JobSummary) -> str:
@@ -113,6 +150,7 @@ def print_status(console: Console, s: dict[str, Any]) -> None:
     if s.get("deduplicated"):
         table.add_row("deduplicated", _deduplicated(s["deduplicated"]))
     table.add_row("runs", f"{s['runs']} ({s['wall_s']:,.1f}s in all)")
+    _timing_rows(table, s)
     console.print(table)
 
 

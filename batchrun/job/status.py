@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from batchrun.job.cost import job_cost
 from batchrun.job.lock import lock_holder
 from batchrun.job.manifest import Manifest, find_input, load_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.state import replay
+from batchrun.job.timing import job_timing
 
 
 def job_status(job_dir: Path) -> dict[str, Any]:
@@ -70,6 +72,9 @@ def job_status(job_dir: Path) -> dict[str, Any]:
             manifest.prefix_cache.get("queries", 0), manifest.prefix_cache.get("hits", 0)
         ),
         "deduplicated": state.deduplicated,
+        # latency_s and queue_s ({p50, p99}), errors (rate and by code): from the journal.
+        **job_timing(paths.journal, [r.started_at for r in manifest.runs]),
+        "cost": job_cost(job_dir, state.prompt_tokens + state.completion_tokens),
     }
 
 

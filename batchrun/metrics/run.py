@@ -4,17 +4,15 @@ cost kept in the job directory (cost.json) for `status`, the summary and `report
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from batchrun.errors import BatchrunError
+from batchrun.job.cost import COST_NAME, read_costs
 from batchrun.job.files import write_json_atomic
 from batchrun.metrics.recorder import RunMetrics, attach, detach
-
-COST_NAME = "cost.json"
 
 
 def watch_run(
@@ -67,25 +65,3 @@ def end_run(metrics: RunMetrics, scheduler: Any, job_dir: Path, started_at: floa
     cost.recorded = cost.usd()
     with contextlib.suppress(BatchrunError, OSError):  # a full disk must not fail the job here
         write_json_atomic(job_dir / COST_NAME, {"runs": runs})
-
-
-def read_costs(job_dir: Path) -> list[dict[str, Any]]:
-    """The runs' costs the job recorded (none without --gpu-hour-cost)."""
-    try:
-        data = json.loads((job_dir / COST_NAME).read_text(encoding="utf-8"))
-        runs = data.get("runs", [])
-        return [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
-    except (OSError, ValueError, AttributeError):
-        return []
-
-
-def job_cost(job_dir: Path, tokens: int) -> dict[str, Any] | None:
-    """The job's cost in USD and per million tokens (prompt + completion); None if unrecorded."""
-    runs = read_costs(job_dir)
-    if not runs:
-        return None
-    usd = sum(float(r.get("usd") or 0.0) for r in runs)
-    return {
-        "usd": round(usd, 6),
-        "usd_per_million_tokens": round(usd / tokens * 1e6, 6) if tokens else None,
-    }

@@ -16,6 +16,7 @@ from batchrun.config import EngineSettings
 from batchrun.console.progress import ProgressReporter
 from batchrun.console.text import plural
 from batchrun.errors import BatchrunError
+from batchrun.job.events import EventLog
 from batchrun.job.journal import JournalWriter
 from batchrun.job.manifest import Manifest, Run, save_manifest
 from batchrun.job.paths import JobPaths
@@ -121,6 +122,7 @@ def run_job(
             scheduler.job_dir = paths.root
             scheduler.duplicates = duplicates
             scheduler.on_back_off = _keep_backed_off_size(paths, manifest, settings, device)
+            scheduler.events = EventLog(paths.root)
             if metrics is not None:
                 from batchrun.metrics.run import watch_run
 

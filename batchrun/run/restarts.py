@@ -48,6 +48,7 @@ from batchrun.workers.holders import memory_holders
 from batchrun.workers.process import Worker, WorkerDeath
 
 if TYPE_CHECKING:
+    from batchrun.job.events import EventLog
     from batchrun.metrics.recorder import RunMetrics
     from batchrun.run.scheduler import Reporter, RunStats
 
@@ -75,6 +76,7 @@ class RestartPolicy:
     on_back_off: Callable[[int], None] | None
     job_dir: Path | str
     metrics: RunMetrics | None
+    events: EventLog | None
 
     def _record(self, outcome: Outcome, request: Request, index: int) -> ResultRecord:
         raise NotImplementedError  # the Scheduler's
@@ -205,6 +207,8 @@ class RestartPolicy:
         w.settings.max_num_seqs = smaller
         if self.metrics is not None:
             self.metrics.backed_off()
+        if self.events is not None:
+            self.events.write("oom_backoff", worker=w.index, batch_size=smaller)
         if self.on_back_off is not None:
             self.on_back_off(smaller)
 

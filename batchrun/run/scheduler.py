@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
+from batchrun.job.events import EventLog
 from batchrun.job.journal import JournalWriter, plain_result
 from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.state import JobState
@@ -143,6 +144,8 @@ class Scheduler(HangPolicy):
         self.watchdog = Watchdog()
         # Told of every dispatch, result and restart, for /metrics (batchrun/metrics); None: off.
         self.metrics: RunMetrics | None = None
+        # The job's event log (starts, restarts, back-offs), for `report`; None: none kept.
+        self.events: EventLog | None = None
         # Why a worker stopped without dying (by index), for the restart's reason in /metrics.
         self._stopped_for: dict[int, str] = {}
 
@@ -167,6 +170,8 @@ class Scheduler(HangPolicy):
                 continue
             if w.process is not None and size <= w.settings.max_num_seqs:
                 w.set_window(size)
+                if self.events is not None:
+                    self.events.write("batch_size", worker=w.index, batch_size=size)
                 continue
             if w.process is not None:
                 self._requeue(w)
@@ -302,6 +307,8 @@ class Scheduler(HangPolicy):
                 if kind == "ready":
                     w.start_failures = 0
                     self.on_ready(w)
+                    if self.events is not None:
+                        self.events.write("ready", worker=index, batch_size=w.settings.window)
                     self.reporter.event(
                         f"{w.label} ready (pid {w.pid}, batch size {w.settings.window}, "
                         f"started in {w.start_s:.1f}s)"
@@ -399,8 +406,12 @@ class Scheduler(HangPolicy):
     # -- workers --------------------------------------------------------------------------------
 
     def _start(self, w: Worker) -> None:
-        if self.metrics is not None and w.generation > 0:
-            self.metrics.restarted(self._restart_reason(w))
+        if w.generation > 0:
+            reason = self._restart_reason(w)
+            if self.metrics is not None:
+                self.metrics.restarted(reason)
+            if self.events is not None:
+                self.events.write("restart", worker=w.index, reason=reason)
         self._stopped_for.pop(w.index, None)
         w.start(self.inbox)
         self.watchdog.started(w)
