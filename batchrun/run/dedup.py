@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from batchrun.job.journal import encode_body
+from batchrun.openai.media import media_identity
 from batchrun.openai.records import POOLING_ENDPOINTS, Outcome, Request
 from batchrun.openai.responses import holds_no_float, response_id
 
@@ -49,6 +50,10 @@ def dedup_key(request: Request) -> bytes | None:
         canonical = _CANONICAL.encode([request.url, request.body])
     except (TypeError, ValueError, UnicodeEncodeError):  # a lone surrogate: never merged
         return None
+    # A data URL is in the body itself; a file:// medium is keyed by what the file is now (its
+    # size and modification time), not by its path alone.
+    if b"file:" in canonical:
+        canonical += b"\x00" + media_identity(request.body)
     return hashlib.blake2b(canonical, digest_size=16).digest()
 
 

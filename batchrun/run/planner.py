@@ -33,6 +33,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from batchrun.openai.media import media_digest, media_urls
 from batchrun.openai.records import (
     CHAT,
     EMBEDDINGS,
@@ -199,10 +200,17 @@ def _content(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(
-            str(p.get("text", "")) for p in content if isinstance(p, dict) and "text" in p
-        )
+        return "\n".join(_part_text(p) for p in content if isinstance(p, dict))
     return ""
+
+
+def _part_text(part: dict[str, Any]) -> str:
+    """A content part as the plan reads it: its text, or a medium's digest (two lines with the
+    same text and different images share only the text before the image)."""
+    if "text" in part:
+        return str(part.get("text", ""))
+    urls = media_urls({"messages": [{"content": [part]}]})
+    return "\x1f" + media_digest(urls[0]) if urls else ""
 
 
 def _tokens(request: Request) -> int:

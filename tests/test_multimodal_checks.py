@@ -1,0 +1,222 @@
+"""Media parts in chat lines: the cheap checks made at validation (every bad kind an error record
+naming its cause, the others run), the media options, and the keys that tell media apart."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import cli, read_jsonl, write_jsonl
+from mm_models import png_bytes, wav_bytes
+
+from batchrun.openai.media import MediaPolicy, use_media_policy
+from batchrun.openai.reader import read_input
+from batchrun.openai.records import LineError, Request
+from batchrun.run.dedup import dedup_key
+from batchrun.run.planner import prompt_text
+
+WIDE = {"COLUMNS": "1000"}  # usage errors on one line
+PNG = png_bytes(8, 8, (200, 30, 30))
+PNG_URL = "data:image/png;base64," + base64.b64encode(PNG).decode()
+WHERE = "body.messages[0].content[1]"
+
+
+def image_line(cid: str, url: str, text: str = "Describe the image.") -> dict[str, Any]:
+    """A chat line with one text and one image_url part."""
+    content = [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]
+    return {
+        "custom_id": cid,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": "m",
+            "temperature": 0,
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": content}],
+        },
+    }
+
+
+def part_line(cid: str, part: dict[str, Any]) -> dict[str, Any]:
+    """A chat line with one text part and `part`."""
+    line = image_line(cid, PNG_URL)
+    line["body"]["messages"][0]["content"][1] = part
+    return line
+
+
+@pytest.fixture(autouse=True)
+def default_policy() -> Any:
+    """Each test starts from the default policy (this process's reader uses it)."""
+    use_media_policy(MediaPolicy())
+    yield
+    use_media_policy(MediaPolicy())
+
+
+def test_every_bad_media_kind_is_an_error_record_and_the_good_lines_run(tmp_path: Path) -> None:
+    """A job with good media and one line of each bad kind: the bad ones are error records at
+    validation (before any engine runs), with the cause named; the good ones are answered."""
+    root = tmp_path / "media"
+    root.mkdir()
+    (root / "red.png").write_bytes(PNG)
+    (root / "big.png").write_bytes(PNG + b"\0" * 5000)
+    outside = tmp_path / "outside.png"
+    outside.write_bytes(PNG)
+    audio = base64.b64encode(wav_bytes(0.1, 440)).decode()
+    lines = [
+        image_line("data", PNG_URL),
+        image_line("file", (root / "red.png").as_uri()),
+        image_line("http", "http://images.example.com/cat.png"),
+        part_line(
+            "audio", {"type": "input_audio", "input_audio": {"data": audio, "format": "wav"}}
+        ),
+        image_line("corrupt", "data:image/png;base64,iVBOR$w0K"),
+        image_line("padding", "data:image/png;base64,iVBORw0"),
+        image_line("not-image", "data:text/plain;base64,aGVsbG8="),
+        image_line("not-base64", "data:image/png,rawbytes"),
+        image_line("outside", outside.as_uri()),
+        image_line("missing", (root / "gone.png").as_uri()),
+        image_line("too-big", (root / "big.png").as_uri()),
+        image_line("big-data", "data:image/png;base64," + "A" * 8000),
+        image_line("host", "https://evil.example.org/x.png"),
+        image_line("scheme", "ftp://images.example.com/x.png"),
+        part_line("two", {"type": "image_url", "image_url": {"url": PNG_URL}})
+        | {
+            "body": {
+                "model": "m",
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image_url", "image_url": {"url": PNG_URL}},
+                            {"type": "image_url", "image_url": {"url": PNG_URL}},
+                            {"type": "image_url", "image_url": {"url": PNG_URL}},
+                        ],
+                    }
+                ],
+            }
+        },
+        part_line("audio-format", {"type": "input_audio", "input_audio": {"data": audio}}),
+    ]
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    job = tmp_path / "job"
+    run = cli(
+        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress",
+        "--allowed-local-media-path", str(root), "--allowed-media-domains", "images.example.com",
+        "--max-media-bytes", "5000", "--limit-mm-per-prompt", "image=2",
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    assert cli("export", "--job-dir", str(job)).returncode == 0
+    answered = {r["custom_id"] for r in read_jsonl(job / "output.jsonl")}
+    assert answered == {"data", "file", "http", "audio"}
+    errors = {
+        r["custom_id"]: (r["error"]["code"], r["error"]["message"])
+        for r in read_jsonl(job / "errors.jsonl")
+    }
+    url = f"{WHERE}.image_url.url"
+    m = "invalid_media"
+    assert errors == {
+        "corrupt": (m, f"{url} is not valid base64: '$' at character 27 is not a base64 digit"),
+        "padding": (m, f"{url} is not valid base64: its length or padding is wrong"),
+        "not-image": (m, f"{url} is a data URL of type 'text/plain', not an image"),
+        "not-base64": (m, f"{url} is a data URL that is not base64 (data:<type>;base64,...)"),
+        "outside": (m, f"{url}: {outside} is not under --allowed-local-media-path {root}"),
+        "missing": (m, f"{url}: cannot read {root / 'gone.png'}: No such file or directory"),
+        "too-big": (
+            m,
+            f"{url}: {root / 'big.png'} is {len(PNG) + 5000:,} bytes, over --max-media-bytes 5,000",
+        ),
+        "big-data": (m, f"{url} holds about 6,000 bytes of media, over --max-media-bytes 5,000"),
+        "host": (
+            m,
+            f"{url}: the host 'evil.example.org' is not in --allowed-media-domains "
+            "(images.example.com)",
+        ),
+        "scheme": (
+            m,
+            f"{url} must be a data: URL (base64), an http(s):// URL or a file:// URL, "
+            "got 'ftp://images.example.com/x.png'",
+        ),
+        "two": (
+            m,
+            "body.messages[0].content[2]: the request holds more than 2 image parts, the "
+            "limit --limit-mm-per-prompt sets",
+        ),
+        "audio-format": (
+            "invalid_request",
+            f"{WHERE}.input_audio.format must be one of wav, mp3, flac, ogg, m4a, webm, got null",
+        ),
+    }
+
+
+def test_file_urls_are_refused_without_an_allowed_root(tmp_path: Path) -> None:
+    """By default no file is read: the message names the option that allows it."""
+    (tmp_path / "red.png").write_bytes(PNG)
+    src = write_jsonl(tmp_path / "in.jsonl", [image_line("a", (tmp_path / "red.png").as_uri())])
+    [err] = list(read_input(src))
+    assert err == LineError(
+        1,
+        "a",
+        "invalid_media",
+        f"{WHERE}.image_url.url: file:// URLs are refused unless --allowed-local-media-path "
+        "names a directory they may read from",
+    )
+
+
+def test_an_allowed_root_that_does_not_exist_is_refused_before_a_job_exists(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [image_line("a", PNG_URL)])
+    job = tmp_path / "job"
+    run = cli(
+        "submit", str(src), "--job-dir", str(job), "--engine", "echo",
+        "--allowed-local-media-path", str(tmp_path / "nowhere"), env=WIDE,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert (
+        f"Invalid value for '--allowed-local-media-path': {tmp_path / 'nowhere'} does not exist"
+    ) in run.stderr, run.stderr
+    assert not job.exists()
+
+
+def test_a_bad_limit_is_a_usage_error(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [image_line("a", PNG_URL)])
+    run = cli(
+        "submit", str(src), "--job-dir", str(tmp_path / "job"), "--engine", "echo",
+        "--limit-mm-per-prompt", "images=2", env=WIDE,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert (
+        "Invalid value for '--limit-mm-per-prompt': names image, audio or video, got 'images'"
+    ) in run.stderr, run.stderr
+
+
+def _request(line: dict[str, Any]) -> Request:
+    return Request(line["custom_id"], 1, line["url"], line["body"])
+
+
+def test_dedup_keys_tell_images_apart_and_file_media_by_content(tmp_path: Path) -> None:
+    """Same text, different image: not duplicates. Same body: duplicates. A file named by the
+    same path is another medium once it changed (size or modification time)."""
+    other = "data:image/png;base64," + base64.b64encode(png_bytes(8, 8, (0, 0, 200))).decode()
+    a, b, c = image_line("a", PNG_URL), image_line("b", other), image_line("c", PNG_URL)
+    assert dedup_key(_request(a)) != dedup_key(_request(b))
+    assert dedup_key(_request(a)) == dedup_key(_request(c))
+    path = tmp_path / "x.png"
+    path.write_bytes(PNG)
+    first = dedup_key(_request(image_line("f", path.as_uri())))
+    assert first == dedup_key(_request(image_line("g", path.as_uri())))
+    path.write_bytes(PNG + b"\0")
+    os.utime(path, ns=(1, 1))
+    assert dedup_key(_request(image_line("f", path.as_uri()))) != first
+
+
+def test_the_plan_reads_images_as_part_of_the_prompt() -> None:
+    """Two lines with the same text and different images do not share their whole prompt."""
+    other = "data:image/png;base64," + base64.b64encode(png_bytes(8, 8, (0, 0, 200))).decode()
+    a = prompt_text(_request(image_line("a", PNG_URL)))
+    b = prompt_text(_request(image_line("b", other)))
+    assert a != b
+    assert a.startswith("user\x1eDescribe the image.\n\x1f")
+    assert json.dumps(a).count("base64") == 0  # a digest, not the image's text
