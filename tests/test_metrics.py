@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import cli, start_cli, wait_until, write_jsonl
 from prometheus_client import Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -19,7 +20,6 @@ from batchrun.metrics import names
 from batchrun.metrics.exporter import start_exporter
 from batchrun.metrics.histogram import FastHistogram
 from batchrun.metrics.recorder import CostMeter, RunMetrics
-from tests.conftest import cli, start_cli, wait_until, write_jsonl
 
 FAKE_NVML = Path(__file__).parent / "fakes" / "nvml"
 

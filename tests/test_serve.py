@@ -443,7 +443,7 @@ def test_auth_needs_the_key_everywhere_but_health(server: Server) -> None:
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
     metrics = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"})
     assert 'batchrun_requests_total{outcome="succeeded"}' in metrics.text
-    assert "batchrun_engine_restarts_total 0" in metrics.text
+    assert 'batchrun_engine_restarts_total{reason="crash"} 0.0' in metrics.text
 
 
 def test_ids_that_are_not_ours_are_404_and_reach_no_path(server: Server) -> None:

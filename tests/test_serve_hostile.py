@@ -319,5 +319,6 @@ def test_metrics_totals_equal_the_sum_of_the_batches_request_counts(
     completed = sum(b["request_counts"]["completed"] for b in listed["data"])
     failed = sum(b["request_counts"]["failed"] for b in listed["data"])
     text = httpx.get(server.url + "/metrics", headers=AUTH).text
-    assert f'batchrun_requests_total{{outcome="succeeded"}} {completed}' in text.splitlines()
-    assert f'batchrun_requests_total{{outcome="failed"}} {failed}' in text.splitlines()
+    # prometheus_client writes every value as a float.
+    assert f'batchrun_requests_total{{outcome="succeeded"}} {float(completed)}' in text.splitlines()
+    assert f'batchrun_requests_total{{outcome="failed"}} {float(failed)}' in text.splitlines()

@@ -75,7 +75,12 @@ class RunMetrics(Collector):
         self.requests_source: Callable[[], Mapping[str, int]] | None = None
         self.extra: Callable[[], Sequence[Metric]] | None = None
         self.cost: CostMeter | None = None
-        self._lock = threading.Lock()
+        # Where a request's queue wait starts (epoch seconds; serve: its batch's creation);
+        # None: the run's start.
+        self.queue_origin: Callable[[Request], float | None] | None = None
+        # False where tokens are counted as they are journaled instead (serve).
+        self.count_tokens = True
+        self.lock = threading.Lock()
         self.registry.register(self)
         self.gpus: GpuCollector | None = None
         if gpus:
@@ -84,15 +89,22 @@ class RunMetrics(Collector):
 
     # -- fed by the scheduler ---------------------------------------------------------------------
 
-    def dispatched(self, requests: Sequence[Request], origin: float | None = None) -> None:
-        """These requests were just sent to a worker (queued since `origin`: the run's start)."""
+    def dispatched(self, requests: Sequence[Request]) -> None:
+        """These requests were just sent to a worker (queued since the run's start, or since
+        `queue_origin` says)."""
         now = time.monotonic()
         sent = self.sent
         for r in requests:
             sent[r.custom_id] = now
-        self.queue.observe(
-            max(0.0, now - (self.origin if origin is None else origin)), len(requests)
-        )
+        if self.queue_origin is None:
+            self.queue.observe(max(0.0, now - self.origin), len(requests))
+            return
+        wall = time.time()
+        waits = []
+        for r in requests:
+            created = self.queue_origin(r)
+            waits.append(max(0.0, wall - created) if created is not None else now - self.origin)
+        self.queue.observe_many(waits)
 
     def results(
         self, pairs: Sequence[tuple[Outcome, Request]], attempts: Mapping[str, int]
@@ -119,39 +131,40 @@ class RunMetrics(Collector):
         self.latency.observe_many(latencies)
         if ttfts:
             self.ttft.observe_many(ttfts)
-        with self._lock:
+        with self.lock:
             self.requests["succeeded"] += succeeded
             self.requests["failed"] += failed
-            self.tokens["prompt"] += prompt
-            self.tokens["completion"] += completion
+            if self.count_tokens:
+                self.tokens["prompt"] += prompt
+                self.tokens["completion"] += completion
 
     def copied(self, outcomes: Sequence[Outcome]) -> None:
         """Answers copied from an identical request's (run/dedup.py): requests, no tokens."""
         succeeded = sum(1 for o in outcomes if o.ok)
-        with self._lock:
+        with self.lock:
             self.requests["succeeded"] += succeeded
             self.requests["failed"] += len(outcomes) - succeeded
 
     def invalid(self, lines: int) -> None:
         """Input lines found invalid (they never run)."""
-        with self._lock:
+        with self.lock:
             self.requests["invalid"] += lines
 
     def restarted(self, reason: str) -> None:
         """A worker started again after `reason` (names.RESTART_REASONS)."""
-        with self._lock:
+        with self.lock:
             self.restarts[reason] = self.restarts.get(reason, 0) + 1
 
     def backed_off(self) -> None:
         """A worker backed off to a smaller batch after running out of memory."""
-        with self._lock:
+        with self.lock:
             self.oom_backoffs += 1
 
     # -- scraped ----------------------------------------------------------------------------------
 
     def collect(self) -> Iterator[Metric]:
         """Every family this run exports (the GPU ones come from their own collector)."""
-        with self._lock:
+        with self.lock:
             requests = dict(self.requests)
             tokens = dict(self.tokens)
             restarts = dict(self.restarts)

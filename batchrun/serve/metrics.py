@@ -1,87 +1,92 @@
-"""The server's counters, written as Prometheus text at GET /metrics."""
+"""The server's /metrics: the same families as a job's (batchrun/metrics), from one registry,
+plus its batches by status.
+
+Requests by outcome are the batches' request_counts summed (invalid lines are failed requests),
+so that the page and the API always agree; the queue depth is the running batches' requests not
+finished. The engine pool feeds the rest as a job's scheduler does (`watch`): latency, queue
+wait since each batch was created, in flight, batch size, restarts by reason, OOM back-offs.
+"""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from batchrun.openai.records import Outcome
+from prometheus_client import generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
+from batchrun.metrics import names
+from batchrun.metrics.recorder import RunMetrics
+from batchrun.openai.records import Outcome, Request
+
+SEP = "\x00"  # the pool's request ids: "<slot>\x00<custom_id>" (serve/router.py)
 
 
 class Metrics:
-    """Tokens (counters); requests by outcome, queue depth, batches by status and engine
-    restarts come from `gauges`, read when the page is asked for."""
+    """The server's registry; `gauges` (the runner's) says what the batches hold when the page
+    is asked for."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.tokens = {"prompt": 0, "completion": 0}
         self.gauges: Callable[[], Mapping[str, object]] = dict
+        self.run = RunMetrics()
+        # Tokens are counted as they are journaled (`count`), not as the pool hears them.
+        self.run.count_tokens = False
+        self.run.requests_source = self._requests
+        self.run.queue_depth = lambda: int(self._gauge("queue_depth", 0))
+        self.run.extra = self._batches
+        self._pool: Any = None
+
+    def watch(self, pool: Any, jobs: Mapping[str, Any] | None = None) -> None:
+        """Feed the metrics from this engine pool (a SharedScheduler) from now on; `jobs`: the
+        active batches by slot, whose creation starts their requests' queue wait."""
+        run = self.run
+        with self._lock:
+            if self._pool is not None:  # a pool of another kind took over: keep its counts
+                run.cached_base += run.cached_tokens()
+            self._pool = pool
+        pool.metrics = run
+        workers = pool.workers
+        run.in_flight = lambda: sum(len(w.inflight) for w in workers)
+        run.batch_size = lambda: pool.batch_size
+        run.cached_tokens = lambda: sum(w.cache_hits for w in workers)
+        if jobs is not None:
+            run.queue_origin = _by_slot(jobs)
 
     def count(self, outcomes: Sequence[Outcome]) -> None:
         """Count the tokens of journaled outcomes."""
-        with self._lock:
-            self.tokens["prompt"] += sum(int(o.prompt_tokens or 0) for o in outcomes)
-            self.tokens["completion"] += sum(int(o.completion_tokens or 0) for o in outcomes)
+        run = self.run
+        prompt = sum(int(o.prompt_tokens or 0) for o in outcomes)
+        completion = sum(int(o.completion_tokens or 0) for o in outcomes)
+        with run.lock:
+            run.tokens["prompt"] += prompt
+            run.tokens["completion"] += completion
 
     def render(self) -> str:
         """The Prometheus text exposition."""
-        with self._lock:
-            tokens = dict(self.tokens)
-        gauges = self.gauges()
-        requests = gauges.get("requests", {"succeeded": 0, "failed": 0})
-        assert isinstance(requests, Mapping)
-        lines: list[str] = []
-        # The batches' request_counts summed (invalid lines are failed requests), so that the
-        # page and the API always agree.
-        _family(
-            lines,
-            "batchrun_requests_total",
-            "counter",
-            "Requests of every batch by outcome: the sum of the batches' request_counts.",
-            (({"outcome": k}, v) for k, v in requests.items()),
-        )
-        _family(
-            lines,
-            "batchrun_tokens_total",
-            "counter",
-            "Tokens of journaled attempts.",
-            (({"kind": k}, v) for k, v in tokens.items()),
-        )
-        _family(
-            lines,
-            "batchrun_queue_depth",
-            "gauge",
-            "Requests of running batches not finished yet.",
-            [({}, gauges.get("queue_depth", 0))],
-        )
-        by_status = gauges.get("batches", {})
-        assert isinstance(by_status, Mapping)
-        _family(
-            lines,
-            "batchrun_batches",
-            "gauge",
-            "Batches by status.",
-            (({"status": k}, v) for k, v in sorted(by_status.items())),
-        )
-        _family(
-            lines,
-            "batchrun_engine_restarts_total",
-            "counter",
-            "Engine worker starts beyond the first of each worker.",
-            [({}, gauges.get("engine_restarts", 0))],
-        )
-        return "\n".join(lines) + "\n"
+        return generate_latest(self.run.registry).decode("utf-8")
+
+    def _gauge(self, key: str, default: object) -> Any:
+        return self.gauges().get(key, default)
+
+    def _requests(self) -> Mapping[str, int]:
+        requests = self._gauge("requests", {"succeeded": 0, "failed": 0})
+        return {str(k): int(v) for k, v in dict(requests).items()}
+
+    def _batches(self) -> Sequence[Metric]:
+        family = GaugeMetricFamily(names.BATCHES, "Batches by status.", labels=["status"])
+        for status, n in sorted(dict(self._gauge("batches", {})).items()):
+            family.add_metric([str(status)], n)
+        return [family]
 
 
-def _family(
-    lines: list[str],
-    name: str,
-    kind: str,
-    help_text: str,
-    samples: Iterable[tuple[dict[str, str], object]],
-) -> None:
-    lines.append(f"# HELP {name} {help_text}")
-    lines.append(f"# TYPE {name} {kind}")
-    for labels, value in samples:
-        shown = ",".join(f'{k}="{v}"' for k, v in labels.items())
-        lines.append(f"{name}{{{shown}}} {value}" if shown else f"{name} {value}")
+def _by_slot(jobs: Mapping[str, Any]) -> Callable[[Request], float | None]:
+    """A request's queue origin: its batch's creation (the slot is its engine id's prefix)."""
+
+    def origin(request: Request) -> float | None:
+        slot, sep, _ = request.custom_id.partition(SEP)
+        job = jobs.get(slot) if sep else None
+        return float(job.manifest.created_at) if job is not None else None
+
+    return origin

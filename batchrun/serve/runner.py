@@ -266,6 +266,7 @@ class Runner:
             self.root, self.options, endpoint, self.active, _Log(self.say), self._on_results
         )
         pool.live = lambda: self._live(kind)
+        self.metrics.watch(pool, self.active)  # latency, queue wait, restarts: /metrics
         self.pool, self._pool_kind = pool, kind
         self._other_first_since, self._yielding = None, False
         self._pool_since = time.monotonic()
