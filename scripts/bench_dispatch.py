@@ -11,12 +11,16 @@ Workloads (seeded; temperature 0):
   (a) shared documents, shuffled: 20 documents of ~700 words x 10 questions, max_tokens 16;
   (b) one ~1,000-token few-shot prefix (a system message) + 400 items, max_tokens 16;
   (c) 20% duplicate lines: part A's independent prompts, a fifth of them repeated, shuffled;
-  (d) part A's independent prompts (no regression wanted).
+  (d) part A's independent prompts (no regression wanted);
+  (e) a two-level prefix tree: one ~300-word system prompt shared by every line, then 20
+      documents of ~700 words x 10 questions, max_tokens drawn from 8..64, shuffled.
 
 Contenders, each in a fresh process, with the same engine settings and KV cache budget
 (`kv_cache_memory_bytes`): raw `LLM.chat` in input order (prefix caching on, vLLM's default), vLLM
-`run_batch`, `batchrun --order input`, `batchrun --order auto`, and raw `LLM.chat` in-process
-(`VLLM_ENABLE_V1_MULTIPROCESSING=0`: on a CPU the model on every core, batchrun's layout). The
+`run_batch`, `batchrun --order input`, `batchrun --order auto`, raw `LLM.chat` in-process
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`: on a CPU the model on every core, batchrun's layout), and
+raw `LLM.chat` in-process on the same lines sorted by their prompt (by document: the best order
+any tool could pick with every request in hand). The
 rounds interleave every contender of every workload; each ratio is against raw vLLM of the same
 workload and round, the default one (the targets) and the in-process one (what the order adds in
 the same layout).
@@ -46,13 +50,31 @@ MAX_MODEL_LEN = 2048
 # tokens; SmolLM2-135M keeps 23 KiB of KV per token in bf16, 46 in float32).
 KV_CACHE_BYTES = 150_000_000
 TARGETS = {"a": 2.0, "b": 1.3, "c": 1.3, "d": 0.98}
+# Targets against raw vLLM in the same process layout (issue 29): (workload, base) -> ratio.
+# "raw-sorted": raw in-process on the lines sorted by document; "raw-inproc": in the file's order.
+SAME_LAYOUT_TARGETS = {
+    ("a", "raw-sorted"): 0.95,
+    ("a", "raw-inproc"): 2.0,
+    ("e", "raw-sorted"): 0.95,
+    ("e", "raw-inproc"): 2.0,
+    ("d", "raw-inproc"): 0.98,
+}
 WORKLOADS = {
     "a": "(a) shared documents, shuffled",
     "b": "(b) one few-shot prefix + items",
     "c": "(c) 20% duplicate lines",
     "d": "(d) independent prompts",
+    "e": "(e) system prompt > documents > questions, shuffled",
 }
-CONTENDERS = ("raw", "run_batch", "batchrun-input", "batchrun-auto", "raw-inproc")
+CONTENDERS = (
+    "raw",
+    "run_batch",
+    "batchrun-input",
+    "batchrun-auto",
+    "raw-inproc",
+    "raw-sorted",
+    "batchrun-before",
+)
 _WORDS = (
     "river city market light garden winter music engine harbor forest letter window mountain "
     "story bridge silver paper morning station kitchen island village teacher doctor ocean "
@@ -111,6 +133,18 @@ def workload_lines(kind: str, scale: float, seed: int) -> list[dict[str, Any]]:
             user = f"Review: {_text(rng, 20)}\nSentiment:"
             messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
             lines.append(_chat(f"b-{i}", messages, 16))
+    elif kind == "e":
+        system = f"You answer questions about documents. {_text(rng, 300)}"
+        docs = [_text(rng, 700) for _ in range(max(2, round(20 * scale)))]
+        for d, doc in enumerate(docs):
+            for q in range(10):
+                question = f"Question {q}: what does the document say about the {_VOCAB[q]}?"
+                messages = [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": f"Document:\n\n{doc}\n\n{question}"},
+                ]
+                lines.append(_chat(f"e-{d}-{q}", messages, rng.randint(8, 64)))
+        rng.shuffle(lines)
     else:
         n = max(5, round(200 * scale))
         unique = bench.make_chat_requests(n if kind == "d" else n - n // 5, seed)
@@ -125,16 +159,35 @@ def workload_lines(kind: str, scale: float, seed: int) -> list[dict[str, Any]]:
 # -- contenders --------------------------------------------------------------------------------
 
 
+def sorted_by_prompt(inp: Path, out: Path) -> Path:
+    """`inp`'s lines sorted by their messages (stable): grouped by document, as a person who
+    knew the file would order it for raw vLLM."""
+    lines = [json.loads(x) for x in inp.read_text().splitlines() if x.strip()]
+    lines.sort(key=lambda r: json.dumps(r["body"]["messages"]))
+    bench.write_jsonl(out, lines)
+    return out
+
+
 def run_raw(
-    inp: Path, work: Path, model: str, dtype: str, kv: int, inproc: bool = False
+    inp: Path,
+    work: Path,
+    model: str,
+    dtype: str,
+    kv: int,
+    inproc: bool = False,
+    sort: bool = False,
 ) -> CResult:
     """Raw vLLM: one `LLM.chat` call in input order, in a child process (`--_child-raw`);
-    `inproc`: its engine core in that process (the model on every core of a CPU)."""
-    res = (
-        CResult("raw-inproc", "raw vLLM in-process, one LLM.chat call")
-        if inproc
-        else CResult("raw", "raw vLLM, one LLM.chat call")
-    )
+    `inproc`: its engine core in that process (the model on every core of a CPU); `sort`: in
+    process, on the lines sorted by prompt."""
+    if sort:
+        res = CResult("raw-sorted", "raw vLLM in-process, sorted by document")
+        inp = sorted_by_prompt(inp, work / f"sorted-{inp.name}")
+        inproc = True
+    elif inproc:
+        res = CResult("raw-inproc", "raw vLLM in-process, one LLM.chat call")
+    else:
+        res = CResult("raw", "raw vLLM, one LLM.chat call")
     out = work / "raw-result.json"
     out.unlink(missing_ok=True)
     argv = [sys.executable, str(Path(__file__).resolve()), "--_child-raw", str(inp), model, dtype]
@@ -225,12 +278,20 @@ def run_run_batch(inp: Path, work: Path, model: str, dtype: str, kv: int, cuda: 
     return res
 
 
-def run_batchrun(inp: Path, work: Path, dtype: str, kv: int, order: str) -> CResult:
-    """`batchrun submit --order ORDER` then `batchrun export`; the hit rate from its status."""
+def run_batchrun(
+    inp: Path, work: Path, dtype: str, kv: int, order: str, baseline: Path | None = None
+) -> CResult:
+    """`batchrun submit --order ORDER` then `batchrun export`; the hit rate from its status.
+    `baseline`: batchrun's package from that folder instead (`--baseline`)."""
     res = CResult(f"batchrun-{order}", f"batchrun --order {order}")
     job = work / f"job-{order}"
-    shutil.rmtree(job, ignore_errors=True)
     br = bench.batchrun_cmd()
+    env = None
+    if baseline is not None:
+        res = CResult("batchrun-before", f"batchrun --order {order}, before (--baseline)")
+        job = work / f"job-before-{order}"
+        br, env = [sys.executable, "-m", "batchrun"], {"PYTHONPATH": str(baseline)}
+    shutil.rmtree(job, ignore_errors=True)
     submit = run_cmd(
         [
             *br, "submit", str(inp), "--job-dir", str(job), "--order", order,
@@ -238,13 +299,16 @@ def run_batchrun(inp: Path, work: Path, dtype: str, kv: int, order: str) -> CRes
             "--enforce-eager", "--dtype", dtype, "--seed", str(bench.SEED),
             "--kv-cache-memory-bytes", str(kv), "--no-progress",
         ],
-        work / f"batchrun-{order}.log",
+        work / f"{res.name}.log",
+        env=env,
     )  # fmt: skip
     res.wall_s, res.cpu_s, res.load = submit.wall_s, submit.cpu_s, submit.load
     if submit.rc != 0:
         res.error = f"submit exited {submit.rc}: {submit.tail(5)}"
         return res
-    export = run_cmd([*br, "export", "--job-dir", str(job)], work / f"export-{order}.log")
+    export = run_cmd(
+        [*br, "export", "--job-dir", str(job)], work / f"export-{res.name}.log", env=env
+    )
     if export.rc != 0:
         res.error = f"export exited {export.rc}: {export.tail(5)}"
         return res
@@ -258,7 +322,7 @@ def run_batchrun(inp: Path, work: Path, dtype: str, kv: int, order: str) -> CRes
         res.gen_s = max(times) - ready[0]
         res.ready_s = ready[0] - submit.started_wall
     res.succeeded, res.tokens = count_output_tokens(job / "output.jsonl")
-    status = run_cmd([*br, "status", "--job-dir", str(job), "--json"], work / "status.log")
+    status = run_cmd([*br, "status", "--job-dir", str(job), "--json"], work / "status.log", env=env)
     text = "\n".join(t for _, s, t in status.lines if s == "out")
     if status.rc == 0 and text.strip():
         data = json.loads(text)
@@ -311,12 +375,31 @@ def verdicts(results: list[CResult], rounds: int) -> list[str]:
             f"median {statistics.median(ratios):.2f}x; target >= {target}x in {need} rounds: "
             f"{'met' if met >= need else 'NOT met'} ({met} of {len(ratios)}){inproc}"
         )
+    for (kind, base), target in SAME_LAYOUT_TARGETS.items():
+        ratios = auto_ratios(results, kind, base)
+        if not ratios:
+            continue
+        met = sum(x >= target for x in ratios)
+        need = min(2, rounds)
+        each = ", ".join(f"{x:.2f}x" for x in ratios)
+        lines.append(
+            f"{WORKLOADS[kind]}: batchrun --order auto / {LABELS[base]}, generation tok/s: "
+            f"{each}; target >= {target}x in {need} rounds: "
+            f"{'met' if met >= need else 'NOT met'} ({met} of {len(ratios)})"
+        )
     return lines
+
+
+LABELS = {
+    "raw": "raw vLLM",
+    "raw-inproc": "raw vLLM in-process, file order",
+    "raw-sorted": "raw vLLM in-process, sorted by document",
+}
 
 
 HEAD = [
     "workload", "contender", "round", "generation (s)", "generated tokens", "tok/s (generation)",
-    "vs raw", "vs raw in-process", "prefix-cache hit rate", "wall (s)", "load avg", "notes",
+    "vs raw", "vs raw in-process", "vs raw sorted", "prefix-cache hit rate", "wall (s)", "load avg", "notes",
 ]  # fmt: skip
 
 
@@ -326,13 +409,15 @@ def rows(results: list[CResult]) -> list[list[str]]:
     for r in results:
         x = ratio(results, r)
         y = ratio(results, r, "raw-inproc")
+        z = ratio(results, r, "raw-sorted")
         hit = f"{r.hit_rate:.1%}" if r.hit_rate is not None else "n/a"
         out.append(
             [
                 WORKLOADS[r.workload], r.label, str(r.round), bench._f(r.gen_s),
                 f"{r.tokens:,}" if r.tokens is not None else "n/a", bench._f(r.tok_per_s),
                 f"{x:.2f}x" if x is not None else "n/a",
-                f"{y:.2f}x" if y is not None else "n/a", hit, bench._f(r.wall_s),
+                f"{y:.2f}x" if y is not None else "n/a",
+                f"{z:.2f}x" if z is not None else "n/a", hit, bench._f(r.wall_s),
                 bench._f(r.load, "{:.2f}"), (r.error or r.note)[:160],
             ]
         )  # fmt: skip
@@ -346,9 +431,12 @@ def part_c(args: argparse.Namespace, work: Path, command: str, machine: dict[str
     dtype, dtype_note = bench.effective_dtype(args.dtype, cuda)
     kv = args.kv_cache_bytes
     scale = args.dispatch_scale
-    only = set(args.only.split(",")) if args.only else set(CONTENDERS)
+    only = set(args.only.split(",")) if args.only else set(CONTENDERS) - {"batchrun-before"}
+    if "batchrun-before" in only and args.baseline is None:
+        raise SystemExit("the batchrun-before contender needs --baseline")
     inputs = {}
-    for kind in WORKLOADS:
+    kinds = args.workloads.split(",") if args.workloads else list(WORKLOADS)
+    for kind in kinds:
         inputs[kind] = work / f"workload-{kind}.jsonl"
         bench.write_jsonl(inputs[kind], workload_lines(kind, scale, args.seed))
     print(f"Part C: dispatch, KV cache {kv:,} bytes, dtype {dtype}, scale {scale}, model {model}")
@@ -358,6 +446,8 @@ def part_c(args: argparse.Namespace, work: Path, command: str, machine: dict[str
         "batchrun-input": lambda inp: run_batchrun(inp, work, dtype, kv, "input"),
         "batchrun-auto": lambda inp: run_batchrun(inp, work, dtype, kv, "auto"),
         "raw-inproc": lambda inp: run_raw(inp, work, model, dtype, kv, inproc=True),
+        "raw-sorted": lambda inp: run_raw(inp, work, model, dtype, kv, sort=True),
+        "batchrun-before": lambda inp: run_batchrun(inp, work, dtype, kv, "auto", args.baseline),
     }
     results: list[CResult] = []
     for round_ in range(1, args.rounds + 1):
@@ -383,13 +473,13 @@ def part_c(args: argparse.Namespace, work: Path, command: str, machine: dict[str
         print("  " + v)
     if args.no_docs:
         return
-    sizes = ", ".join(f"{kind} {sum(1 for _ in inputs[kind].open())} lines" for kind in WORKLOADS)
+    sizes = ", ".join(f"{kind} {sum(1 for _ in inputs[kind].open())} lines" for kind in inputs)
     quick = "\n**A reduced run (--dispatch-scale below 1): for development only.**\n"
     body = f"""## Dispatch: prefix-aware, duplicate-aware, length-aware order against raw vLLM
 {quick if scale < 1 else ""}
 - Measured: {bench.machine_line(machine)}.
 - Command: `{command}`
-- Workloads ({sizes}; seed {args.seed}; temperature 0): {"; ".join(WORKLOADS.values())}.
+- Workloads ({sizes}; seed {args.seed}; temperature 0): {"; ".join(WORKLOADS[k] for k in inputs)}.
 - The same engine settings for every contender: model {bench.MODEL_NAME}, max_model_len
   {MAX_MODEL_LEN}, enforce_eager, dtype {dtype} ({dtype_note}), max_num_seqs
   {bench.MAX_NUM_SEQS}, seed {bench.SEED}, KV cache {kv:,} bytes (`kv_cache_memory_bytes`,
@@ -426,6 +516,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=150_000_000,
         help="the KV cache budget every contender gets (kv_cache_memory_bytes)",
+    )
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a folder holding batchrun's package as it was (`git archive COMMIT batchrun | tar "
+        "-x -C DIR`): the batchrun-before contender runs it, to compare before and after",
+    )
+    p.add_argument(
+        "--workloads",
+        default=None,
+        help=f"comma list of workloads to run (default: all of {','.join(WORKLOADS)})",
     )
 
 

@@ -45,6 +45,17 @@ class CacheCounting(Protocol):
 
 
 @runtime_checkable
+class KvCacheSized(Protocol):
+    """An engine whose prefix cache has a known size (vLLM); the planner's admission keeps the
+    prefixes a worker holds within it (run/admission.py)."""
+
+    def kv_cache_size(self) -> tuple[int, int] | None:
+        """The KV cache's size in tokens, and the tokens of one block; None when it caches no
+        prefixes (prefix caching off, a pooling model)."""
+        ...
+
+
+@runtime_checkable
 class Abortable(Protocol):
     """An engine that can drop a running request (vLLM, echo): `--request-timeout` aborts it
     there; without this, the worker is replaced to free the request's place."""

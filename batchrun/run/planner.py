@@ -230,6 +230,11 @@ def _tokens(request: Request) -> int:
     return (limit if isinstance(limit, int) and limit > 0 else UNLIMITED_TOKENS) * choices
 
 
+def expected_tokens(request: Request) -> int:
+    """The tokens a request asks for, as the plan estimates them (run/prefixes.py reads it)."""
+    return _tokens(request)
+
+
 def _size(request: Request) -> int:
     """A cheap upper bound of a request's prompt characters, for the window's size."""
     body = request.body

@@ -39,6 +39,7 @@ from batchrun.job.journal import JournalWriter, plain_result
 from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.state import JobState
 from batchrun.openai.records import Outcome, Request
+from batchrun.run.admission import Admission, KvCache
 from batchrun.run.dedup import Duplicates
 from batchrun.run.poison import Isolator
 from batchrun.run.watchdog import HangPolicy, Watchdog
@@ -148,6 +149,10 @@ class Scheduler(HangPolicy):
         self.events: EventLog | None = None
         # Why a worker stopped without dying (by index), for the restart's reason in /metrics.
         self._stopped_for: dict[int, str] = {}
+        # The planner's admission (run/admission.py): the prefixes a worker holds fit its KV
+        # cache. Made for a run's source once a worker reports its cache; None: plan order.
+        self.admission: Admission | None = None
+        self._no_kv_said = False
 
     # -- sizing ---------------------------------------------------------------------------------
 
@@ -222,6 +227,8 @@ class Scheduler(HangPolicy):
                 raise BatchrunError("no engine worker is left running")
             for w in self.workers:
                 if w.retired:
+                    if self.admission is not None:
+                        self.admission.retire(w.index)
                     continue
                 if w.process is None:
                     if time.monotonic() < w.start_not_before:
@@ -243,8 +250,14 @@ class Scheduler(HangPolicy):
                     batch.append(self.pending.popleft())
                 if len(batch) < room and not exhausted:
                     want = room - len(batch)
-                    got = list(itertools.islice(source, want))  # one C loop, not one per request
-                    exhausted = len(got) < want and not (self.live is not None and self.live())
+                    admission = self._admission_for(source, w)
+                    if admission is not None:
+                        kv = KvCache(*w.kv_cache) if w.kv_cache is not None else None
+                        got = admission.take(w.index, want, kv, w.settings.window)
+                        exhausted = admission.exhausted
+                    else:
+                        got = list(itertools.islice(source, want))  # one C loop, not one each
+                        exhausted = len(got) < want and not (self.live is not None and self.live())
                     batch += got
                 if batch:
                     taken += len(batch)
@@ -264,6 +277,25 @@ class Scheduler(HangPolicy):
         if busy_since is not None:
             stats.seconds = time.monotonic() - busy_since
         return stats
+
+    def _admission_for(self, source: Iterator[Request], w: Worker) -> Admission | None:
+        """The admission over `source` (made when a worker first reports its KV cache), or None:
+        requests go out in the plan's order (--order input, a live source, an engine that
+        reports no KV cache: said once)."""
+        if self.admission is not None and self.admission.source is source:
+            return self.admission
+        if self.duplicates is None or self.live is not None:
+            return None  # --order input (no plan to keep to), or serve's live queue
+        if w.kv_cache is None:
+            if not self._no_kv_said:
+                self._no_kv_said = True
+                self.reporter.event(
+                    f"{w.label}: the {w.settings.engine} engine reports no KV cache size; "
+                    "requests go out in the plan's order with no prefix budget"
+                )
+            return None
+        self.admission = Admission(source)
+        return self.admission
 
     def _isolating(self, w: Worker) -> bool:
         """Whether `w` is (or now starts) running a group of suspects alone: then nothing else."""
@@ -386,6 +418,8 @@ class Scheduler(HangPolicy):
 
     def _count(self, outcomes: list[Outcome], stats: RunStats) -> None:
         """Add journaled outcomes to the run's figures, and tell the reporter."""
+        if self.admission is not None:
+            self.admission.finished(o.custom_id for o in outcomes)
         succeeded = sum(map(_OK, outcomes))
         stats.outcomes += len(outcomes)
         stats.succeeded += succeeded
@@ -401,6 +435,8 @@ class Scheduler(HangPolicy):
             "label": w.label,
             "batch_size": w.settings.window,
             "start_s": round(w.start_s, 2),
+            # The planner's KV budget (run/admission.py): tokens, and tokens a block.
+            "kv_cache_tokens": w.kv_cache[0] if w.kv_cache is not None else None,
         }
 
     # -- workers --------------------------------------------------------------------------------

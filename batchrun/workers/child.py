@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from batchrun.config import EngineSettings
-from batchrun.engines.base import Abortable, CacheCounting
+from batchrun.engines.base import Abortable, CacheCounting, KvCacheSized
 from batchrun.job.journal import encode_body
 from batchrun.openai.records import Outcome, Request
 from batchrun.openai.responses import failure, holds_no_float
@@ -131,6 +131,8 @@ def worker_main(
                 "pid": os.getpid(),
                 "start_s": time.monotonic() - started,
                 "peak_memory_mb": peak_memory_mb(),
+                # [tokens, tokens a block] or None: the planner's KV budget (run/admission.py).
+                "kv_cache": engine.kv_cache_size() if isinstance(engine, KvCacheSized) else None,
             },
         )
     )

@@ -75,6 +75,9 @@ class Worker:
     # The custom_ids it held when it last ran out of memory while running: the same set running
     # out again points at one of them, not at the batch's size.
     oom_held: frozenset[str] = frozenset()
+    # Its engine's KV cache as the ready message gave it, (tokens, tokens a block); None when the
+    # engine reports none (echo): the planner's admission then sets no limit.
+    kv_cache: tuple[int, int] | None = None
 
     @property
     def log(self) -> str | None:
@@ -158,6 +161,8 @@ class Worker:
             self.ready = True
             self.start_s = float(payload.get("start_s", 0.0))
             self.peak_memory_mb = payload.get("peak_memory_mb")
+            kv = payload.get("kv_cache")
+            self.kv_cache = (int(kv[0]), int(kv[1])) if kv else None
         elif kind == "fatal":
             self.death = WorkerDeath(
                 oom=bool(payload.get("oom")),

@@ -250,6 +250,15 @@ class VllmEngine:
         """vLLM's prefix-cache counters: prompt tokens looked up, and found cached."""
         return self._cache.counters()
 
+    def kv_cache_size(self) -> tuple[int, int] | None:
+        """The KV cache vLLM allocated, in tokens (its blocks times their size), and the tokens
+        of a block; None when it caches no prefixes (prefix caching off, a pooling model)."""
+        cache = self._engine.vllm_config.cache_config
+        blocks, block = cache.num_gpu_blocks, cache.block_size
+        if self.pooling or not cache.enable_prefix_caching or not blocks or not block:
+            return None
+        return int(blocks) * int(block), int(block)
+
     def close(self) -> None:
         """Shut the engine down and free its memory (idempotent)."""
         engine, self._engine = self._engine, None
