@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import msgspec
 
@@ -192,8 +192,10 @@ def repair_tail(path: Path) -> int:
         return size - keep
 
 
-def read_records(path: Path, *, strict: bool = True) -> Iterator[dict[str, Any]]:
-    """Yield the journal's records in order.
+def read_records(
+    path: Path, *, strict: bool = True, end: int | None = None
+) -> Iterator[dict[str, Any]]:
+    """Yield the journal's records in order (those whose lines end by byte `end`, when given).
 
     A line that is not a JSON object is a corrupt journal: with `strict`, that raises a
     BatchrunError naming the line; otherwise the line is skipped. A torn final line (no newline)
@@ -202,8 +204,12 @@ def read_records(path: Path, *, strict: bool = True) -> Iterator[dict[str, Any]]
     if not path.exists():
         return
     with path.open("rb") as f:
+        pos = 0
         for lineno, raw in enumerate(f, start=1):
             if not raw.endswith(b"\n"):
+                return
+            pos += len(raw)
+            if end is not None and pos > end:
                 return
             try:
                 rec = json.loads(raw)
@@ -217,6 +223,18 @@ def read_records(path: Path, *, strict: bool = True) -> Iterator[dict[str, Any]]
                     )
                 continue
             yield rec
+
+
+class JournalWatcher(Protocol):
+    """Told of each write to the journal (the job's summary keeper, job/summary.py)."""
+
+    def written(self, offset: int, data: bytes) -> None:
+        """`data` was written; the journal now ends at `offset`."""
+        ...
+
+    def closed(self, offset: int) -> None:
+        """The journal, ending at `offset`, was synced and is about to close."""
+        ...
 
 
 @dataclass
@@ -242,6 +260,10 @@ class JournalWriter:
     _error: OSError | None = field(default=None, init=False)
     _cond: threading.Condition = field(default_factory=threading.Condition, init=False)
     _syncer: threading.Thread | None = field(default=None, init=False)
+    # Where the journal ends: its size at open plus every byte written since.
+    offset: int = field(default=0, init=False)
+    # Told of each write and of the close (None: nobody watches).
+    watcher: JournalWatcher | None = field(default=None, init=False)
 
     def open(self) -> JournalWriter:
         """Repair a torn tail and open for appending."""
@@ -249,6 +271,7 @@ class JournalWriter:
             repair_tail(self.path)
             # buffering=0: every write() reaches the kernel, so a killed process loses nothing.
             self._f = open(self.path, "ab", buffering=0)  # noqa: SIM115
+            self.offset = os.fstat(self._f.fileno()).st_size
         except OSError as e:  # a read-only or full job directory: one line, not a traceback
             raise BatchrunError(f"cannot open the journal {self.path}: {e.strerror or e}") from e
         self._closing = False
@@ -277,6 +300,9 @@ class JournalWriter:
                 view = view[n or 0 :]
         except OSError as e:
             raise BatchrunError(f"cannot write the journal {self.path}: {e.strerror or e}") from e
+        self.offset += len(data)
+        if self.watcher is not None:
+            self.watcher.written(self.offset, data)
         cond = self._cond
         with cond:
             self._unsynced += count
@@ -358,6 +384,8 @@ class JournalWriter:
                 syncer.join()  # an fsync in flight finishes first
                 self._syncer = None
             self.sync()
+            if self.watcher is not None:
+                self.watcher.closed(self.offset)
         finally:
             self._f.close()
             self._f = None

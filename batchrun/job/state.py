@@ -50,16 +50,22 @@ class JobState:
     generation: str | None = None
     # Results copied from an identical request's outcome (run/dedup.py): engine runs saved.
     deduplicated: int = 0
+    # Results answered from the cross-job answer cache (run/answer_cache.py): engine runs saved.
+    cache_hits: int = 0
+    # Kept as records are folded, so that these counts cost O(1) to read: requests whose last
+    # attempt succeeded, and attempts.
+    ok: int = 0
+    tried: int = 0
 
     @property
     def succeeded(self) -> int:
         """Requests whose last attempt succeeded."""
-        return sum(1 for v in self.last.values() if v == OK)
+        return self.ok
 
     @property
     def failed(self) -> int:
         """Requests whose last attempt failed."""
-        return sum(1 for v in self.last.values() if v != OK)
+        return len(self.last) - self.ok
 
     def is_done(self, custom_id: str) -> bool:
         """Whether the request has any finished attempt."""
@@ -91,12 +97,18 @@ class JobState:
             return
         cid = rec["custom_id"]
         self.attempts[cid] = self.attempts.get(cid, 0) + 1
+        self.tried += 1
+        last = self.last
+        self.ok -= last.get(cid) == OK
         if rec.get("ok"):
-            self.last[cid] = OK
+            last[cid] = OK
+            self.ok += 1
         else:
-            self.last[cid] = FAILED_RETRYABLE if rec.get("retryable") else FAILED_FINAL
+            last[cid] = FAILED_RETRYABLE if rec.get("retryable") else FAILED_FINAL
         if "copy_of" in rec:
             self.deduplicated += 1
+        if rec.get("cached"):
+            self.cache_hits += 1
         self.prompt_tokens += int(rec.get("prompt_tokens") or 0)
         tokens = int(rec.get("completion_tokens") or 0)
         self.completion_tokens += tokens
@@ -117,7 +129,7 @@ class JobState:
         numbers."""
         attempts, last, current = self.attempts, self.last, self.current
         numbers: list[int] = []
-        counted = prompt_tokens = tokens = 0
+        counted = prompt_tokens = tokens = ok = hits = 0
         for outcome in outcomes:
             cid = outcome.custom_id
             attempt = attempts.get(cid, 0) + 1
@@ -125,15 +137,23 @@ class JobState:
             if current is not None and cid not in current:
                 continue  # its line left the input file: no longer part of the job
             attempts[cid] = attempt
+            if attempt > 1:
+                ok -= last.get(cid) == OK
             if outcome.ok:
                 last[cid] = OK
+                ok += 1
             else:
                 last[cid] = FAILED_RETRYABLE if outcome.retryable else FAILED_FINAL
             prompt_tokens += int(outcome.prompt_tokens or 0)
             tokens += int(outcome.completion_tokens or 0)
             counted += 1
+            if outcome.extra and outcome.extra.get("cached"):
+                hits += 1
+        self.ok += ok
+        self.cache_hits += hits
         if not counted:
             return numbers
+        self.tried += counted
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += tokens
         if self.first_time is None or t < self.first_time:
@@ -152,8 +172,8 @@ class JobState:
         return numbers
 
 
-def replay(paths: JobPaths, manifest: Manifest | None = None) -> JobState:
-    """Derive the job's state from its journal (the one source of truth).
+def replay(paths: JobPaths, manifest: Manifest | None = None, end: int | None = None) -> JobState:
+    """Derive the job's state from its journal (the one source of truth), up to byte `end`.
 
     With the manifest, of the input file as it is now: after a forced resume, requests that left
     the file and the old file's invalid lines are not counted (see InputMap).
@@ -162,6 +182,6 @@ def replay(paths: JobPaths, manifest: Manifest | None = None) -> JobState:
     state = JobState()
     if input_map is not None:
         state.current, state.generation = input_map.lines, input_map.generation
-    for rec in read_records(paths.journal):
+    for rec in read_records(paths.journal, end=end):
         state.record(rec)
     return state

@@ -9,21 +9,23 @@ from batchrun.job.cost import job_cost
 from batchrun.job.lock import lock_holder
 from batchrun.job.manifest import Manifest, find_input, load_manifest
 from batchrun.job.paths import JobPaths
-from batchrun.job.state import replay
-from batchrun.job.timing import job_timing
+from batchrun.job.summary import current_summary
 
 
 def job_status(job_dir: Path) -> dict[str, Any]:
-    """Everything `batchrun status` shows, as one JSON-ready object."""
+    """Everything `batchrun status` shows, as one JSON-ready object.
+
+    O(1) in the journal's length: the job's summary plus the journal past it (job/summary.py).
+    """
     paths = JobPaths(job_dir)
     manifest = load_manifest(paths)
     # Of the input as it is now: after a forced resume, only the requests still in the file.
-    state = replay(paths, manifest)
+    state = current_summary(paths, manifest)
     # Where resume would find the input: a job moved together with its input finds it there.
     found = find_input(paths, manifest)
     holder = lock_holder(paths)
     requests = manifest.requests
-    done = len(state.last)
+    done = state.done
     status = manifest.status
     if holder is not None:
         status = "running"
@@ -54,7 +56,7 @@ def job_status(job_dir: Path) -> dict[str, Any]:
             "invalid": state.invalid,
             "pending": max(0, requests - done),
         },
-        "attempts": sum(state.attempts.values()),
+        "attempts": state.attempts,
         "tokens": {"prompt": state.prompt_tokens, "completion": state.completion_tokens},
         "throughput": {
             "requests_per_s": round(done / span, 2) if span > 0 else None,
@@ -72,8 +74,8 @@ def job_status(job_dir: Path) -> dict[str, Any]:
             manifest.prefix_cache.get("queries", 0), manifest.prefix_cache.get("hits", 0)
         ),
         "deduplicated": state.deduplicated,
-        # latency_s and queue_s ({p50, p99}), errors (rate and by code): from the journal.
-        **job_timing(paths.journal, [r.started_at for r in manifest.runs]),
+        # latency_s and queue_s ({p50, p99}), errors (rate and by code): from the summary.
+        **state.timing_of([r.started_at for r in manifest.runs]).summary(),
         "cost": job_cost(job_dir, state.prompt_tokens + state.completion_tokens),
     }
 

@@ -21,6 +21,7 @@ from batchrun.job.journal import JournalWriter
 from batchrun.job.manifest import Manifest, Run, save_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.state import FAILED_RETRYABLE, OK, JobState, replay
+from batchrun.job.summary import keep_summary
 from batchrun.openai.records import Request
 from batchrun.run.dedup import Duplicates
 from batchrun.run.options import RunOptions
@@ -118,6 +119,7 @@ def run_job(
     status = "failed"
     try:
         with JournalWriter(paths.journal) as journal:
+            keep_summary(paths, manifest, journal)  # status reads it: O(1) in the journal
             scheduler = Scheduler(settings, envs, journal, state, reporter, worker_class)
             scheduler.job_dir = paths.root
             scheduler.duplicates = duplicates

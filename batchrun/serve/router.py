@@ -24,6 +24,7 @@ from batchrun.job.manifest import Manifest, load_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.state import FAILED_RETRYABLE, OK, JobState, replay
+from batchrun.job.summary import keep_summary
 from batchrun.openai.records import POOLING_ENDPOINTS, Outcome, Request
 from batchrun.run.dedup import Duplicates
 from batchrun.run.options import RunOptions
@@ -101,6 +102,7 @@ def open_job(
     manifest = load_manifest(paths)
     state = replay(paths, manifest)
     journal = JournalWriter(paths.journal).open()
+    keep_summary(paths, manifest, journal)  # status reads it: O(1) in the journal
     locks.callback(journal.close)
     job = ActiveJob(
         batch_id=batch_id,

@@ -1,0 +1,480 @@
+"""The job's summary: its counts as of one point of its journal, so that `status` costs O(1).
+
+The journal stays the one source of truth. The process that runs a job keeps `summary.json`
+beside it (`SummaryKeeper`): the counts status shows (requests done and succeeded, invalid lines,
+attempts, tokens, timing, per-worker figures, latency and queue-wait histograms, errors by code)
+and the journal offset they cover, with a digest of the journal's bytes just before that offset.
+The keeper folds the journal's own bytes (so the summary is the fold of the journal up to its
+offset by construction, whatever order a writer journals and counts in), and rewrites the file
+atomically (a temp file renamed over it) at a bounded rate, never on every record, and when the
+journal closes.
+
+`status` reads the summary, checks it against the journal and folds in the journal's tail past
+its offset (`current_summary`). A summary that is missing, torn, of another version or input
+generation, that points past the journal's end or at bytes other than the digest says, or whose
+tail does not fold consistently, is rebuilt from the whole journal, never trusted.
+
+Folding a record needs the request's previous state, which neither the summary nor the tail
+holds (that would be O(requests)). The journal's rules give it: a record's `attempt` is one more
+than the request's records before it, and a request runs again only after a failed attempt (the
+retry passes take retryable failures, retry-failed any failure; resume and serve take requests
+with no record). So attempt 1 is a request newly done, and a later attempt replaces a failure:
+only `ok` moves the succeeded count. Deduplicated copies and cache hits follow the same rules (a
+copy is journaled for a request with no record, or a failed one in a retry pass); invalid-line
+records count only when they are of the summary's input generation, as in `JobState.record`. A
+record that breaks these rules makes the fold fail, and the counts come from `state.replay`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+from collections.abc import Container, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from batchrun.errors import BatchrunError
+from batchrun.job.inputmap import load_input_map
+from batchrun.job.journal import JournalWriter
+from batchrun.job.manifest import Manifest
+from batchrun.job.paths import JobPaths
+from batchrun.job.state import replay
+from batchrun.job.timing import LightRecord, LogHistogram, Timing
+
+SUMMARY_NAME = "summary.json"
+# Bumped whenever a field's meaning changes: a summary of another version is rebuilt.
+SUMMARY_VERSION = 1
+# The journal bytes before the summary's offset that its digest covers: enough to tell another
+# journal (a restored backup, a copy of another job) from this one.
+CHECK_BYTES = 64
+# How often a running job rewrites its summary: at most once a second, or once `BURST_BYTES`
+# of journal wait, then at most ten times a second (status reads the tail meanwhile).
+INTERVAL_S = 1.0
+BURST_BYTES = 4 << 20
+_BURST_INTERVAL_S = 0.1
+
+
+class SummaryRecord(LightRecord):
+    """The journal fields the summary reads (bodies are skipped, never decoded)."""
+
+    generation: str | None = None
+    cached: bool = False
+
+
+_DECODER = msgspec.json.Decoder(SummaryRecord)
+
+
+@dataclass
+class Summary:
+    """A job's counts as of journal offset `offset` (see the module's docstring)."""
+
+    offset: int = 0
+    check: str = ""
+    generation: str | None = None
+    done: int = 0
+    succeeded: int = 0
+    invalid: int = 0
+    attempts: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    first_time: float | None = None
+    last_time: float | None = None
+    deduplicated: int = 0
+    cache_hits: int = 0
+    # Per worker index: [attempts, completion tokens, first time, last time].
+    per_worker: dict[str, list[float]] = field(default_factory=dict)
+    # job/timing.py's figures: latency and queue-wait histograms, errors by code.
+    timing: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> int:
+        """Requests whose last attempt failed."""
+        return self.done - self.succeeded
+
+    def pending(self, requests: int) -> int:
+        """Of a job's `requests` valid requests, those with no finished attempt yet."""
+        return max(0, requests - self.done)
+
+    def to_json(self) -> bytes:
+        """The summary file's content."""
+        data = {"version": SUMMARY_VERSION, **self.__dict__}
+        return json.dumps(data, separators=(",", ":")).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Summary | None:
+        """The summary in `data`; None when it is torn, of another version or malformed."""
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return None
+        if not isinstance(obj, dict) or obj.pop("version", None) != SUMMARY_VERSION:
+            return None
+        try:
+            summary = cls(**obj)
+        except TypeError:
+            return None
+        ints = (summary.offset, summary.done, summary.succeeded, summary.invalid, summary.attempts)
+        if not all(type(v) is int and v >= 0 for v in ints) or summary.succeeded > summary.done:
+            return None
+        if not isinstance(summary.check, str) or not isinstance(summary.per_worker, dict):
+            return None
+        if not isinstance(summary.timing, dict):
+            return None
+        return summary
+
+    def fold(self, rec: SummaryRecord, current: Container[str] | None = None) -> bool:
+        """Fold one journal record in, as `JobState.record` would (only requests in `current`,
+        when given); False when the record cannot follow what the summary says."""
+        invalid = rec.kind == "invalid"
+        if invalid:
+            if rec.generation != self.generation:
+                return True  # another input generation's invalid line
+        elif current is not None and rec.custom_id not in current:
+            return True  # its line left the input file: no longer part of the job
+        t = rec.time
+        timed = t > 0  # 0: the record has no time (the journal's are seconds since the epoch)
+        if timed:
+            self.first_time = t if self.first_time is None else min(self.first_time, t)
+            self.last_time = t if self.last_time is None else max(self.last_time, t)
+        if invalid:
+            self.invalid += 1
+            return True
+        attempt = rec.attempt
+        if attempt < 1 or rec.custom_id is None:
+            return False
+        self.attempts += 1
+        if attempt == 1:
+            self.done += 1
+        elif self.succeeded >= self.done:
+            return False  # a retry with no failed request before it to replace
+        if rec.ok:
+            self.succeeded += 1
+        if rec.copy_of is not None:
+            self.deduplicated += 1
+        if rec.cached:
+            self.cache_hits += 1
+        self.prompt_tokens += rec.prompt_tokens
+        tokens = rec.completion_tokens
+        self.completion_tokens += tokens
+        if rec.worker is not None and timed:
+            stats = self.per_worker.get(str(rec.worker))
+            if stats is None:
+                self.per_worker[str(rec.worker)] = [1, tokens, t, t]
+            else:
+                stats[0] += 1
+                stats[1] += tokens
+                stats[2] = min(stats[2], t)
+                stats[3] = max(stats[3], t)
+        return True
+
+    def timing_of(self, run_starts: Sequence[float]) -> Timing:
+        """The summary's timing figures, to fold more records into."""
+        timing = Timing(run_starts)
+        saved = self.timing
+        if saved:
+            _load_histogram(timing.latency, saved["latency"])
+            _load_histogram(timing.queue, saved["queue"])
+            timing.attempts = int(saved["attempts"])
+            timing.failed = int(saved["failed"])
+            timing.invalid = int(saved["invalid"])
+            timing.by_code = {str(k): int(v) for k, v in saved["by_code"].items()}
+        return timing
+
+    def keep_timing(self, timing: Timing) -> None:
+        """Store `timing`'s figures in the summary."""
+        self.timing = {
+            "latency": _dump_histogram(timing.latency),
+            "queue": _dump_histogram(timing.queue),
+            "attempts": timing.attempts,
+            "failed": timing.failed,
+            "invalid": timing.invalid,
+            "by_code": dict(timing.by_code),
+        }
+
+
+def _dump_histogram(h: LogHistogram) -> dict[str, Any]:
+    return {
+        "buckets": {str(k): v for k, v in h.buckets.items()},
+        "count": h.count,
+        "total": h.total,
+    }
+
+
+def _load_histogram(h: LogHistogram, data: dict[str, Any]) -> None:
+    h.buckets = {int(k): int(v) for k, v in data["buckets"].items()}
+    h.count = int(data["count"])
+    h.total = float(data["total"])
+
+
+def summary_path(paths: JobPaths) -> Path:
+    """Where the job keeps its summary."""
+    return paths.root / SUMMARY_NAME
+
+
+def digest(tail: bytes) -> str:
+    """The check of a summary whose offset `tail` (the journal's last bytes before it) ends."""
+    return hashlib.blake2b(tail[-CHECK_BYTES:], digest_size=12).hexdigest()
+
+
+def write_summary(paths: JobPaths, summary: Summary) -> None:
+    """Replace the job's summary atomically (temp file renamed over it); errors are ignored.
+
+    Not fsync'd: after a power cut a stale or empty summary is rebuilt from the journal, so
+    durability would buy nothing but a disk flush a second.
+    """
+    path = summary_path(paths)
+    tmp = path.with_name(f".{SUMMARY_NAME}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(summary.to_json())
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+class _Inconsistent(Exception):
+    """A record the summary's rules cannot fold (see `Summary.fold`)."""
+
+
+def fold_journal(
+    summary: Summary,
+    timing: Timing,
+    path: Path,
+    end: int | None = None,
+    current: Container[str] | None = None,
+) -> None:
+    """Fold the journal's whole lines from `summary.offset` (to `end`, else to its last whole
+    line) into `summary` and `timing`, moving the offset and check along.
+
+    As `journal.read_records` (strict): a line that is not a record is a BatchrunError naming
+    its place. Raises _Inconsistent when a record breaks the fold's rules.
+    """
+    try:
+        f = path.open("rb")
+    except FileNotFoundError:
+        return
+    with f:
+        offset = summary.offset
+        f.seek(offset)
+        last = b""
+        for raw in f:
+            if not raw.endswith(b"\n") or (end is not None and offset + len(raw) > end):
+                break
+            try:
+                rec = _DECODER.decode(raw)
+                timed = True
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                rec, timed = _lenient(raw, path, offset), False
+            offset += len(raw)
+            last = raw
+            if not summary.fold(rec, current):
+                summary.offset = offset
+                raise _Inconsistent
+            if timed:
+                timing.add(rec)  # as job_timing: a record of odd types is not timed
+        if last:
+            if len(last) < CHECK_BYTES and offset > len(last):
+                f.seek(offset - CHECK_BYTES)
+                last = f.read(CHECK_BYTES)
+            summary.offset, summary.check = offset, digest(last)
+    summary.keep_timing(timing)
+
+
+def _lenient(raw: bytes, path: Path, offset: int) -> SummaryRecord:
+    """A record whose fields are not of the usual types, as `JobState.record` reads it."""
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        obj = None
+    if not isinstance(obj, dict) or "kind" not in obj:
+        raise BatchrunError(
+            f"the journal {path} is corrupt at byte {offset}; "
+            "move that line out of the file (or restore a backup) and run again"
+        )
+    t = obj.get("time")
+    cid = obj.get("custom_id")
+    attempt = obj.get("attempt")
+    worker = obj.get("worker")
+    try:
+        return SummaryRecord(
+            kind=str(obj["kind"]),
+            time=float(t) if isinstance(t, (int, float)) else 0.0,
+            custom_id=cid if isinstance(cid, str) else None,
+            ok=bool(obj.get("ok")),
+            attempt=attempt if type(attempt) is int else 0,
+            prompt_tokens=int(obj.get("prompt_tokens") or 0),
+            completion_tokens=int(obj.get("completion_tokens") or 0),
+            worker=worker if type(worker) is int else None,
+            copy_of=str(obj["copy_of"]) if "copy_of" in obj else None,
+            generation=obj.get("generation") if isinstance(obj.get("generation"), str) else None,
+            cached=bool(obj.get("cached")),
+        )
+    except (TypeError, ValueError):
+        return SummaryRecord(kind="result", attempt=0)  # cannot be folded: rebuilt by replay
+
+
+def _tail_check(path: Path, offset: int) -> str:
+    """The digest of the journal's bytes before `offset`."""
+    if offset == 0:
+        return digest(b"")
+    with path.open("rb") as f:
+        start = max(0, offset - CHECK_BYTES)
+        f.seek(start)
+        return digest(f.read(offset - start))
+
+
+def _generation(manifest: Manifest) -> str | None:
+    info = manifest.input_map
+    return info.generation if info is not None else None
+
+
+def _run_starts(manifest: Manifest) -> list[float]:
+    return [r.started_at for r in manifest.runs]
+
+
+def rebuild(paths: JobPaths, manifest: Manifest) -> Summary:
+    """The summary of the whole journal (of the input as it is now: see InputMap)."""
+    input_map = load_input_map(paths, manifest)
+    summary = Summary(generation=_generation(manifest), check=digest(b""))
+    timing = Timing(_run_starts(manifest))
+    try:
+        fold_journal(summary, timing, paths.journal, None, input_map.lines if input_map else None)
+    except _Inconsistent:
+        # A journal the fold's rules do not hold for (not one batchrun wrote): count it
+        # exactly, a request at a time.
+        return _replayed(paths, manifest)
+    return summary
+
+
+def _replayed(paths: JobPaths, manifest: Manifest) -> Summary:
+    """The summary of the journal's whole lines, counted by `state.replay` (O(requests))."""
+    end = whole_end(paths.journal)
+    state = replay(paths, manifest, end=end)
+    summary = Summary(
+        offset=end,
+        check=_tail_check(paths.journal, end),
+        generation=state.generation,
+        done=len(state.last),
+        succeeded=state.succeeded,
+        invalid=state.invalid,
+        attempts=state.tried,
+        prompt_tokens=state.prompt_tokens,
+        completion_tokens=state.completion_tokens,
+        first_time=state.first_time,
+        last_time=state.last_time,
+        deduplicated=state.deduplicated,
+        cache_hits=state.cache_hits,
+        per_worker=state.per_worker,
+    )
+    timing = Timing(_run_starts(manifest))
+    with paths.journal.open("rb") as f:
+        pos = 0
+        for raw in f:
+            pos += len(raw)
+            if pos > end:
+                break
+            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                timing.add(_DECODER.decode(raw))
+    summary.keep_timing(timing)
+    return summary
+
+
+def whole_end(path: Path) -> int:
+    """Where the journal's last whole line ends (a torn last line is not counted)."""
+    try:
+        f = path.open("rb")
+    except FileNotFoundError:
+        return 0
+    with f:
+        pos = f.seek(0, os.SEEK_END)
+        while pos > 0:
+            start = max(0, pos - (1 << 16))
+            f.seek(start)
+            found = f.read(pos - start).rfind(b"\n")
+            if found >= 0:
+                return start + found + 1
+            pos = start
+        return 0
+
+
+def current_summary(paths: JobPaths, manifest: Manifest, *, save: bool = True) -> Summary:
+    """The job's counts now: its summary checked against the journal plus the journal's tail,
+    or, when the summary cannot be trusted, a rebuild from the whole journal (saved for the
+    next reader when `save`)."""
+    summary = _trusted(paths, manifest)
+    if summary is not None:
+        return summary
+    summary = rebuild(paths, manifest)
+    if save:
+        write_summary(paths, summary)
+    return summary
+
+
+def _trusted(paths: JobPaths, manifest: Manifest) -> Summary | None:
+    """The saved summary with the journal's tail folded in; None when it cannot be trusted."""
+    try:
+        summary = Summary.from_json(summary_path(paths).read_bytes())
+        if summary is None or summary.generation != _generation(manifest):
+            return None
+        journal = paths.journal
+        size = journal.stat().st_size if summary.offset else 0
+        if summary.offset > size or _tail_check(journal, summary.offset) != summary.check:
+            return None
+        fold_journal(summary, summary.timing_of(_run_starts(manifest)), journal)
+    except (OSError, KeyError, TypeError, ValueError, AttributeError, _Inconsistent):
+        return None  # a summary that cannot be read, or that this journal cannot follow
+    return summary
+
+
+class SummaryKeeper:
+    """Keeps a running job's summary (a JournalWatcher): the journal's bytes folded and saved at
+    a bounded rate as they are written, and when the journal closes."""
+
+    def __init__(self, paths: JobPaths, manifest: Manifest) -> None:
+        """Start from the journal as it is now (its summary, or a recount: a forced resume's)."""
+        self.paths = paths
+        self.summary = current_summary(paths, manifest)
+        self.timing = self.summary.timing_of(_run_starts(manifest))
+        self._due = time.monotonic() + INTERVAL_S
+        self._burst_due = self._due - INTERVAL_S + _BURST_INTERVAL_S
+        self._broken = False
+
+    def written(self, offset: int, data: bytes) -> None:
+        """A write to the journal: fold and save the summary when one is due."""
+        now = time.monotonic()
+        if now >= self._due or (
+            offset - self.summary.offset >= BURST_BYTES and now >= self._burst_due
+        ):
+            self._save(offset)
+
+    def closed(self, offset: int) -> None:
+        """The journal closes: fold and save the final counts."""
+        if offset != self.summary.offset:
+            self._save(offset)
+
+    def _save(self, offset: int) -> None:
+        if self._broken:
+            return
+        try:
+            fold_journal(self.summary, self.timing, self.paths.journal, offset)
+        except (_Inconsistent, BatchrunError, OSError):
+            # Status rebuilds from the journal; the run itself must never stop for its summary.
+            self._broken = True
+            with contextlib.suppress(OSError):
+                summary_path(self.paths).unlink()
+            return
+        write_summary(self.paths, self.summary)
+        now = time.monotonic()
+        self._due, self._burst_due = now + INTERVAL_S, now + _BURST_INTERVAL_S
+
+
+def keep_summary(paths: JobPaths, manifest: Manifest, journal: JournalWriter) -> None:
+    """Have `journal` (open) keep the job's summary from now on."""
+    journal.watcher = SummaryKeeper(paths, manifest)
