@@ -228,7 +228,7 @@ def run_admitted(requests: list[Request], tokens: int, window: int) -> tuple[Fak
     pending: list[str] = []
 
     def feed(n: int) -> list[Request]:
-        admission.finished(pending)
+        admission.finished(Outcome(c, True, 200) for c in pending)
         pending.clear()
         return admission.take(0, n, cache, window) if n > 0 else []
 
@@ -309,7 +309,7 @@ def test_one_group_larger_than_the_cache_still_runs() -> None:
     first = admission.take(0, 100, KvCache(64, BLOCK), 8)
     assert len(first) == 5 and len({r.custom_id.split("-")[0] for r in first}) == 1
     assert admission.take(0, 100, KvCache(64, BLOCK), 8) == []  # the other waits for room
-    admission.finished(r.custom_id for r in first)
+    admission.finished(Outcome(r.custom_id, True, 200) for r in first)
     second = admission.take(0, 100, KvCache(64, BLOCK), 8)
     assert len(second) == 5 and admission.exhausted
 
@@ -409,3 +409,28 @@ def test_the_echo_engine_gets_the_plan_order_with_no_limit_said_once(tmp_path: P
         "worker 0: the echo engine reports no KV cache size; requests go out in the plan's "
         "order with no prefix budget"
     ]
+
+
+def test_the_engines_prompt_counts_correct_the_estimates_from_characters() -> None:
+    # A tokenizer that makes a token of every 1.33 characters (three times the estimate's 4):
+    # once the answers say so, at most half as many documents are open at once.
+    def opened(scale_answers: bool) -> int:
+        requests = documents(24, 4)
+        admission = Admission(iter(order_window(requests)))
+        cache = KvCache(4000, BLOCK)
+        if scale_answers:
+            first = admission.take(0, 8, cache, 64)  # two documents' questions
+            admission.finished(
+                Outcome(r.custom_id, True, 200, prompt_tokens=3 * estimate(r)) for r in first
+            )
+            assert admission.scale == 3.0
+        taken = admission.take(0, 1000, cache, 64)
+        return len({r.custom_id.split("-")[0] for r in taken})
+
+    before, after = opened(False), opened(True)
+    assert before >= 4 and after <= before // 2, (before, after)
+
+
+def estimate(request: Request) -> int:
+    """The admission's estimate of a request's prompt tokens, from its characters."""
+    return -(-len(f"{request.body.get('model')}\x1d{prompt_text(request)}") // CHARS_PER_TOKEN)

@@ -26,13 +26,18 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from batchrun.openai.records import Request
+from batchrun.openai.records import Outcome, Request
 from batchrun.run.planner import WINDOW_REQUESTS
-from batchrun.run.prefixes import Group, Node, prefix_tree
+from batchrun.run.prefixes import Group, Node, Tail, prefix_tree
 
 # Requests read ahead of dispatch to find groups and requests that share nothing: one planner
 # window, so the parent holds at most about twice what the plan alone holds.
 LOOKAHEAD = WINDOW_REQUESTS
+# Estimated prompt tokens answered before the engine's own counts correct the estimates, and the
+# bounds of that correction (a few odd answers must not open the floodgates).
+CALIBRATE_AFTER = 4096
+MIN_SCALE = 0.25
+MAX_SCALE = 4.0
 
 
 @dataclass
@@ -52,28 +57,36 @@ class Lane:
     open: dict[int, Group] = field(default_factory=dict)
     held: dict[int, int] = field(default_factory=dict)  # id(group) -> requests not answered
     count: int = 0  # requests not answered
-    tails: int = 0  # their own tokens
+    prompts: int = 0  # their prompts' own tokens (estimated from characters)
+    answers: int = 0  # the tokens they ask for
 
     def prefix_tokens(self, extra: Group | None = None) -> int:
-        """The tokens of every distinct prefix its open groups (and `extra`) stand on."""
+        """The tokens (estimated from characters) of every distinct prefix its open groups (and
+        `extra`) stand on."""
         nodes: dict[int, Node] = {}
         for group in itertools.chain(self.open.values(), [extra] if extra is not None else []):
             for node in group.leaf.chain():
                 nodes[id(node)] = node
         return sum(node.tokens for node in nodes.values())
 
-    def fits(self, group: Group | None = None, tail: int = 0) -> bool:
-        """Whether `group` opened beside the open ones (or one more request of `tail` tokens of
-        its own) leaves their prefixes and the running requests' own tokens within the cache."""
+    def fits(self, scale: float, group: Group | None = None, tail: Tail | None = None) -> bool:
+        """Whether `group` opened beside the open ones (or one more request of `tail`) leaves
+        their prefixes and the running requests' own tokens within the cache; `scale`: real
+        prompt tokens per estimated one."""
         if self.cache is None:
             return True
-        count = self.count + (len(group.requests) if group is not None else 1)
-        tails = self.tails + (sum(group.tails.values()) if group is not None else tail)
+        count, prompts, answers = self.count, self.prompts, self.answers
+        if group is not None:
+            count += len(group.requests)
+            prompts += sum(t.prompt for t in group.tails.values())
+            answers += sum(t.answer for t in group.tails.values())
+        elif tail is not None:
+            count, prompts, answers = count + 1, prompts + tail.prompt, answers + tail.answer
         # At most a window of them runs at once; each rounds up to whole blocks (half a block
         # each, on average).
         running = min(count, self.window)
-        own = tails * running // count + running * (self.cache.block // 2) if count else 0
-        return self.prefix_tokens(group) + own <= self.cache.tokens
+        own = (prompts * scale + answers) * running / count + running * self.cache.block / 2
+        return self.prefix_tokens(group) * scale + (own if count else 0) <= self.cache.tokens
 
 
 class Admission:
@@ -85,13 +98,25 @@ class Admission:
         self.lookahead = lookahead
         self._groups: deque[Group] = deque()  # read ahead, not opened yet
         self._alone: deque[Request] = deque()
-        self._alone_tails: dict[str, int] = {}
+        self._alone_tails: dict[str, Tail] = {}
         self._source_done = False
         self._lanes: dict[int, Lane] = {}
         # custom_id -> (its lane, its group or None, its own tokens): admitted, not answered.
-        self._held: dict[str, tuple[Lane, Group | None, int]] = {}
-        # The most prefix tokens any lane held open at once, and the capacity it had.
+        self._held: dict[str, tuple[Lane, Group | None, Tail]] = {}
+        # Prompt tokens the engine counted, and the estimates from characters of the same
+        # prompts: their ratio corrects every estimate once enough answers came (a tokenizer
+        # may make 2 characters a token or 7; the chat template adds some).
+        self._counted = 0
+        self._estimated = 0
+        # The most prefix tokens a worker held open at once (estimated, corrected).
         self.peak_prefix_tokens = 0
+
+    @property
+    def scale(self) -> float:
+        """Real prompt tokens per estimated one, from the answers so far (1 until then)."""
+        if self._estimated < CALIBRATE_AFTER:
+            return 1.0
+        return min(MAX_SCALE, max(MIN_SCALE, self._counted / self._estimated))
 
     @property
     def exhausted(self) -> bool:
@@ -110,28 +135,29 @@ class Admission:
         if lane is None:
             lane = self._lanes[lane_id] = Lane()
         lane.cache, lane.window = cache, max(1, window)
+        scale = self.scale
         out: list[Request] = []
         while len(out) < n:
             for group in lane.open.values():
                 self._take_from(lane, group, n, out)
             while self._groups and len(out) < n:
                 group = self._groups[0]
-                if lane.open and not lane.fits(group):
+                if lane.open and not lane.fits(scale, group=group):
                     break
                 self._groups.popleft()
                 lane.open[id(group)] = group
                 lane.held.setdefault(id(group), 0)
-                self.peak_prefix_tokens = max(self.peak_prefix_tokens, lane.prefix_tokens())
+                self.peak_prefix_tokens = max(
+                    self.peak_prefix_tokens, round(lane.prefix_tokens() * scale)
+                )
                 self._take_from(lane, group, n, out)
             while self._alone and len(out) < n:
                 tail = self._alone_tails[self._alone[0].custom_id]
-                if lane.open and not lane.fits(tail=tail):
+                if lane.open and not lane.fits(scale, tail=tail):
                     break  # it would crowd out the open groups' prefixes
                 request = self._alone.popleft()
                 del self._alone_tails[request.custom_id]
-                self._held[request.custom_id] = (lane, None, tail)
-                lane.count += 1
-                lane.tails += tail
+                self._hold(lane, None, request, tail)
                 out.append(request)
             # Read further only when nothing is left here: groups waiting for room are waiting
             # for answers, not for more requests (the parent's memory stays bounded).
@@ -143,12 +169,15 @@ class Admission:
     def _take_from(self, lane: Lane, group: Group, n: int, out: list[Request]) -> None:
         while group.requests and len(out) < n:
             request = group.requests.popleft()
-            tail = group.tails.pop(request.custom_id)
-            self._held[request.custom_id] = (lane, group, tail)
+            self._hold(lane, group, request, group.tails.pop(request.custom_id))
             lane.held[id(group)] += 1
-            lane.count += 1
-            lane.tails += tail
             out.append(request)
+
+    def _hold(self, lane: Lane, group: Group | None, request: Request, tail: Tail) -> None:
+        self._held[request.custom_id] = (lane, group, tail)
+        lane.count += 1
+        lane.prompts += tail.prompt
+        lane.answers += tail.answer
 
     def _read(self) -> None:
         """Read the next `lookahead` requests of the source into groups."""
@@ -162,15 +191,19 @@ class Admission:
         self._alone.extend(tree.alone)
         self._alone_tails.update(tree.alone_tails)
 
-    def finished(self, custom_ids: Iterable[str]) -> None:
+    def finished(self, outcomes: Iterable[Outcome]) -> None:
         """These requests were answered (or failed for good this run): their room is free."""
-        for custom_id in custom_ids:
-            held = self._held.pop(custom_id, None)
+        for outcome in outcomes:
+            held = self._held.pop(outcome.custom_id, None)
             if held is None:
                 continue  # not handed out here (a duplicate's copy, an earlier run's)
             lane, group, tail = held
+            if outcome.prompt_tokens > 0:
+                self._counted += outcome.prompt_tokens
+                self._estimated += tail.whole
             lane.count -= 1
-            lane.tails -= tail
+            lane.prompts -= tail.prompt
+            lane.answers -= tail.answer
             if group is None:
                 continue
             left = lane.held[id(group)] - 1

@@ -44,14 +44,24 @@ class Node:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """The tokens a request needs of its own: its prompt past its shared prefix (estimated from
+    characters), the answer it asks for, and its whole prompt (estimated, for calibration)."""
+
+    prompt: int
+    answer: int
+    whole: int
+
+
 @dataclass(eq=False)
 class Group:
-    """The requests whose deepest shared prefix is `leaf`, in the plan's order, with the tokens
-    each needs of its own (the prompt past the prefix, plus the tokens asked for)."""
+    """The requests whose deepest shared prefix is `leaf`, in the plan's order, each with the
+    tokens it needs of its own."""
 
     leaf: Node
     requests: deque[Request] = field(default_factory=deque)
-    tails: dict[str, int] = field(default_factory=dict)
+    tails: dict[str, Tail] = field(default_factory=dict)
 
 
 @dataclass
@@ -61,7 +71,7 @@ class Tree:
 
     groups: list[Group]
     alone: deque[Request]
-    alone_tails: dict[str, int]
+    alone_tails: dict[str, Tail]
 
 
 def _tokens(chars: int) -> int:
@@ -102,20 +112,21 @@ def prefix_tree(requests: Sequence[Request]) -> Tree:
             start, shared = k, -1
     groups: dict[int, Group] = {}
     alone: deque[Request] = deque()
-    alone_tails: dict[str, int] = {}
+    alone_tails: dict[str, Tail] = {}
     position = [0] * n  # plan position -> text position
     for k, p in enumerate(by_text):
         position[p] = k
     for p, request in enumerate(requests):
         deepest = leaf[position[p]]
-        own = expected_tokens(request)
+        answer = expected_tokens(request)
+        whole = _tokens(len(texts[p]))
         if deepest is None:
             alone.append(request)
-            alone_tails[request.custom_id] = _tokens(len(texts[p])) + own
+            alone_tails[request.custom_id] = Tail(whole, answer, whole)
             continue
         group = groups.get(id(deepest))
         if group is None:
             group = groups[id(deepest)] = Group(deepest)
         group.requests.append(request)
-        group.tails[request.custom_id] = _tokens(len(texts[p]) - deepest.chars) + own
+        group.tails[request.custom_id] = Tail(_tokens(len(texts[p]) - deepest.chars), answer, whole)
     return Tree(list(groups.values()), alone, alone_tails)

@@ -419,7 +419,7 @@ class Scheduler(HangPolicy):
     def _count(self, outcomes: list[Outcome], stats: RunStats) -> None:
         """Add journaled outcomes to the run's figures, and tell the reporter."""
         if self.admission is not None:
-            self.admission.finished(o.custom_id for o in outcomes)
+            self.admission.finished(outcomes)
         succeeded = sum(map(_OK, outcomes))
         stats.outcomes += len(outcomes)
         stats.succeeded += succeeded
