@@ -13,6 +13,7 @@ from batchrun import stopping
 from batchrun.cli.doctor import doctor
 from batchrun.cli.helpformat import HelpCommand, HelpGroup
 from batchrun.cli.jobs import resume, retry_failed, submit, tune
+from batchrun.cli.pages import report
 from batchrun.cli.results import export, status
 from batchrun.cli.serve import serve
 from batchrun.stopping import EXIT_INTERRUPTED
@@ -34,6 +35,7 @@ for _name, _command in (
     ("retry-failed", retry_failed),
     ("export", export),
     ("status", status),
+    ("report", report),
     ("serve", serve),
     ("doctor", doctor),
 ):
