@@ -54,6 +54,7 @@ from batchrun.engines.vllm.reasoning import Reasoner
 from batchrun.engines.vllm.release import release_vllm_globals
 from batchrun.engines.vllm.scoring import Scorer, ScoreWork
 from batchrun.engines.vllm.tokens import TokenText
+from batchrun.engines.vllm.ttft import first_token_s
 from batchrun.models import engine_model
 from batchrun.openai.params import Sampling, sampling
 from batchrun.openai.records import CHAT, EMBEDDINGS, POOLING_ENDPOINTS, RESPONSES, Outcome, Request
@@ -207,7 +208,9 @@ class VllmEngine:
             pending = self._in_flight.pop(output.request_id, None)
             if pending is None:
                 continue
-            outcomes.append(self._outcome(pending, output, now - pending.added))
+            outcome = self._outcome(pending, output, now - pending.added)
+            outcome.ttft_s = first_token_s(output)  # /metrics' time to first token
+            outcomes.append(outcome)
         if self._in_flight and not self._engine.has_unfinished_requests():
             # vLLM holds none of them any more yet never answered them: fail them (retryable)
             # rather than let the caller step an idle engine forever.
