@@ -10,6 +10,7 @@ from __future__ import annotations
 import typer
 
 from batchrun import stopping
+from batchrun.cli.cache import app as cache_app
 from batchrun.cli.doctor import doctor
 from batchrun.cli.helpformat import HelpCommand, HelpGroup
 from batchrun.cli.jobs import resume, retry_failed, submit, tune
@@ -40,6 +41,7 @@ for _name, _command in (
     ("doctor", doctor),
 ):
     app.command(_name, cls=HelpCommand)(_command)
+app.add_typer(cache_app, name="cache")
 
 
 def main() -> None:

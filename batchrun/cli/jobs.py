@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 import typer
 
 from batchrun import stopping
+from batchrun.cli.cache import CacheDir
 from batchrun.cli.metrics_options import GpuHourCost, MetricsHost, MetricsPort, Monitoring
 from batchrun.cli.options import (
     InputFile,
@@ -48,6 +49,7 @@ def _start(
     no_progress: bool,
     tune_only: bool,
     monitoring: Monitoring | None = None,
+    cache_dir: Path | None = None,
 ) -> NoReturn:
     """submit and tune: check every option, create the job, run it (or only its search)."""
     from batchrun.run.commands import RunOptions, check_submit
@@ -58,6 +60,7 @@ def _start(
 
     def run() -> JobSummary:
         options = RunOptions.from_given(given, progress=not no_progress, ray=ray)
+        options.cache_dir = cache_dir
         check_submit(job, options)  # (submit checks too) a usage error comes before anything
         metrics = _monitor(monitoring)  # its port bound before the job is made
         return run_submit(
@@ -89,6 +92,7 @@ def submit(
     metrics_port: MetricsPort = None,
     metrics_host: MetricsHost = "127.0.0.1",
     gpu_hour_cost: GpuHourCost = None,
+    cache_dir: CacheDir = None,
     *,
     options: GivenOptions,
 ) -> None:
@@ -102,6 +106,7 @@ def submit(
         no_progress=no_progress,
         tune_only=False,
         monitoring=Monitoring(metrics_port, metrics_host, gpu_hour_cost),
+        cache_dir=cache_dir,
     )
 
 
@@ -145,6 +150,7 @@ def resume(
     metrics_port: MetricsPort = None,
     metrics_host: MetricsHost = "127.0.0.1",
     gpu_hour_cost: GpuHourCost = None,
+    cache_dir: CacheDir = None,
     *,
     options: GivenOptions,
 ) -> None:
@@ -166,6 +172,7 @@ def resume(
                 given=options,
                 notify=say,
                 metrics=_monitor(monitoring),
+                cache_dir=cache_dir,
             ),
         )
     finally:
@@ -182,6 +189,7 @@ def retry_failed(
     metrics_port: MetricsPort = None,
     metrics_host: MetricsHost = "127.0.0.1",
     gpu_hour_cost: GpuHourCost = None,
+    cache_dir: CacheDir = None,
     *,
     options: GivenOptions,
 ) -> None:
@@ -201,6 +209,7 @@ def retry_failed(
                 given=options,
                 notify=say,
                 metrics=_monitor(monitoring),
+                cache_dir=cache_dir,
             ),
         )
     finally:

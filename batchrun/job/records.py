@@ -36,6 +36,8 @@ class ResultRecord(TypedDict):
     # The custom_id of the identical request whose outcome this one copies (run/dedup.py):
     # the engine did not run it again.
     copy_of: NotRequired[str]
+    # Answered from the cross-job answer cache (run/answer_cache.py): the engine did not run it.
+    cached: NotRequired[bool]
 
 
 class InvalidRecord(TypedDict):
@@ -73,8 +75,12 @@ def result_record(
         "latency_s": latency if latency == 0 or 1e-4 <= latency < 1e16 else _json_float(latency),
         "time": round(time.time(), 3) if now is None else now,
     }
-    if outcome.extra:  # a copy answered for a duplicate names its representative (run/dedup.py)
-        rec["copy_of"] = outcome.extra["copy_of"]
+    extra = outcome.extra
+    if extra:  # a copy answered for a duplicate names its representative (run/dedup.py)
+        if "copy_of" in extra:
+            rec["copy_of"] = extra["copy_of"]
+        if extra.get("cached"):  # answered from the cross-job cache (run/answer_cache.py)
+            rec["cached"] = True
     return rec
 
 

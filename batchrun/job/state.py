@@ -123,10 +123,12 @@ class JobState:
                 stats[2] = min(stats[2], t)
                 stats[3] = max(stats[3], t)
 
-    def record_results(self, outcomes: Sequence[Outcome], worker: int, t: float) -> list[int]:
+    def record_results(
+        self, outcomes: Sequence[Outcome], worker: int | None, t: float
+    ) -> list[int]:
         """Fold in the results of attempts as `record` folds their journal records (all from
-        worker `worker`, at time `t`), without building the records; return their attempt
-        numbers."""
+        worker `worker`, at time `t`; None: answered without one, from the answer cache),
+        without building the records; return their attempt numbers."""
         attempts, last, current = self.attempts, self.last, self.current
         numbers: list[int] = []
         counted = prompt_tokens = tokens = ok = hits = 0
@@ -160,6 +162,8 @@ class JobState:
             self.first_time = t
         if self.last_time is None or t > self.last_time:
             self.last_time = t
+        if worker is None:
+            return numbers
         key = str(worker)
         stats = self.per_worker.get(key)
         if stats is None:

@@ -74,6 +74,7 @@ def job_status(job_dir: Path) -> dict[str, Any]:
             manifest.prefix_cache.get("queries", 0), manifest.prefix_cache.get("hits", 0)
         ),
         "deduplicated": state.deduplicated,
+        "cache_hits": state.cache_hits,
         # latency_s and queue_s ({p50, p99}), errors (rate and by code): from the summary.
         **state.timing_of([r.started_at for r in manifest.runs]).summary(),
         "cost": job_cost(job_dir, state.prompt_tokens + state.completion_tokens),

@@ -17,6 +17,7 @@ from batchrun.job.served import served_batch
 from batchrun.job.state import OK, JobState, replay
 from batchrun.models.adapters import prepare_adapters
 from batchrun.openai.reader import check_input_file
+from batchrun.run.answer_cache import check_cache_dir
 from batchrun.run.inputs import (
     check_input_unchanged,
     discard_unfinished_validation,
@@ -99,6 +100,8 @@ def check_submit(job_dir: Path, options: RunOptions) -> list[str]:
     and a machine the job would not run as expected on (run/preflight.py); returns the
     pre-flight check's warnings."""
     options.check()
+    if options.cache_dir is not None:
+        check_cache_dir(options.cache_dir)
     if job_dir.exists() and not job_dir.is_dir():
         raise OptionError("--job-dir", f"{job_dir} is a file, not a directory")
     return preflight(options)
@@ -114,6 +117,7 @@ def resume(
     given: GivenOptions | None = None,
     notify: Notify | None = None,
     metrics: RunMetrics | None = None,
+    cache_dir: Path | None = None,
 ) -> JobSummary:
     """Continue a job: run only the requests with no finished attempt, then the retry passes.
 
@@ -130,6 +134,7 @@ def resume(
         given=given,
         notify=notify,
         metrics=metrics,
+        cache_dir=cache_dir,
     )
 
 
@@ -141,10 +146,18 @@ def retry_failed(
     given: GivenOptions | None = None,
     notify: Notify | None = None,
     metrics: RunMetrics | None = None,
+    cache_dir: Path | None = None,
 ) -> JobSummary:
     """Run one more pass over the requests whose last attempt failed (`given`: as resume's)."""
     return _continue(
-        job_dir, "retry", progress=progress, ray=ray, given=given, notify=notify, metrics=metrics
+        job_dir,
+        "retry",
+        progress=progress,
+        ray=ray,
+        given=given,
+        notify=notify,
+        metrics=metrics,
+        cache_dir=cache_dir,
     )
 
 
@@ -159,6 +172,7 @@ def _continue(
     given: GivenOptions | None = None,
     notify: Notify | None = None,
     metrics: RunMetrics | None = None,
+    cache_dir: Path | None = None,
 ) -> JobSummary:
     """resume and retry-failed: the job's options with those given over them, then run `mode`."""
     paths = JobPaths(job_dir)
@@ -169,6 +183,9 @@ def _continue(
     with job_lock(paths):
         options = options_from(manifest, progress)
         options.ray = ray
+        options.cache_dir = cache_dir
+        if cache_dir is not None:  # before anything is saved or run
+            check_cache_dir(cache_dir)
         say = notify or _to_stderr
         # Before the input is looked at: a bad option must change nothing (a forced resume
         # rewrites the job's idea of its input).

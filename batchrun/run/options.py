@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from batchrun.config import (
@@ -49,6 +50,8 @@ class RunOptions:
     ray: str | None = None
     # The dispatch plan (run/planner.py), saved so that resume and retries plan alike.
     order: str = DEFAULT_ORDER
+    # --cache-dir: answers reused across jobs (run/answer_cache.py); per run, not saved.
+    cache_dir: Path | None = None
 
     @classmethod
     def from_given(cls, given: GivenOptions, *, progress: bool, ray: str | None) -> RunOptions:

@@ -23,6 +23,7 @@ from batchrun.job.paths import JobPaths
 from batchrun.job.state import FAILED_RETRYABLE, OK, JobState, replay
 from batchrun.job.summary import keep_summary
 from batchrun.openai.records import Request
+from batchrun.run.answer_cache import AnswerCache
 from batchrun.run.dedup import Duplicates
 from batchrun.run.options import RunOptions
 from batchrun.run.planner import plan
@@ -121,6 +122,8 @@ def run_job(
         with JournalWriter(paths.journal) as journal:
             keep_summary(paths, manifest, journal)  # status reads it: O(1) in the journal
             scheduler = Scheduler(settings, envs, journal, state, reporter, worker_class)
+            if options.cache_dir is not None:
+                scheduler.answers = AnswerCache.open(options.cache_dir, settings)
             scheduler.job_dir = paths.root
             scheduler.duplicates = duplicates
             scheduler.on_back_off = _keep_backed_off_size(paths, manifest, settings, device)

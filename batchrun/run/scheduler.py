@@ -40,6 +40,7 @@ from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.state import JobState
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.admission import Admission, KvCache
+from batchrun.run.answer_cache import AnswerCache
 from batchrun.run.dedup import Duplicates
 from batchrun.run.poison import Isolator
 from batchrun.run.watchdog import HangPolicy, Watchdog
@@ -141,6 +142,9 @@ class Scheduler(HangPolicy):
         # The duplicates the dispatch plan holds back (run/dedup.py): each is answered, and
         # journaled, with its representative's outcome. None: every request runs itself.
         self.duplicates: Duplicates | None = None
+        # Answers reused across jobs (run/answer_cache.py, --cache-dir); None: none.
+        self.answers: AnswerCache | None = None
+        self._unstored: list[tuple[Outcome, Request]] = []
         # Notices workers gone silent: hung mid-run, or never ready (run/watchdog.py).
         self.watchdog = Watchdog()
         # Told of every dispatch, result and restart, for /metrics (batchrun/metrics); None: off.
@@ -216,6 +220,10 @@ class Scheduler(HangPolicy):
         if not self.pending:
             # Nothing to do (a finished job resumed, say): do not start an engine for it.
             first = next(source, None)
+            while first is not None and self.answers is not None and not self._from_cache(
+                [first], stats
+            ):
+                first = next(source, None)  # answered from the cache: the next one
             if first is None:
                 return stats
             self.pending.append(first)
@@ -256,8 +264,8 @@ class Scheduler(HangPolicy):
                         got = admission.take(w.index, want, kv, w.settings.window)
                         exhausted = admission.exhausted
                     else:
-                        got = list(itertools.islice(source, want))  # one C loop, not one each
-                        exhausted = len(got) < want and not (self.live is not None and self.live())
+                        got, short = self._take(source, want, stats)
+                        exhausted = short and not (self.live is not None and self.live())
                     batch += got
                 if batch:
                     taken += len(batch)
@@ -368,21 +376,25 @@ class Scheduler(HangPolicy):
     def _records(
         self,
         pairs: Sequence[tuple[Outcome, Request]],
-        index: int,
+        index: int | None,
         records: list[ResultRecord],
         outcomes: list[Outcome],
     ) -> bool:
-        """Count worker `index`'s outcomes in the job's state; add them and their journal records
-        to `outcomes` and `records`. Return whether they are `plain` (see journal.encode_records)."""
+        """Count worker `index`'s outcomes (None: the answer cache's) in the job's state; add them
+        and their journal records to `outcomes` and `records`. Return whether they are `plain`
+        (see journal.encode_records)."""
         if not pairs:
             return True
+        if self.answers is not None:
+            self._unstored += pairs  # stored once journaled (copies and hits are skipped)
         now = round(time.time(), 3)
         done = [outcome for outcome, _ in pairs]
         attempts = self.state.record_results(done, index, now)
         plain = True
         for (outcome, request), attempt in zip(pairs, attempts, strict=True):
             rec = result_record(outcome, request.line, attempt, now)
-            rec["worker"] = index
+            if index is not None:
+                rec["worker"] = index
             records.append(rec)
             if plain:
                 plain = plain_result(outcome)
@@ -414,7 +426,40 @@ class Scheduler(HangPolicy):
         if not records:
             return
         self.journal.append(records, plain=plain)
+        if self._unstored:
+            assert self.answers is not None
+            # After the journal write: a kill in between leaves an answer journaled, not stored.
+            self.answers.store(self._unstored)
+            self._unstored = []
         self._count(outcomes, stats)
+
+    def _take(
+        self, source: Iterator[Request], want: int, stats: RunStats
+    ) -> tuple[list[Request], bool]:
+        """Up to `want` requests from `source` to run, and whether it ran short (its end): those
+        the answer cache answers are journaled here, and more taken in their place."""
+        got = list(itertools.islice(source, want))  # one C loop, not one per request
+        if self.answers is None:
+            return got, len(got) < want
+        run: list[Request] = []
+        while True:
+            short = len(got) < want - len(run)
+            run += self._from_cache(got, stats)
+            if short or len(run) >= want:
+                return run, short
+            got = list(itertools.islice(source, want - len(run)))
+
+    def _from_cache(self, requests: list[Request], stats: RunStats) -> list[Request]:
+        """Journal the answers the cache holds for `requests`; return the others."""
+        assert self.answers is not None
+        run, hits = self.answers.lookup(requests)
+        if hits:
+            by_id = {r.custom_id: r for r in requests}
+            records: list[ResultRecord] = []
+            outcomes: list[Outcome] = []
+            plain = self._records([(h, by_id[h.custom_id]) for h in hits], None, records, outcomes)
+            self._journal(records, outcomes, stats, plain)
+        return run
 
     def _count(self, outcomes: list[Outcome], stats: RunStats) -> None:
         """Add journaled outcomes to the run's figures, and tell the reporter."""

@@ -1,0 +1,142 @@
+"""--cache-dir: answers reused across jobs (run/answer_cache.py), and `batchrun cache`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from conftest import chat_line, cli, journal_records, start_cli, wait_until, write_jsonl
+
+IDS = [f"r{i}" for i in range(8)]
+
+
+def lines(sampled: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Chat requests, greedy (deterministic) unless named in `sampled`."""
+    return [chat_line(cid, f"prompt {cid}", temperature=1 if cid in sampled else 0) for cid in IDS]
+
+
+def submit(tmp_path: Path, name: str, cache: Path, **env: str) -> tuple[Path, Any]:
+    src = tmp_path / "in.jsonl"
+    if not src.exists():
+        write_jsonl(src, lines(sampled=("r6", "r7")))
+    job = tmp_path / name
+    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress",
+            "--cache-dir", str(cache), env=env)  # fmt: skip
+    return job, r
+
+
+def by_id(job: Path) -> dict[str, dict[str, Any]]:
+    return {rec["custom_id"]: rec for rec in journal_records(job)}
+
+
+def status(job: Path) -> dict[str, Any]:
+    r = cli("status", "--job-dir", str(job), "--json")
+    assert r.returncode == 0, r.stderr
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+def entry_files(cache: Path) -> list[Path]:
+    return sorted(p for p in (cache / "answers-v1").glob("*/*.json") if not p.name.startswith("."))
+
+
+def test_hits_misses_and_sampled_requests(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first, r = submit(tmp_path, "j1", cache)
+    assert r.returncode == 0, r.stderr
+    assert len(entry_files(cache)) == 6  # r6, r7 are sampled: never stored
+    # Every request the engine sees now fails: the hits do not reach it, the sampled ones do.
+    second, r = submit(tmp_path, "j2", cache, BATCHRUN_ECHO_FAIL=",".join(IDS))
+    assert r.returncode == 1
+    recs = by_id(second)
+    assert {cid for cid, rec in recs.items() if rec.get("cached")} == set(IDS[:6])
+    assert all(recs[c]["ok"] for c in IDS[:6])
+    assert not recs["r6"]["ok"] and not recs["r7"]["ok"] and "cached" not in recs["r6"]
+    # The same answer, under its own ids.
+    old = by_id(first)["r0"]["body"]
+    new = recs["r0"]["body"]
+    assert new["choices"] == old["choices"] and new["id"] != old["id"]
+    s = status(second)
+    assert s["cache_hits"] == 6
+    assert s["requests"]["succeeded"] == 6 and s["requests"]["failed"] == 2
+
+
+def test_a_corrupt_or_foreign_entry_is_a_miss_and_is_replaced(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    submit(tmp_path, "j1", cache)
+    entries = entry_files(cache)
+    entries[0].write_bytes(entries[0].read_bytes()[:20])  # torn
+    foreign = json.loads(entries[1].read_bytes())
+    foreign["batchrun"] = "0.0.0-other"
+    entries[1].write_text(json.dumps(foreign))
+    entries[2].write_bytes(b"")
+    job, r = submit(tmp_path, "j2", cache)
+    assert r.returncode == 0, r.stderr
+    recs = by_id(job)
+    assert sum(1 for rec in recs.values() if rec.get("cached")) == 3
+    # Replaced by the answers that ran: a third job hits all six.
+    job, r = submit(tmp_path, "j3", cache, BATCHRUN_ECHO_FAIL=",".join(IDS[:6]))
+    assert r.returncode == 0, r.stderr
+    assert sum(1 for rec in by_id(job).values() if rec.get("cached")) == 6
+
+
+def test_a_cache_dir_that_cannot_be_made_is_one_line_before_the_job(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    job, r = submit(tmp_path, "j1", blocker / "cache")
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"error: --cache-dir {blocker / 'cache'} cannot be used: Not a directory; "
+        "give a directory you can write to"
+    )
+    assert "Traceback" not in r.stderr
+    assert not job.exists()
+
+
+def test_a_kill_between_journal_and_cache_answers_each_request_once(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    src = write_jsonl(
+        tmp_path / "in.jsonl", [chat_line(f"k{i}", f"p{i}", temperature=0) for i in range(60)]
+    )
+    job = tmp_path / "job"
+    proc = start_cli("submit", str(src), "--job-dir", str(job), "--engine", "echo",
+                     "--no-progress", "--batch-size", "4", "--cache-dir", str(cache),
+                     env={"BATCHRUN_ECHO_DELAY_MS": "20"})  # fmt: skip
+    wait_until(
+        lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 10,
+        "10 results journaled",
+    )
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    r = cli("resume", "--job-dir", str(job), "--no-progress", "--cache-dir", str(cache))
+    assert r.returncode == 0, r.stderr
+    recs = journal_records(job)
+    ids = [rec["custom_id"] for rec in recs]
+    assert sorted(ids) == sorted(f"k{i}" for i in range(60))  # each answered exactly once
+    # Every answer journaled is in the cache (or was journaled before it could be stored),
+    # and a new job over the same input is answered from it alone.
+    again = tmp_path / "again"
+    r = cli("submit", str(src), "--job-dir", str(again), "--engine", "echo", "--no-progress",
+            "--cache-dir", str(cache), env={"BATCHRUN_ECHO_FAIL": ",".join(ids)})  # fmt: skip
+    hits = sum(1 for rec in journal_records(again) if rec.get("cached"))
+    assert hits >= 60 - 4 * 3  # at most what the killed run held between its two writes
+    assert len(journal_records(again)) == 60
+
+
+def test_cache_stats_and_prune(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    submit(tmp_path, "j1", cache)
+    r = cli("cache", "stats", "--cache-dir", str(cache), "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["entries"] == 6 and s["bytes"] > 0
+    r = cli("cache", "prune", "--cache-dir", str(cache), "--older-than", "30d")
+    assert r.returncode == 0 and r.stdout.startswith("removed 0 answers")
+    r = cli("cache", "prune", "--cache-dir", str(cache), "--older-than", "0s")
+    assert r.returncode == 0 and r.stdout.startswith("removed 6 answers")
+    assert entry_files(cache) == []
+    r = cli("cache", "prune", "--cache-dir", str(cache), "--older-than", "soon")
+    assert r.returncode == 2
