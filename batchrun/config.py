@@ -262,13 +262,13 @@ class EngineSettings:
         if self.reasoning_parser is not None:
             spec.check_reasoning_parser(self.reasoning_parser)
         check_timeouts(self.stall_timeout, self.request_timeout, self.start_timeout)
-        for option, value in (
+        for flag, limit in (
             ("--max-loras", self.max_loras),
             ("--max-lora-rank", self.max_lora_rank),
             ("--max-cpu-loras", self.max_cpu_loras),
         ):
-            if value is not None:
-                check_number(option, value, 1)
+            if limit is not None:
+                check_number(flag, limit, 1)
         if self.max_lora_rank is not None and self.max_lora_rank not in LORA_RANKS:
             ranks = ", ".join(map(str, LORA_RANKS))
             raise OptionError("--max-lora-rank", f"must be one of {ranks}, got {self.max_lora_rank}")

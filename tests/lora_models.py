@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 # SmolLM2-135M-Instruct's shapes (its config.json): hidden 576, 30 layers, 9 heads and 3 KV
 # heads of 64.
@@ -56,3 +57,40 @@ def make_adapter(
     }
     (directory / "adapter_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     return directory
+
+
+def raw_answers(model: str, adapters: dict[str, str], work: dict[str, list[str]]) -> dict[str, Any]:
+    """Raw vLLM's greedy chat answers (`LLM.chat`, float32, 12 tokens): `work` maps "" (the base
+    model) or an adapter's name to its prompts. Each group is one call of its own, so that base
+    and adapter requests never share a batch (vLLM's CPU bug: lora.py in batchrun's engine)."""
+    from vllm import LLM, SamplingParams
+    from vllm.lora.request import LoRARequest
+
+    llm = LLM(
+        model=model,
+        dtype="float32",
+        enforce_eager=True,
+        gpu_memory_utilization=0.4,
+        max_model_len=2048,
+        seed=0,
+        enable_lora=True,
+        max_loras=len(adapters) + 1,
+        max_lora_rank=RANK,
+    )
+    params = SamplingParams(temperature=0, max_tokens=12)
+    ids = {name: i for i, name in enumerate(adapters, start=1)}
+    answers: dict[str, Any] = {}
+    for name, prompts in work.items():
+        lora = LoRARequest(name, ids[name], adapters[name]) if name else None
+        conversations: list[Any] = [[{"role": "user", "content": p}] for p in prompts]
+        outputs = llm.chat(conversations, params, lora_request=lora)
+        answers[name] = [o.outputs[0].text for o in outputs]
+    return answers
+
+
+if __name__ == "__main__":
+    # python tests/lora_models.py MODEL ADAPTERS_JSON WORK_JSON: the raw answers as JSON on stdout.
+    import sys
+
+    result = raw_answers(sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]))
+    print("RAW " + json.dumps(result))

@@ -24,6 +24,9 @@ tokens: the parent never loads a tokenizer, and a shared text prefix is a shared
 to the last token or so. The plan is deterministic: the same requests give the same order (ties
 keep the file's order). Retry passes and resume plan the requests left the same way.
 
+Before all that, a window's requests are grouped by what answers them (body.model: the base
+model or a LoRA adapter), so that adapters swap rarely; the steps above run within each group.
+
 `--order input` sends every request as it is, in the file's order (no grouping, no merging).
 """
 
@@ -73,7 +76,19 @@ def plan(
         return
     for window in windows(source):
         run = duplicates.split(window) if duplicates is not None else list(window)
-        yield from order_window(run)
+        for group in by_model(run):
+            yield from order_window(group)
+
+
+def by_model(requests: list[Request]) -> list[list[Request]]:
+    """`requests` grouped by the model or LoRA adapter their body.model names, in the order
+    each name first appears (each group keeps the file's order): an engine then swaps adapters
+    at most once per adapter per window, where interleaved adapters would swap all the time
+    once there are more of them than it holds at once (--max-loras)."""
+    groups: dict[object, list[Request]] = {}
+    for request in requests:
+        groups.setdefault(request.body.get("model"), []).append(request)
+    return list(groups.values())
 
 
 def windows(source: Iterator[Request]) -> Iterator[list[Request]]:

@@ -34,6 +34,7 @@ from batchrun.engines.vllm.args import engine_args
 from batchrun.engines.vllm.cache import PrefixCacheCounter
 from batchrun.engines.vllm.embeddings import EmbeddingWork, embedding_work
 from batchrun.engines.vllm.errors import BadRequest
+from batchrun.engines.vllm.lora import LoraRoutes, lora_engine_args
 from batchrun.engines.vllm.media import (
     check_modalities,
     has_media,
@@ -107,9 +108,13 @@ class VllmEngine:
         from vllm.usage.usage_lib import UsageContext
 
         args = engine_args(settings, target, self.model_name)
+        for name, value in lora_engine_args(settings, cuda=cuda).items():
+            setattr(args, name, value)
         for name, value in media_engine_args(settings).items():
             setattr(args, name, value)
         set_fetch_timeouts(settings)
+        # A line naming an adapter in body.model runs with that adapter (lora.py).
+        self._lora = LoraRoutes(settings)
         self._cache = PrefixCacheCounter()
         self._engine: Any = LLMEngine.from_engine_args(
             args,
@@ -185,7 +190,12 @@ class VllmEngine:
                     max_model_len=self.max_model_len,
                     vocab_size=self.vocab_size,
                 )
-                self._submit(request.custom_id, prompt_ids, params)
+                self._submit(
+                    request.custom_id,
+                    prompt_ids,
+                    params,
+                    lora=self._lora.request_for(request.body.get("model")),
+                )
         except BadRequest as exc:
             return failure(request, exc.code, exc.message, status_code=400, retryable=False)
         self._in_flight[request.custom_id] = pending
@@ -327,7 +337,9 @@ class VllmEngine:
                 self._parts.pop(part_id, None)
             raise
 
-    def _submit(self, request_id: str, prompt_ids: list[int] | Any, params: Any) -> None:
+    def _submit(
+        self, request_id: str, prompt_ids: list[int] | Any, params: Any, lora: Any = None
+    ) -> None:
         """Hand the tokenized request (or a prompt vLLM rendered) to vLLM; its own input checks
         become 400s too."""
         from vllm.exceptions import VLLMClientError
@@ -341,7 +353,7 @@ class VllmEngine:
             renderer = getattr(self._engine, "renderer", None)
             if not rendered and renderer is not None and hasattr(renderer, "render_cmpl"):
                 prompt = renderer.render_cmpl([prompt])[0]
-            self._engine.add_request(request_id, prompt, params)
+            self._engine.add_request(request_id, prompt, params, lora_request=lora)
         except (ValueError, TypeError, VLLMClientError) as exc:
             raise BadRequest(str(exc)) from exc
 
