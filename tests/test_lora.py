@@ -286,3 +286,48 @@ def test_prefix_groups_still_form_within_an_adapter() -> None:
     planned = [r.custom_id for r in plan(iter(requests), "auto")]
     # a1's shared-document pair first (a group), then its lone lines in file order; then a2.
     assert planned == ["d0", "d1", "x0", "x1", "y0"]
+
+
+def test_serve_routes_a_batchs_lines_to_the_base_or_its_adapter(
+    tmp_path: Path, adapters: dict[str, Path]
+) -> None:
+    from test_serve import create_batch, lines_of, start_server, stop_server, wait_done
+
+    server = start_server(tmp_path / "root", *_lora(adapters, "a1", "a2"))
+    try:
+        client = server.client()
+        batch = wait_done(client, create_batch(client, _mixed_input(tmp_path)).id)
+        assert batch.status == "completed"
+        models = {
+            o["custom_id"]: o["response"]["body"]["model"]
+            for o in lines_of(client, batch.output_file_id)
+        }
+        assert models == {
+            "r0": "echo",
+            "r1": "a1",
+            "r2": "echo",
+            "r3": "a2",
+            "r5": "a1",
+            "r6": "echo",
+            "r7": "a2",
+        }
+        [error] = lines_of(client, batch.error_file_id)
+        assert (error["custom_id"], error["error"]["code"]) == ("r4", "model_not_found")
+    finally:
+        stop_server(server)
+
+
+def test_serve_refuses_a_missing_adapter_in_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    r = cli(
+        "serve",
+        "--root",
+        str(tmp_path / "root"),
+        "--engine",
+        "echo",
+        "--lora-modules",
+        f"x={missing}",
+        env=WIDE,
+    )
+    assert r.returncode == 1, r.stderr
+    assert _refusal(r) == f"error: adapter 'x': {missing} does not exist"

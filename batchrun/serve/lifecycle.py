@@ -21,6 +21,7 @@ from batchrun.job.manifest import load_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.state import replay
+from batchrun.models.adapters import known_models
 from batchrun.openai.records import Outcome
 from batchrun.run.inputs import discard_unfinished_validation, validate_into_job
 from batchrun.run.options import RunOptions
@@ -74,12 +75,15 @@ def validate(
     try:
         locks.enter_context(job_lock(paths))
         index: InputIndex | None = None
+        # With adapters, a line may name one of them: every read of the input must know them.
+        known = known_models(options.settings.model_name, options.settings.lora_modules)
         if paths.manifest.exists():
             manifest = load_manifest(paths)
+            index = InputIndex(known) if known is not None else None
         else:
             discard_unfinished_validation(paths)
             source = _input_copy(files, str(record.batch["input_file_id"]), paths.root)
-            index = InputIndex()
+            index = InputIndex(known)
             run_options = dataclasses.replace(
                 options, settings=dataclasses.replace(options.settings)
             )

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from batchrun import stopping
 from batchrun.errors import BatchrunError
+from batchrun.models.adapters import prepare_adapters
 from batchrun.run.model import prepare_model
 from batchrun.run.options import RunOptions
 from batchrun.run.preflight import preflight
@@ -127,6 +128,7 @@ def serve(
     for line in preflight(options):  # before the root is made: a refusal leaves nothing behind
         say(line)
     prepare_model(options.settings, say)
+    prepare_adapters(options.settings)  # a missing or bad adapter: one line, nothing served
     # After Ctrl-C or SIGTERM: the batches go on when the server starts again on this root.
     stopping.set_resume(f"batchrun serve --root {shlex.quote(str(root))}")
     with root_lock(root):
