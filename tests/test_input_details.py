@@ -90,3 +90,28 @@ def test_revision_with_the_echo_engine_is_refused(tmp_path: Path) -> None:
         "nothing to it; leave --revision out"
     ) in r.stderr
     assert not job.exists()
+
+
+def test_duplicates_are_found_in_every_layout(tmp_path: Path) -> None:
+    """Whitespace before the colon, a long line (the quote-hopping test), a line of many quotes
+    (parsed again): each names the key; a key given twice deeper than the body is left alone."""
+    long_text = "x" * 40_000
+    many_quotes = '\\"q\\" ' * 600
+    lines = [
+        '{"custom_id" : "a", "method": "POST", "url": "/v1/chat/completions", "body" : '
+        '{"messages": [{"role": "user", "content": "hi"}], "model" : "m", "model" : "n"}}',
+        LINE
+        % ('"b"', '{"messages": [{"role": "user", "content": "%s"}], "n": 1, "n": 2}')
+        % long_text,
+        LINE
+        % ('"c", "method": "POST"', '{"messages": [{"role": "user", "content": "%s"}]}')
+        % many_quotes,
+        LINE % ('"d"', '{"messages": [{"role": "user", "role": "user", "content": "deep"}]}'),
+    ]
+    got = read(tmp_path, lines)
+    assert [(g.custom_id, getattr(g, "message", None)) for g in got] == [
+        ("a", message("model", "in body")),
+        ("b", message("n", "in body")),
+        ("c", message("method", "on this line")),
+        ("d", None),
+    ]

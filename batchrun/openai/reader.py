@@ -194,10 +194,13 @@ def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request
             yield Request(custom_id, lineno, url, body)
 
 
-# A key written with an escape ("custom\\u005fid": the same key as "custom_id", which the quoted
-# text would not find): a backslash, the escaped character, more of the string, its closing
-# quote and a colon. It may also match inside a value (the exact test then runs: only slower).
-_ESCAPED_KEY = re.compile(rb'\\.[^"\\]*"[ \t\r\n]*:')
+# _key_ends: JSON's whitespace, one byte each (b"" is not in it: the end of the line stops the
+# walk), and the most quotes walked before parsing the line again costs less.
+_WHITESPACE = frozenset((b" ", b"\t", b"\r", b"\n"))
+_MAX_QUOTES = 512
+_SEARCHED_LINE = 16384  # bytes: past it, hopping from quote to quote is the cheaper
+_KEY_END = re.compile(rb'"[ \t\r\n]*:')
+_CONTAINERS = (dict, list)
 
 
 def _duplicate_key(raw: bytes, obj: dict[str, Any]) -> tuple[str, str] | None:
@@ -205,31 +208,19 @@ def _duplicate_key(raw: bytes, obj: dict[str, Any]) -> tuple[str, str] | None:
     "" for the line, "body." for the body. None when every key there is given once.
 
     JSON parsers keep the last of two equal keys silently; which one the user meant is unknown,
-    so the line is refused. The quick test: each key's quoted text appears once in the line
-    (nearly every line); otherwise the line is parsed again, keeping every pair.
+    so the line is refused. The quick test (nearly every line): the quotes followed by a colon,
+    which are at least the keys written in the line, number no more than the keys the parsed
+    line holds; otherwise the line is parsed again, keeping every pair.
     """
-    body = obj.get("body")
-    if not isinstance(body, dict):
-        body = None
-    # Each key's quoted text once in the line, summed (map and sum: no Python loop on this hot
-    # path). A sum equal to the number of keys with none of them missing means each appears
-    # once; a key missing from the text is written with an escape, which _ESCAPED_KEY finds.
-    count, quoted = raw.count, _QUOTED.__getitem__
-    found = sum(map(count, map(quoted, obj)))
-    keys = len(obj)
-    if body is not None:
-        found += sum(map(count, map(quoted, body)))
-        keys += len(body)
-    if found == keys and (b"\\" not in raw or _ESCAPED_KEY.search(raw) is None):
+    if _key_ends(raw) == _keys_held(obj):
         return None
     twice: dict[int, str] = {}  # id() of an object -> its first key given twice
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        made: dict[str, Any] = {}
-        for key, value in items:
-            if key in made:
-                twice.setdefault(id(made), key)
-            made[key] = value
+        made = dict(items)
+        if len(made) != len(items):  # rare: name the first key given twice
+            seen: set[str] = set()
+            twice[id(made)] = next(k for k, _ in items if k in seen or seen.add(k))  # type: ignore[func-returns-value]
         return made
 
     try:
@@ -245,19 +236,50 @@ def _duplicate_key(raw: bytes, obj: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-class _QuotedKeys(dict[str, bytes]):
-    """A key's quoted text as the line holds it when written without escapes (in double quotes,
-    UTF-8), made once: the same few keys come on every line. Bounded: a file of ever-new keys
-    stops adding at the bound."""
+def _key_ends(raw: bytes) -> int | None:
+    """How many quotes in the line are followed (after any whitespace) by a colon: each key's
+    closing quote is, so at least the number of keys written (an escaped quote before a colon
+    inside a string counts too). A short line is searched in C at once; a long one hops from
+    quote to quote (memchr), so a long text without quotes costs nothing there. None past
+    _MAX_QUOTES quotes (parsing the line again then costs less)."""
+    if len(raw) <= _SEARCHED_LINE:
+        return len(_KEY_END.findall(raw))
+    find = raw.find
+    ends = 0
+    hops = 0
+    i = find(b'"')
+    while i >= 0:
+        hops += 1
+        if hops > _MAX_QUOTES:
+            return None
+        j = i + 1
+        c = raw[j : j + 1]
+        while c in _WHITESPACE:
+            j += 1
+            c = raw[j : j + 1]
+        if c == b":":
+            ends += 1
+        i = find(b'"', j)
+    return ends
 
-    def __missing__(self, key: str) -> bytes:
-        text = b'"' + key.encode("utf-8", "surrogatepass") + b'"'
-        if len(self) < 4096:
-            self[key] = text
-        return text
 
-
-_QUOTED = _QuotedKeys()
+def _keys_held(value: Any) -> int:
+    """The keys of every object in a parsed JSON value (a list whose first item is no object or
+    list is taken to hold none: an undercount only sends the line to the exact test)."""
+    kind = type(value)
+    if kind is dict:
+        held = len(value)
+        for item in value.values():
+            if type(item) in _CONTAINERS:
+                held += _keys_held(item)
+        return held
+    if kind is list and value and type(value[0]) in _CONTAINERS:
+        held = 0
+        for item in value:
+            if type(item) in _CONTAINERS:
+                held += _keys_held(item)
+        return held
+    return 0
 
 
 def _duplicate_message(where: str, key: str) -> str:
