@@ -4,6 +4,7 @@
     .venv/bin/python scripts/chaos.py --kills 10 --requests 400 --seed 7
     BATCHRUN_CACHE_DIR=/tmp/brcache .venv/bin/python scripts/chaos.py --engine vllm  # 200 req, 5 kills
     .venv/bin/python scripts/chaos.py --plant-bug duplicate-result   # the checker must fail
+    .venv/bin/python scripts/chaos.py --cache-dir /tmp/answers  # twice: the 2nd job hits the 1st's
 
 What it does, with a seeded random generator (the seed is printed first; `--seed` repeats a run):
 
@@ -36,6 +37,12 @@ What it does, with a seeded random generator (the seed is printed first; `--seed
 5. Prints the figures and exits 0 when no invariant was broken, 1 when one was (each violation is
    listed), 2 when the harness could not do what was asked (e.g. the job finished before all the
    kills: give it more --requests or a longer --delay-ms).
+
+`--cache-dir DIR` runs every command with that answer cache (run/answer_cache.py), and the echo
+requests at temperature 0 (deterministic, so cached): kills then fall between a result's journal
+write and its cache write too. Run it twice with the same DIR: the second job is answered from
+what the first stored under kills, and the same checks hold (each custom_id answered once, with
+the right answer); status's `cache_hits` is printed.
 
 `--serve N` instead kills `batchrun serve`, N times, between making a batch's output file and
 saving its id in the batch's record (and at random moments while it runs): scripts/chaos_serve.py.
@@ -199,8 +206,8 @@ def write_input(path: Path, n: int, rng: random.Random, args: argparse.Namespace
         else:
             text = f"Say the word {rng.choice(WORDS)}."
         body: dict[str, Any] = {"max_tokens": args.max_tokens}
-        if args.engine == "vllm":
-            body["temperature"] = 0
+        if args.engine == "vllm" or args.cache_dir:
+            body["temperature"] = 0  # deterministic: vLLM's answers checkable, or cached
         nchoices = 2 if args.engine == "echo" and i % 7 == 3 else 1
         if nchoices > 1:
             body["n"] = nchoices
@@ -341,8 +348,12 @@ class Harness:
                 cmd += ["--max-model-len", str(a.max_model_len)]
                 if a.gpu_memory_utilization:
                     cmd += ["--gpu-memory-utilization", str(a.gpu_memory_utilization)]
+            if a.cache_dir:
+                cmd += ["--cache-dir", a.cache_dir]
             return cmd + (["--ray", "local"] if a.ray else [])
         cmd = ["resume", "--job-dir", str(self.job), "--no-progress"]
+        if a.cache_dir:
+            cmd += ["--cache-dir", a.cache_dir]
         if a.ray and self.rng.random() < 0.2:
             # A job started on Ray goes on without it (and back): one job directory, either way.
             self.runs_without_ray += 1
@@ -665,6 +676,8 @@ class Harness:
         view = read_journal(self.job / "journal.jsonl")
         journal = ck.check_journal(view, "final journal", final=True)
         status = self.cli_json(["status", "--job-dir", str(self.job), "--json"])
+        if self.args.cache_dir and status is not None:
+            print(f"answered from the cache: {status.get('cache_hits')}")
         checked = 0
         r1 = self.cli(["export", "--job-dir", str(self.job)])
         if r1.returncode != 0:
@@ -906,6 +919,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, help="valid requests [echo 3000, vllm 200]")
     p.add_argument("--seed", type=int, help="random seed [a fresh one, printed]")
     p.add_argument("--delay-ms", type=int, default=50, help="echo: latency per request [50]")
+    p.add_argument(
+        "--cache-dir", help="run every command with this answer cache (requests at temperature 0)"
+    )
     p.add_argument("--batch-size", type=int, help="requests in flight per worker [echo 4, vllm 8]")
     p.add_argument("--workers", type=int, help="engine workers [echo 2, vllm 1]")
     p.add_argument("--max-tokens", type=int, help="max_tokens of every request [16]")
