@@ -218,6 +218,25 @@ def vllm_responses_job(vllm_generative_server: dict[str, Any]) -> dict[str, Any]
     return result
 
 
+@pytest.fixture(scope="session")
+def tiny_mm_models(isolated_cache: Path) -> dict[str, Path]:
+    """The tiny Idefics3 and Whisper (tests/mm_models.py), built once in the session's cache."""
+    from mm_jobs import build_tiny_models
+
+    return build_tiny_models(isolated_cache)
+
+
+@pytest.fixture(scope="session")
+def vllm_image_job(
+    tmp_path_factory: pytest.TempPathFactory, tiny_mm_models: dict[str, Path]
+) -> dict[str, Any]:
+    """The image job on the tiny Idefics3 (2 engine starts: SIGKILLed, resumed) and raw vLLM's
+    answers to its lines (1 start): tests/mm_jobs.py."""
+    from mm_jobs import run_image_job
+
+    return run_image_job(tmp_path_factory.mktemp("vllm-images"), tiny_mm_models)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (scripts/test.sh), keep the tests of each vLLM job in one process, so

@@ -156,15 +156,11 @@ def build_whisper(out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     base = _smollm2_tokenizer()
     # Whisper's tokenizer class over SmolLM2's byte-level BPE vocabulary and merges.
-    base.save_pretrained(out / "_bpe")
-    vocab = json.loads((out / "_bpe" / "tokenizer.json").read_text())["model"]
-    (out / "_bpe" / "vocab.json").write_text(json.dumps(vocab["vocab"]))
-    merges = vocab["merges"]
-    lines = [m if isinstance(m, str) else " ".join(m) for m in merges]
-    (out / "_bpe" / "merges.txt").write_text("#version: 0.2\n" + "\n".join(lines) + "\n")
+    bpe = json.loads(base.backend_tokenizer.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in bpe["merges"]]
     tokenizer = WhisperTokenizer(
-        vocab_file=str(out / "_bpe" / "vocab.json"),
-        merges_file=str(out / "_bpe" / "merges.txt"),
+        vocab=bpe["vocab"],
+        merges=merges,
         unk_token="<|endoftext|>",
         bos_token="<|endoftext|>",
         eos_token="<|endoftext|>",
@@ -260,8 +256,32 @@ def wav_bytes(seconds: float, freq: float, *, rate: int = 16000) -> bytes:
     return buf.getvalue()
 
 
+def raw_chat(model: Path, requests: Path, out: Path, *, root: Path | None = None) -> None:
+    """Raw vLLM's answers: `LLM.chat` on the messages of each line of `requests` (JSONL of
+    {"custom_id", "messages", "max_tokens"}), temperature 0, written to `out` as {id: text}."""
+    from vllm import LLM, SamplingParams
+
+    lines = [json.loads(x) for x in requests.read_text().splitlines() if x.strip()]
+    llm = LLM(
+        model=str(model),
+        dtype="float32",
+        max_model_len=2048,
+        gpu_memory_utilization=0.1,  # a small share: other engines run beside the tests
+        enforce_eager=True,
+        seed=0,
+        allowed_local_media_path=str(root) if root else "",
+    )
+    params = [SamplingParams(temperature=0, max_tokens=x["max_tokens"]) for x in lines]
+    outputs = llm.chat([x["messages"] for x in lines], params, use_tqdm=False)
+    texts = {x["custom_id"]: o.outputs[0].text for x, o in zip(lines, outputs, strict=True)}
+    out.write_text(json.dumps(texts))
+
+
 if __name__ == "__main__":
-    root = Path(sys.argv[1])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    print(build_idefics3(root / "idefics3"))
-    print(build_whisper(root / "whisper"))
+    if sys.argv[1] == "raw-chat":
+        raw_chat(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), root=Path(sys.argv[5]))
+    else:
+        root = Path(sys.argv[1])
+        print(build_idefics3(root / "idefics3"))
+        print(build_whisper(root / "whisper"))

@@ -274,8 +274,8 @@ def test_a_job_keeps_the_hub_id_and_resume_resolves_it_again(tmp_path: Path, hf_
     assert errors[1] == {
         "code": "invalid_url",
         "message": "url '/v1/moderations' is an OpenAI Batch API endpoint that batchrun cannot "
-        "serve: it needs a moderation classifier, and batchrun runs local text and embedding "
-        f"models; supported are {ENDPOINTS}",
+        "serve: it needs a moderation classifier, and batchrun runs local chat, embedding and "
+        f"speech-to-text models; supported are {ENDPOINTS}",
         "line": 1,
     }
 
@@ -390,8 +390,7 @@ def test_an_actor_gets_the_variables_its_node_never_had(monkeypatch: pytest.Monk
         ("/v1/images/generations", "an image generation model"),
         ("/v1/images/edits", "an image generation model"),
         ("/v1/videos", "a video generation model"),
-        ("/v1/audio/transcriptions", "a speech or transcription model"),
-        ("/v1/audio/speech", "a speech or transcription model"),
+        ("/v1/audio/speech", "a speech synthesis model"),
     ],
 )
 def test_openai_endpoints_no_local_text_model_serves_say_why(url: str, needs: str) -> None:
@@ -400,7 +399,8 @@ def test_openai_endpoints_no_local_text_model_serves_say_why(url: str, needs: st
     assert (e.value.code, str(e.value)) == (
         "invalid_url",
         f"url {url!r} is an OpenAI Batch API endpoint that batchrun cannot serve: it needs "
-        f"{needs}, and batchrun runs local text and embedding models; supported are {ENDPOINTS}",
+        f"{needs}, and batchrun runs local chat, embedding and speech-to-text models; "
+        f"supported are {ENDPOINTS}",
     )
 
 

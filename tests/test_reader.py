@@ -22,7 +22,8 @@ from batchrun.openai.records import CHAT, COMPLETIONS, LineError, Request
 
 ENDPOINTS = (
     "'/v1/chat/completions', '/v1/completions', '/v1/embeddings', '/v1/responses', '/v1/score', "
-    "'/score', '/v1/rerank', '/rerank', '/v2/rerank'"
+    "'/score', '/v1/rerank', '/rerank', '/v2/rerank', '/v1/audio/transcriptions', "
+    "'/v1/audio/translations'"
 )
 
 

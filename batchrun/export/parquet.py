@@ -255,6 +255,7 @@ class _Body(msgspec.Struct):
     output: list[_OutputItem] | None = None  # a Response's (/v1/responses)
     status: Any = None  # a Response's: "completed" or "incomplete"
     usage: _Usage | None = None
+    text: Any = None  # a transcription's or translation's (/v1/audio/...)
 
 
 class _Error(msgspec.Struct):
@@ -302,6 +303,9 @@ def _row(index: JournalIndex, entry: Entry, raw: bytes, extras: Sequence[str]) -
         finish_reason = "length" if body.status == "incomplete" else "stop"
         n_choices = 1
         model, response_id, usage = body.model, body.id, body.usage
+    elif body is not None and isinstance(body.text, str):
+        # A transcription or translation: its text is the answer.
+        content, n_choices, model = body.text, 1, body.model
     elif body is not None:
         # An embeddings or score body has `data` (one item per input or pair), a rerank body
         # `results`, where the others have `choices`.

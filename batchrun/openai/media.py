@@ -248,8 +248,11 @@ def check_local_file(where: str, parsed: Any, policy: MediaPolicy) -> None:
 
 
 def media_urls(body: dict[str, Any]) -> list[str]:
-    """The URLs (and input_audio data) of a chat body's media parts, in order."""
+    """The URLs (and input_audio data) of a chat body's media parts, in order; a
+    transcription's file_url."""
     found: list[str] = []
+    if isinstance(body.get("file_url"), str):
+        found.append(body["file_url"])
     messages = body.get("messages")
     for message in messages if isinstance(messages, list) else ():
         content = message.get("content") if isinstance(message, dict) else None

@@ -23,7 +23,11 @@ SCORING_URLS = (*SCORE_URLS, *RERANK_URLS)
 # The endpoints a pooling model answers: vLLM starts the model with its pooling runner for them,
 # and one such engine answers all of them.
 POOLING_ENDPOINTS = (EMBEDDINGS, *SCORING_URLS)
-SUPPORTED_ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, *SCORING_URLS)
+# vLLM's speech-to-text endpoints, in its batch format (body.file_url; batchrun.openai.audio).
+TRANSCRIPTIONS = "/v1/audio/transcriptions"
+TRANSLATIONS = "/v1/audio/translations"
+AUDIO_ENDPOINTS = (TRANSCRIPTIONS, TRANSLATIONS)
+SUPPORTED_ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, *SCORING_URLS, *AUDIO_ENDPOINTS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from batchrun.openai.audio import AUDIO_CHECKS, check_audio_body
 from batchrun.openai.chat import CHAT_CHECKS, check_chat_combinations, check_messages
 from batchrun.openai.completions import (
     COMPLETION_CHECKS,
@@ -28,6 +29,7 @@ from batchrun.openai.embeddings import EMBEDDING_CHECKS, check_input
 from batchrun.openai.fields import FieldCheck
 from batchrun.openai.invalid import InvalidLine, bad, describe, show
 from batchrun.openai.records import (
+    AUDIO_ENDPOINTS,
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
@@ -86,7 +88,7 @@ _UNSERVABLE = (
     ("/v1/moderations", "a moderation classifier"),
     ("/v1/images", "an image generation model"),
     ("/v1/videos", "a video generation model"),
-    ("/v1/audio", "a speech or transcription model"),
+    ("/v1/audio/speech", "a speech synthesis model"),
 )
 
 
@@ -110,7 +112,8 @@ def check_url(obj: dict[str, Any]) -> str:
             raise InvalidLine(
                 "invalid_url",
                 f"url {show(url)} is an OpenAI Batch API endpoint that batchrun cannot serve: "
-                f"it needs {needs}, and batchrun runs local text and embedding models; "
+                f"it needs {needs}, and batchrun runs local chat, embedding and speech-to-text "
+                "models; "
                 f"supported are {_endpoints()}",
             )
         raise InvalidLine("invalid_url", f"url must be one of {_endpoints()}, got {show(url)}")
@@ -136,6 +139,8 @@ def check_body(url: str, obj: dict[str, Any], *, scan_text: bool = True) -> dict
         check_input(body)
     elif url == RESPONSES:
         check_responses_input(body)
+    elif url in AUDIO_ENDPOINTS:
+        check_audio_body(body)
     else:
         check_scoring(url, body)
     model = body.get("model")
@@ -164,4 +169,5 @@ _FIELD_CHECKS: dict[str, dict[str, FieldCheck]] = {
     RESPONSES: RESPONSES_CHECKS,
     **dict.fromkeys(SCORE_URLS, SCORING_CHECKS),
     **dict.fromkeys(RERANK_URLS, RERANK_CHECKS),
+    **dict.fromkeys(AUDIO_ENDPOINTS, AUDIO_CHECKS),
 }

@@ -31,6 +31,7 @@ from typing import Any
 from batchrun.config import EngineSettings
 from batchrun.engines.vllm.answers import choice_of
 from batchrun.engines.vllm.args import engine_args
+from batchrun.engines.vllm.audio import AudioWork, audio_work
 from batchrun.engines.vllm.cache import PrefixCacheCounter
 from batchrun.engines.vllm.embeddings import EmbeddingWork, embedding_work
 from batchrun.engines.vllm.errors import BadRequest
@@ -58,7 +59,15 @@ from batchrun.engines.vllm.tokens import TokenText
 from batchrun.engines.vllm.ttft import first_token_s
 from batchrun.models import engine_model
 from batchrun.openai.params import Sampling, sampling
-from batchrun.openai.records import CHAT, EMBEDDINGS, POOLING_ENDPOINTS, RESPONSES, Outcome, Request
+from batchrun.openai.records import (
+    AUDIO_ENDPOINTS,
+    CHAT,
+    EMBEDDINGS,
+    POOLING_ENDPOINTS,
+    RESPONSES,
+    Outcome,
+    Request,
+)
 from batchrun.openai.responses import failure, response_model, success
 
 
@@ -74,7 +83,7 @@ class _Pending:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     # Pooling requests: their vLLM inputs and how their outputs become the answer (`work`), and
     # one slot per input (an item, a text or a pair), filled with its pooled data as it finishes.
-    work: EmbeddingWork | ScoreWork | None = None
+    work: EmbeddingWork | ScoreWork | AudioWork | None = None
     parts: list[Any] = field(default_factory=list)
     remaining: int = 0
 
@@ -159,7 +168,8 @@ class VllmEngine:
         pending = _Pending(request, time.monotonic())
         try:
             self._check_runner(request)
-            if request.url in POOLING_ENDPOINTS:
+            if request.url in POOLING_ENDPOINTS or request.url in AUDIO_ENDPOINTS:
+                # Several vLLM requests answer it (an input, a pair, an audio clip each).
                 self._add_pooled(pending)
             else:
                 if request.url in (CHAT, RESPONSES):
@@ -309,7 +319,7 @@ class VllmEngine:
         request: all of them, or (a BadRequest) none."""
         request = pending.request
         if request.url == EMBEDDINGS:
-            work: EmbeddingWork | ScoreWork = embedding_work(
+            work: EmbeddingWork | ScoreWork | AudioWork = embedding_work(
                 self._tokenizer,
                 request,
                 max_model_len=self.max_model_len,
@@ -318,6 +328,8 @@ class VllmEngine:
                 matryoshka=self.matryoshka,
                 model_name=self.model_name,
             )
+        elif request.url in AUDIO_ENDPOINTS:
+            work = audio_work(self._engine, request, self._settings)
         else:
             work = self._scorer.plan(request)
         pending.work, inputs = work, work.inputs
@@ -429,7 +441,10 @@ class VllmEngine:
                 retryable=True,
                 latency_s=now - pending.added,
             )
-        pending.parts[index] = output.outputs.data
+        # A clip's whole RequestOutput (its text and tokens); an input's pooled data.
+        pending.parts[index] = (
+            output if isinstance(pending.work, AudioWork) else output.outputs.data
+        )
         pending.remaining -= 1
         if pending.remaining > 0:
             return None

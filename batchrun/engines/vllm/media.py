@@ -137,6 +137,7 @@ def _reason(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     text = _OBJECT_REPR.sub("", text)  # "<_io.BytesIO object at 0x...>" says nothing to a user
     cause = exc.__cause__ or exc.__context__
-    if cause is not None and str(cause).strip() and str(cause) not in text:
-        text = f"{text} ({str(cause).strip().splitlines()[0]})"
+    said = _OBJECT_REPR.sub("", str(cause).strip().splitlines()[0]) if cause is not None else ""
+    if said and said not in text:
+        text = f"{text} ({said})"
     return text[:500]

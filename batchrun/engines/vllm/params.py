@@ -82,6 +82,7 @@ def capped_max_model_len(probe: Any, wanted: int) -> int:
         config = probe.create_model_config()
     except Exception:
         return wanted  # the real start-up reports what is wrong
-    if config.runner_type == "pooling":
+    # An encoder-decoder model's decoder context is its own too (Whisper's 448 tokens).
+    if config.runner_type == "pooling" or getattr(config, "is_encoder_decoder", False):
         return min(wanted, int(config.max_model_len))
     return wanted

@@ -1,0 +1,63 @@
+"""The rules of /v1/audio/transcriptions and /v1/audio/translations bodies, in vLLM's batch format:
+the audio as `file_url` (a `data:audio/...;base64,` URL, an http(s) URL, or a file:// path under
+--allowed-local-media-path), never a multipart `file`; `language`, `prompt`, `temperature`,
+`response_format`, `max_completion_tokens` and vLLM's sampling fields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batchrun.openai.fields import (
+    MAX_TOKENS_LIMIT,
+    FieldCheck,
+    check_seed,
+    check_string,
+    int_in,
+    number_in,
+)
+from batchrun.openai.invalid import InvalidLine, bad, describe, show
+from batchrun.openai.media import check_media_url, media_policy
+
+# What vLLM answers for a speech-to-text model (verbose_json needs segment timestamps, which
+# batchrun does not build yet; diarized_json needs a diarizing model).
+RESPONSE_FORMATS = ("json", "text")
+
+
+def check_audio_body(body: dict[str, Any]) -> None:
+    """A transcription or translation body: its audio as file_url, checked without reading it."""
+    if "file" in body:
+        bad(
+            "body.file is not supported in batch requests (there is no multipart upload); "
+            "pass the audio as body.file_url: a data:audio/...;base64, URL or an http(s) URL"
+        )
+    if "file_url" not in body:
+        bad("body.file_url is missing; a transcription needs the audio as a data: or http(s) URL")
+    url = body["file_url"]
+    if not isinstance(url, str):
+        bad(f"body.file_url must be a string URL, got {describe(url)}")
+    check_media_url("body.file_url", url, "audio", media_policy())
+    if body.get("stream"):
+        bad("body.stream is not supported: a batch answers each line whole")
+
+
+def _response_format(key: str, value: object) -> None:
+    if value in RESPONSE_FORMATS:
+        return
+    if value in ("verbose_json", "srt", "vtt", "diarized_json"):
+        raise InvalidLine(
+            "invalid_request",
+            f"body.{key} {show(value)} is not supported by batchrun yet; use json or text",
+        )
+    bad(f"body.{key} must be one of {', '.join(RESPONSE_FORMATS)}, got {show(value)}")
+
+
+AUDIO_CHECKS: dict[str, FieldCheck] = {
+    "language": check_string,
+    "to_language": check_string,
+    "prompt": check_string,
+    "temperature": number_in(0, 1),
+    "response_format": _response_format,
+    "max_completion_tokens": int_in(1, MAX_TOKENS_LIMIT),
+    "top_p": number_in(0, 1),
+    "seed": check_seed,
+}

@@ -1,0 +1,191 @@
+"""The real-engine multimodal jobs the tests share (conftest.py makes each a session fixture):
+the tiny models built once per session (tests/mm_models.py), and the image job on the tiny
+Idefics3: sample_data/images.jsonl, then lines with images of their own (file://, http from a
+server on 127.0.0.1, data URLs), then media only the worker finds bad. The job is SIGKILLed once
+results are in the journal and resumed; raw vLLM's `LLM.chat` answers the same messages in a
+process of its own, for the tests to compare.
+
+Engine starts: the image job's submit and resume (2), raw vLLM (1).
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from conftest import ROOT, cli, journal_records, start_cli, wait_until, write_jsonl
+from mm_models import png_bytes, wav_bytes
+
+SAMPLES = ROOT / "sample_data"
+IMAGE_SAMPLE = SAMPLES / "images.jsonl"
+TRANSCRIPTION_SAMPLE = SAMPLES / "transcriptions.jsonl"
+IMAGE_MODEL = "tiny-idefics3"
+
+
+def build_tiny_models(cache: Path) -> dict[str, Path]:
+    """The tiny Idefics3 and Whisper, built once into the session's cache (a process of its
+    own, so that torch stays out of the test process)."""
+    root = cache / "tiny-models"
+    built = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "mm_models.py"), str(root)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    return {"image": root / "idefics3", "audio": root / "whisper"}
+
+
+def data_url(data: bytes, mime: str) -> str:
+    """A base64 data URL."""
+    return f"data:{mime};base64," + base64.b64encode(data).decode()
+
+
+def image_chat(cid: str, parts: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
+    """A greedy chat line with content parts."""
+    return {
+        "custom_id": cid,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": IMAGE_MODEL,
+            "messages": [{"role": "user", "content": parts}],
+            "temperature": 0,
+            "max_tokens": max_tokens,
+        },
+    }
+
+
+def _image(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def serve_dir(root: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """An http server on 127.0.0.1 serving `root` (404 for what it lacks), and its base URL."""
+
+    def handler(*args: Any) -> _Quiet:
+        return _Quiet(*args, directory=str(root))
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def image_lines(media: Path, base_url: str) -> tuple[list[Any], dict[str, str]]:
+    """The image job's lines, and the bad ones' expected error codes by custom_id."""
+    lines: list[Any] = [json.loads(x) for x in IMAGE_SAMPLE.read_text().splitlines() if x.strip()]
+    # Lines enough (each with its own image, 48 tokens) that a SIGKILL lands mid-job.
+    for i in range(16):
+        color = (40 + 12 * i, 200 - 9 * i, (70 * i) % 256)
+        png = png_bytes(32 + 4 * i, 40, color, stripe=1 + i % 5)
+        lines.append(
+            image_chat(
+                f"own-{i:02d}", [_text(f"Image {i}:"), _image(data_url(png, "image/png"))], 48
+            )
+        )
+    (media / "local.png").write_bytes(png_bytes(64, 32, (250, 250, 0), stripe=3))
+    (media / "served.png").write_bytes(png_bytes(40, 40, (0, 120, 120), stripe=2))
+    lines.append(image_chat("file", [_text("Describe"), _image((media / "local.png").as_uri())], 8))
+    lines.append(image_chat("http", [_text("Describe"), _image(f"{base_url}/served.png")], 8))
+    bad = {
+        # Found by the worker (vLLM's own reading of the media): error records of their own.
+        "not-an-image": data_url(b"this is not a PNG at all", "image/png"),
+        "http-404": f"{base_url}/missing.png",
+        # Found at validation.
+        "corrupt-base64": "data:image/png;base64,iVBO!!w0K",
+        "outside-root": (ROOT / "sample_data" / "media" / "red.png").as_uri(),
+    }
+    for cid, url in bad.items():
+        lines.append(image_chat(cid, [_text("Describe"), _image(url)], 8))
+    wav = data_url(wav_bytes(0.2, 440), "audio/wav")
+    lines.append(
+        image_chat(
+            "audio-to-image-model",
+            [
+                _text("Hear"),
+                {
+                    "type": "input_audio",
+                    "input_audio": {"data": wav.split(",")[1], "format": "wav"},
+                },
+            ],
+            8,
+        )
+    )
+    return lines, {c: "invalid_media" for c in [*bad, "audio-to-image-model"]}
+
+
+def run_image_job(tmp: Path, models: dict[str, Path]) -> dict[str, Any]:
+    """The image job: submitted, SIGKILLed once results are in, resumed, exported; and raw
+    vLLM's answers to the lines that have an answer."""
+    media = tmp / "media"
+    media.mkdir()
+    server, base_url = serve_dir(media)
+    try:
+        lines, bad = image_lines(media, base_url)
+        src = write_jsonl(tmp / "images.jsonl", lines)
+        job = tmp / "job"
+        args = [
+            "--model", str(models["image"]), "--dtype", "float32", "--batch-size", "2",
+            "--allowed-local-media-path", str(media), "--no-progress",
+            "--gpu-memory-utilization", "0.1",
+        ]  # fmt: skip
+        proc = start_cli("submit", str(src), "--job-dir", str(job), *args)
+
+        def results() -> int:
+            if not (job / "journal.jsonl").exists():
+                return 0
+            return sum(r.get("kind") == "result" for r in journal_records(job))
+
+        wait_until(lambda: results() >= 3, "the image job has answered 3 lines", timeout=600)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        killed_at = results()
+        resumed = cli("resume", "--job-dir", str(job), "--no-progress", timeout=900)
+        exported = cli("export", "--job-dir", str(job))
+        assert exported.returncode == 0, exported.stderr
+        good = [x for x in lines if x["custom_id"] not in bad]
+        raw_in = write_jsonl(
+            tmp / "raw.jsonl",
+            [
+                {
+                    "custom_id": x["custom_id"],
+                    "messages": x["body"]["messages"],
+                    "max_tokens": x["body"].get("max_tokens") or x["body"]["max_completion_tokens"],
+                }
+                for x in good
+            ],
+        )
+        raw_out = tmp / "raw-answers.json"
+        raw = subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "mm_models.py"), "raw-chat",
+             str(models["image"]), str(raw_in), str(raw_out), str(media)],
+            capture_output=True, text=True, cwd=ROOT, timeout=900,
+        )  # fmt: skip
+        assert raw.returncode == 0, raw.stderr[-3000:]
+    finally:
+        server.shutdown()
+    return {
+        "job": job,
+        "lines": lines,
+        "bad": bad,
+        "killed_at": killed_at,
+        "resume": resumed,
+        "raw": json.loads(raw_out.read_text()),
+    }
