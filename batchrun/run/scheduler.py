@@ -219,14 +219,16 @@ class Scheduler(HangPolicy):
         stats = RunStats()
         if not self.pending:
             # Nothing to do (a finished job resumed, say): do not start an engine for it.
-            first = next(source, None)
-            while first is not None and self.answers is not None and not self._from_cache(
-                [first], stats
-            ):
-                first = next(source, None)  # answered from the cache: the next one
-            if first is None:
-                return stats
-            self.pending.append(first)
+            if self.answers is not None:
+                # What the cache answers is journaled here, a window at a time.
+                self.pending.extend(self._take(source, 256, stats)[0])
+                if not self.pending:
+                    return stats
+            else:
+                first = next(source, None)
+                if first is None:
+                    return stats
+                self.pending.append(first)
         taken = 0
         exhausted = False
         busy_since: float | None = None
@@ -341,7 +343,7 @@ class Scheduler(HangPolicy):
                 pairs = w.handle(kind, payload)
                 if pairs:
                     if self.metrics is not None:
-                        self.metrics.results(pairs, self.state.attempts)
+                        self.metrics.results(pairs)
                     self.isolator.on_success(len(pairs))
                     plain = self._records(pairs, index, records, outcomes) and plain
                 if kind == "ready":
@@ -359,7 +361,7 @@ class Scheduler(HangPolicy):
                     records, outcomes, plain = [], [], True
                     crashed = self._on_death(w, stats, stop_on_oom)
                     if crashed and self.metrics is not None:
-                        self.metrics.results(crashed, self.state.attempts)
+                        self.metrics.results(crashed)
                     plain = self._records(crashed, index, records, outcomes)
                     stats.crashed += len(crashed)
                 if kind == "restart":
@@ -404,8 +406,6 @@ class Scheduler(HangPolicy):
             # either both or a duplicate with no record, which then simply runs again.
             copies = self.duplicates.answer(pairs)
             if copies:
-                if self.metrics is not None:
-                    self.metrics.copied([outcome for outcome, _ in copies])
                 self.state.deduplicated += len(copies)
                 plain = self._records(copies, index, records, outcomes) and plain
         return plain
@@ -466,11 +466,15 @@ class Scheduler(HangPolicy):
         if self.admission is not None:
             self.admission.finished(outcomes)
         succeeded = sum(map(_OK, outcomes))
+        prompt = sum(map(_PROMPT_TOKENS, outcomes))
+        completion = sum(map(_COMPLETION_TOKENS, outcomes))
         stats.outcomes += len(outcomes)
         stats.succeeded += succeeded
         stats.failed += len(outcomes) - succeeded
-        stats.prompt_tokens += sum(map(_PROMPT_TOKENS, outcomes))
-        stats.completion_tokens += sum(map(_COMPLETION_TOKENS, outcomes))
+        stats.prompt_tokens += prompt
+        stats.completion_tokens += completion
+        if self.metrics is not None:
+            self.metrics.counted(outcomes, succeeded, prompt, completion, self.state.attempts)
         self.reporter.advance(outcomes)
 
     def on_ready(self, w: Worker) -> None:
