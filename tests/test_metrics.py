@@ -244,11 +244,14 @@ def test_fast_histogram_matches_prometheus_client() -> None:
     """The hot path's histogram exposes what prometheus_client's own would for the same values."""
     from prometheus_client import CollectorRegistry
 
+    # On the bounds, between them, past the last; a few at a time and many (sorted) at once.
     values = [0.0, 0.004, 0.005, 0.0051, 0.3, 1.0, 2.4, 9999.0, 0.3]
+    values += [b * f for b in names.LATENCY_BUCKETS for f in (0.5, 1.0, 1.01)]
     ours = FastHistogram("x_seconds", "x", names.LATENCY_BUCKETS)
     ours.observe_many(values[:4])
-    for v in values[4:]:
+    for v in values[4:9]:
         ours.observe(v)
+    ours.observe_many(values[9:])
     registry = CollectorRegistry()
     theirs = Histogram("x_seconds", "x", buckets=names.LATENCY_BUCKETS, registry=registry)
     for v in values:
@@ -258,6 +261,7 @@ def test_fast_histogram_matches_prometheus_client() -> None:
         (s.name, s.labels.get("le")): s.value for s in family.samples if "created" not in s.name
     }
     got = {(s.name, s.labels.get("le")): s.value for s in ours.family().samples}
+    assert got.pop(("x_seconds_sum", None)) == pytest.approx(expected.pop(("x_seconds_sum", None)))
     assert got == expected
 
 

@@ -45,7 +45,7 @@ def exported_samples(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     run.batch_size = lambda: 8
     request = Request("a", 1, "/v1/completions", {})
     run.dispatched([request])
-    run.results([(Outcome("a", True, 200, ttft_s=0.01), request)], {})
+    run.results([(Outcome("a", True, 200, ttft_s=0.01), request)])
     text = generate_latest(run.registry).decode()
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 

@@ -48,9 +48,9 @@ def test_the_histogram_shows_only_when_an_engine_reports_it() -> None:
     """The echo engine measures none: no family (not an empty one); vLLM's: counted."""
     metrics = RunMetrics(gpus=False)
     request = Request("a", 1, "/v1/completions", {})
-    metrics.results([(Outcome("a", True, 200), request)], {})
+    metrics.results([(Outcome("a", True, 200), request)])
     assert names.TTFT not in {f.name for f in metrics.collect()}
-    metrics.results([(Outcome("a", True, 200, ttft_s=0.03), request)], {})
+    metrics.results([(Outcome("a", True, 200, ttft_s=0.03), request)])
     [family] = [f for f in metrics.collect() if f.name == names.TTFT]
     samples = {(s.name, s.labels.get("le")): s.value for s in family.samples}
     assert samples[(names.TTFT + "_count", None)] == 1

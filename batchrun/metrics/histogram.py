@@ -8,10 +8,14 @@ observations is one lock and one bisect each, and the exposition is built at scr
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from functools import partial
 
 from prometheus_client.metrics_core import HistogramMetricFamily
+
+# At most this many values are counted one by one; more are sorted first.
+SMALL = 8
 
 
 class FastHistogram:
@@ -31,14 +35,29 @@ class FastHistogram:
             self.counts[bisect_left(self.bounds, value)] += count
             self.sum += value * count
 
-    def observe_many(self, values: Iterable[float]) -> None:
-        """One observation of each value."""
-        bounds, counts = self.bounds, self.counts
-        total = 0.0
+    def observe_many(self, values: Sequence[float]) -> None:
+        """One observation of each value: a few one by one, more by sorting them once and
+        finding each bound in them (C loops, cheaper per value than one search each)."""
+        n = len(values)
+        if not n:
+            return
+        total = sum(values)
+        counts, bounds = self.counts, self.bounds
+        if n <= SMALL:
+            with self._lock:
+                for v in values:
+                    counts[bisect_left(bounds, v)] += 1
+                self.sum += total
+            return
+        ordered = sorted(values)
+        # Values <= each bound ("le"), cumulative; the differences are each bucket's.
+        below = list(map(partial(bisect_right, ordered), bounds))
         with self._lock:
-            for v in values:
-                counts[bisect_left(bounds, v)] += 1
-                total += v
+            previous = 0
+            for i, at in enumerate(below):
+                counts[i] += at - previous
+                previous = at
+            counts[-1] += n - previous
             self.sum += total
 
     @property

@@ -9,9 +9,11 @@ the hot path nothing.
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import repeat
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -24,6 +26,10 @@ from batchrun.metrics.histogram import FastHistogram
 from batchrun.openai.records import Outcome, Request
 
 OUTCOMES = ("succeeded", "failed", "invalid")
+_CUSTOM_ID = operator.attrgetter("custom_id")
+_FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
+_TTFT = operator.attrgetter("ttft_s")
 
 
 def _zero() -> int:
@@ -93,9 +99,8 @@ class RunMetrics(Collector):
         """These requests were just sent to a worker (queued since the run's start, or since
         `queue_origin` says)."""
         now = time.monotonic()
-        sent = self.sent
-        for r in requests:
-            sent[r.custom_id] = now
+        # C loops (map, zip, repeat), not Python ones: this runs for every request.
+        self.sent.update(zip(map(_CUSTOM_ID, requests), repeat(now)))
         if self.queue_origin is None:
             self.queue.observe(max(0.0, now - self.origin), len(requests))
             return
@@ -106,44 +111,42 @@ class RunMetrics(Collector):
             waits.append(max(0.0, wall - created) if created is not None else now - self.origin)
         self.queue.observe_many(waits)
 
-    def results(
-        self, pairs: Sequence[tuple[Outcome, Request]], attempts: Mapping[str, int]
-    ) -> None:
-        """These outcomes just came back; `attempts`: the attempts each custom_id had before."""
+    def results(self, pairs: Sequence[tuple[Outcome, Request]]) -> None:
+        """These outcomes just came back from a worker: their latency, and their time to first
+        token where the engine measured it.
+
+        In C loops (map, filter), not Python ones: this runs for every result.
+        """
         now = time.monotonic()
-        pop = self.sent.pop
-        latencies: list[float] = []
-        ttfts: list[float] = []
-        succeeded = failed = prompt = completion = 0
-        last = self.max_attempts - 1
-        for outcome, request in pairs:
-            at = pop(request.custom_id, None)
-            if at is not None:
-                latencies.append(now - at)
-            if outcome.ok:
-                succeeded += 1
-            elif not outcome.retryable or attempts.get(request.custom_id, 0) >= last:
-                failed += 1
-            prompt += outcome.prompt_tokens
-            completion += outcome.completion_tokens
-            if outcome.ttft_s is not None:
-                ttfts.append(outcome.ttft_s)
-        self.latency.observe_many(latencies)
-        if ttfts:
-            self.ttft.observe_many(ttfts)
+        requests = map(_SECOND, pairs)
+        sent_at = filter(None, map(self.sent.pop, map(_CUSTOM_ID, requests), repeat(None)))
+        self.latency.observe_many(list(map(now.__sub__, sent_at)))
+        # An engine measures every generated request's, or none (echo, pooling).
+        if pairs and (pairs[0][0].ttft_s is not None or pairs[-1][0].ttft_s is not None):
+            self.ttft.observe_many(list(filter(None, map(_TTFT, map(_FIRST, pairs)))))
+
+    def counted(
+        self,
+        outcomes: Sequence[Outcome],
+        succeeded: int,
+        prompt: int,
+        completion: int,
+        attempts: Mapping[str, int],
+    ) -> None:
+        """These outcomes were journaled (the scheduler's own sums given); `attempts`: each
+        custom_id's attempts so far, this one included. A failure counts when it is final."""
+        failed = 0
+        if succeeded != len(outcomes):
+            limit = self.max_attempts
+            for o in outcomes:
+                if not o.ok and (not o.retryable or attempts.get(o.custom_id, 0) >= limit):
+                    failed += 1
         with self.lock:
             self.requests["succeeded"] += succeeded
             self.requests["failed"] += failed
             if self.count_tokens:
                 self.tokens["prompt"] += prompt
                 self.tokens["completion"] += completion
-
-    def copied(self, outcomes: Sequence[Outcome]) -> None:
-        """Answers copied from an identical request's (run/dedup.py): requests, no tokens."""
-        succeeded = sum(1 for o in outcomes if o.ok)
-        with self.lock:
-            self.requests["succeeded"] += succeeded
-            self.requests["failed"] += len(outcomes) - succeeded
 
     def invalid(self, lines: int) -> None:
         """Input lines found invalid (they never run)."""
