@@ -343,7 +343,7 @@ class Scheduler(HangPolicy):
                 pairs = w.handle(kind, payload)
                 if pairs:
                     if self.metrics is not None:
-                        self.metrics.results(pairs, self.state.attempts)
+                        self.metrics.results(pairs)
                     self.isolator.on_success(len(pairs))
                     plain = self._records(pairs, index, records, outcomes) and plain
                 if kind == "ready":
@@ -361,7 +361,7 @@ class Scheduler(HangPolicy):
                     records, outcomes, plain = [], [], True
                     crashed = self._on_death(w, stats, stop_on_oom)
                     if crashed and self.metrics is not None:
-                        self.metrics.results(crashed, self.state.attempts)
+                        self.metrics.results(crashed)
                     plain = self._records(crashed, index, records, outcomes)
                     stats.crashed += len(crashed)
                 if kind == "restart":
@@ -406,8 +406,6 @@ class Scheduler(HangPolicy):
             # either both or a duplicate with no record, which then simply runs again.
             copies = self.duplicates.answer(pairs)
             if copies:
-                if self.metrics is not None:
-                    self.metrics.copied([outcome for outcome, _ in copies])
                 self.state.deduplicated += len(copies)
                 plain = self._records(copies, index, records, outcomes) and plain
         return plain
@@ -468,11 +466,15 @@ class Scheduler(HangPolicy):
         if self.admission is not None:
             self.admission.finished(outcomes)
         succeeded = sum(map(_OK, outcomes))
+        prompt = sum(map(_PROMPT_TOKENS, outcomes))
+        completion = sum(map(_COMPLETION_TOKENS, outcomes))
         stats.outcomes += len(outcomes)
         stats.succeeded += succeeded
         stats.failed += len(outcomes) - succeeded
-        stats.prompt_tokens += sum(map(_PROMPT_TOKENS, outcomes))
-        stats.completion_tokens += sum(map(_COMPLETION_TOKENS, outcomes))
+        stats.prompt_tokens += prompt
+        stats.completion_tokens += completion
+        if self.metrics is not None:
+            self.metrics.counted(outcomes, succeeded, prompt, completion, self.state.attempts)
         self.reporter.advance(outcomes)
 
     def on_ready(self, w: Worker) -> None:
