@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import chat_line, cli, write_jsonl
+from conftest import chat_line, cli, start_cli, wait_until, write_jsonl
 
 from batchrun.job.inputmap import write_input_map
 from batchrun.job.journal import encode_records
-from batchrun.job.manifest import InputMapRef, Manifest, Run, save_manifest
+from batchrun.job.manifest import InputMapRef, Manifest, Run, load_manifest, save_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.state import replay
 from batchrun.job.status import job_status
@@ -217,8 +217,6 @@ def test_a_finished_job_leaves_a_summary_of_its_whole_journal(tmp_path: Path) ->
     }  # fmt: skip
     assert s["attempts"] == 46
     paths = JobPaths(job)
-    from batchrun.job.manifest import load_manifest
-
     m = load_manifest(paths)
     assert folded(paths, m)[0] == exact(paths, m)
 
@@ -353,3 +351,33 @@ def test_status_of_a_job_copied_elsewhere_with_its_summary(tmp_path: Path) -> No
     job = echo_job(tmp_path, 5)
     moved = shutil.copytree(job, tmp_path / "moved")
     assert status_json(Path(moved))["requests"]["succeeded"] == 5
+
+
+def test_status_while_the_job_runs_is_the_journal_up_to_where_it_read(tmp_path: Path) -> None:
+    src = write_jsonl(
+        tmp_path / "in.jsonl", [chat_line(f"r{i}", f"p {i}", temperature=0) for i in range(400)]
+    )
+    job = tmp_path / "job"
+    proc = start_cli("submit", str(src), "--job-dir", str(job), "--engine", "echo",
+                     "--batch-size", "4", "--no-progress", env={"BATCHRUN_ECHO_DELAY_MS": "20"})  # fmt: skip
+    try:
+        paths = JobPaths(job)
+        wait_until(lambda: (job / SUMMARY_NAME).exists(), "the running job's first summary")
+        wait_until(lambda: len(journal_lines(job)) >= 60, "60 results journaled")
+        m = load_manifest(paths)
+        s = current_summary(paths, m, save=False)
+        state = replay(paths, m, end=s.offset)  # the journal as status read it
+        assert 60 <= s.done < 400 and s.offset < paths.journal.stat().st_size + 1
+        assert (s.done, s.succeeded, s.attempts) == (
+            len(state.last),
+            state.succeeded,
+            sum(state.attempts.values()),
+        )
+    finally:
+        proc.wait(timeout=120)
+    assert status_json(job)["requests"]["succeeded"] == 400
+
+
+def journal_lines(job: Path) -> list[bytes]:
+    data = (job / "journal.jsonl").read_bytes() if (job / "journal.jsonl").exists() else b""
+    return data.splitlines()
