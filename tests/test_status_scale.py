@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from conftest import chat_line, cli, start_cli, wait_until, write_jsonl
 
+import batchrun.job.summary as summary_module
 from batchrun.job.inputmap import write_input_map
 from batchrun.job.journal import encode_records
 from batchrun.job.manifest import InputMapRef, Manifest, Run, load_manifest, save_manifest
@@ -381,3 +382,17 @@ def test_status_while_the_job_runs_is_the_journal_up_to_where_it_read(tmp_path: 
 def journal_lines(job: Path) -> list[bytes]:
     data = (job / "journal.jsonl").read_bytes() if (job / "journal.jsonl").exists() else b""
     return data.splitlines()
+
+
+@pytest.mark.parametrize("block", [16, 300, 4096])
+def test_the_fold_reads_in_blocks_any_size_of_line(
+    tmp_path: Path, block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = JobPaths(tmp_path)
+    records = writer_records(random.Random(5), 30, None)
+    paths.journal.write_bytes(encode_records(records) + b'{"kind":"resu')  # a torn tail
+    m = manifest(30)
+    whole = rebuild(paths, m)
+    monkeypatch.setattr(summary_module, "_BLOCK", block)
+    assert rebuild(paths, m) == whole
+    assert whole.offset == len(encode_records(records))

@@ -243,6 +243,9 @@ class _Inconsistent(Exception):
     """A record the summary's rules cannot fold (see `Summary.fold`)."""
 
 
+_BLOCK = 8 << 20  # journal bytes decoded at once
+
+
 def fold_journal(
     summary: Summary,
     timing: Timing,
@@ -263,28 +266,63 @@ def fold_journal(
     with f:
         offset = summary.offset
         f.seek(offset)
-        last = b""
-        for raw in f:
-            if not raw.endswith(b"\n") or (end is not None and offset + len(raw) > end):
+        carry = b""
+        while True:
+            want = _BLOCK if end is None else min(_BLOCK, end - offset - len(carry))
+            chunk = f.read(want) if want > 0 else b""
+            data = carry + chunk
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                if not chunk:
+                    break  # no whole line left (a torn last line is not one)
+                carry = data  # a line longer than a block: read on
+                continue
+            block, carry = data[:cut], data[cut:]
+            _fold_block(summary, timing, block, path, offset, current)
+            offset += len(block)
+            tail = block[-CHECK_BYTES:]
+            if len(tail) < CHECK_BYTES and offset > len(tail):
+                f.seek(offset - CHECK_BYTES)
+                tail = f.read(CHECK_BYTES)
+                f.seek(offset + len(carry))
+            summary.offset, summary.check = offset, digest(tail)
+            if not chunk:
                 break
+    summary.keep_timing(timing)
+
+
+def _fold_block(
+    summary: Summary,
+    timing: Timing,
+    block: bytes,
+    path: Path,
+    offset: int,
+    current: Container[str] | None,
+) -> None:
+    """Fold whole journal lines (`block`, at `offset`): decoded in one call, or line by line
+    when one of them does not decode as the summary reads records."""
+    try:
+        records = _DECODER.decode_lines(block)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        pos = offset
+        for raw in block.splitlines(keepends=True):
             try:
                 rec = _DECODER.decode(raw)
                 timed = True
             except (msgspec.DecodeError, msgspec.ValidationError):
-                rec, timed = _lenient(raw, path, offset), False
-            offset += len(raw)
-            last = raw
+                rec, timed = _lenient(raw, path, pos), False
+            pos += len(raw)
             if not summary.fold(rec, current):
-                summary.offset = offset
-                raise _Inconsistent
+                summary.offset = pos
+                raise _Inconsistent from None
             if timed:
                 timing.add(rec)  # as job_timing: a record of odd types is not timed
-        if last:
-            if len(last) < CHECK_BYTES and offset > len(last):
-                f.seek(offset - CHECK_BYTES)
-                last = f.read(CHECK_BYTES)
-            summary.offset, summary.check = offset, digest(last)
-    summary.keep_timing(timing)
+        return
+    fold, add = summary.fold, timing.add
+    for rec in records:
+        if not fold(rec, current):
+            raise _Inconsistent
+        add(rec)
 
 
 def _lenient(raw: bytes, path: Path, offset: int) -> SummaryRecord:
