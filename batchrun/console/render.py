@@ -9,8 +9,9 @@ from rich.table import Table
 
 from batchrun.console.text import command, plural
 from batchrun.job.cost import job_cost
+from batchrun.job.paths import JobPaths
 from batchrun.job.status import cache_rate
-from batchrun.job.timing import job_timing
+from batchrun.job.summary import current_summary
 from batchrun.run.commands import JobSummary
 
 
@@ -53,7 +54,9 @@ def print_summary(console: Console, summary: JobSummary, title: str) -> None:
         table.add_row("deduplicated", _deduplicated(st.deduplicated))
     if summary.overrides:
         table.add_row("overrides", ", ".join(summary.overrides))
-    timing = job_timing(summary.job_dir / "journal.jsonl", [r.started_at for r in m.runs])
+    # From the job's summary.json and the journal's tail (job/summary.py): not a second pass.
+    kept = current_summary(JobPaths(summary.job_dir), m, save=False)
+    timing = kept.timing_of([r.started_at for r in m.runs]).summary()
     cost = job_cost(summary.job_dir, st.prompt_tokens + st.completion_tokens)
     _timing_rows(table, {**timing, "cost": cost})
     table.add_row("job dir", str(summary.job_dir))
