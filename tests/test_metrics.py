@@ -300,3 +300,33 @@ def test_gpu_gauges_are_absent_without_pynvml(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
     assert list(GpuCollector().collect()) == []
+
+
+def test_resume_and_retry_failed_serve_metrics_too(tmp_path: Path) -> None:
+    """resume refuses a port in use (exit 2, one line, the job untouched); retry-failed takes
+    the port from BATCHRUN_METRICS_PORT and says where it serves."""
+    inp = write_jsonl(tmp_path / "in.jsonl", [completion(f"r{i}") for i in range(5)])
+    job = tmp_path / "job"
+    r = cli(
+        "submit", str(inp), "--job-dir", str(job), "--engine", "echo", "--no-progress",
+        env={"BATCHRUN_ECHO_FAIL": "r1"},
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    manifest = (job / "manifest.json").read_bytes()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        r = cli("resume", "--job-dir", str(job), "--metrics-port", str(port))
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        f"error: --metrics-port: port {port} on 127.0.0.1 is already in use; choose another"
+    )
+    assert (job / "manifest.json").read_bytes() == manifest
+    port = free_port()
+    r = cli(
+        "retry-failed", "--job-dir", str(job), "--no-progress",
+        env={"BATCHRUN_METRICS_PORT": str(port)},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert f"metrics: http://127.0.0.1:{port}/metrics" in r.stderr.splitlines()
