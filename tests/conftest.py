@@ -237,6 +237,17 @@ def vllm_image_job(
     return run_image_job(tmp_path_factory.mktemp("vllm-images"), tiny_mm_models)
 
 
+@pytest.fixture(scope="session")
+def vllm_audio_job(
+    tmp_path_factory: pytest.TempPathFactory, tiny_mm_models: dict[str, Path]
+) -> dict[str, Any]:
+    """The transcription job on the tiny Whisper (1 engine start) and vLLM's own batch runner's
+    answers to its lines (1 start): tests/mm_jobs.py."""
+    from mm_jobs import run_audio_job
+
+    return run_audio_job(tmp_path_factory.mktemp("vllm-audio"), tiny_mm_models)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (scripts/test.sh), keep the tests of each vLLM job in one process, so

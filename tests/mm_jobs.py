@@ -5,7 +5,10 @@ server on 127.0.0.1, data URLs), then media only the worker finds bad. The job i
 results are in the journal and resumed; raw vLLM's `LLM.chat` answers the same messages in a
 process of its own, for the tests to compare.
 
-Engine starts: the image job's submit and resume (2), raw vLLM (1).
+Engine starts: the image job's submit and resume (2), raw vLLM (1). The audio job on the tiny
+Whisper: sample_data/transcriptions.jsonl, a file:// clip, a clip longer than the model's window,
+bad audio; vLLM's own batch runner (`python -m vllm.entrypoints.openai.run_batch`) answers the same
+lines for the tests to compare (1 start each).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ SAMPLES = ROOT / "sample_data"
 IMAGE_SAMPLE = SAMPLES / "images.jsonl"
 TRANSCRIPTION_SAMPLE = SAMPLES / "transcriptions.jsonl"
 IMAGE_MODEL = "tiny-idefics3"
+AUDIO_MODEL = "tiny-whisper"
 
 
 def build_tiny_models(cache: Path) -> dict[str, Path]:
@@ -189,3 +193,86 @@ def run_image_job(tmp: Path, models: dict[str, Path]) -> dict[str, Any]:
         "resume": resumed,
         "raw": json.loads(raw_out.read_text()),
     }
+
+
+def transcription(cid: str, file_url: str, **body: Any) -> dict[str, Any]:
+    """A /v1/audio/transcriptions line in vLLM's batch format."""
+    return {
+        "custom_id": cid,
+        "method": "POST",
+        "url": "/v1/audio/transcriptions",
+        "body": {"model": AUDIO_MODEL, "file_url": file_url, **body},
+    }
+
+
+def audio_lines(media: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The audio job's lines, and the bad ones' expected error codes by custom_id."""
+    lines = [json.loads(x) for x in TRANSCRIPTION_SAMPLE.read_text().splitlines() if x.strip()]
+    (media / "local.wav").write_bytes(wav_bytes(0.7, 330))
+    lines.append(transcription("file", (media / "local.wav").as_uri(), language="en"))
+    # Longer than the tiny model's 5 s window: cut into clips, their texts joined.
+    lines.append(transcription("long", data_url(wav_bytes(7.0, 520), "audio/wav"), language="en"))
+    lines.append(
+        transcription(
+            "short-cap", data_url(wav_bytes(0.3, 990), "audio/wav"), max_completion_tokens=5
+        )
+    )
+    bad = {
+        "not-audio": (
+            "invalid_media",
+            transcription("x", data_url(b"not a wav file", "audio/wav")),
+        ),
+        "corrupt": ("invalid_media", transcription("x", "data:audio/wav;base64,UklG@@@")),
+        "multipart": (
+            "invalid_request",
+            {**transcription("x", "data:audio/wav;base64,AAAA"), "body": {"file": "a.wav"}},
+        ),
+        "verbose": (
+            "invalid_request",
+            transcription("x", "data:audio/wav;base64,AAAA", response_format="verbose_json"),
+        ),
+    }
+    for cid, (_, line) in bad.items():
+        lines.append({**line, "custom_id": cid})
+    return lines, {cid: code for cid, (code, _) in bad.items()}
+
+
+def run_audio_job(tmp: Path, models: dict[str, Path]) -> dict[str, Any]:
+    """The audio job on the tiny Whisper (1 engine start), and vLLM's own batch runner on the
+    lines that have an answer (1 start; file:// lines given to it as data URLs)."""
+    media = tmp / "media"
+    media.mkdir()
+    lines, bad = audio_lines(media)
+    src = write_jsonl(tmp / "audio.jsonl", lines)
+    job = tmp / "job"
+    run = cli(
+        "submit", str(src), "--job-dir", str(job), "--model", str(models["audio"]),
+        "--served-model-name", AUDIO_MODEL, "--dtype", "float32", "--no-progress",
+        "--allowed-local-media-path", str(media), "--gpu-memory-utilization", "0.1",
+        timeout=900,
+    )  # fmt: skip
+    exported = cli("export", "--job-dir", str(job))
+    assert exported.returncode == 0, exported.stderr
+    good = []
+    for line in lines:
+        if line["custom_id"] in bad:
+            continue
+        url = line["body"]["file_url"]
+        if url.startswith("file:"):
+            url = data_url(Path(url[len("file://") :]).read_bytes(), "audio/wav")
+        good.append({**line, "body": {**line["body"], "file_url": url}})
+    raw_in = write_jsonl(tmp / "raw.jsonl", good)
+    raw_out = tmp / "raw-out.jsonl"
+    raw = subprocess.run(
+        [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(raw_in),
+         "-o", str(raw_out), "--model", str(models["audio"]), "--served-model-name", AUDIO_MODEL,
+         "--dtype", "float32", "--max-model-len", "448", "--gpu-memory-utilization", "0.1",
+         "--enforce-eager", "--seed", "0"],
+        capture_output=True, text=True, cwd=ROOT, timeout=900,
+    )  # fmt: skip
+    assert raw.returncode == 0, raw.stderr[-3000:]
+    answers = {}
+    for x in raw_out.read_text().splitlines():
+        rec = json.loads(x)
+        answers[rec["custom_id"]] = rec["response"]["body"]
+    return {"job": job, "lines": lines, "bad": bad, "submit": run, "raw": answers}

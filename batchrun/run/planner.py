@@ -250,12 +250,27 @@ def expected_tokens(request: Request) -> int:
     return _tokens(request)
 
 
+def _parts_size(content: Any) -> int:
+    """A content list's characters, its media's URLs and data included (a 250 KB base64 image
+    is 250 KB the window holds)."""
+    if not isinstance(content, list):
+        return 64
+    total = 0
+    for part in content:
+        if isinstance(part, dict):
+            total += sum(len(v) for v in part.values() if isinstance(v, str))
+            total += sum(len(u) for u in media_urls({"messages": [{"content": [part]}]}))
+    return total or 64
+
+
 def _size(request: Request) -> int:
     """A cheap upper bound of a request's prompt characters, for the window's size."""
     body = request.body
     if request.url in SCORING_URLS:
         _, queries, documents = scoring_texts(request.url, body)
         return sum(map(len, queries)) + sum(map(len, documents))
+    if isinstance(body.get("file_url"), str):  # a transcription's audio
+        return len(body["file_url"])
     value = body.get("messages") or body.get("prompt") or body.get("input")
     if isinstance(value, str):
         return len(value)
@@ -264,7 +279,7 @@ def _size(request: Request) -> int:
         for item in value:
             if isinstance(item, dict):
                 content = item.get("content")
-                total += len(content) if isinstance(content, str) else 64
+                total += len(content) if isinstance(content, str) else _parts_size(content)
             else:
                 total += len(item) if isinstance(item, str) else 8
         return total
