@@ -220,3 +220,60 @@ def test_the_plan_reads_images_as_part_of_the_prompt() -> None:
     assert a != b
     assert a.startswith("user\x1eDescribe the image.\n\x1f")
     assert json.dumps(a).count("base64") == 0  # a digest, not the image's text
+
+
+def _audio_line(cid: str, url: str = "/v1/audio/transcriptions", **body: Any) -> dict[str, Any]:
+    return {"custom_id": cid, "method": "POST", "url": url, "body": {"model": "w", **body}}
+
+
+WAV_URL = "data:audio/wav;base64," + base64.b64encode(wav_bytes(0.1, 440)).decode()
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "message"),
+    [
+        ({"file_url": WAV_URL, "language": "en", "response_format": "text"}, None, None),
+        ({"file_url": WAV_URL, "prompt": "A tone.", "temperature": 0.2}, None, None),
+        (
+            {"file": "a.wav"},
+            "invalid_request",
+            "body.file is not supported in batch requests (there is no multipart upload); pass "
+            "the audio as body.file_url: a data:audio/...;base64, URL or an http(s) URL",
+        ),
+        (
+            {},
+            "invalid_request",
+            "body.file_url is missing; a transcription needs the audio as a data: or http(s) URL",
+        ),
+        (
+            {"file_url": PNG_URL},
+            "invalid_media",
+            "body.file_url is a data URL of type 'image/png', not audio",
+        ),
+        (
+            {"file_url": WAV_URL, "response_format": "verbose_json"},
+            "invalid_request",
+            "body.response_format 'verbose_json' is not supported by batchrun yet; use json or text",
+        ),
+        (
+            {"file_url": WAV_URL, "temperature": 2},
+            "invalid_request",
+            None,
+        ),
+    ],
+)
+def test_transcription_lines_are_checked_at_validation(
+    tmp_path: Path, body: dict[str, Any], code: str | None, message: str | None
+) -> None:
+    """Transcription and translation lines in vLLM's batch format: the audio as file_url."""
+    lines = [_audio_line("t", **body), _audio_line("x", "/v1/audio/translations", **body)]
+    for line in lines:
+        src = write_jsonl(tmp_path / "in.jsonl", [line])
+        [item] = list(read_input(src))
+        if code is None:
+            assert item == Request(line["custom_id"], 1, line["url"], line["body"])
+            continue
+        assert isinstance(item, LineError)
+        assert item.code == code
+        if message is not None:
+            assert item.message == message

@@ -37,6 +37,7 @@ MEDIA_PARTS: dict[str, tuple[str, str]] = {
 }
 # input_audio's formats (OpenAI's wav and mp3, and what vLLM's decoders read besides).
 AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg", "m4a", "webm")
+_A = {"image": "an image", "audio": "audio", "video": "a video"}
 # A character that is no base64 digit, and a well-formed end (padding only at the end).
 _NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/=]")
 _PADDING = re.compile(r"(?:[^=]{4}|[^=]{3}=|[^=]{2}==)\Z")
@@ -171,11 +172,7 @@ def check_media_url(where: str, url: str, modality: str, policy: MediaPolicy) ->
             raise bad_media(f"{where} is a data URL that is not base64 (data:<type>;base64,...)")
         mime = head[len("data:") : -len(";base64")].split(";")[0].strip().lower()
         if not mime.startswith(modality + "/"):
-            raise bad_media(
-                f"{where} is a data URL of type {mime or 'none'!r}, not an {modality}"
-                if modality != "video"
-                else f"{where} is a data URL of type {mime or 'none'!r}, not a video"
-            )
+            raise bad_media(f"{where} is a data URL of type {mime or 'none'!r}, not {_A[modality]}")
         _check_base64(where, payload, len(head) + 1, policy)
         return
     parsed = urlparse(url)
