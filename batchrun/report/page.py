@@ -194,6 +194,11 @@ def _payload(data: ReportData) -> dict[str, Any]:
         for e in data.events
         if e["kind"] in ("ready", "batch_size", "oom_backoff") and e.get("batch_size")
     ]
+    if batch and data.per_second:
+        # The size holds until the last result: the line runs to the end of the job.
+        end = round(max(data.per_second) + 1 - start, 1)
+        if end > batch[-1]["x"]:
+            batch.append({"x": end, "y": batch[-1]["y"], "worker": batch[-1]["worker"]})
     restarts = [
         {"x": round(e["time"] - start, 1), "y": 1, "reason": e.get("reason")}
         for e in data.events

@@ -42,7 +42,14 @@ async function main() {
         return {id: c.id, width: c.width, height: c.height, painted: painted};
       }));
     result.title = await page.title();
-    if (shot) await page.screenshot({path: shot, fullPage: true});
+    if (shot) {
+      // The whole page in the viewport first: Chart.js redraws a chart whose box resizes (a
+      // full-page shot resizes the viewport), after the resize, not before the shot.
+      const height = await page.evaluate(() => document.documentElement.scrollHeight);
+      await page.setViewport({width: 1200, height: height});
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+      await page.screenshot({path: shot, fullPage: true});
+    }
   } finally {
     await browser.close();
   }
