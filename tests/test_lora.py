@@ -331,3 +331,40 @@ def test_serve_refuses_a_missing_adapter_in_one_line(tmp_path: Path) -> None:
     )
     assert r.returncode == 1, r.stderr
     assert _refusal(r) == f"error: adapter 'x': {missing} does not exist"
+
+
+def test_kill_9_mid_job_then_resume_runs_each_adapter_line_exactly_once(
+    tmp_path: Path, adapters: dict[str, Path]
+) -> None:
+    import os
+    import signal
+
+    from conftest import journal_records, results_at_least, start_cli, wait_until
+
+    models = [None, "a1", "a2", "echo"]
+    src = write_jsonl(tmp_path / "in.jsonl", [_line(f"r{i}", models[i % 4]) for i in range(200)])
+    job = tmp_path / "job"
+    p = start_cli(
+        "submit",
+        str(src),
+        "--job-dir",
+        str(job),
+        *ECHO,
+        *_lora(adapters, "a1", "a2"),
+        "--batch-size",
+        "8",
+        env={"BATCHRUN_ECHO_DELAY_MS": "50"},
+    )
+    wait_until(results_at_least(job, 40), "40 results are journaled", timeout=120)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    before = len(journal_records(job))
+    assert 40 <= before < 200
+    # The resume reads the input with the job's adapters: its adapter lines run, none twice.
+    r = cli("resume", "--job-dir", str(job), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    ids = [x["custom_id"] for x in journal_records(job)]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(200))
+    assert cli("export", "--job-dir", str(job)).returncode == 0
+    out = {o["custom_id"]: o["response"]["body"]["model"] for o in read_jsonl(job / "output.jsonl")}
+    assert out == {f"r{i}": models[i % 4] or "echo" for i in range(200)}
