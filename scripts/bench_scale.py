@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             "a shared machine's load does not inflate as it does wall time).\n\n"
             + md_table(head, rows)
         )
-        replace_section(DOCS / "benchmarks.md", "scale", body)
+        replace_section(DOCS, "scale", body)
     print(json.dumps({"help_s": help_s}))
     return 0
 
