@@ -214,13 +214,21 @@ def audio_lines(media: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
     lines.append(transcription("long", data_url(wav_bytes(7.0, 520), "audio/wav"), language="en"))
     lines.append(
         transcription(
-            "short-cap", data_url(wav_bytes(0.3, 990), "audio/wav"), max_completion_tokens=5
+            "short-cap",
+            data_url(wav_bytes(0.3, 990), "audio/wav"),
+            language="en",
+            max_completion_tokens=5,
         )
     )
     bad = {
         "not-audio": (
             "invalid_media",
-            transcription("x", data_url(b"not a wav file", "audio/wav")),
+            transcription("x", data_url(b"not a wav file", "audio/wav"), language="en"),
+        ),
+        # Whisper needs the language; vLLM's server detects it, batchrun does not yet.
+        "no-language": (
+            "invalid_request",
+            transcription("x", data_url(wav_bytes(0.3, 700), "audio/wav")),
         ),
         "corrupt": ("invalid_media", transcription("x", "data:audio/wav;base64,UklG@@@")),
         "multipart": (

@@ -37,4 +37,8 @@ def test_bad_audio_is_an_error_record(vllm_audio_job: dict[str, Any]) -> None:
     assert errors["verbose"]["message"] == (
         "body.response_format 'verbose_json' is not supported by batchrun yet; use json or text"
     )
+    assert errors["no-language"]["message"] == (
+        'body.language is missing: this model needs the spoken language (such as "en"); '
+        "batchrun does not detect it yet"
+    )
     assert vllm_audio_job["submit"].returncode == 1

@@ -111,6 +111,12 @@ def audio_work(engine: Any, request: Request, settings: EngineSettings) -> Audio
         stt.language = model_cls.validate_language(stt.language)
     except ValueError as e:
         raise BadRequest(str(e)) from e
+    if stt.language is None and getattr(model_cls, "supports_explicit_language_detection", False):
+        # vLLM's server would detect it with a request of its own first; not done here yet.
+        raise BadRequest(
+            'body.language is missing: this model needs the spoken language (such as "en"); '
+            "batchrun does not detect it yet"
+        )
     asr = model_cls.get_speech_to_text_config(model_config, task)
     data = read_audio(str(body["file_url"]), settings)
     try:
@@ -136,18 +142,21 @@ def audio_work(engine: Any, request: Request, settings: EngineSettings) -> Audio
             overlap_duration_s=asr.overlap_chunk_second,
             min_energy_window_size=asr.min_energy_split_window_size,
         )
-    prompts = [
-        parse_model_prompt(
-            model_config,
-            model_cls.get_generation_prompt(
-                stt.build_stt_params(
-                    audio=clip, stt_config=asr, model_config=model_config, task_type=task
-                )
-            ),
-        )
-        for clip in clips
-    ]
-    engine_inputs = engine.renderer.render_cmpl(prompts)
+    try:
+        prompts = [
+            parse_model_prompt(
+                model_config,
+                model_cls.get_generation_prompt(
+                    stt.build_stt_params(
+                        audio=clip, stt_config=asr, model_config=model_config, task_type=task
+                    )
+                ),
+            )
+            for clip in clips
+        ]
+        engine_inputs = engine.renderer.render_cmpl(prompts)
+    except Exception as e:  # the model's own refusal (Whisper: a language it needs, ...)
+        raise BadRequest(f"the model cannot take this request: {e}") from e
     defaults = model_config.get_diff_sampling_param()
     max_tokens = get_max_tokens(model_config.max_model_len, stt.max_completion_tokens, 0, defaults)
     inputs = [(inp, stt.to_sampling_params(max_tokens, defaults)) for inp in engine_inputs]
