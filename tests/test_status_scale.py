@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import chat_line, cli, start_cli, wait_until, write_jsonl
+from conftest import ROOT, chat_line, cli, start_cli, wait_until, write_jsonl
 
 import batchrun.job.summary as summary_module
 from batchrun.job.inputmap import write_input_map
@@ -396,3 +399,16 @@ def test_the_fold_reads_in_blocks_any_size_of_line(
     monkeypatch.setattr(summary_module, "_BLOCK", block)
     assert rebuild(paths, m) == whole
     assert whole.offset == len(encode_records(records))
+
+
+def test_bench_scale_runs_every_command_and_prints_the_table() -> None:
+    script = str(ROOT / "scripts" / "bench_scale.py")
+    r = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "--sizes" in r.stdout
+    r = subprocess.run(
+        [sys.executable, script, "--sizes", "30", "--no-docs"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    for phase in ("submit", "status", "resume", "retry-failed", "export --parquet"):
+        assert re.search(rf"^\s*30\s+{re.escape(phase)}\s", r.stdout, re.M), r.stdout
+    assert "(exit" not in r.stdout
