@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import chat_line, cli, journal_records, start_cli, wait_until, write_jsonl
+from test_serve import start_server, stop_server, wait_done
 
 IDS = [f"r{i}" for i in range(8)]
 
@@ -140,3 +141,29 @@ def test_cache_stats_and_prune(tmp_path: Path) -> None:
     assert entry_files(cache) == []
     r = cli("cache", "prune", "--cache-dir", str(cache), "--older-than", "soon")
     assert r.returncode == 2
+
+
+def test_serve_answers_a_later_batch_from_the_cache(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    server = start_server(tmp_path / "root", "--cache-dir", str(cache))
+    try:
+        client = server.client()
+        src = write_jsonl(tmp_path / "in.jsonl", lines(sampled=("r6", "r7")))
+        ids = []
+        for _ in range(2):
+            with src.open("rb") as f:
+                uploaded = client.files.create(file=f, purpose="batch")
+            batch = client.batches.create(
+                input_file_id=uploaded.id,
+                endpoint="/v1/chat/completions",
+                completion_window="24h",
+            )
+            assert wait_done(client, batch.id).status == "completed"
+            ids.append(batch.id)
+        first, second = (by_id(server.batch_dir(b)) for b in ids)
+        assert not any(rec.get("cached") for rec in first.values())
+        assert {cid for cid, rec in second.items() if rec.get("cached")} == set(IDS[:6])
+        assert second["r0"]["body"]["choices"] == first["r0"]["body"]["choices"]
+        assert status(server.batch_dir(ids[1]))["cache_hits"] == 6
+    finally:
+        stop_server(server)

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from batchrun.cli.cache import CacheDir
 from batchrun.cli.options import RayAddress, engine_options
 from batchrun.cli.report import guarded
 from batchrun.config import GivenOptions
@@ -53,6 +54,7 @@ def serve(
         ),
     ] = 200_000_000,
     ray: RayAddress = None,
+    cache_dir: CacheDir = None,
     *,
     options: GivenOptions,
 ) -> None:
@@ -68,6 +70,11 @@ def serve(
 
     def run() -> None:
         run_options = RunOptions.from_given(options, progress=False, ray=ray)
+        if cache_dir is not None:
+            from batchrun.run.answer_cache import check_cache_dir
+
+            check_cache_dir(cache_dir)  # before the server starts
+            run_options.cache_dir = cache_dir
         run_serve(
             root,
             run_options,

@@ -26,6 +26,7 @@ from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.state import FAILED_RETRYABLE, OK, JobState, replay
 from batchrun.job.summary import keep_summary
 from batchrun.openai.records import POOLING_ENDPOINTS, Outcome, Request
+from batchrun.run.answer_cache import AnswerCache
 from batchrun.run.dedup import Duplicates
 from batchrun.run.options import RunOptions
 from batchrun.run.planner import plan
@@ -172,13 +173,16 @@ class SharedScheduler(Scheduler):
     def _records(
         self,
         pairs: Sequence[tuple[Outcome, Request]],
-        index: int,
+        index: int | None,
         records: list[ResultRecord],
         outcomes: list[Outcome],
     ) -> bool:
-        """Journal each outcome into its batch's journal at once (grouped by batch)."""
+        """Journal each outcome into its batch's journal at once (grouped by batch; `index`
+        None: answers from the cache, which no worker ran)."""
         if not pairs:
             return True
+        if self.answers is not None:
+            self._unstored += pairs  # stored once journaled (copies and hits are skipped)
         now = round(time.time(), 3)
         groups: dict[str, list[tuple[Outcome, Request]]] = {}
         for outcome, request in pairs:
@@ -205,7 +209,8 @@ class SharedScheduler(Scheduler):
             plain = True
             for (outcome, request), attempt in zip(group, attempts, strict=True):
                 rec = result_record(outcome, request.line, attempt, now)
-                rec["worker"] = index
+                if index is not None:
+                    rec["worker"] = index
                 recs.append(rec)
                 plain = plain and plain_result(outcome)
             job.journal.append(recs, plain=plain)
@@ -228,6 +233,11 @@ class SharedScheduler(Scheduler):
         plain: bool = False,
     ) -> None:
         """Count what `_records` already journaled, and tell the reporter."""
+        if self._unstored:
+            assert self.answers is not None
+            # After the journal writes: a kill in between leaves an answer journaled, not stored.
+            self.answers.store(self._unstored)
+            self._unstored = []
         if outcomes:
             self._count(outcomes, stats)
 
@@ -261,4 +271,6 @@ def build_pool(
         or settings.spec.batch_ceiling(envs)
     )
     pool.on_back_off = lambda size: lower_size(settings, device, size)
+    if options.cache_dir is not None:  # answers reused across batches and jobs (--cache-dir)
+        pool.answers = AnswerCache.open(options.cache_dir, settings)
     return pool
