@@ -23,8 +23,10 @@ def make_adapter(
     rank: int = RANK,
     scale: float = 0.3,
     base: str = "SmolLM2-135M-Instruct",
+    hidden: int = HIDDEN,
 ) -> Path:
-    """Write a rank-`rank` LoRA adapter on q_proj and v_proj of every layer into `directory`."""
+    """Write a rank-`rank` LoRA adapter on q_proj and v_proj of every layer into `directory`
+    (`hidden`: another model's hidden size, for an adapter that does not fit SmolLM2)."""
     import torch
     from safetensors.torch import save_file
 
@@ -32,10 +34,10 @@ def make_adapter(
     generator = torch.Generator().manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
     for layer in range(LAYERS):
-        for module, out in (("q_proj", HIDDEN), ("v_proj", KV_OUT)):
+        for module, out in (("q_proj", hidden), ("v_proj", KV_OUT)):
             key = f"base_model.model.model.layers.{layer}.self_attn.{module}"
             tensors[f"{key}.lora_A.weight"] = (
-                torch.randn(rank, HIDDEN, generator=generator) * scale
+                torch.randn(rank, hidden, generator=generator) * scale
             ).contiguous()
             tensors[f"{key}.lora_B.weight"] = (
                 torch.randn(out, rank, generator=generator) * scale

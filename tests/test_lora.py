@@ -368,3 +368,58 @@ def test_kill_9_mid_job_then_resume_runs_each_adapter_line_exactly_once(
     assert cli("export", "--job-dir", str(job)).returncode == 0
     out = {o["custom_id"]: o["response"]["body"]["model"] for o in read_jsonl(job / "output.jsonl")}
     assert out == {f"r{i}": models[i % 4] or "echo" for i in range(200)}
+
+
+def test_an_adapter_of_another_base_model_is_refused_before_a_job_exists(
+    tmp_path: Path, adapters: dict[str, Path]
+) -> None:
+    # A model directory with SmolLM2's shapes (its config.json is all the check reads).
+    model = tmp_path / "smol"
+    model.mkdir()
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_attention_heads": 9,
+        "head_dim": 64,
+        "num_hidden_layers": 30,
+    }
+    (model / "config.json").write_text(json.dumps(config))
+    other = make_adapter(tmp_path / "other", seed=4, hidden=1024)
+    src = write_jsonl(tmp_path / "in.jsonl", [_line("a", None)])
+    job = tmp_path / "job"
+    r = cli(
+        "submit",
+        str(src),
+        "--job-dir",
+        str(job),
+        "--model",
+        str(model),
+        "--lora-modules",
+        f"other={other}",
+        "--no-progress",
+    )
+    assert r.returncode == 1, r.stderr
+    assert _refusal(r) == (
+        "error: adapter 'other' does not fit the base model smol: "
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight takes inputs of size "
+        "1024, the model's hidden size is 576 (an adapter of another model?)"
+    )
+    assert not job.exists()
+    # Fewer layers than the adapter has: refused too.
+    (model / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 12}))
+    r = cli(
+        "submit",
+        str(src),
+        "--job-dir",
+        str(job),
+        "--model",
+        str(model),
+        *_lora(adapters, "a1"),
+        "--no-progress",
+    )
+    assert r.returncode == 1, r.stderr
+    assert _refusal(r) == (
+        "error: adapter 'a1' does not fit the base model smol: it has weights for layer 12, "
+        "the model has 12 layers (an adapter of another model?)"
+    )

@@ -14,11 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from batchrun.config import LORA_RANKS, EngineSettings, OptionError
 from batchrun.errors import BatchrunError
+from batchrun.models.convert import DEFAULT_MODEL_NAME, cache_root
 from batchrun.openai.routing import KnownModels
 
 # vLLM 0.32's LoRAConfig.max_lora_rank default, and the ranks it takes (MaxLoRARanks).
@@ -110,7 +112,82 @@ def prepare_adapters(settings: EngineSettings) -> KnownModels | None:
     check_adapters(
         settings.lora_modules, max_lora_rank=settings.max_lora_rank, base=settings.model_name
     )
+    config = _base_config(settings) if settings.lora_modules else None
+    if config is not None:
+        for adapter in settings.lora_modules:
+            check_fits_base(adapter, config, settings.model_name)
     return known_models(settings.model_name, settings.lora_modules)
+
+
+def _base_config(settings: EngineSettings) -> dict[str, Any] | None:
+    """The base model's config.json when it is a local directory (the embedded default model
+    included); None for a hub id, a .gguf file or an engine that loads no model."""
+    if settings.spec.model == "none":
+        return None
+    if settings.model is None:
+        directory = cache_root() / "models" / DEFAULT_MODEL_NAME
+    elif Path(settings.model).is_dir():
+        directory = Path(settings.model)
+    else:
+        return None
+    try:
+        data = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # prepare_model has checked the model; vLLM will say what is wrong
+    return data if isinstance(data, dict) else None
+
+
+def check_fits_base(adapter: Adapter, config: dict[str, Any], base: str) -> None:
+    """Refuse an adapter made for another base model: a layer beyond the base's layers, or
+    lora_A weights whose input size is none of the base's (hidden, intermediate, attention)
+    sizes. Read from the weights' safetensors header only (a few kilobytes)."""
+    shapes = _safetensors_shapes(Path(adapter["path"]) / WEIGHT_FILES[0])
+    if shapes is None:
+        return  # .bin / .pt weights: not read here; vLLM checks them when it loads them
+    layers = config.get("num_hidden_layers")
+    hidden = config.get("hidden_size")
+    heads, head_dim = config.get("num_attention_heads"), config.get("head_dim")
+    sizes = {hidden, config.get("intermediate_size")}
+    if isinstance(heads, int) and isinstance(head_dim, int):
+        sizes.add(heads * head_dim)
+    name = adapter["name"]
+    for key, shape in shapes.items():
+        layer = _LAYER.search(key)
+        if layer is not None and isinstance(layers, int) and int(layer.group(1)) >= layers:
+            raise BatchrunError(
+                f"adapter {name!r} does not fit the base model {base}: it has weights for layer "
+                f"{layer.group(1)}, the model has {layers} layers (an adapter of another model?)"
+            )
+        lora_a = key.endswith("lora_A.weight") and len(shape) == 2
+        if lora_a and isinstance(hidden, int) and shape[1] not in sizes:
+            raise BatchrunError(
+                f"adapter {name!r} does not fit the base model {base}: {key} takes inputs "
+                f"of size {shape[1]}, the model's hidden size is {hidden} (an adapter of "
+                "another model?)"
+            )
+
+
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+def _safetensors_shapes(path: Path) -> dict[str, list[int]] | None:
+    """Each tensor's shape from a safetensors file's JSON header; None if there is no such file
+    or it is not one (vLLM then says what is wrong)."""
+    try:
+        with path.open("rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 0 < size <= 100 * 2**20:
+                return None
+            header = json.loads(f.read(size))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    return {
+        k: v["shape"]
+        for k, v in header.items()
+        if k != "__metadata__" and isinstance(v, dict) and isinstance(v.get("shape"), list)
+    }
 
 
 def check_adapters(adapters: list[Adapter], *, max_lora_rank: int | None, base: str) -> None:
