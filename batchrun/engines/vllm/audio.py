@@ -128,9 +128,11 @@ def audio_work(engine: Any, request: Request, settings: EngineSettings) -> Audio
                 max_duration_s=envs.VLLM_MAX_AUDIO_DECODE_DURATION_S,
                 max_decode_bytes=envs.VLLM_MAX_AUDIO_DECODE_BYTES,
             )
-    except Exception as e:  # vLLM's own message: "Invalid or unsupported audio file."
+    except ValueError as e:  # vLLM's own limits (too long, too big): its message
+        raise BadRequest(f"cannot decode the audio: {e}", "invalid_media") from e
+    except Exception as e:  # as vLLM's server says it, whichever decoder failed last
         raise BadRequest(
-            f"cannot decode the audio: {e or type(e).__name__}", "invalid_media"
+            "cannot decode the audio: Invalid or unsupported audio file.", "invalid_media"
         ) from e
     duration = get_audio_duration(y=y, sr=sr)
     clips = [y]
