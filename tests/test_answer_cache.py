@@ -167,3 +167,35 @@ def test_serve_answers_a_later_batch_from_the_cache(tmp_path: Path) -> None:
         assert status(server.batch_dir(ids[1]))["cache_hits"] == 6
     finally:
         stop_server(server)
+
+
+def test_two_jobs_at_once_share_one_cache(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    src = write_jsonl(
+        tmp_path / "in.jsonl", [chat_line(f"c{i}", f"p{i}", temperature=0) for i in range(200)]
+    )
+    procs = [
+        start_cli(
+            "submit",
+            str(src),
+            "--job-dir",
+            str(tmp_path / f"j{k}"),
+            "--engine",
+            "echo",
+            "--no-progress",
+            "--batch-size",
+            "8",
+            "--cache-dir",
+            str(cache),
+        )
+        for k in range(2)
+    ]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    for k in range(2):
+        recs = journal_records(tmp_path / f"j{k}")
+        assert sorted(r["custom_id"] for r in recs) == sorted(f"c{i}" for i in range(200))
+        assert all(r["ok"] for r in recs)
+    entries = entry_files(cache)
+    assert len(entries) == 200
+    assert all(json.loads(p.read_bytes())["key"] == p.stem for p in entries)
+    assert not [p for p in (cache / "answers-v1").glob("*/.*")]  # no temp file left
