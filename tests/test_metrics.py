@@ -265,6 +265,33 @@ def test_fast_histogram_matches_prometheus_client() -> None:
     assert got == expected
 
 
+def test_latencies_binned_from_their_start_times_match_prometheus_client() -> None:
+    """observe_since (the hot path's: `now - t` binned from the times t) counts each latency
+    in the bucket prometheus_client's own histogram does, for a few values and for many. (A
+    latency within float rounding of a bound may fall either side: `now - t <= b` and
+    `t >= now - b` round apart there.)"""
+    from prometheus_client import CollectorRegistry
+
+    now = 1000.0
+    latencies = [b * f for b in names.LATENCY_BUCKETS for f in (0.5, 0.999, 1.01)] + [0.0, 9e9]
+    for chunk in (latencies[:3], latencies):
+        ours = FastHistogram("x_seconds", "x", names.LATENCY_BUCKETS)
+        ours.observe_since(now, [now - v for v in chunk])
+        registry = CollectorRegistry()
+        theirs = Histogram("x_seconds", "x", buckets=names.LATENCY_BUCKETS, registry=registry)
+        for v in chunk:
+            theirs.observe(now - (now - v))  # the same float rounding as ours
+        [family] = [f for f in registry.collect() if f.name == "x_seconds"]
+        expected = {
+            (s.name, s.labels.get("le")): s.value for s in family.samples if "created" not in s.name
+        }
+        got = {(s.name, s.labels.get("le")): s.value for s in ours.family().samples}
+        assert got.pop(("x_seconds_sum", None)) == pytest.approx(
+            expected.pop(("x_seconds_sum", None)), rel=1e-9, abs=1e-6
+        )
+        assert got == expected
+
+
 def _gpu_families(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> dict[str, Any]:
     from batchrun.metrics.gpu import GpuCollector
 

@@ -60,6 +60,26 @@ class FastHistogram:
             counts[-1] += n - previous
             self.sum += total
 
+    def observe_since(self, now: float, times: list[float]) -> None:
+        """One observation of `now - t` for each of `times` (when each began), binned from the
+        times themselves: no list of differences is made."""
+        n = len(times)
+        if n <= SMALL:
+            self.observe_many([now - t for t in times])
+            return
+        times.sort()
+        total = n * now - sum(times)
+        # now - t <= bound exactly when t >= now - bound: the times from there on.
+        below = [n - bisect_left(times, now - bound) for bound in self.bounds]
+        counts = self.counts
+        with self._lock:
+            previous = 0
+            for i, at in enumerate(below):
+                counts[i] += at - previous
+                previous = at
+            counts[-1] += n - previous
+            self.sum += total
+
     @property
     def count(self) -> int:
         """Observations so far."""

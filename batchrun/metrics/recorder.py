@@ -100,7 +100,7 @@ class RunMetrics(Collector):
         `queue_origin` says)."""
         now = time.monotonic()
         # C loops (map, zip, repeat), not Python ones: this runs for every request.
-        self.sent.update(zip(map(_CUSTOM_ID, requests), repeat(now)))
+        self.sent.update(dict.fromkeys(map(_CUSTOM_ID, requests), now))
         if self.queue_origin is None:
             self.queue.observe(max(0.0, now - self.origin), len(requests))
             return
@@ -120,7 +120,7 @@ class RunMetrics(Collector):
         now = time.monotonic()
         requests = map(_SECOND, pairs)
         sent_at = filter(None, map(self.sent.pop, map(_CUSTOM_ID, requests), repeat(None)))
-        self.latency.observe_many(list(map(now.__sub__, sent_at)))
+        self.latency.observe_since(now, list(sent_at))
         # An engine measures every generated request's, or none (echo, pooling).
         if pairs and (pairs[0][0].ttft_s is not None or pairs[-1][0].ttft_s is not None):
             self.ttft.observe_many(list(filter(None, map(_TTFT, map(_FIRST, pairs)))))
