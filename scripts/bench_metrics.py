@@ -50,8 +50,8 @@ TARGET = 0.03
 
 def child_run(inp: str, job: str, metrics: bool) -> None:
     """In a process of its own: run the job in process (the parent's CPU time is this
-    process's), with metrics served and scraped every second by a thread when `metrics`; print
-    the numbers as JSON."""
+    process's), with metrics served when `metrics` (their URL the first line out, for the
+    scraper in the process that started this one); print the numbers as JSON."""
     from batchrun.job.status import job_status
     from batchrun.metrics.exporter import start_exporter
     from batchrun.metrics.recorder import RunMetrics
@@ -60,40 +60,48 @@ def child_run(inp: str, job: str, metrics: bool) -> None:
     options = RunOptions(batch_size=1024, progress=False)
     options.settings.engine = "echo"
     recorder = exporter = None
-    stop = threading.Event()
-    scrapes = [0]
+    cpu, started = time.process_time(), time.monotonic()
     if metrics:
         recorder = RunMetrics()
         exporter = start_exporter(recorder, 0)
-        url = exporter.url
-
-        def scrape() -> None:
-            while not stop.wait(1.0):
-                with contextlib.suppress(OSError):
-                    urllib.request.urlopen(url, timeout=5).read()
-                    scrapes[0] += 1
-
-        threading.Thread(target=scrape, daemon=True).start()
-    cpu, started = time.process_time(), time.monotonic()
+    print(json.dumps({"url": exporter.url if exporter is not None else None}), flush=True)
     submit(Path(inp), Path(job), options, notify=lambda _: None, metrics=recorder)
-    cpu, wall = time.process_time() - cpu, time.monotonic() - started
-    stop.set()
     if exporter is not None:
         exporter.close()
+    cpu, wall = time.process_time() - cpu, time.monotonic() - started
     rate = job_status(Path(job))["throughput"]["requests_per_s"]
-    print(json.dumps({"rate": rate, "wall": wall, "cpu": cpu, "scrapes": scrapes[0]}))
+    print(json.dumps({"rate": rate, "wall": wall, "cpu": cpu}), flush=True)
 
 
 def one_run(inp: Path, job: Path, metrics: bool) -> tuple[float, float, int, float]:
-    """Run `inp` into `job` in a fresh process; (results/s first to last result, wall seconds,
-    scrapes made, CPU seconds of the parent process alone: its worker's are not counted)."""
+    """Run `inp` into `job` in a fresh process, its /metrics scraped every second from this one
+    (as Prometheus would, from outside); (results/s first to last result, wall seconds, scrapes
+    made, CPU seconds of the parent process alone: its worker's are not counted)."""
     shutil.rmtree(job, ignore_errors=True)
     argv = [sys.executable, __file__, "--_child", str(inp), str(job), "on" if metrics else "off"]
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
-    if done.returncode != 0:
-        raise SystemExit(f"the run failed:\n{done.stderr[-3000:]}")
-    r = json.loads(done.stdout.strip().splitlines()[-1])
-    return float(r["rate"]), float(r["wall"]), int(r["scrapes"]), float(r["cpu"])
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    assert proc.stdout is not None
+    url = json.loads(proc.stdout.readline() or "{}").get("url")
+    stop = threading.Event()
+    scrapes = [0]
+
+    def scrape() -> None:
+        while url and not stop.wait(1.0):
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(url, timeout=5).read()
+                scrapes[0] += 1
+
+    scraper = threading.Thread(target=scrape, daemon=True)
+    scraper.start()
+    out, err = proc.communicate()
+    stop.set()
+    scraper.join(timeout=10)
+    if proc.returncode != 0:
+        raise SystemExit(f"the run failed:\n{err[-3000:]}")
+    r = json.loads(out.strip().splitlines()[-1])
+    return float(r["rate"]), float(r["wall"]), scrapes[0], float(r["cpu"])
 
 
 def hook_ns_per_request(batch: int = 64) -> float:

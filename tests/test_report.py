@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,13 @@ def browser_dir(request: pytest.FixtureRequest) -> Path:
     cache directory, under a lock (test processes may ask at once)."""
     npm = shutil.which("npm")
     assert npm is not None and shutil.which("node"), "node and npm are needed for the browser test"
-    folder = Path(request.config.cache.mkdir("batchrun-browser"))
+    cache = getattr(request.config, "cache", None)  # None with -p no:cacheprovider
+    folder = (
+        Path(cache.mkdir("batchrun-browser"))
+        if cache is not None
+        else Path(tempfile.gettempdir()) / "batchrun-browser"
+    )
+    folder.mkdir(parents=True, exist_ok=True)
     marker = folder / "installed.json"
     with (folder / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -57,7 +64,11 @@ def browser_dir(request: pytest.FixtureRequest) -> Path:
 def open_in_browser(browser_dir: Path, page: Path, screenshot: Path | None = None) -> Any:
     """What headless Chromium saw opening `page` (see check_page.js)."""
     args = ["node", str(CHECK_PAGE), str(page), *([str(screenshot)] if screenshot else [])]
-    env = {**os.environ, "NODE_PATH": str(browser_dir / "node_modules")}
+    # Chromium unpacks itself into TMPDIR: one folder per test process, so that two never
+    # unpack over each other (pytest-xdist).
+    tmp = browser_dir / f"tmp-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "NODE_PATH": str(browser_dir / "node_modules"), "TMPDIR": str(tmp)}
     r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=180)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
