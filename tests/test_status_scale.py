@@ -9,6 +9,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tracemalloc
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ from batchrun.job.inputmap import write_input_map
 from batchrun.job.journal import encode_records
 from batchrun.job.manifest import InputMapRef, Manifest, Run, load_manifest, save_manifest
 from batchrun.job.paths import JobPaths
-from batchrun.job.state import replay
+from batchrun.job.state import JobState, replay
 from batchrun.job.status import job_status
 from batchrun.job.summary import (
     SUMMARY_NAME,
@@ -31,6 +33,7 @@ from batchrun.job.summary import (
     write_summary,
 )
 from batchrun.job.timing import job_timing
+from batchrun.openai.records import Outcome
 
 RUN_START = 1_700_000_000.0
 
@@ -412,3 +415,24 @@ def test_bench_scale_runs_every_command_and_prints_the_table() -> None:
     for phase in ("submit", "status", "resume", "retry-failed", "export --parquet"):
         assert re.search(rf"^\s*30\s+{re.escape(phase)}\s", r.stdout, re.M), r.stdout
     assert "(exit" not in r.stdout
+
+
+def test_the_jobs_state_keeps_no_second_table_of_requests() -> None:
+    n = 50_000
+    outcomes = [Outcome(f"r{i:07d}", i % 10 != 0, 200, retryable=True) for i in range(n)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        state = JobState()
+        for i in range(0, n, 1024):
+            state.record_results(outcomes[i : i + 1024], 0, 1.0)
+        per_request = (tracemalloc.get_traced_memory()[0] - before) / n
+    finally:
+        tracemalloc.stop()
+    # One dict entry a request (its last state); attempts only for those with more than one.
+    assert per_request < 55, per_request
+    retried = [o for o in outcomes if not o.ok][:100]
+    state.record_results(retried, 0, 2.0)
+    counts = Counter(o.custom_id for o in outcomes + retried)
+    assert dict(state.attempts) == dict(counts)
+    assert state.attempts.total() == n + 100 and state.attempts.get("nope", 0) == 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -31,12 +31,52 @@ class RequestStatus(IntEnum):
 OK, FAILED_RETRYABLE, FAILED_FINAL, INVALID, PENDING = RequestStatus
 
 
+class Attempts(Mapping[str, int]):
+    """Attempts per request, kept compactly: a request with a finished attempt (in `last`) has
+    one unless `more` says how many; most have one, so a million-request job keeps no second
+    table of a million entries (about 40 bytes a request)."""
+
+    __slots__ = ("_last", "more")
+
+    def __init__(self, last: dict[str, int]) -> None:
+        self._last = last
+        self.more: dict[str, int] = {}
+
+    def __getitem__(self, cid: str) -> int:
+        n = self.more.get(cid)
+        if n is not None:
+            return n
+        if cid in self._last:
+            return 1
+        raise KeyError(cid)
+
+    def get(self, cid: str, default: Any = None) -> Any:  # type: ignore[override]
+        """Attempts of `cid`, or `default` when it has none."""
+        n = self.more.get(cid)
+        if n is not None:
+            return n
+        return 1 if cid in self._last else default
+
+    def __contains__(self, cid: object) -> bool:
+        return cid in self._last
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._last)
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def total(self) -> int:
+        """Attempts of every request together."""
+        return len(self._last) + sum(self.more.values()) - len(self.more)
+
+
 @dataclass
 class JobState:
     """What the journal says: per request, attempts and how the last one ended; totals."""
 
-    attempts: dict[str, int] = field(default_factory=dict)
     last: dict[str, int] = field(default_factory=dict)
+    attempts: Attempts = field(init=False)
     invalid: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -56,6 +96,9 @@ class JobState:
     # attempt succeeded, and attempts.
     ok: int = 0
     tried: int = 0
+
+    def __post_init__(self) -> None:
+        self.attempts = Attempts(self.last)
 
     @property
     def succeeded(self) -> int:
@@ -96,9 +139,11 @@ class JobState:
             self.invalid += 1
             return
         cid = rec["custom_id"]
-        self.attempts[cid] = self.attempts.get(cid, 0) + 1
-        self.tried += 1
         last = self.last
+        if cid in last:
+            more = self.attempts.more
+            more[cid] = more.get(cid, 1) + 1
+        self.tried += 1
         self.ok -= last.get(cid) == OK
         if rec.get("ok"):
             last[cid] = OK
@@ -129,17 +174,18 @@ class JobState:
         """Fold in the results of attempts as `record` folds their journal records (all from
         worker `worker`, at time `t`; None: answered without one, from the answer cache),
         without building the records; return their attempt numbers."""
-        attempts, last, current = self.attempts, self.last, self.current
+        more, last, current = self.attempts.more, self.last, self.current
         numbers: list[int] = []
         counted = prompt_tokens = tokens = ok = hits = 0
         for outcome in outcomes:
             cid = outcome.custom_id
-            attempt = attempts.get(cid, 0) + 1
+            n = more.get(cid)
+            attempt = n + 1 if n is not None else (2 if cid in last else 1)
             numbers.append(attempt)
             if current is not None and cid not in current:
                 continue  # its line left the input file: no longer part of the job
-            attempts[cid] = attempt
             if attempt > 1:
+                more[cid] = attempt
                 ok -= last.get(cid) == OK
             if outcome.ok:
                 last[cid] = OK

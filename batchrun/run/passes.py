@@ -109,7 +109,7 @@ def run_job(
     manifest.runs.append(run_info)
     save_manifest(paths, manifest)
     scheduler: Scheduler | None = None
-    outcomes_before = sum(state.attempts.values())
+    outcomes_before = state.attempts.total()
     tokens_before = state.completion_tokens
     deduplicated_before = state.deduplicated
     duplicates = Duplicates() if options.order == "auto" else None
@@ -200,7 +200,7 @@ def run_job(
         state=state,
         wall_s=time.monotonic() - started,
         run_completion_tokens=state.completion_tokens - tokens_before,
-        run_outcomes=sum(state.attempts.values()) - outcomes_before,
+        run_outcomes=state.attempts.total() - outcomes_before,
         run_cache_queries=(run_info.prefix_cache or {}).get("queries", 0),
         run_cache_hits=(run_info.prefix_cache or {}).get("hits", 0),
         run_deduplicated=run_info.deduplicated or 0,
