@@ -1,0 +1,129 @@
+"""Benchmark: image chat lines through batchrun against raw vLLM's `LLM.chat` on the same images,
+side by side in one run (each contender in a process of its own, the same engine settings).
+
+    .venv/bin/python scripts/bench_images.py --lines 64            # the tiny test Idefics3
+    .venv/bin/python scripts/bench_images.py --model DIR --lines 256
+
+Each line has its own image (a generated PNG, as a data URL) and a short question, temperature
+0. Generation time: raw, the `LLM.chat` call; batchrun, from its worker's "ready" line to its
+last answer (the reading of the media in the worker and the dispatch included). The
+answers are compared as well: at temperature 0 they must be the same text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from bench_harness import batchrun_cmd, run_cmd  # noqa: E402
+from mm_models import build_idefics3, png_bytes  # type: ignore[import-not-found]  # noqa: E402
+
+_RAW = """
+import json, sys, time
+if __name__ == "__main__":
+    from vllm import LLM, SamplingParams
+    lines = [json.loads(x) for x in open(sys.argv[2])]
+    llm = LLM(model=sys.argv[1], dtype="float32", max_model_len=2048, enforce_eager=True,
+              gpu_memory_utilization=float(sys.argv[3]), seed=0)
+    convs = [x["body"]["messages"] for x in lines]
+    params = [SamplingParams(temperature=0, max_tokens=x["body"]["max_tokens"]) for x in lines]
+    start = time.monotonic()
+    outs = llm.chat(convs, params, use_tqdm=False)
+    gen = time.monotonic() - start
+    print(json.dumps({"gen_s": gen, "tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+                      "texts": {x["custom_id"]: o.outputs[0].text for x, o in zip(lines, outs)}}))
+"""
+
+
+def image_lines(n: int, max_tokens: int) -> list[dict[str, object]]:
+    """`n` chat lines, each with an image of its own."""
+    lines: list[dict[str, object]] = []
+    for i in range(n):
+        png = png_bytes(32 + i % 48, 24 + (7 * i) % 40, ((37 * i) % 256, (91 * i) % 256, 128))
+        url = "data:image/png;base64," + base64.b64encode(png).decode()
+        content = [
+            {"type": "text", "text": f"Describe image {i}."},
+            {"type": "image_url", "image_url": {"url": url}},
+        ]
+        body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": content}],
+            "temperature": 0,
+            "max_tokens": max_tokens,
+        }
+        lines.append(
+            {"custom_id": f"img-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run both contenders and print their figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, help="an image-language model directory")
+    parser.add_argument("--lines", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--gpu-memory-utilization", default="0.1")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-images-") as tmp:
+        work = Path(tmp)
+        model = args.model or build_idefics3(work / "idefics3")
+        src = work / "images.jsonl"
+        src.write_text(
+            "".join(json.dumps(x) + "\n" for x in image_lines(args.lines, args.max_tokens))
+        )
+        (work / "raw.py").write_text(_RAW)
+        raw = run_cmd(
+            [
+                sys.executable,
+                str(work / "raw.py"),
+                str(model),
+                str(src),
+                args.gpu_memory_utilization,
+            ],
+            work / "raw.log",
+        )
+        out = [t for _, s, t in raw.lines if s == "out" and t.startswith("{")]
+        assert raw.rc == 0 and out, (work / "raw.log").read_text()[-3000:]
+        raw_result = json.loads(out[-1])
+        job = work / "job"
+        run = run_cmd(
+            [*batchrun_cmd(), "submit", str(src), "--job-dir", str(job), "--model", str(model),
+             "--dtype", "float32", "--gpu-memory-utilization", args.gpu_memory_utilization,
+             "--batch-size", str(args.lines), "--no-progress"],
+            work / "batchrun.log",
+        )  # fmt: skip
+        assert run.rc == 0, (work / "batchrun.log").read_text()[-3000:]
+        ready = next(t for t, _, x in run.lines if "ready (pid" in x)
+        # The last answer's time (the journal's summary): the process's own exit (the engine's
+        # shutdown, the summary) is not generation.
+        end = json.loads((job / "summary.json").read_text())["last_time"]
+        subprocess.run([*batchrun_cmd(), "export", "--job-dir", str(job)], check=True, cwd=ROOT)
+        texts, tokens = {}, 0
+        for line in (job / "output.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            body = rec["response"]["body"]
+            texts[rec["custom_id"]] = body["choices"][0]["message"]["content"]
+            tokens += body["usage"]["completion_tokens"]
+        gen = end - ready
+        same = texts == raw_result["texts"]
+        print(f"{args.lines} image lines, max_tokens {args.max_tokens}, model {model}")
+        print(f"{'contender':<14}{'gen s':>8}{'tok/s':>9}")
+        print(
+            f"{'raw LLM.chat':<14}{raw_result['gen_s']:>8.2f}{raw_result['tokens'] / raw_result['gen_s']:>9.1f}"
+        )
+        print(f"{'batchrun':<14}{gen:>8.2f}{tokens / gen:>9.1f}")
+        print(f"batchrun / raw throughput: {raw_result['gen_s'] / gen:.2f}x; answers equal: {same}")
+
+
+if __name__ == "__main__":
+    main()
