@@ -204,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             [
                 "## What /metrics costs the parent (echo engine)",
                 "",
-                f"- Measured: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine_line(machine)}.",
+                f"- Measured: {machine_line(machine)}.",
                 f"- Command: `{command}`",
                 f"- Workload: {args.requests:,} short `/v1/completions` requests through submit "
                 "(`--engine echo --batch-size 1024`), with and without metrics served as "
