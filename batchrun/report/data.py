@@ -143,7 +143,7 @@ def gather(job_dir: Path) -> ReportData:
                 "wall_s": r.wall_s,
             }
             for r in manifest.runs
-        ],  # fmt: skip
+        ],
         probes=list(manifest.probes),
     )
     prompt = completion = 0
