@@ -277,3 +277,14 @@ def test_transcription_lines_are_checked_at_validation(
         assert item.code == code
         if message is not None:
             assert item.message == message
+
+
+def test_a_transcription_of_a_changed_file_is_not_a_duplicate(tmp_path: Path) -> None:
+    """A transcription's file:// audio is keyed by what the file is, as a chat line's image."""
+    path = tmp_path / "a.wav"
+    path.write_bytes(wav_bytes(0.1, 440))
+    line = _audio_line("a", file_url=path.as_uri(), temperature=0)
+    first = dedup_key(_request(line))
+    assert first is not None and first == dedup_key(_request({**line, "custom_id": "b"}))
+    path.write_bytes(wav_bytes(0.2, 440))
+    assert dedup_key(_request(line)) != first
