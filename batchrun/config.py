@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
 from batchrun.engines.registry import DEFAULT_ENGINE, EngineSpec, engine_spec
-from batchrun.errors import BatchrunError
+from batchrun.errors import OptionError as OptionError  # the options modules import it from here
 from batchrun.openai.media import DEFAULT_MAX_MEDIA_BYTES
 
 # Exactly the strings vLLM's ModelConfig takes as its dtype (vllm/config/model.py, `ModelDType`,
@@ -52,15 +52,6 @@ DEFAULT_START_TIMEOUT = 1800.0
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # What CUDA_VISIBLE_DEVICES takes: an index, or a GPU-/MIG- UUID (MIG-GPU-<uuid>/<gi>/<ci> too).
 _GPU_ID = re.compile(r"\d+|(?:GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/-]*")
-
-
-class OptionError(BatchrunError):
-    """A bad option value. `options` names the options involved (e.g. `--dtype`); the message
-    says what is wrong without naming them. Exit 2: a usage error."""
-
-    def __init__(self, options: str | tuple[str, ...], message: str, *, exit_code: int = 2) -> None:
-        super().__init__(message, exit_code=exit_code)
-        self.options = (options,) if isinstance(options, str) else options
 
 
 def check_number(
@@ -271,7 +262,9 @@ class EngineSettings:
                 check_number(flag, limit, 1)
         if self.max_lora_rank is not None and self.max_lora_rank not in LORA_RANKS:
             ranks = ", ".join(map(str, LORA_RANKS))
-            raise OptionError("--max-lora-rank", f"must be one of {ranks}, got {self.max_lora_rank}")
+            raise OptionError(
+                "--max-lora-rank", f"must be one of {ranks}, got {self.max_lora_rank}"
+            )
         self.check_media()
 
     def check_media(self) -> None:

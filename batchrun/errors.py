@@ -1,4 +1,4 @@
-"""The one exception type for errors a user can cause and fix."""
+"""The exception types for errors a user can cause and fix."""
 
 from __future__ import annotations
 
@@ -11,3 +11,12 @@ class BatchrunError(Exception):
     def __init__(self, message: str, *, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class OptionError(BatchrunError):
+    """A bad option value. `options` names the options involved (e.g. `--dtype`); the message
+    says what is wrong without naming them. Exit 2: a usage error."""
+
+    def __init__(self, options: str | tuple[str, ...], message: str, *, exit_code: int = 2) -> None:
+        super().__init__(message, exit_code=exit_code)
+        self.options = (options,) if isinstance(options, str) else options

@@ -20,7 +20,7 @@ from batchrun.engines.registry import (
     engine_help,
     engine_spec,
 )
-from batchrun.workers.devices import worker_envs
+from batchrun.workers.devices import cache_device, worker_envs
 
 
 def test_an_unknown_engine_is_refused_with_one_line() -> None:
@@ -51,13 +51,14 @@ def test_every_entry_resolves_without_importing_vllm() -> None:
     code = (
         "import sys, inspect\n"
         "from batchrun.engines.registry import ENGINES\n"
+        "from batchrun.workers.devices import cache_device\n"
         "for spec in ENGINES.values():\n"
         "    factory = spec.factory()\n"
         "    assert callable(factory), spec\n"
         "    assert list(inspect.signature(factory).parameters) == ['settings'], spec\n"
         "    assert spec.model in ('none', 'huggingface'), spec\n"
         "    assert isinstance(spec.uses_gpus, bool), spec\n"
-        "    assert isinstance(spec.device_key(), str) and spec.device_key(), spec\n"
+        "    assert isinstance(cache_device(spec), str) and cache_device(spec), spec\n"
         "assert 'vllm' not in sys.modules and 'torch' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -69,7 +70,7 @@ def test_each_engine_s_properties(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     echo, vllm = engine_spec("echo"), engine_spec("vllm")
-    assert (echo.model, echo.uses_gpus, echo.device_key()) == ("none", False, "echo")
+    assert (echo.model, echo.uses_gpus, cache_device(echo)) == ("none", False, "echo")
     assert (vllm.model, vllm.uses_gpus, vllm.cache_device) == ("huggingface", True, None)
     assert EngineSettings(engine="echo").spec is echo
     # Echo takes no GPU: `--workers` processes, whatever GPUs are named.

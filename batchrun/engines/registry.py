@@ -12,12 +12,11 @@ Adding an engine is one entry here (and its module under `batchrun/engines/`).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from batchrun.config import EngineSettings
+from batchrun.errors import OptionError
 
 # How an engine's model is prepared before its workers start:
 # "none": the engine loads no model; --served-model-name, else --model if given (a path's name, or
@@ -26,10 +25,6 @@ if TYPE_CHECKING:
 #   or downloaded; a local Hugging Face model directory; a .gguf file or the embedded default
 #   model, converted once in a child process.
 ModelSource = Literal["none", "huggingface"]
-
-
-# config.DEFAULT_MAX_BATCH (config imports this module, so the value is repeated, not imported).
-_CPU_BATCH_CEILING = 256
 
 
 @dataclass(frozen=True)
@@ -53,10 +48,10 @@ class EngineSpec:
     # None: the engine splits no reasoning, and takes any name.
     reasoning_parsers_path: str | None = None
 
-    def factory(self) -> Callable[[EngineSettings], Any]:
+    def factory(self) -> Callable[[Any], Any]:
         """The engine's class (imports its module: call it in a worker, never in the CLI)."""
         module, _, attribute = self.factory_path.partition(":")
-        found: Callable[[EngineSettings], Any] = getattr(importlib.import_module(module), attribute)
+        found: Callable[[Any], Any] = getattr(importlib.import_module(module), attribute)
         return found
 
     def check_reasoning_parser(self, name: str) -> None:
@@ -71,31 +66,11 @@ class EngineSpec:
         except ImportError:  # the engine's package is not here: its worker will say so
             return
         if name not in names:
-            from batchrun.config import OptionError
-
             raise OptionError(
                 "--reasoning-parser",
                 f"names no reasoning parser of {self.name}'s, got {name!r}; it has "
                 f"{', '.join(names)}",
             )
-
-    def device_key(self, envs: Sequence[Mapping[str, str]] = ()) -> str:
-        """The device part of the batch-size cache key for this engine, on workers with
-        environments `envs` (the GPUs each one's CUDA_VISIBLE_DEVICES names)."""
-        if self.cache_device is not None:
-            return self.cache_device
-        from batchrun.workers.devices import device_key
-
-        return device_key(envs)
-
-    def batch_ceiling(self, envs: Sequence[Mapping[str, str]] = ()) -> int:
-        """The top of the batch-size search when --max-batch-size is left out: vLLM's own
-        default for the workers' GPUs (1024 on an H100), else 256."""
-        if not self.uses_gpus:
-            return _CPU_BATCH_CEILING
-        from batchrun.workers.devices import batch_ceiling
-
-        return batch_ceiling(envs)
 
 
 _SPECS = (
@@ -127,8 +102,6 @@ def engine_spec(name: object) -> EngineSpec:
     """The engine called `name`; an OptionError naming --engine when there is none."""
     spec = ENGINES.get(name) if isinstance(name, str) else None
     if spec is None:
-        from batchrun.config import OptionError
-
         raise OptionError("--engine", f"must be one of {', '.join(ENGINE_NAMES)}, got {name!r}")
     return spec
 

@@ -30,6 +30,7 @@ from batchrun.run.planner import plan
 from batchrun.run.scheduler import Scheduler
 from batchrun.run.source import InputIndex, requests
 from batchrun.run.tuning import cached_size, lower_size, remember_size, search_batch_size
+from batchrun.workers.devices import cache_device, search_ceiling
 from batchrun.workers.plan import plan_workers
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def run_job(
         settings, ray=options.ray, gpus=options.gpus, workers=options.workers, logs=paths.logs
     )
     # Cached batch sizes are the workers' devices' (their GPUs' model, memory, MIG profile).
-    device = settings.spec.device_key(envs)
+    device = cache_device(settings.spec, envs)
     requests_total = manifest.requests
     if mode == "retry":
         failed_ids = {cid for cid, last in state.last.items() if last != OK}
@@ -262,7 +263,7 @@ def _choose_size(
         return
     top = options.max_batch
     if top is None:  # by device: vLLM's own default for the workers' GPUs, at least the floor
-        top = max(options.min_batch, settings.spec.batch_ceiling(envs))
+        top = max(options.min_batch, search_ceiling(settings.spec, envs))
     reporter.event(
         f"searching for the batch size between {options.min_batch} and {top} "
         "(the probes run this job's own requests)"

@@ -35,6 +35,7 @@ from batchrun.run.source import InputIndex, requests
 from batchrun.run.tuning import cached_size, lower_size
 from batchrun.serve.batches import QueueOrder
 from batchrun.serve.jobview import JobFacts, job_facts
+from batchrun.workers.devices import cache_device, search_ceiling
 from batchrun.workers.plan import plan_workers
 from batchrun.workers.process import Worker
 
@@ -263,12 +264,12 @@ def build_pool(
     )
     pool = SharedScheduler(settings, envs, jobs, reporter, worker_class, on_results)
     pool.job_dir = root
-    device = settings.spec.device_key(envs)  # the workers' GPUs (or cpu)
+    device = cache_device(settings.spec, envs)  # the workers' GPUs (or cpu)
     pool.resize(
         options.batch_size
         or cached_size(settings, device)
         or options.max_batch
-        or settings.spec.batch_ceiling(envs)
+        or search_ceiling(settings.spec, envs)
     )
     pool.on_back_off = lambda size: lower_size(settings, device, size)
     if options.cache_dir is not None:  # answers reused across batches and jobs (--cache-dir)

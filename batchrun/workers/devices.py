@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from batchrun.engines.registry import engine_spec
+from batchrun.engines.registry import EngineSpec, engine_spec
 from batchrun.errors import BatchrunError
 from batchrun.workers import nvidia
 from batchrun.workers.cpu_claims import hold_claim, live_claims, release_claim
@@ -305,6 +305,18 @@ def worker_envs(
         return cpu_worker_envs(workers or 1, job=job)
     layout = group_gpus(picked, tensor_parallel_size, workers)
     return [gpu_env(g) for g in layout.groups]
+
+
+def cache_device(spec: EngineSpec, envs: Sequence[Mapping[str, str]] = ()) -> str:
+    """The device part of the batch-size cache key for engine `spec` on workers with
+    environments `envs`: the engine's own when it names one, else the workers' GPUs (or cpu)."""
+    return spec.cache_device if spec.cache_device is not None else device_key(envs)
+
+
+def search_ceiling(spec: EngineSpec, envs: Sequence[Mapping[str, str]] = ()) -> int:
+    """The top of the batch-size search for engine `spec` when --max-batch-size is left out:
+    vLLM's own default for the workers' GPUs (1024 on an H100), else 256."""
+    return batch_ceiling(envs) if spec.uses_gpus else DEFAULT_MAX_NUM_SEQS
 
 
 def device_key(envs: Sequence[Mapping[str, str]]) -> str:
