@@ -14,10 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import pytest
+
 from batchrun.config import EngineSettings
 from batchrun.job.journal import JournalWriter, read_records
 from batchrun.job.state import JobState
 from batchrun.openai.records import CHAT, Outcome, Request
+from batchrun.run import admission as admission_module
 from batchrun.run.admission import Admission, KvCache
 from batchrun.run.dedup import Duplicates
 from batchrun.run.planner import order_window, plan, prompt_text
@@ -367,23 +370,43 @@ class KvWorker(Worker):
         self.process = None
 
 
-def test_the_scheduler_holds_no_more_documents_than_the_cache_holds(tmp_path: Path) -> None:
-    requests = documents(10, 6)  # ~600-token documents
-    KvWorker.tokens, KvWorker.held_docs = 1600, []
+@pytest.fixture
+def rule_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The admission rule switched on (admission.ENABLED: off by default, see there)."""
+    monkeypatch.setattr(admission_module, "ENABLED", True)
+
+
+def run_kv_workers(tmp_path: Path, requests: list[Request]) -> Scheduler:
+    """Run `requests` planned (--order auto) through the scheduler and one KvWorker."""
     settings = EngineSettings(engine="vllm", max_num_seqs=64, window=64)
-    events = Events()
     with JournalWriter(tmp_path / "journal.jsonl") as journal:
-        scheduler = Scheduler(settings, [{}], journal, JobState(), events, KvWorker)
+        scheduler = Scheduler(settings, [{}], journal, JobState(), Events(), KvWorker)
         scheduler.duplicates = Duplicates()  # --order auto
         scheduler.run(plan(iter(requests), "auto", scheduler.duplicates))
         scheduler.close()
+    ids = [r["custom_id"] for r in read_records(tmp_path / "journal.jsonl")]
+    assert sorted(ids) == sorted(r.custom_id for r in requests)  # each answered once
+    return scheduler
+
+
+def test_by_default_a_worker_gets_the_plan_as_before(tmp_path: Path) -> None:
+    KvWorker.tokens, KvWorker.held_docs = 1600, []
+    scheduler = run_kv_workers(tmp_path, documents(10, 6))
+    assert scheduler.admission is None
+    assert max(KvWorker.held_docs) == 10  # the whole plan at once: vLLM packs it itself
+
+
+@pytest.mark.usefixtures("rule_on")
+def test_the_scheduler_holds_no_more_documents_than_the_cache_holds(tmp_path: Path) -> None:
+    requests = documents(10, 6)  # ~600-token documents
+    KvWorker.tokens, KvWorker.held_docs = 1600, []
+    scheduler = run_kv_workers(tmp_path, requests)
     assert scheduler.admission is not None
     assert max(KvWorker.held_docs) <= 2  # two documents' prefixes and questions fit, not three
     assert scheduler.worker_info["0"]["kv_cache_tokens"] == 1600
-    ids = [r["custom_id"] for r in read_records(tmp_path / "journal.jsonl")]
-    assert sorted(ids) == sorted(r.custom_id for r in requests)  # each answered once
 
 
+@pytest.mark.usefixtures("rule_on")
 def test_the_echo_engine_gets_the_plan_order_with_no_limit_said_once(tmp_path: Path) -> None:
     requests = documents(6, 5, alone=7)
     record = tmp_path / "received.txt"

@@ -28,9 +28,8 @@ import queue
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
@@ -39,10 +38,12 @@ from batchrun.job.journal import JournalWriter, plain_result
 from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.state import JobState
 from batchrun.openai.records import Outcome, Request
+from batchrun.run import admission as admission_rule
 from batchrun.run.admission import Admission, KvCache
 from batchrun.run.answer_cache import AnswerCache
 from batchrun.run.dedup import Duplicates
 from batchrun.run.poison import Isolator
+from batchrun.run.reporting import Reporter, RunStats
 from batchrun.run.watchdog import HangPolicy, Watchdog
 from batchrun.workers.child import GC_THRESHOLD
 from batchrun.workers.process import Worker
@@ -75,37 +76,6 @@ def fewer_collections() -> Iterator[None]:
 def held_at_most(window: int) -> int:
     """The most requests a worker with this window holds at once: the window plus prefetch."""
     return window + min(MAX_PREFETCH, max(4, window))
-
-
-class Reporter(Protocol):
-    """What the scheduler tells the person watching."""
-
-    def event(self, message: str) -> None:
-        """Something happened that a person should see (a worker started, died, backed off)."""
-        ...
-
-    def advance(self, outcomes: Sequence[Outcome]) -> None:
-        """These outcomes were journaled."""
-        ...
-
-
-@dataclass
-class RunStats:
-    """What one run of the scheduler did."""
-
-    outcomes: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    seconds: float = 0.0
-    oom: bool = False
-    crashed: int = 0
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Generated tokens per second of this run."""
-        return self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
 class Scheduler(HangPolicy):
@@ -294,7 +264,7 @@ class Scheduler(HangPolicy):
         reports no KV cache: said once)."""
         if self.admission is not None and self.admission.source is source:
             return self.admission
-        if self.duplicates is None or self.live is not None:
+        if not admission_rule.ENABLED or self.duplicates is None or self.live is not None:
             return None  # --order input (no plan to keep to), or serve's live queue
         if w.kv_cache is None:
             if not self._no_kv_said:
