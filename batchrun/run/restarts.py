@@ -50,7 +50,7 @@ from batchrun.workers.process import Worker, WorkerDeath
 if TYPE_CHECKING:
     from batchrun.job.events import EventLog
     from batchrun.metrics.recorder import RunMetrics
-    from batchrun.run.scheduler import Reporter, RunStats
+    from batchrun.run.reporting import Reporter, RunStats
 
 # A worker that dies this many times in a row holding no request and finishing none is given up on.
 MAX_DEATHS_WITHOUT_PROGRESS = 3

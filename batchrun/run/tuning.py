@@ -15,7 +15,8 @@ from batchrun.errors import BatchrunError
 from batchrun.job.files import write_json_atomic
 from batchrun.models import cache_root
 from batchrun.openai.records import POOLING_ENDPOINTS, Request
-from batchrun.run.scheduler import Reporter, Scheduler
+from batchrun.run.reporting import Reporter
+from batchrun.run.scheduler import Scheduler
 from batchrun.run.sizing import BatchSizeSearch, Probe
 
 DEFAULT_MIN_BATCH = 8

@@ -39,7 +39,7 @@ from batchrun.run.restarts import MAX_DEATHS_WITHOUT_PROGRESS, RestartPolicy
 from batchrun.workers.process import Worker, WorkerDeath
 
 if TYPE_CHECKING:
-    from batchrun.run.scheduler import RunStats
+    from batchrun.run.reporting import RunStats
 
 # The watchdog looks at most this often (the scheduler's loop turns far more often).
 CHECK_EVERY_S = 0.25

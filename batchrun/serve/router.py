@@ -30,7 +30,8 @@ from batchrun.run.answer_cache import AnswerCache
 from batchrun.run.dedup import Duplicates
 from batchrun.run.options import RunOptions
 from batchrun.run.planner import plan
-from batchrun.run.scheduler import Reporter, RunStats, Scheduler
+from batchrun.run.reporting import Reporter, RunStats
+from batchrun.run.scheduler import Scheduler
 from batchrun.run.source import InputIndex, requests
 from batchrun.run.tuning import cached_size, lower_size
 from batchrun.serve.batches import QueueOrder
