@@ -11,11 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "batchrun"
 CORE = ("job", "run", "export", "openai")
 
-# Cycles known when this test was written, allowed by name until they are gone: the engine
-# settings, the engine registry and device discovery import each other; the restart policy is a
-# mixin of the scheduler's (and the watchdog sits in the same circle). Each entry is the set of
-# modules of one cycle; a cycle inside one of these sets passes, any other fails. Empty it as
-# they are fixed.
+
 def modules() -> dict[str, Path]:
     """Every module of the package by its dotted name (a package by its own name)."""
     found = {}

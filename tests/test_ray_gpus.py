@@ -325,3 +325,17 @@ def test_a_placement_group_that_cannot_be_placed_times_out_naming_it(
         "(BATCHRUN_START_TIMEOUT) to wait longer" in r.stderr
     ), r.stderr[-3000:]
     assert "Traceback" not in r.stderr
+
+
+def test_the_size_cache_key_of_actors_is_the_clusters_gpus_not_the_drivers() -> None:
+    """Under Ray the batch-size cache is keyed by the GPU models Ray found on the cluster's nodes
+    (and the GPUs per actor), never by the driver's first GPU."""
+    from batchrun.workers.devices import DEVICE_KEY_ENV, device_key
+    from batchrun.workers.ray import cluster_device_key
+
+    resources = {"CPU": 64.0, "GPU": 8.0, "accelerator_type:H100": 2.0}
+    assert cluster_device_key(resources, 2) == "ray:cuda:H100 x2"
+    assert cluster_device_key({"CPU": 8.0, "GPU": 1.0}, 1) == "ray:cuda:gpu"
+    assert cluster_device_key({"CPU": 8.0}, 1) == "cpu"
+    key = cluster_device_key(resources, 1)
+    assert device_key([{DEVICE_KEY_ENV: key}, {DEVICE_KEY_ENV: key}]) == "ray:cuda:H100"

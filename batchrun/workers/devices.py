@@ -307,6 +307,10 @@ def worker_envs(
     return [gpu_env(g) for g in layout.groups]
 
 
+# A worker's device for the batch-size cache when the parent cannot see it (a Ray actor's).
+DEVICE_KEY_ENV = "BATCHRUN_DEVICE_KEY"
+
+
 def cache_device(spec: EngineSpec, envs: Sequence[Mapping[str, str]] = ()) -> str:
     """The device part of the batch-size cache key for engine `spec` on workers with
     environments `envs`: the engine's own when it names one, else the workers' GPUs (or cpu)."""
@@ -322,8 +326,8 @@ def search_ceiling(spec: EngineSpec, envs: Sequence[Mapping[str, str]] = ()) -> 
 def device_key(envs: Sequence[Mapping[str, str]]) -> str:
     """The device part of the batch-size cache key of workers with environments `envs`: the
     model, memory and MIG profile of the GPUs each worker's CUDA_VISIBLE_DEVICES names ("cpu"
-    for workers with none). A worker env with no CUDA_VISIBLE_DEVICES of its own (a Ray actor)
-    is keyed by this process's first visible GPU."""
+    for workers with none). A Ray actor's env names its key (DEVICE_KEY_ENV: its cluster's GPUs);
+    any other env with no CUDA_VISIBLE_DEVICES is keyed by this process's first visible GPU."""
     keys: list[str] = []
     for env in envs or [{}]:
         key = _worker_key(env)
@@ -362,6 +366,8 @@ def _worker_gpus(env: Mapping[str, str]) -> list[Gpu]:
 
 
 def _worker_key(env: Mapping[str, str]) -> str:
+    if DEVICE_KEY_ENV in env:  # a Ray actor's: its cluster's GPUs (workers/plan.py)
+        return env[DEVICE_KEY_ENV]
     gpus = _worker_gpus(env)
     if not gpus:
         return "cpu"

@@ -6,7 +6,7 @@ import contextlib
 from pathlib import Path
 
 from batchrun.config import EngineSettings
-from batchrun.workers.devices import worker_envs
+from batchrun.workers.devices import DEVICE_KEY_ENV, worker_envs
 from batchrun.workers.process import Worker
 
 
@@ -23,11 +23,14 @@ def plan_workers(
     if ray:
         from batchrun.workers import ray as ray_backend
 
-        ray_backend.connect(ray, workers)
+        resources = ray_backend.connect(ray, workers)
         # Per node: a tensor-parallel group never spans nodes.
         gpus_per_node = ray_backend.node_gpus()
-        count = ray_backend.actor_count(gpus_per_node, settings.tensor_parallel_size, workers)
-        return ray_backend.RayWorker, [{} for _ in range(count)]
+        tp = settings.tensor_parallel_size
+        count = ray_backend.actor_count(gpus_per_node, tp, workers)
+        # The actors' devices are the cluster's, not this machine's (devices.device_key).
+        key = ray_backend.cluster_device_key(resources, tp)
+        return ray_backend.RayWorker, [{DEVICE_KEY_ENV: key} for _ in range(count)]
     job = str(logs.parent.resolve())
     envs = worker_envs(
         settings.engine, gpus, settings.tensor_parallel_size, workers, job, device=settings.device

@@ -91,6 +91,17 @@ def connect(address: str, workers: int | None) -> dict[str, float]:
     return resources
 
 
+def cluster_device_key(resources: Mapping[str, float], tensor_parallel_size: int) -> str:
+    """The batch-size cache key's device for actors on a cluster with `resources`: the GPU
+    models Ray found on its nodes (its accelerator_type resources) and the GPUs per actor, never
+    the driver's own device; "cpu" for a cluster without GPUs."""
+    if resources.get("GPU", 0) <= 0:
+        return "cpu"
+    kinds = sorted(k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:"))
+    tp = max(1, tensor_parallel_size)
+    return f"ray:cuda:{'+'.join(kinds) or 'gpu'}" + (f" x{tp}" if tp > 1 else "")
+
+
 def shutdown() -> None:
     """Disconnect from Ray (stops a local instance this process started)."""
     ray = import_ray()
