@@ -288,3 +288,21 @@ def test_a_transcription_of_a_changed_file_is_not_a_duplicate(tmp_path: Path) ->
     assert first is not None and first == dedup_key(_request({**line, "custom_id": "b"}))
     path.write_bytes(wav_bytes(0.2, 440))
     assert dedup_key(_request(line)) != first
+
+
+def test_the_echo_engine_answers_audio_lines_in_the_transcription_shape() -> None:
+    """A dry run of a transcription file shows OpenAI's transcription body (the line's prompt as
+    its text, no audio decoded), not a text completion."""
+    from batchrun.config import EngineSettings
+    from batchrun.engines.echo import EchoEngine
+    from batchrun.openai.records import TRANSCRIPTIONS, TRANSLATIONS, Request
+
+    engine = EchoEngine(EngineSettings(engine="echo"))
+    body = {"file_url": "data:audio/wav;base64,UklGRg==", "prompt": "a tone"}
+    engine.add(Request("t", 1, TRANSCRIPTIONS, body))
+    engine.add(Request("u", 2, TRANSLATIONS, body))
+    out = {o.custom_id: o.body for o in engine.step()}
+    assert out == {
+        "t": {"text": "a tone", "usage": {"type": "duration", "seconds": 0}},
+        "u": {"text": "a tone"},
+    }

@@ -9,7 +9,8 @@ Embeddings requests get a deterministic unit vector of `ECHO_DIMENSIONS` floats 
 from a hash of the input (``dimensions`` up to that size keeps the first values, renormalised).
 Score and rerank requests get the cosine similarity of the two texts' word counts (runs of
 letters and digits, lowercased, each word a token; the truncation fields cut words), so identical texts score 1 and
-texts with no word in common 0. With ``logprobs`` each whitespace-separated word is a token of
+texts with no word in common 0. Audio lines (transcriptions, translations) get OpenAI's
+transcription shape with the line's ``prompt`` as the text (the audio is not decoded). With ``logprobs`` each whitespace-separated word is a token of
 logprob 0. A forced tool call
 (``tool_choice`` "required" or a named function) is answered with that call (for "required", of
 the first tool) with empty arguments ``{}``. With ``--reasoning-parser`` (any name), a
@@ -59,7 +60,16 @@ from batchrun.openai.params import (
     sampling,
     score_params,
 )
-from batchrun.openai.records import CHAT, EMBEDDINGS, RESPONSES, SCORING_URLS, Outcome, Request
+from batchrun.openai.records import (
+    AUDIO_ENDPOINTS,
+    CHAT,
+    EMBEDDINGS,
+    RESPONSES,
+    SCORING_URLS,
+    TRANSCRIPTIONS,
+    Outcome,
+    Request,
+)
 from batchrun.openai.responses import (
     Choice,
     TokenLogprob,
@@ -229,6 +239,8 @@ class EchoEngine:
             return self._embed(request, latency_s)
         if request.url in SCORING_URLS:
             return self._score(request, latency_s)
+        if request.url in AUDIO_ENDPOINTS:
+            return _speech(request, latency_s)
         params = sampling(request)
         prompt = echo_text(request)
         prompt_words = len(prompt.split())
@@ -333,6 +345,24 @@ class EchoEngine:
         self._hung.clear()
         if self._record is not None:
             self._record.close()
+
+
+def _speech(request: Request, latency_s: float) -> Outcome:
+    """A transcription or translation in OpenAI's shape, without decoding the audio: the text is
+    the line's `prompt` (empty without one), the duration 0 seconds."""
+    text = str(request.body.get("prompt") or "")
+    body: dict[str, Any] = {"text": text}
+    if request.url == TRANSCRIPTIONS:
+        body["usage"] = {"type": "duration", "seconds": 0}
+    return Outcome(
+        custom_id=request.custom_id,
+        ok=True,
+        status_code=200,
+        body=body,
+        prompt_tokens=0,
+        completion_tokens=len(text.split()),
+        latency_s=latency_s,
+    )
 
 
 def echo_vector(item: str | list[int], size: int = ECHO_DIMENSIONS) -> list[float]:
