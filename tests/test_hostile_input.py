@@ -265,7 +265,7 @@ def test_ids_are_data_not_paths(hostile: dict[str, Any]) -> None:
         "sandbox/jobs/hostile",
         *(f"sandbox/jobs/hostile/{n}" for n in
           ("manifest.json", "journal.jsonl", "lock", "output.jsonl", "errors.jsonl", "logs",
-           "logs/worker-0.log")),
+           "logs/worker-0.log", "summary.json", "events.jsonl")),
         "peak_kb",
     }  # fmt: skip
     assert created <= allowed, sorted(created - allowed)

@@ -113,6 +113,10 @@ def test_a_gpu_workers_processes_run_without_the_parents_cpu_tuning(
 ) -> None:
     """A real worker process given a GPU: what its engine's processes inherit (read from a rank's
     /proc/PID/environ) has the CUDA settings and none of the parent's CPU variables."""
+    # Settings another test in this process may have left in os.environ (an in-process Ray
+    # actor sets its log level) would count as the user's own, which win.
+    for name in platform_env.platform_settings("cuda") | platform_env.platform_settings("cpu"):
+        monkeypatch.delenv(name, raising=False)
     for name, value in PARENT.items():
         if name != "PATH":
             monkeypatch.setenv(name, value)

@@ -13,6 +13,7 @@ import pytest
 
 from batchrun.openai.reader import read_input
 from batchrun.openai.records import CHAT, COMPLETIONS, LineError, Request
+from batchrun.openai.routing import KnownModels
 from batchrun.run import source
 from batchrun.run.source import InputIndex, fast_requests, requests
 
@@ -138,9 +139,9 @@ def test_a_change_the_stats_miss_hands_over_at_the_first_surprise(
     index = indexed(path)
     calls: list[Path] = []
 
-    def counted(p: Path) -> Iterator[Request | LineError]:
+    def counted(p: Path, known: KnownModels | None = None) -> Iterator[Request | LineError]:
         calls.append(p)
-        return read_input(p)
+        return read_input(p, known)
 
     monkeypatch.setattr(source, "read_input", counted)
     for changed in (
@@ -211,9 +212,9 @@ def test_submit_runs_its_passes_without_validating_again(
     calls: list[Path] = []
     real = source.read_input
 
-    def counted(p: Path) -> Iterator[Request | LineError]:
+    def counted(p: Path, known: KnownModels | None = None) -> Iterator[Request | LineError]:
         calls.append(p)
-        return real(p)
+        return real(p, known)
 
     monkeypatch.setattr(source, "read_input", counted)
     monkeypatch.setenv("BATCHRUN_ECHO_FAIL", "c")  # a 500 every time: two retry passes
