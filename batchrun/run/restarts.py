@@ -1,6 +1,7 @@
 """The restart policy: what happens to a dead worker and to the requests it held.
 
-Mixed into the Scheduler (run/scheduler.py), whose state it works on.
+An object the Scheduler (run/scheduler.py) holds and calls; it works on the scheduler's state
+(its workers, pending requests, suspects, journal), which `PolicyHost` names.
 
 - A death during start-up is answered by its cause (engines/startup.py): too little free memory
   waits and starts again at the same batch size (at most `MAX_STARTS` starts), then gives up
@@ -27,7 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from batchrun.console.text import command, plural
 from batchrun.engines import startup
@@ -66,8 +67,8 @@ START_RETRY_WAITS_S = (3.0, 10.0)
 SMALL_OOM = 4
 
 
-class RestartPolicy:
-    """Dead workers: back off, isolate, or give up (the Scheduler supplies the state below)."""
+class PolicyHost(Protocol):
+    """What the restart policy works on: the scheduler's state, and its journal."""
 
     workers: list[Worker]
     pending: deque[Request]
@@ -78,29 +79,38 @@ class RestartPolicy:
     metrics: RunMetrics | None
     events: EventLog | None
 
-    def _record(self, outcome: Outcome, request: Request, index: int) -> ResultRecord:
-        raise NotImplementedError  # the Scheduler's
+    def record_outcome(self, outcome: Outcome, request: Request, index: int) -> ResultRecord:
+        """The journal record of one outcome, counted in the job's state."""
+        ...
 
-    def _journal(
+    def journal_records(
         self,
         records: list[ResultRecord],
         outcomes: list[Outcome],
         stats: RunStats,
         plain: bool = False,
     ) -> None:
-        raise NotImplementedError  # the Scheduler's
+        """Append records to the journal and count their outcomes."""
+        ...
 
-    def _requeue(self, w: Worker) -> int:
+
+class RestartPolicy:
+    """Dead workers: back off, isolate, or give up."""
+
+    def __init__(self, host: PolicyHost) -> None:
+        self.host = host
+
+    def requeue(self, w: Worker) -> int:
         """Put back what `w` held, untested: suspects stay suspects, the rest go back to pending."""
         held = w.take_inflight()
         if w.isolating is not None:
-            self.isolator.put_back(dataclasses.replace(w.isolating, requests=held))
+            self.host.isolator.put_back(dataclasses.replace(w.isolating, requests=held))
             w.isolating = None
         else:
-            self.pending.extendleft(reversed(held))
+            self.host.pending.extendleft(reversed(held))
         return len(held)
 
-    def _on_death(
+    def on_death(
         self, w: Worker, stats: RunStats, stop_on_oom: bool
     ) -> list[tuple[Outcome, Request]]:
         """Deal with a dead worker; return the failed outcomes of requests found to crash it."""
@@ -138,14 +148,14 @@ class RestartPolicy:
         if kind is StartKind.OOM:
             self._back_off(w, death, stats, stop_on_oom, start_cause=cause)
             return
-        self._requeue(w)
+        self.requeue(w)
         w.stop(timeout=5)
         said = startup.first_sentence(cause.message)
         if kind is StartKind.MAX_MODEL_LEN:
-            self._give_up(w, _max_model_len_advice(w, cause, said))
+            self.give_up(w, _max_model_len_advice(w, cause, said))
             return
         if kind is StartKind.NO_KV_CACHE:
-            self._give_up(w, _no_kv_cache_advice(w, said))
+            self.give_up(w, _no_kv_cache_advice(w, said))
             return
         w.start_failures += 1
         if w.start_failures < MAX_STARTS:
@@ -155,16 +165,16 @@ class RestartPolicy:
                 StartKind.FREE_MEMORY: "not enough free memory",
                 StartKind.TRANSIENT: "a failure that usually passes",
             }.get(kind, "the engine failed to start")
-            self.reporter.event(
+            self.host.reporter.event(
                 f"{w.label} could not start ({why}: {said}); starting it again in {wait:g}s at "
                 f"batch size {w.settings.window} (start {w.start_failures + 1} of {MAX_STARTS})"
             )
             return
         if kind is StartKind.FREE_MEMORY:
-            self._give_up(w, _free_memory_advice(w, said))
+            self.give_up(w, _free_memory_advice(w, said))
             return
         rank = " (read from its log)" if cause.from_log else ""
-        self._give_up(
+        self.give_up(
             w,
             f"the engine failed to start {MAX_STARTS} times in a row: "
             f"{' '.join(cause.message.split())}{rank}",
@@ -179,7 +189,7 @@ class RestartPolicy:
         start_cause: StartFailure | None,
     ) -> None:
         """Out of memory for the batch's size: the requests back to pending, half the size."""
-        requeued = self._requeue(w)
+        requeued = self.requeue(w)
         w.stop(timeout=5)
         back = (
             f"; {plural(requeued, 'in-flight request')} go{'es' if requeued == 1 else ''} "
@@ -194,23 +204,25 @@ class RestartPolicy:
             if start_cause is not None and start_cause.from_log
             else ""
         )
-        self.reporter.event(f"{w.label} ran out of memory at batch size {size}{where}{rank}{back}")
+        self.host.reporter.event(
+            f"{w.label} ran out of memory at batch size {size}{where}{rank}{back}"
+        )
         if stop_on_oom:
             stats.oom = True
             return
         smaller = back_off(size)
         if smaller is None:
-            self._give_up(w, f"out of memory even at batch size 1 ({death.message})")
+            self.give_up(w, f"out of memory even at batch size 1 ({death.message})")
             return
-        self.reporter.event(f"{w.label}: backing off, batch size {size} -> {smaller}")
+        self.host.reporter.event(f"{w.label}: backing off, batch size {size} -> {smaller}")
         w.settings.window = smaller
         w.settings.max_num_seqs = smaller
-        if self.metrics is not None:
-            self.metrics.backed_off()
-        if self.events is not None:
-            self.events.write("oom_backoff", worker=w.index, batch_size=smaller)
-        if self.on_back_off is not None:
-            self.on_back_off(smaller)
+        if self.host.metrics is not None:
+            self.host.metrics.backed_off()
+        if self.host.events is not None:
+            self.host.events.write("oom_backoff", worker=w.index, batch_size=smaller)
+        if self.host.on_back_off is not None:
+            self.host.on_back_off(smaller)
 
     def _isolate(
         self, w: Worker, death: WorkerDeath, stats: RunStats
@@ -224,16 +236,16 @@ class RestartPolicy:
         _log_death(w, death, held)
         if not held:
             w.deaths_without_progress = 0 if progressed else w.deaths_without_progress + 1
-            self.reporter.event(f"{w.label} died: {death.message}; starting a fresh one")
+            self.host.reporter.event(f"{w.label} died: {death.message}; starting a fresh one")
             if w.deaths_without_progress >= MAX_DEATHS_WITHOUT_PROGRESS:
-                self._give_up(
+                self.give_up(
                     w,
                     f"the engine worker died {MAX_DEATHS_WITHOUT_PROGRESS} times in a row "
                     f"without finishing a request (last: {death.message})",
                 )
             return []
         w.deaths_without_progress = 0
-        iso = self.isolator
+        iso = self.host.isolator
         code = REQUEST_OOM if death.oom else ENGINE_CRASH
         if len(held) == 1:
             request = held[0]
@@ -245,22 +257,24 @@ class RestartPolicy:
                 how = "died"
             iso.on_found()
             cost = f"; finding it took {deaths} restart{'s' if deaths != 1 else ''}"
-            self.reporter.event(
+            self.host.reporter.event(
                 f"{w.label} {how} running request {request.custom_id!r} (line {request.line}) "
                 f"on its own: {death.message}. It is recorded as failed ({code}) "
                 f"and not retried{cost}; the job goes on"
             )
             if iso.engine_looks_broken():
                 # Journaled before giving up, which raises when no other worker is left.
-                self._journal([self._record(outcome, request, w.index)], [outcome], stats)
+                self.host.journal_records(
+                    [self.host.record_outcome(outcome, request, w.index)], [outcome], stats
+                )
                 stats.crashed += 1
-                self._give_up(
+                self.give_up(
                     w,
                     f"{iso.streak} requests in a row crashed the engine worker on their own with "
                     f"none finishing in between, so the engine itself looks broken (last: "
                     f"{death.message}); they are recorded as failed ({code}). Once the "
-                    f"engine is fixed, `{command('resume', self.job_dir)}` runs the rest and "
-                    f"`{command('retry-failed', self.job_dir)}` runs them again",
+                    f"engine is fixed, `{command('resume', self.host.job_dir)}` runs the rest and "
+                    f"`{command('retry-failed', self.host.job_dir)}` runs them again",
                 )
                 return []
             return [(outcome, request)]
@@ -269,17 +283,17 @@ class RestartPolicy:
         bound = restarts_bound(len(held))
         verb = "ran out of memory" if death.oom else "died"
         find = "needs more memory than the engine has" if death.oom else "crashes it"
-        self.reporter.event(
+        self.host.reporter.event(
             f"{w.label} {verb} {how.format(len(held))}: {death.message}. Running them again in "
             f"halves, each alone, to find the one that {find} (at most {bound} more "
             f"restart{'s' if bound != 1 else ''}); starting a fresh worker"
         )
         return []
 
-    def _give_up(self, w: Worker, reason: str) -> None:
+    def give_up(self, w: Worker, reason: str) -> None:
         w.retired = True
-        if any(not other.retired for other in self.workers):
-            self.reporter.event(f"{w.label} retired: {reason}; the other workers go on")
+        if any(not other.retired for other in self.host.workers):
+            self.host.reporter.event(f"{w.label} retired: {reason}; the other workers go on")
             return
         raise BatchrunError(f"{reason}. Everything finished so far is saved")
 

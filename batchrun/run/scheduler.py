@@ -44,6 +44,7 @@ from batchrun.run.answer_cache import AnswerCache
 from batchrun.run.dedup import Duplicates
 from batchrun.run.poison import Isolator
 from batchrun.run.reporting import Reporter, RunStats
+from batchrun.run.restarts import RestartPolicy
 from batchrun.run.watchdog import HangPolicy, Watchdog
 from batchrun.workers.child import GC_THRESHOLD
 from batchrun.workers.process import Worker
@@ -78,7 +79,7 @@ def held_at_most(window: int) -> int:
     return window + min(MAX_PREFETCH, max(4, window))
 
 
-class Scheduler(HangPolicy):
+class Scheduler:
     """Feeds requests to one or more engine workers and journals what comes back."""
 
     def __init__(
@@ -117,6 +118,10 @@ class Scheduler(HangPolicy):
         self._unstored: list[tuple[Outcome, Request]] = []
         # Notices workers gone silent: hung mid-run, or never ready (run/watchdog.py).
         self.watchdog = Watchdog()
+        # What happens to dead and silent workers (run/restarts.py, run/watchdog.py): objects
+        # working on this scheduler's state, which they reach through PolicyHost.
+        self.restarts = RestartPolicy(self)
+        self.hangs = HangPolicy(self, self.restarts, self.watchdog)
         # Told of every dispatch, result and restart, for /metrics (batchrun/metrics); None: off.
         self.metrics: RunMetrics | None = None
         # The job's event log (starts, restarts, back-offs), for `report`; None: none kept.
@@ -153,7 +158,7 @@ class Scheduler(HangPolicy):
                     self.events.write("batch_size", worker=w.index, batch_size=size)
                 continue
             if w.process is not None:
-                self._requeue(w)
+                self.restarts.requeue(w)
                 w.stop()
                 self._stopped_for[w.index] = "resize"
             w.settings.max_num_seqs = size
@@ -253,7 +258,7 @@ class Scheduler(HangPolicy):
             if inflight == 0 and no_more:
                 break
             self._wait(stats, stop_on_oom)
-            self._watch(stats, stop_on_oom)
+            self.hangs.watch(stats, stop_on_oom)
         if busy_since is not None:
             stats.seconds = time.monotonic() - busy_since
         return stats
@@ -327,9 +332,9 @@ class Scheduler(HangPolicy):
                     )
                 if kind == "eof":
                     # Journal what the worker finished before it died, then deal with the death.
-                    self._journal(records, outcomes, stats, plain)
+                    self.journal_records(records, outcomes, stats, plain)
                     records, outcomes, plain = [], [], True
-                    crashed = self._on_death(w, stats, stop_on_oom)
+                    crashed = self.restarts.on_death(w, stats, stop_on_oom)
                     if crashed and self.metrics is not None:
                         self.metrics.results(crashed)
                     plain = self._records(crashed, index, records, outcomes)
@@ -338,12 +343,12 @@ class Scheduler(HangPolicy):
                     # Its engine cannot abort a timed-out request (workers/child.py): it holds
                     # a slot until it finishes, if ever; a fresh engine holds none.
                     self._stopped_for[w.index] = "request_timeout"
-                    self._replace(w, str(payload))
+                    self.hangs.replace(w, str(payload))
             try:
                 item = self.inbox.get_nowait()
             except queue.Empty:
                 break
-        self._journal(records, outcomes, stats, plain)
+        self.journal_records(records, outcomes, stats, plain)
 
     def _records(
         self,
@@ -380,13 +385,13 @@ class Scheduler(HangPolicy):
                 plain = self._records(copies, index, records, outcomes) and plain
         return plain
 
-    def _record(self, outcome: Outcome, request: Request, index: int) -> ResultRecord:
+    def record_outcome(self, outcome: Outcome, request: Request, index: int) -> ResultRecord:
         """The journal record of one outcome, counted in the job's state."""
         records: list[ResultRecord] = []
         self._records([(outcome, request)], index, records, [])
         return records[0]
 
-    def _journal(
+    def journal_records(
         self,
         records: list[ResultRecord],
         outcomes: list[Outcome],
@@ -428,7 +433,7 @@ class Scheduler(HangPolicy):
             records: list[ResultRecord] = []
             outcomes: list[Outcome] = []
             plain = self._records([(h, by_id[h.custom_id]) for h in hits], None, records, outcomes)
-            self._journal(records, outcomes, stats, plain)
+            self.journal_records(records, outcomes, stats, plain)
         return run
 
     def _count(self, outcomes: list[Outcome], stats: RunStats) -> None:
@@ -497,5 +502,5 @@ class Scheduler(HangPolicy):
         """Stop every worker (the requests they held stay pending in the journal's eyes)."""
         for w in self.workers:
             if w.process is not None:
-                self._requeue(w)
+                self.restarts.requeue(w)
                 w.stop(timeout=10)

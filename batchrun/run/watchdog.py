@@ -35,7 +35,7 @@ from batchrun.config import (
     EngineSettings,
 )
 from batchrun.console.text import plural
-from batchrun.run.restarts import MAX_DEATHS_WITHOUT_PROGRESS, RestartPolicy
+from batchrun.run.restarts import MAX_DEATHS_WITHOUT_PROGRESS, PolicyHost, RestartPolicy
 from batchrun.workers.process import Worker, WorkerDeath
 
 if TYPE_CHECKING:
@@ -132,15 +132,18 @@ class Watchdog:
         return found
 
 
-class HangPolicy(RestartPolicy):
+class HangPolicy:
     """Silent workers: a hung one is replaced, its requests back to pending (not an attempt); one
-    that never got ready is a start-up failure (the Scheduler supplies the state)."""
+    that never got ready is a start-up failure (the restart policy's to answer)."""
 
-    watchdog: Watchdog
+    def __init__(self, host: PolicyHost, restarts: RestartPolicy, watchdog: Watchdog) -> None:
+        self.host = host
+        self.restarts = restarts
+        self.watchdog = watchdog
 
-    def _watch(self, stats: RunStats, stop_on_oom: bool) -> None:
+    def watch(self, stats: RunStats, stop_on_oom: bool) -> None:
         """Deal with every worker the watchdog finds silent past its limit."""
-        for stall in self.watchdog.overdue(self.workers):
+        for stall in self.watchdog.overdue(self.host.workers):
             if stall.starting:
                 self._on_start_timeout(stall, stats, stop_on_oom)
             else:
@@ -150,7 +153,7 @@ class HangPolicy(RestartPolicy):
         """Kill a hung worker and put what it held back to pending; a fresh one takes over."""
         w = stall.worker
         progressed = w.results > 0
-        held = self._requeue(w)
+        held = self.restarts.requeue(w)
         what = (
             f"{w.label} hung: no result for {stall.limit:g} s with "
             f"{plural(held, 'request')} in flight"
@@ -160,14 +163,14 @@ class HangPolicy(RestartPolicy):
         # As deaths are: a worker that hangs again and again finishing nothing is given up on.
         w.deaths_without_progress = 0 if progressed else w.deaths_without_progress + 1
         if w.deaths_without_progress >= MAX_DEATHS_WITHOUT_PROGRESS:
-            self._give_up(
+            self.restarts.give_up(
                 w,
                 f"the engine worker hung {MAX_DEATHS_WITHOUT_PROGRESS} times in a row without "
                 f"finishing a request (no result for {stall.limit:g} s each time); if the engine "
                 "is only slow, give it longer with --stall-timeout",
             )
             return
-        self.reporter.event(f"{what}; restarting")
+        self.host.reporter.event(f"{what}; restarting")
 
     def _on_start_timeout(self, stall: Stall, stats: RunStats, stop_on_oom: bool) -> None:
         """A worker that never reported ready: killed, and dealt with as a failed start."""
@@ -182,16 +185,18 @@ class HangPolicy(RestartPolicy):
         )
         _note_in_log(w, f"{w.label} killed: {w.death.message}")
         w.kill()
-        crashed = self._on_death(w, stats, stop_on_oom)
+        crashed = self.restarts.on_death(w, stats, stop_on_oom)
         if crashed:  # none for a start-up failure; journaled all the same if a policy finds one
-            records = [self._record(outcome, request, w.index) for outcome, request in crashed]
-            self._journal(records, [outcome for outcome, _ in crashed], stats)
+            records = [
+                self.host.record_outcome(outcome, request, w.index) for outcome, request in crashed
+            ]
+            self.host.journal_records(records, [outcome for outcome, _ in crashed], stats)
 
-    def _replace(self, w: Worker, reason: str) -> None:
+    def replace(self, w: Worker, reason: str) -> None:
         """Replace a worker that asked for it (its engine cannot abort a timed-out request)."""
-        held = self._requeue(w)
+        held = self.restarts.requeue(w)
         w.kill()
-        self.reporter.event(
+        self.host.reporter.event(
             f"{w.label} restarting: {reason}; {plural(held, 'request')} back to pending"
         )
 

@@ -227,7 +227,7 @@ class SharedScheduler(Scheduler):
                 self.on_results(job, done)
         return True
 
-    def _journal(
+    def journal_records(
         self,
         records: list[ResultRecord],
         outcomes: list[Outcome],
