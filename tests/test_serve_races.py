@@ -13,8 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import chat_line, wait_until, write_jsonl
-from test_serve import API_KEY, Server, start_server, stop_server
+from conftest import chat_line, journal_records, wait_until, write_jsonl
+from test_serve import (
+    API_KEY,
+    Server,
+    create_batch,
+    requests_file,
+    start_server,
+    stop_server,
+    wait_done,
+)
 
 from batchrun.serve.batches import RECORD_NAME
 
@@ -209,5 +217,27 @@ def test_a_cancel_while_finalizing_answers_the_batch_unchanged_and_it_completes(
             "param": None,
             "code": "invalid_state",
         }
+    finally:
+        stop_server(server)
+
+
+def test_results_that_come_back_after_a_cancel_are_dropped(tmp_path: Path) -> None:
+    """Requests in the engine when the batch is cancelled finish after it: they are dropped, not
+    journaled, and the batch ends cancelled with only what finished before the cancel."""
+    server = start_server(tmp_path / "root", env={"BATCHRUN_ECHO_DELAY_MS": "3000"})
+    try:
+        client = server.client()
+        batch = create_batch(client, requests_file(tmp_path / "in.jsonl", 20))
+        wait_until(
+            lambda: client.batches.retrieve(batch.id).status == "in_progress",
+            "the batch is in progress",
+        )
+        time.sleep(0.5)  # dispatched, and 2.5 s from their answers
+        assert client.batches.cancel(batch.id).status == "cancelling"
+        done = wait_done(client, batch.id, timeout=60)
+        assert done.status == "cancelled"
+        assert done.request_counts is not None and done.request_counts.completed == 0
+        job = server.batch_dir(batch.id)
+        assert not (job / "journal.jsonl").exists() or journal_records(job) == []
     finally:
         stop_server(server)

@@ -197,6 +197,11 @@ class SharedScheduler(Scheduler):
             if job is None:  # cannot happen: a job stays open while it has outstanding requests
                 self.reporter.event(f"dropped {len(group)} results of an unknown batch slot {slot}")
                 continue
+            if job.stop == "cancelled":
+                # Sent before the cancel, back after it: dropped, as OpenAI's cancel promises
+                # (what was journaled before it stays in the output; nothing after it is added).
+                job.outstanding -= len(group)
+                continue
             # The requests out are the group's; the copies answered for the duplicates held back
             # (run/dedup.py) were never out, and go into the same journal append.
             out = len(group)
