@@ -1,4 +1,4 @@
-"""How CPU engine workers share the machine's cores (workers/devices.py)."""
+"""How CPU engine workers share the machine's cores (workers/cpu_layout.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from batchrun.workers.cpu_claims import CLAIMS_ENV, live_claims, release_claim
-from batchrun.workers.devices import cpu_worker_envs, physical_cores
+from batchrun.workers.cpu_layout import cpu_worker_envs, physical_cores
 
 
 def _topology(root: Path, cores: dict[int, tuple[int, int]]) -> str:
