@@ -1,6 +1,6 @@
 """Which CPU cores other batchrun jobs on this machine run their models on.
 
-A job whose model runs on the CPU pins its workers to cores (workers/devices.py). Two such jobs
+A job whose model runs on the CPU pins its workers to cores (workers/cpu_layout.py). Two such jobs
 on one machine would pin to the same cores, and OpenMP threads that wait for each other at every
 layer stall when another process takes their core. So each job holds a claim: a small file
 naming its cores, locked (flock) for as long as its process lives. A job starting next picks the
