@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import re
 import shlex
 import stat
 from collections.abc import Callable, Iterator
@@ -20,6 +19,12 @@ from typing import Any
 import msgspec
 
 from batchrun.errors import BatchrunError
+from batchrun.openai.duplicate_keys import (
+    NonStandardNumber,
+    duplicate_key,
+    duplicate_message,
+    reject_constant,
+)
 from batchrun.openai.invalid import InvalidLine, json_type
 from batchrun.openai.records import LineError, Request
 from batchrun.openai.routing import MODEL_NOT_FOUND, KnownModels
@@ -34,17 +39,9 @@ HASH_BLOCK = 1 << 20
 WHITESPACE = b" \t\r\n\x0b\x0c"
 
 
-class _NonStandardNumber(ValueError):
-    """NaN / Infinity: Python's json accepts them, JSON (and the OpenAI API) does not."""
-
-
-def _reject_constant(name: str) -> Any:
-    raise _NonStandardNumber(f"{name} is not a valid JSON number")
-
-
 # Built once: json.loads with any keyword argument constructs a new decoder on every call,
 # which costs about a third of the time a short line takes.
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_DECODER = json.JSONDecoder(parse_constant=reject_constant)
 # The decoder's own scanner (set in JSONDecoder.__init__ since Python 2.6; typeshed omits it).
 _SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 JSON_WHITESPACE = " \t\r\n"
@@ -124,7 +121,7 @@ def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request
                 not fast and has_surrogate_escape(raw) is not None and may_hold_lone_surrogate(raw)
             )
             # Before `raw` goes: a key given twice is found in the line's text (parsers keep the last).
-            duplicate = _duplicate_key(raw, obj) if isinstance(obj, dict) else None
+            duplicate = duplicate_key(raw, obj) if isinstance(obj, dict) else None
             del raw  # not held (a 50 MB line: 50 MB) while the consumer works on this line
             if isinstance(obj, _Unparsable):
                 yield LineError(lineno, obj.custom_id, "invalid_json", obj.message)
@@ -140,7 +137,7 @@ def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request
                 continue
             custom_id: str | None = None
             if duplicate == ("", "custom_id"):  # which of the two is the line's? Neither is named.
-                yield LineError(lineno, None, "duplicate_key", _duplicate_message(*duplicate))
+                yield LineError(lineno, None, "duplicate_key", duplicate_message(*duplicate))
                 continue
             try:
                 custom_id = check_custom_id(obj)
@@ -159,7 +156,7 @@ def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request
                 seen[custom_id] = lineno
                 if duplicate is not None:
                     yield LineError(
-                        lineno, custom_id, "duplicate_key", _duplicate_message(*duplicate)
+                        lineno, custom_id, "duplicate_key", duplicate_message(*duplicate)
                     )
                     continue
                 check_method(obj)
@@ -192,103 +189,6 @@ def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request
                     )
                     continue
             yield Request(custom_id, lineno, url, body)
-
-
-# _key_ends: JSON's whitespace, one byte each (b"" is not in it: the end of the line stops the
-# walk), and the most quotes walked before parsing the line again costs less.
-_WHITESPACE = frozenset((b" ", b"\t", b"\r", b"\n"))
-_MAX_QUOTES = 512
-_SEARCHED_LINE = 16384  # bytes: past it, hopping from quote to quote is the cheaper
-_KEY_END = re.compile(rb'"[ \t\r\n]*:')
-_CONTAINERS = (dict, list)
-
-
-def _duplicate_key(raw: bytes, obj: dict[str, Any]) -> tuple[str, str] | None:
-    """The first key given twice in the line's object or in its body, as (where, key): where is
-    "" for the line, "body." for the body. None when every key there is given once.
-
-    JSON parsers keep the last of two equal keys silently; which one the user meant is unknown,
-    so the line is refused. The quick test (nearly every line): the quotes followed by a colon,
-    which are at least the keys written in the line, number no more than the keys the parsed
-    line holds; otherwise the line is parsed again, keeping every pair.
-    """
-    if _key_ends(raw) == _keys_held(obj):
-        return None
-    twice: dict[int, str] = {}  # id() of an object -> its first key given twice
-
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        made = dict(items)
-        if len(made) != len(items):  # rare: name the first key given twice
-            seen: set[str] = set()
-            twice[id(made)] = next(k for k, _ in items if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        return made
-
-    try:
-        text = raw.decode("utf-8").lstrip("\ufeff")
-        again = json.loads(text, object_pairs_hook=pairs, parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
-        return None  # (not reached: the line parsed once already)
-    if id(again) in twice:
-        return "", twice[id(again)]
-    inner = again.get("body") if isinstance(again, dict) else None
-    if isinstance(inner, dict) and id(inner) in twice:
-        return "body.", twice[id(inner)]
-    return None
-
-
-def _key_ends(raw: bytes) -> int | None:
-    """How many quotes in the line are followed (after any whitespace) by a colon: each key's
-    closing quote is, so at least the number of keys written (an escaped quote before a colon
-    inside a string counts too). A short line is searched in C at once; a long one hops from
-    quote to quote (memchr), so a long text without quotes costs nothing there. None past
-    _MAX_QUOTES quotes (parsing the line again then costs less)."""
-    if len(raw) <= _SEARCHED_LINE:
-        return len(_KEY_END.findall(raw))
-    find = raw.find
-    ends = 0
-    hops = 0
-    i = find(b'"')
-    while i >= 0:
-        hops += 1
-        if hops > _MAX_QUOTES:
-            return None
-        j = i + 1
-        c = raw[j : j + 1]
-        while c in _WHITESPACE:
-            j += 1
-            c = raw[j : j + 1]
-        if c == b":":
-            ends += 1
-        i = find(b'"', j)
-    return ends
-
-
-def _keys_held(value: Any) -> int:
-    """The keys of every object in a parsed JSON value (a list whose first item is no object or
-    list is taken to hold none: an undercount only sends the line to the exact test)."""
-    kind = type(value)
-    if kind is dict:
-        held = len(value)
-        for item in value.values():
-            if type(item) in _CONTAINERS:
-                held += _keys_held(item)
-        return held
-    if kind is list and value and type(value[0]) in _CONTAINERS:
-        held = 0
-        for item in value:
-            if type(item) in _CONTAINERS:
-                held += _keys_held(item)
-        return held
-    return 0
-
-
-def _duplicate_message(where: str, key: str) -> str:
-    """The message for a line that gives `key` twice ("" the line's own keys, "body." the body's)."""
-    place = "in body" if where else "on this line"
-    return (
-        f"the key {key!r} is given twice {place}; JSON readers keep the last one silently, so "
-        "which one was meant is unknown: give each key once"
-    )
 
 
 def _mixed(field: str, value: str, first: str, first_line: int) -> str:
@@ -384,7 +284,7 @@ def _parse_slow(raw: bytes) -> object:
                 f"line is not valid JSON: {reason} at the end of the line (is it cut off?)"
             )
         return _Unparsable(f"line is not valid JSON: {reason} at column {e.pos + 1}")
-    except _NonStandardNumber as e:
+    except NonStandardNumber as e:
         # Refused all the same, but the error record can name its request.
         try:
             loose = json.loads(text)
