@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchrun.config import EngineSettings
-from batchrun.engines.vllm.answers import choice_of
 from batchrun.engines.vllm.args import engine_args
 from batchrun.engines.vllm.audio import AudioWork, audio_work
 from batchrun.engines.vllm.cache import PrefixCacheCounter
@@ -45,16 +44,14 @@ from batchrun.engines.vllm.media import (
     render_media_chat,
     set_fetch_timeouts,
 )
+from batchrun.engines.vllm.outcome import generation_outcome
 from batchrun.engines.vllm.params import sampling_params
 from batchrun.engines.vllm.platform import on_cuda
-from batchrun.engines.vllm.prompts import (
-    completion_prompt,
-    prompt_token_ids,
-    request_template_kwargs,
-)
+from batchrun.engines.vllm.prompts import prompt_token_ids, request_template_kwargs
 from batchrun.engines.vllm.reasoning import Reasoner
 from batchrun.engines.vllm.release import release_vllm_globals
 from batchrun.engines.vllm.scoring import Scorer, ScoreWork
+from batchrun.engines.vllm.submit import check_runner, submit
 from batchrun.engines.vllm.tokens import TokenText
 from batchrun.engines.vllm.ttft import first_token_s
 from batchrun.models import engine_model
@@ -68,7 +65,7 @@ from batchrun.openai.records import (
     Outcome,
     Request,
 )
-from batchrun.openai.responses import failure, response_model, success
+from batchrun.openai.responses import failure, response_model
 
 
 @dataclass
@@ -77,7 +74,7 @@ class _Pending:
 
     request: Request
     added: float
-    params: Sampling | None = None  # generation requests: what _outcome reads back
+    params: Sampling | None = None  # generation requests: what generation_outcome reads back
     # The chat template's extra inputs the prompt was rendered with (a reasoning parser reads
     # them: Qwen3's knows from them whether thinking was on).
     template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -167,7 +164,7 @@ class VllmEngine:
             raise ValueError(f"request {request.custom_id!r} is already in flight")
         pending = _Pending(request, time.monotonic())
         try:
-            self._check_runner(request)
+            check_runner(request, pooling=self.pooling, model_name=self.model_name)
             if request.url in POOLING_ENDPOINTS or request.url in AUDIO_ENDPOINTS:
                 # Several vLLM requests answer it (an input, a pair, an audio clip each).
                 self._add_pooled(pending)
@@ -200,7 +197,8 @@ class VllmEngine:
                     max_model_len=self.max_model_len,
                     vocab_size=self.vocab_size,
                 )
-                self._submit(
+                submit(
+                    self._engine,
                     request.custom_id,
                     prompt_ids,
                     params,
@@ -228,7 +226,16 @@ class VllmEngine:
             pending = self._in_flight.pop(output.request_id, None)
             if pending is None:
                 continue
-            outcome = self._outcome(pending, output, now - pending.added)
+            outcome = generation_outcome(
+                pending.request,
+                pending.params,
+                pending.template_kwargs,
+                output,
+                now - pending.added,
+                tokens=self._tokens,
+                reasoner=self._reasoner,
+                model_name=self.model_name,
+            )
             outcome.ttft_s = first_token_s(output)  # /metrics' time to first token
             outcomes.append(outcome)
         if self._in_flight and not self._engine.has_unfinished_requests():
@@ -299,21 +306,6 @@ class VllmEngine:
 
     # -- requests -> vLLM inputs ------------------------------------------------------------------
 
-    def _check_runner(self, request: Request) -> None:
-        """Refuse a request the loaded model cannot answer (an embedding model cannot chat)."""
-        pooling = request.url in POOLING_ENDPOINTS
-        if pooling and not self.pooling:
-            raise BadRequest(
-                f"{self.model_name} was started as a generative model, which gives no embeddings "
-                f"or scores; {request.url} needs a pooling model (a job whose url is "
-                f"{request.url} starts the model as one)"
-            )
-        if not pooling and self.pooling:
-            raise BadRequest(
-                f"{self.model_name} runs as an embedding (pooling) model, which generates no "
-                f"text; {request.url} needs a generative model"
-            )
-
     def _add_pooled(self, pending: _Pending) -> None:
         """Submit each input of an embeddings, score or rerank request as its own vLLM pooling
         request: all of them, or (a BadRequest) none."""
@@ -339,7 +331,7 @@ class VllmEngine:
         try:
             for i, (prompt, params) in enumerate(inputs):
                 part_id = f"{request.custom_id}#{i}"
-                self._submit(part_id, prompt, params)
+                submit(self._engine, part_id, prompt, params)
                 submitted.append(part_id)
                 self._parts[part_id] = (request.custom_id, i)
         except BadRequest:
@@ -349,75 +341,7 @@ class VllmEngine:
                 self._parts.pop(part_id, None)
             raise
 
-    def _submit(
-        self, request_id: str, prompt_ids: list[int] | Any, params: Any, lora: Any = None
-    ) -> None:
-        """Hand the tokenized request (or a prompt vLLM rendered) to vLLM; its own input checks
-        become 400s too."""
-        from vllm.exceptions import VLLMClientError
-        from vllm.inputs import TokensPrompt
-
-        rendered = not isinstance(prompt_ids, list)
-        prompt: Any = prompt_ids if rendered else TokensPrompt(prompt_token_ids=prompt_ids)
-        try:
-            # vLLM 0.32 deprecates raw prompts in add_request in favour of the renderer's output;
-            # older versions have no renderer and take the raw prompt.
-            renderer = getattr(self._engine, "renderer", None)
-            if not rendered and renderer is not None and hasattr(renderer, "render_cmpl"):
-                prompt = renderer.render_cmpl([prompt])[0]
-            self._engine.add_request(request_id, prompt, params, lora_request=lora)
-        except (ValueError, TypeError, VLLMClientError) as exc:
-            raise BadRequest(str(exc)) from exc
-
     # -- vLLM outputs -> outcomes -----------------------------------------------------------------
-
-    def _outcome(self, pending: _Pending, output: Any, latency_s: float) -> Outcome:
-        """Turn a finished RequestOutput into a success, or a retryable failure if vLLM failed."""
-        request = pending.request
-        completions = sorted(output.outputs, key=lambda c: int(c.index))
-        reasons = [
-            str(c.finish_reason) if c.finish_reason is not None else "stop" for c in completions
-        ]
-        # "error" is vLLM's retryable internal failure (e.g. a lost KV block); "abort" means the
-        # request was cancelled inside vLLM. Neither is an answer; another attempt may be.
-        for reason in ("error", "abort"):
-            if reason in reasons:
-                return failure(
-                    request,
-                    "engine_error" if reason == "error" else "aborted",
-                    f"vLLM finished the request with finish_reason={reason!r}",
-                    status_code=500,
-                    retryable=True,
-                    latency_s=latency_s,
-                )
-        params = pending.params or sampling(request)
-        prefix = completion_prompt(request.body.get("prompt")) if params.echo else ""
-        reasoner = self._reasoner if request.url in (CHAT, RESPONSES) else None
-        choices = [
-            choice_of(
-                c,
-                reason,
-                params,
-                tokens=self._tokens,
-                reasoner=reasoner,
-                template_kwargs=pending.template_kwargs,
-                prefix=prefix,
-            )
-            for c, reason in zip(completions, reasons, strict=True)
-        ]
-        prompt_ids = output.prompt_token_ids
-        # The prompt tokens vLLM found in its prefix cache (whole blocks: 16 tokens each on a
-        # GPU by default, 128 on the CPU backend).
-        cached = getattr(output, "num_cached_tokens", None)
-        return success(
-            request,
-            choices,
-            model=response_model(request, self.model_name),
-            prompt_tokens=len(prompt_ids) if prompt_ids is not None else 0,
-            latency_s=latency_s,
-            reasoning=reasoner is not None,
-            cached_tokens=int(cached) if cached is not None else None,
-        )
 
     def _pooled_part(self, part: tuple[str, int], output: Any, now: float) -> Outcome | None:
         """Record one part's pooled data; return the request's outcome once its last one is in."""
