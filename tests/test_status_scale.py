@@ -26,12 +26,12 @@ from batchrun.job.state import JobState, replay
 from batchrun.job.status import job_status
 from batchrun.job.summary import (
     SUMMARY_NAME,
-    Summary,
     current_summary,
     rebuild,
     summary_path,
     write_summary,
 )
+from batchrun.job.summary_counts import Summary
 from batchrun.job.timing import job_timing
 from batchrun.openai.records import Outcome
 

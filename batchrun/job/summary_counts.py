@@ -1,0 +1,164 @@
+"""The job summary's counts (`Summary`): what `summary.json` holds, its file format, and how one
+journal record (`SummaryRecord`) folds into them. Reading, checking and keeping the summary
+against the journal is job/summary.py's (its docstring gives the fold's rules)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Container, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchrun.job.timing import LightRecord, LogHistogram, Timing
+
+# Bumped whenever a field's meaning changes: a summary of another version is rebuilt.
+SUMMARY_VERSION = 1
+
+
+class SummaryRecord(LightRecord):
+    """The journal fields the summary reads (bodies are skipped, never decoded)."""
+
+    generation: str | None = None
+    cached: bool = False
+
+
+@dataclass
+class Summary:
+    """A job's counts as of journal offset `offset` (see job/summary.py's docstring)."""
+
+    offset: int = 0
+    check: str = ""
+    generation: str | None = None
+    done: int = 0
+    succeeded: int = 0
+    invalid: int = 0
+    attempts: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    first_time: float | None = None
+    last_time: float | None = None
+    deduplicated: int = 0
+    cache_hits: int = 0
+    # Per worker index: [attempts, completion tokens, first time, last time].
+    per_worker: dict[str, list[float]] = field(default_factory=dict)
+    # job/timing.py's figures: latency and queue-wait histograms, errors by code.
+    timing: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> int:
+        """Requests whose last attempt failed."""
+        return self.done - self.succeeded
+
+    def pending(self, requests: int) -> int:
+        """Of a job's `requests` valid requests, those with no finished attempt yet."""
+        return max(0, requests - self.done)
+
+    def to_json(self) -> bytes:
+        """The summary file's content."""
+        data = {"version": SUMMARY_VERSION, **self.__dict__}
+        return json.dumps(data, separators=(",", ":")).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Summary | None:
+        """The summary in `data`; None when it is torn, of another version or malformed."""
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return None
+        if not isinstance(obj, dict) or obj.pop("version", None) != SUMMARY_VERSION:
+            return None
+        try:
+            summary = cls(**obj)
+        except TypeError:
+            return None
+        ints = (summary.offset, summary.done, summary.succeeded, summary.invalid, summary.attempts)
+        if not all(type(v) is int and v >= 0 for v in ints) or summary.succeeded > summary.done:
+            return None
+        if not isinstance(summary.check, str) or not isinstance(summary.per_worker, dict):
+            return None
+        if not isinstance(summary.timing, dict):
+            return None
+        return summary
+
+    def fold(self, rec: SummaryRecord, current: Container[str] | None = None) -> bool:
+        """Fold one journal record in, as `JobState.record` would (only requests in `current`,
+        when given); False when the record cannot follow what the summary says."""
+        invalid = rec.kind == "invalid"
+        if invalid:
+            if rec.generation != self.generation:
+                return True  # another input generation's invalid line
+        elif current is not None and rec.custom_id not in current:
+            return True  # its line left the input file: no longer part of the job
+        t = rec.time
+        timed = t > 0  # 0: the record has no time (the journal's are seconds since the epoch)
+        if timed:
+            self.first_time = t if self.first_time is None else min(self.first_time, t)
+            self.last_time = t if self.last_time is None else max(self.last_time, t)
+        if invalid:
+            self.invalid += 1
+            return True
+        attempt = rec.attempt
+        if attempt < 1 or rec.custom_id is None:
+            return False
+        self.attempts += 1
+        if attempt == 1:
+            self.done += 1
+        elif self.succeeded >= self.done:
+            return False  # a retry with no failed request before it to replace
+        if rec.ok:
+            self.succeeded += 1
+        if rec.copy_of is not None:
+            self.deduplicated += 1
+        if rec.cached:
+            self.cache_hits += 1
+        self.prompt_tokens += rec.prompt_tokens
+        tokens = rec.completion_tokens
+        self.completion_tokens += tokens
+        if rec.worker is not None and timed:
+            stats = self.per_worker.get(str(rec.worker))
+            if stats is None:
+                self.per_worker[str(rec.worker)] = [1, tokens, t, t]
+            else:
+                stats[0] += 1
+                stats[1] += tokens
+                stats[2] = min(stats[2], t)
+                stats[3] = max(stats[3], t)
+        return True
+
+    def timing_of(self, run_starts: Sequence[float]) -> Timing:
+        """The summary's timing figures, to fold more records into."""
+        timing = Timing(run_starts)
+        saved = self.timing
+        if saved:
+            _load_histogram(timing.latency, saved["latency"])
+            _load_histogram(timing.queue, saved["queue"])
+            timing.attempts = int(saved["attempts"])
+            timing.failed = int(saved["failed"])
+            timing.invalid = int(saved["invalid"])
+            timing.by_code = {str(k): int(v) for k, v in saved["by_code"].items()}
+        return timing
+
+    def keep_timing(self, timing: Timing) -> None:
+        """Store `timing`'s figures in the summary."""
+        self.timing = {
+            "latency": _dump_histogram(timing.latency),
+            "queue": _dump_histogram(timing.queue),
+            "attempts": timing.attempts,
+            "failed": timing.failed,
+            "invalid": timing.invalid,
+            "by_code": dict(timing.by_code),
+        }
+
+
+def _dump_histogram(h: LogHistogram) -> dict[str, Any]:
+    return {
+        "buckets": {str(k): v for k, v in h.buckets.items()},
+        "count": h.count,
+        "total": h.total,
+    }
+
+
+def _load_histogram(h: LogHistogram, data: dict[str, Any]) -> None:
+    h.buckets = {int(k): int(v) for k, v in data["buckets"].items()}
+    h.count = int(data["count"])
+    h.total = float(data["total"])
