@@ -15,6 +15,8 @@ A job is given up on only when its workers cannot start, die holding nothing, or
 after request with none finishing in between (the engine, not the input, is broken). That policy
 lives in `run/restarts.py`. A worker that goes silent holding requests (a hung engine) or never
 gets ready is killed and replaced by the watchdog's policy (`run/watchdog.py`).
+Counting each outcome in the job's state and journaling it is the base class's
+(`run/recording.py`).
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import itertools
-import operator
 import queue
 import time
 from collections import deque
@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
 from batchrun.job.events import EventLog
-from batchrun.job.journal import JournalWriter, plain_result
-from batchrun.job.records import ResultRecord, result_record
+from batchrun.job.journal import JournalWriter
+from batchrun.job.records import ResultRecord
 from batchrun.job.state import JobState
 from batchrun.openai.records import Outcome, Request
 from batchrun.run import admission as admission_rule
@@ -43,6 +43,7 @@ from batchrun.run.admission import Admission, KvCache
 from batchrun.run.answer_cache import AnswerCache
 from batchrun.run.dedup import Duplicates
 from batchrun.run.poison import Isolator
+from batchrun.run.recording import ResultRecording
 from batchrun.run.reporting import Reporter, RunStats
 from batchrun.run.restarts import RestartPolicy
 from batchrun.run.watchdog import HangPolicy, Watchdog
@@ -51,10 +52,6 @@ from batchrun.workers.process import Worker
 
 if TYPE_CHECKING:
     from batchrun.metrics.recorder import RunMetrics
-
-_OK = operator.attrgetter("ok")
-_PROMPT_TOKENS = operator.attrgetter("prompt_tokens")
-_COMPLETION_TOKENS = operator.attrgetter("completion_tokens")
 
 # Requests a worker holds beyond its window, queued in the worker for the moment one finishes:
 # as many again (at most this many), so that a worker whose results the parent is still
@@ -79,7 +76,7 @@ def held_at_most(window: int) -> int:
     return window + min(MAX_PREFETCH, max(4, window))
 
 
-class Scheduler:
+class Scheduler(ResultRecording):
     """Feeds requests to one or more engine workers and journals what comes back."""
 
     def __init__(
@@ -349,108 +346,6 @@ class Scheduler:
             except queue.Empty:
                 break
         self.journal_records(records, outcomes, stats, plain)
-
-    def _records(
-        self,
-        pairs: Sequence[tuple[Outcome, Request]],
-        index: int | None,
-        records: list[ResultRecord],
-        outcomes: list[Outcome],
-    ) -> bool:
-        """Count worker `index`'s outcomes (None: the answer cache's) in the job's state; add them
-        and their journal records to `outcomes` and `records`. Return whether they are `plain`
-        (see journal.encode_records)."""
-        if not pairs:
-            return True
-        if self.answers is not None:
-            self._unstored += pairs  # stored once journaled (copies and hits are skipped)
-        now = round(time.time(), 3)
-        done = [outcome for outcome, _ in pairs]
-        attempts = self.state.record_results(done, index, now)
-        plain = True
-        for (outcome, request), attempt in zip(pairs, attempts, strict=True):
-            rec = result_record(outcome, request.line, attempt, now)
-            if index is not None:
-                rec["worker"] = index
-            records.append(rec)
-            if plain:
-                plain = plain_result(outcome)
-        outcomes += done
-        if self.duplicates is not None and self.duplicates.held:
-            # In the same journal append as their representatives' records: a kill leaves
-            # either both or a duplicate with no record, which then simply runs again.
-            copies = self.duplicates.answer(pairs)
-            if copies:
-                self.state.deduplicated += len(copies)
-                plain = self._records(copies, index, records, outcomes) and plain
-        return plain
-
-    def record_outcome(self, outcome: Outcome, request: Request, index: int) -> ResultRecord:
-        """The journal record of one outcome, counted in the job's state."""
-        records: list[ResultRecord] = []
-        self._records([(outcome, request)], index, records, [])
-        return records[0]
-
-    def journal_records(
-        self,
-        records: list[ResultRecord],
-        outcomes: list[Outcome],
-        stats: RunStats,
-        plain: bool = False,
-    ) -> None:
-        if not records:
-            return
-        self.journal.append(records, plain=plain)
-        if self._unstored:
-            assert self.answers is not None
-            # After the journal write: a kill in between leaves an answer journaled, not stored.
-            self.answers.store(self._unstored)
-            self._unstored = []
-        self._count(outcomes, stats)
-
-    def _take(
-        self, source: Iterator[Request], want: int, stats: RunStats
-    ) -> tuple[list[Request], bool]:
-        """Up to `want` requests from `source` to run, and whether it ran short (its end): those
-        the answer cache answers are journaled here, and more taken in their place."""
-        got = list(itertools.islice(source, want))  # one C loop, not one per request
-        if self.answers is None:
-            return got, len(got) < want
-        run: list[Request] = []
-        while True:
-            short = len(got) < want - len(run)
-            run += self._from_cache(got, stats)
-            if short or len(run) >= want:
-                return run, short
-            got = list(itertools.islice(source, want - len(run)))
-
-    def _from_cache(self, requests: list[Request], stats: RunStats) -> list[Request]:
-        """Journal the answers the cache holds for `requests`; return the others."""
-        assert self.answers is not None
-        run, hits = self.answers.lookup(requests)
-        if hits:
-            by_id = {r.custom_id: r for r in requests}
-            records: list[ResultRecord] = []
-            outcomes: list[Outcome] = []
-            plain = self._records([(h, by_id[h.custom_id]) for h in hits], None, records, outcomes)
-            self.journal_records(records, outcomes, stats, plain)
-        return run
-
-    def _count(self, outcomes: list[Outcome], stats: RunStats) -> None:
-        """Add journaled outcomes to the run's figures, and tell the reporter."""
-        if self.admission is not None:
-            self.admission.finished(outcomes)
-        succeeded = sum(map(_OK, outcomes))
-        prompt = sum(map(_PROMPT_TOKENS, outcomes))
-        completion = sum(map(_COMPLETION_TOKENS, outcomes))
-        stats.outcomes += len(outcomes)
-        stats.succeeded += succeeded
-        stats.failed += len(outcomes) - succeeded
-        stats.prompt_tokens += prompt
-        stats.completion_tokens += completion
-        if self.metrics is not None:
-            self.metrics.counted(outcomes, succeeded, prompt, completion, self.state.attempts)
-        self.reporter.advance(outcomes)
 
     def on_ready(self, w: Worker) -> None:
         """Remember where a worker runs, for `status`."""
