@@ -19,7 +19,7 @@ from openai.types import Batch
 from test_serve import API_KEY, Server, start_server, stop_server, wait_done
 
 from batchrun.errors import BatchrunError
-from batchrun.serve.runner import kind_switch_after
+from batchrun.serve.kinds import kind_switch_after
 
 SLOW = {"BATCHRUN_ECHO_DELAY_MS": "20"}  # 4 at a time: about 200 requests a second
 NAMES = ["g0", "e0", "g1", "e1", "g2", "e2"]

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
-import os
 import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from batchrun.errors import BatchrunError
@@ -25,10 +23,10 @@ from batchrun.openai.records import Outcome, Request
 from batchrun.run.options import RunOptions
 from batchrun.serve import lifecycle
 from batchrun.serve.batches import CANCELLABLE, BatchRecord, BatchStore
-from batchrun.serve.errors import without_paths
+from batchrun.serve.ending import SWEEP_EVERY_S, JobEnding
 from batchrun.serve.files import FileStore
-from batchrun.serve.ids import is_file_id
-from batchrun.serve.jobview import ENDED, stamp_job
+from batchrun.serve.jobview import stamp_job
+from batchrun.serve.kinds import kind_switch_after
 from batchrun.serve.metrics import Metrics
 from batchrun.serve.router import (
     SEP,
@@ -38,17 +36,6 @@ from batchrun.serve.router import (
     next_pass,
     open_job,
 )
-
-SWEEP_EVERY_S = 0.2
-# A switch of the engine pool between generate and embed batches stops one set of engines and
-# starts another (on GPUs, minutes of loading weights). So when a batch of the other kind comes
-# first in the queue's order, the pool keeps its kind while that kind has work left (its
-# batches' passes, and new batches of it), and, its work done, until it has run KIND_SWITCH_S
-# in all; either way no longer than that batch has waited KIND_SWITCH_S. Batches of the two
-# kinds arriving in turn then cost at most one switch per KIND_SWITCH_S, not one per batch,
-# and none waits much more than KIND_SWITCH_S for its kind's engines (docs/serve-kinds.md).
-KIND_SWITCH_ENV = "BATCHRUN_SERVE_KIND_SWITCH_S"
-KIND_SWITCH_S = 120.0
 
 
 class StopServing(Exception):
@@ -68,7 +55,7 @@ class _Log:
         """Counted by the runner's own callback."""
 
 
-class Runner:
+class Runner(JobEnding):
     """Runs every batch of a server root on one engine pool."""
 
     def __init__(
@@ -394,123 +381,6 @@ class Runner:
                 job.waiting = True
                 self._changed()
                 return None
-
-    # -- ending a job ---------------------------------------------------------------------------
-
-    def _sweep(self, force: bool = False) -> None:
-        """Expire jobs past their window; end stopped jobs with nothing out (at most every
-        SWEEP_EVERY_S unless forced)."""
-        now = time.time()
-        if not force and now - self._last_sweep < SWEEP_EVERY_S:
-            return
-        self._last_sweep = now
-        for job in list(self.active.values()):
-            if job.stop is None and now >= job.deadline:
-                job.stop = "expired"
-                self._changed()
-            if job.stop is not None and job.outstanding == 0:
-                self._finish(job)
-
-    def _settle(self, job: ActiveJob) -> None:
-        """`job` has nothing out: end it if it was stopped, else let its next pass be fed."""
-        if job.stop is not None:
-            self._finish(job)
-        elif job.waiting:
-            job.waiting = False
-            self._changed()
-
-    def _finish(self, job: ActiveJob) -> None:
-        """Close a job with nothing out and hand it to the finisher."""
-        if self.active.pop(job.slot, None) is None:
-            return
-        self._changed()
-        final = job.stop or "completed"
-        try:
-            if final == "expired":
-                lifecycle.expire_rest(job)
-            pending = job.state.pending(job.facts.requests)
-            if self.pool is not None and self.pool.worker_info:
-                # Where the engines that answered it ran, and at what size (`batchrun status`).
-                job.manifest.worker_info = dict(self.pool.worker_info)
-                if self.pool.batch_size:
-                    job.manifest.batch_size = self.pool.batch_size
-                    job.manifest.batch_size_source = "server"
-            stamp_job(job.paths, job.manifest, _job_status(final, pending), job.state)
-        except BatchrunError as e:  # the journal cannot be written: the batch fails
-            final, job.error = "failed", str(e)
-        finally:
-            job.locks.close()
-        fields: dict[str, object] = {}
-        if job.error is not None:
-            error = self._error(job.batch_id, "batch_failed", job.error)
-            fields["errors"] = {"object": "list", "data": [error]}
-        # A completed batch is finalizing from now on (a cancel answers it unchanged); any other
-        # keeps its status until the finisher ends it (cancelled, if a cancel comes first).
-        done = final == "completed" and self.batches.transition(
-            job.batch_id,
-            ("in_progress",),
-            final=final,
-            status="finalizing",
-            finalizing_at=int(time.time()),
-            **fields,
-        )
-        if not done:
-            self.batches.transition(
-                job.batch_id,
-                ("validating", "in_progress", "cancelling"),
-                final="cancelled" if final == "completed" else final,
-                **fields,
-            )
-        self._to_finalize.put(job.batch_id)
-
-    def _error(self, batch_id: str, code: str, message: str) -> dict[str, object]:
-        """An `errors.data` entry of a batch. Its message reaches API clients, so it names no
-        path of the server's: the batch's input (its copy, or the upload) by its file id, any
-        other path under the root by its place there."""
-        record = self.batches.get(batch_id)
-        file_id = str(record.batch["input_file_id"]) if record is not None else None
-        names: dict[Path, str] = {}
-        if file_id is not None and is_file_id(file_id):
-            names[self.batches.job_dir(batch_id) / lifecycle.INPUT_NAME] = file_id
-            names[self.files.content(file_id)] = file_id
-        text = without_paths(message, self.root, names)
-        return {"code": code, "message": text, "line": None, "param": None}
-
-    def _publish(self, job: ActiveJob) -> None:
-        """The batch's moving request counts, for the API."""
-        invalid = job.state.invalid
-        self.batches.set_counts(
-            job.batch_id, job.facts.requests + invalid, job.completed, job.failed + invalid
-        )
-
-
-def kind_switch_after(environ: Mapping[str, str] = os.environ) -> float:
-    """Seconds a batch of another kind waits before the pool switches to it (KIND_SWITCH_S, or
-    BATCHRUN_SERVE_KIND_SWITCH_S when set).
-
-    Raises:
-        BatchrunError: the variable is not a number of seconds, 0 or more.
-    """
-    raw = environ.get(KIND_SWITCH_ENV, "").strip()
-    if not raw:
-        return KIND_SWITCH_S
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise BatchrunError(
-            f"{KIND_SWITCH_ENV} must be a number of seconds, 0 or more, not {raw!r}"
-        )
-    return seconds
-
-
-def _job_status(final: str, pending: int) -> str:
-    """The status a batch's job ends with: the batch's own when it ended early (so `batchrun
-    export` writes what finished, as the API does), else as a CLI run's."""
-    if final in ENDED:
-        return final
-    return "incomplete" if pending else "completed"
 
 
 class _Feed:

@@ -118,8 +118,9 @@ def serve(
     from batchrun.serve.app import Services, create_app
     from batchrun.serve.batches import BatchStore
     from batchrun.serve.files import FileStore
+    from batchrun.serve.kinds import kind_switch_after
     from batchrun.serve.metrics import Metrics
-    from batchrun.serve.runner import Runner, kind_switch_after
+    from batchrun.serve.runner import Runner
 
     options.check()
     kind_switch_after()  # a bad BATCHRUN_SERVE_KIND_SWITCH_S is refused before the root is made
