@@ -117,8 +117,11 @@ def test_a_killed_actor_is_replaced_and_nothing_is_lost(tmp_path: Path) -> None:
     )
     try:
         wait_until(results_at_least(job, 50), "the job has 50 results")
+        # On a loaded machine the second actor may still be starting when the first has done 50;
+        # killing one that holds work is what matters.
+        wait_until(lambda: len(actor_pids(p.pid)) >= 1, "a Ray actor is running")
         pids = actor_pids(p.pid)
-        assert len(pids) == 2
+        assert 1 <= len(pids) <= 2
         os.kill(pids[0], signal.SIGKILL)
         _, stderr = p.communicate(timeout=300)
     finally:
