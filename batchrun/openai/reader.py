@@ -97,8 +97,9 @@ _BLOCK_SIZES = tuple(b"%d" % n for n in range(1, 10))  # the digit after bzip2's
 def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request | LineError]:
     """Yield a Request for each valid line of `path` and a LineError for each invalid one.
 
-    `known`: a job with LoRA adapters: a line may name its base model or any adapter, and a
-    line naming another model is an error record `model_not_found` (openai/routing.py).
+    `known`: a job with LoRA adapters or several base models: a line may name a base model or
+    any adapter (with several base models it must name one), and a line naming another model
+    is an error record `model_not_found` (openai/routing.py).
     """
     seen: dict[str, int] = {}  # custom_id -> the line where it first appeared
     file_url: str | None = None
@@ -174,8 +175,8 @@ def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request
                 continue
             model = body.get("model")  # a string or null: check_body saw to it
             if known is not None:
-                if model and model not in known:
-                    yield LineError(lineno, custom_id, MODEL_NOT_FOUND, known.unknown(model))
+                if (model and model not in known) or (not model and known.needs_name):
+                    yield LineError(lineno, custom_id, MODEL_NOT_FOUND, known.unknown(model or None))
                     continue
             elif model:
                 if file_model is None:
