@@ -511,8 +511,11 @@ def the_command(script: str, argv: Sequence[str] | None) -> str:
     )
     path = os.path.relpath(Path(script).resolve(), ROOT)
     command = shlex.join([python, path, *(argv if argv is not None else sys.argv[1:])])
-    if os.environ.get("BATCHRUN_CACHE_DIR"):
-        command = f"BATCHRUN_CACHE_DIR={os.environ['BATCHRUN_CACHE_DIR']} {command}"
+    # The model cache's place (BATCHRUN_HOME) and the answer cache (BATCHRUN_CACHE_DIR, which
+    # answers repeated requests without the engine) both change what a run measures.
+    for name in ("BATCHRUN_CACHE_DIR", "BATCHRUN_HOME"):
+        if os.environ.get(name):
+            command = f"{name}={os.environ[name]} {command}"
     return command
 
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/chaos.py                       # echo engine, 3,000 requests, 60 kills
     .venv/bin/python scripts/chaos.py --kills 10 --requests 400 --seed 7
-    BATCHRUN_CACHE_DIR=/tmp/brcache .venv/bin/python scripts/chaos.py --engine vllm  # 200 req, 5 kills
+    BATCHRUN_HOME=/tmp/brcache .venv/bin/python scripts/chaos.py --engine vllm  # 200 req, 5 kills
     .venv/bin/python scripts/chaos.py --plant-bug duplicate-result   # the checker must fail
     .venv/bin/python scripts/chaos.py --cache-dir /tmp/answers  # twice: the 2nd job hits the 1st's
 
@@ -286,10 +286,10 @@ class Harness:
         self.logs.mkdir(exist_ok=True)
         self.record = self.work / "engine-received.txt"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")}
-        if "BATCHRUN_CACHE_DIR" in os.environ and args.engine == "vllm":
-            self.env["BATCHRUN_CACHE_DIR"] = os.environ["BATCHRUN_CACHE_DIR"]
+        if "BATCHRUN_HOME" in os.environ and args.engine == "vllm":
+            self.env["BATCHRUN_HOME"] = os.environ["BATCHRUN_HOME"]
         elif args.engine == "echo":
-            self.env["BATCHRUN_CACHE_DIR"] = str(self.work / "cache")
+            self.env["BATCHRUN_HOME"] = str(self.work / "cache")
         if args.engine == "echo":
             self.env["BATCHRUN_ECHO_DELAY_MS"] = str(args.delay_ms)
             self.env["BATCHRUN_ECHO_RECORD"] = str(self.record)
@@ -1001,7 +1001,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(args.work_dir or tempfile.mkdtemp(prefix="batchrun-chaos-")).resolve()
         work.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")}
-        env["BATCHRUN_CACHE_DIR"] = str(work / "cache")
+        env["BATCHRUN_HOME"] = str(work / "cache")
         return chaos_serve.run(args, work, env)
     return Harness(args).main()
 

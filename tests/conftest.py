@@ -35,11 +35,12 @@ _share_cores_between_test_processes()
 def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """No test touches the user's cache: the default model is converted once per session here."""
     cache = tmp_path_factory.mktemp("batchrun-cache")
-    saved = {k: os.environ.get(k) for k in ("BATCHRUN_CACHE_DIR",)}
-    os.environ["BATCHRUN_CACHE_DIR"] = str(cache)
+    saved = {k: os.environ.get(k) for k in ("BATCHRUN_HOME",)}
+    os.environ["BATCHRUN_HOME"] = str(cache)
     for key in list(os.environ):
-        # A developer's own BATCHRUN_* settings must not leak into the tests.
-        if key.startswith("BATCHRUN_") and key != "BATCHRUN_CACHE_DIR":
+        # A developer's own BATCHRUN_* settings must not leak into the tests: among them
+        # BATCHRUN_CACHE_DIR, which would give every test the answer cache (--cache-dir).
+        if key.startswith("BATCHRUN_") and key != "BATCHRUN_HOME":
             del os.environ[key]
     # The tests' CPU core claims (workers/cpu_claims.py) apart from the developer's own jobs',
     # and one place for every test process of this run, so that their engines take cores apart.

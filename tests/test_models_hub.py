@@ -330,7 +330,7 @@ def test_actor_env_takes_the_model_and_engine_variables_only() -> None:
         "HUGGING_FACE_HUB_TOKEN": "hf_y",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_LOGGING_LEVEL": "DEBUG",
-        "BATCHRUN_CACHE_DIR": "/data/batchrun",
+        "BATCHRUN_HOME": "/data/batchrun",
         # Per node or per local worker: never copied to another node.
         "VLLM_HOST_IP": "10.0.0.1",
         "BATCHRUN_WORKER_LOG": "/j/logs/worker-0.log",
@@ -349,7 +349,7 @@ def test_actor_env_takes_the_model_and_engine_variables_only() -> None:
         "HUGGING_FACE_HUB_TOKEN": "hf_y",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_LOGGING_LEVEL": "DEBUG",
-        "BATCHRUN_CACHE_DIR": "/data/batchrun",
+        "BATCHRUN_HOME": "/data/batchrun",
     }
 
 

@@ -109,7 +109,7 @@ def test_rays_out_of_memory_kills_count_as_oom() -> None:
 DRIVER_ENV = {
     "HF_HOME": "/data/hf",
     "VLLM_LOGGING_LEVEL": "INFO",
-    "BATCHRUN_CACHE_DIR": "/data/batchrun",
+    "BATCHRUN_HOME": "/data/batchrun",
     # A CPU head's own settings: its engine's KV space and thread binding, its core claims.
     "VLLM_CPU_KVCACHE_SPACE": "8",
     "VLLM_CPU_OMP_THREADS_BIND": "0-3",
@@ -123,14 +123,14 @@ def test_gpu_actors_never_get_the_drivers_cpu_only_settings() -> None:
     assert actor_env(DRIVER_ENV, gpus=True) == {
         "HF_HOME": "/data/hf",
         "VLLM_LOGGING_LEVEL": "INFO",
-        "BATCHRUN_CACHE_DIR": "/data/batchrun",
+        "BATCHRUN_HOME": "/data/batchrun",
     }
     # Actors on a CPU-only cluster run vLLM's CPU backend: its settings go with them; the core
     # claims of this machine never do.
     assert actor_env(DRIVER_ENV, gpus=False) == {
         "HF_HOME": "/data/hf",
         "VLLM_LOGGING_LEVEL": "INFO",
-        "BATCHRUN_CACHE_DIR": "/data/batchrun",
+        "BATCHRUN_HOME": "/data/batchrun",
         "VLLM_CPU_KVCACHE_SPACE": "8",
         "VLLM_CPU_OMP_THREADS_BIND": "0-3",
     }

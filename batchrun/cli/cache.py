@@ -15,7 +15,8 @@ CacheDir = Annotated[
     Path | None,
     typer.Option(
         "--cache-dir",
-        help="Reuse answers across jobs: a deterministic request (temperature 0 or a fixed seed) answered before by the same model is journaled from DIR without running; new answers are stored there.",
+        envvar="BATCHRUN_CACHE_DIR",
+        help="Reuse answers across jobs: a deterministic request (temperature 0 or a fixed seed) answered before by the same model is journaled from DIR without running; new answers are stored there. A job keeps the one it was submitted with.",
         show_default=False,
         metavar="DIR",
     ),
@@ -48,7 +49,9 @@ def parse_age(text: str) -> float:
 
 CacheRoot = Annotated[
     Path,
-    typer.Option("--cache-dir", help="The cache directory.", metavar="DIR"),
+    typer.Option(
+        "--cache-dir", envvar="BATCHRUN_CACHE_DIR", help="The cache directory.", metavar="DIR"
+    ),
 ]
 
 

@@ -80,6 +80,8 @@ class Manifest(msgspec.Struct, kw_only=True):
     workers: int | None = None
     # The dispatch plan, --order (run/planner.py): resume and the retry passes follow it.
     order: str = "auto"
+    # --cache-dir (absolute) the job was submitted with: resume and retry-failed keep using it.
+    cache_dir: str | None = None
     # vLLM's prefix-cache counters summed over the job's runs that ended (a run killed with -9
     # loses its own): prompt tokens looked up, and found cached.
     prefix_cache: dict[str, int] = msgspec.field(default_factory=dict)

@@ -42,8 +42,11 @@ ModelKind = Literal["default", "directory", "gguf", "hub"]
 
 
 def cache_root() -> Path:
-    """Cache root: $BATCHRUN_CACHE_DIR, else $XDG_CACHE_HOME/batchrun, else ~/.cache/batchrun."""
-    explicit = os.environ.get("BATCHRUN_CACHE_DIR")
+    """Cache root: $BATCHRUN_HOME, else $XDG_CACHE_HOME/batchrun, else ~/.cache/batchrun.
+
+    (BATCHRUN_CACHE_DIR is --cache-dir's, the answers reused across jobs: another cache.)
+    """
+    explicit = os.environ.get("BATCHRUN_HOME")
     if explicit:
         return Path(explicit).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
@@ -124,7 +127,7 @@ def _converted(gguf: Path, target: Path, expected: dict[str, Any]) -> Path:
         lock_file = open(cache_root() / ".models.lock", "a+b")  # noqa: SIM115 -- closed below
     except OSError as exc:
         raise BatchrunError(
-            f"cannot use the model cache {parent}: {exc} (set BATCHRUN_CACHE_DIR to move it)"
+            f"cannot use the model cache {parent}: {exc} (set BATCHRUN_HOME to move it)"
         ) from exc
     # An exclusive flock serialises conversions across processes; the kernel drops it when the
     # file is closed or the holder dies, so a killed conversion never leaves the cache locked.

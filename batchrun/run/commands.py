@@ -183,10 +183,12 @@ def _continue(
     with job_lock(paths):
         options = options_from(manifest, progress)
         options.ray = ray
-        options.cache_dir = cache_dir
+        say = notify or _to_stderr
         if cache_dir is not None:  # before anything is saved or run
             check_cache_dir(cache_dir)
-        say = notify or _to_stderr
+            options.cache_dir = cache_dir
+        elif options.cache_dir is not None:
+            options.cache_dir = _saved_cache_dir(options.cache_dir, say)
         # Before the input is looked at: a bad option must change nothing (a forced resume
         # rewrites the job's idea of its input).
         changed = merge_options(options, given or GivenOptions())
@@ -210,6 +212,17 @@ def _continue(
         )
         summary.overrides = overrides
         return summary
+
+
+def _saved_cache_dir(cache_dir: Path, say: Notify) -> Path | None:
+    """The job's own --cache-dir, or None with a line saying why when it can no longer be used:
+    the cache only saves work, so a cache that went away must not stop the job."""
+    try:
+        check_cache_dir(cache_dir)
+    except BatchrunError as e:
+        say(f"running without the job's answer cache: {e}")
+        return None
+    return cache_dir
 
 
 def _work_left(state: JobState, manifest: Manifest, mode: str) -> bool:

@@ -104,6 +104,7 @@ def validate_into_job(
         gpus=options.gpus,
         workers=options.workers,
         order=options.order,
+        cache_dir=str(options.cache_dir.resolve()) if options.cache_dir is not None else None,
         counts={"total": valid + invalid, "succeeded": 0, "failed": 0, "invalid": invalid},
     )
     save_manifest(paths, manifest)

@@ -24,6 +24,7 @@ from batchrun.config import (
 from batchrun.job.manifest import Manifest, save_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.models.adapters import merge_adapters, parse_lora_modules, same_adapters
+from batchrun.models.named import apply_given_models, refuse_plain_model
 from batchrun.openai.media import use_media_policy
 from batchrun.run.media_options import MEDIA_OPTION_PARSERS, media_policy_of
 from batchrun.run.planner import DEFAULT_ORDER, ORDERS
@@ -50,7 +51,8 @@ class RunOptions:
     ray: str | None = None
     # The dispatch plan (run/planner.py), saved so that resume and retries plan alike.
     order: str = DEFAULT_ORDER
-    # --cache-dir: answers reused across jobs (run/answer_cache.py); per run, not saved.
+    # --cache-dir: answers reused across jobs (run/answer_cache.py); saved by submit, and
+    # a resume or retry-failed given one (flag or BATCHRUN_CACHE_DIR) uses that one instead.
     cache_dir: Path | None = None
 
     @classmethod
@@ -70,6 +72,13 @@ class RunOptions:
         """Put the options given over these; returns what changed, as {name: (old, new)}."""
         changed: dict[str, tuple[Any, Any]] = {}
         for name, value in given.given().items():
+            if name == "models":  # --model NAME=PATH, given more than once (models/named.py)
+                models = apply_given_models(self.settings, value, set(given.given()))
+                if models is not None:
+                    changed[name] = models
+                continue
+            if name == "model":
+                refuse_plain_model(self.settings)
             new = parse_gpus(value) if name == "gpus" else value
             if name in MEDIA_OPTION_PARSERS:
                 new = MEDIA_OPTION_PARSERS[name](value)
@@ -170,6 +179,7 @@ def options_from(manifest: Manifest, progress: bool) -> RunOptions:
         workers=manifest.workers,
         progress=progress,
         order=manifest.order,
+        cache_dir=Path(manifest.cache_dir) if manifest.cache_dir else None,
     )
 
 

@@ -39,7 +39,8 @@ from batchrun.workers.ray_start import StartTimeout
 # The variables the engine and the model need, passed to every actor through Ray's runtime_env:
 # an actor on another node starts from that node's environment, not this process's. HF_*
 # (HF_HOME, HF_HUB_CACHE, HF_TOKEN, HF_HUB_OFFLINE, HF_ENDPOINT, ...) says where and whether
-# the model is found; VLLM_* and BATCHRUN_* (the model cache, fault injection) configure them.
+# the model is found; VLLM_* and BATCHRUN_* (the model cache BATCHRUN_HOME, fault injection)
+# configure them.
 ACTOR_ENV_PREFIXES = ("HF_", "VLLM_", "BATCHRUN_")
 ACTOR_ENV_NAMES = frozenset({"HUGGING_FACE_HUB_TOKEN", "TRANSFORMERS_OFFLINE"})
 # Set per machine or per worker, never to be copied to another node: VLLM_HOST_IP is this
