@@ -35,7 +35,14 @@ def check_audio_body(body: dict[str, Any]) -> None:
     url = body["file_url"]
     if not isinstance(url, str):
         bad(f"body.file_url must be a string URL, got {describe(url)}")
-    check_media_url("body.file_url", url, "audio", media_policy())
+    policy = media_policy()
+    check_media_url("body.file_url", url, "audio", policy)
+    if policy.model_modalities is not None and "audio" not in policy.model_modalities:
+        # Known from the model's config (models/modalities.py); the worker says it otherwise.
+        bad(
+            "this line needs a speech-to-text model (such as Whisper); "
+            f"{policy.model_name} reads {', '.join(policy.model_modalities)}"
+        )
     if body.get("stream"):
         bad("body.stream is not supported: a batch answers each line whole")
 

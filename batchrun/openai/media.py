@@ -53,10 +53,24 @@ class MediaPolicy:
     # modality -> the most parts of it one request may hold; a modality not named: no limit here
     # (vLLM's own default, the model's, still holds in the worker).
     limit_mm_per_prompt: tuple[tuple[str, int], ...] = ()
+    # What the job's model reads ("text" first), known from its config before the engine starts
+    # (models/modalities.py); None: not known here, the worker checks.
+    model_modalities: tuple[str, ...] | None = None
+    model_name: str = "the model"
 
     def limit(self, modality: str) -> int | None:
         """The most parts of `modality` a request may hold; None: no limit set."""
         return dict(self.limit_mm_per_prompt).get(modality)
+
+    def check_reads(self, where: str, kind: str, modality: str) -> None:
+        """Refuse a part of `kind` (its field path `where`) when the model is known not to read
+        its modality; the message names what the model reads (the worker's, with the path)."""
+        taken = self.model_modalities
+        if taken is not None and modality not in taken:
+            raise bad_media(
+                f"{where}: a part of type {kind!r} needs a model that reads {modality}; "
+                f"{self.model_name} reads {', '.join(taken)}"
+            )
 
 
 _policy = MediaPolicy()
@@ -123,6 +137,7 @@ def check_media_part(where: str, part: dict[str, Any], counts: dict[str, int]) -
     kind = str(part.get("type"))
     modality, key = MEDIA_PARTS[kind]
     policy = _policy
+    policy.check_reads(where, kind, modality)
     counts[modality] = counts.get(modality, 0) + 1
     limit = policy.limit(modality)
     if limit is not None and counts[modality] > limit:

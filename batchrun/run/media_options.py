@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from batchrun.config import EngineSettings, OptionError
+from batchrun.models.modalities import model_modalities
 from batchrun.openai.media import MediaPolicy, parse_limits
 
 
@@ -45,9 +46,12 @@ MEDIA_OPTION_PARSERS: dict[str, Callable[[Any], Any]] = {
 def media_policy_of(settings: EngineSettings) -> MediaPolicy:
     """The media policy a job's settings make."""
     limits = settings.limit_mm_per_prompt or {}
+    modalities, name = model_modalities(settings)
     return MediaPolicy(
         allowed_local_media_path=settings.allowed_local_media_path,
         allowed_media_domains=tuple(settings.allowed_media_domains or ()),
         max_media_bytes=settings.max_media_bytes,
         limit_mm_per_prompt=tuple(sorted(limits.items())),
+        model_modalities=modalities,
+        model_name=name,
     )

@@ -1,0 +1,153 @@
+"""A media part the model cannot read is an error record at validation, before any engine starts,
+when the model's config says what it reads (models/modalities.py); the worker's check stays the
+backstop for the models batchrun cannot tell from their config."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import cli, read_jsonl, write_jsonl
+from mm_models import png_bytes, wav_bytes
+
+from batchrun.config import EngineSettings
+from batchrun.models.modalities import config_modalities
+from batchrun.openai.media import MediaPolicy, use_media_policy
+from batchrun.openai.reader import read_input
+from batchrun.openai.records import LineError, Request
+from batchrun.run.media_options import media_policy_of
+
+PNG_URL = "data:image/png;base64," + base64.b64encode(png_bytes(8, 8, (200, 30, 30))).decode()
+WAV = base64.b64encode(wav_bytes(0.1, 440)).decode()
+IMAGE = {"type": "image_url", "image_url": {"url": PNG_URL}}
+AUDIO = {"type": "input_audio", "input_audio": {"data": WAV, "format": "wav"}}
+
+
+def chat_line(cid: str, part: dict[str, Any]) -> dict[str, Any]:
+    """A chat line with a text part and `part`."""
+    content = [{"type": "text", "text": "What is this?"}, part]
+    return {
+        "custom_id": cid,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "m", "messages": [{"role": "user", "content": content}]},
+    }
+
+
+def model_dir(tmp_path: Path, name: str, architecture: str) -> Path:
+    """A model directory holding only a config.json (no weights: no engine could load it)."""
+    path = tmp_path / name
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"architectures": [architecture]}))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def default_policy() -> Any:
+    """Each test starts and ends with the default policy (this process's reader uses it)."""
+    use_media_policy(MediaPolicy())
+    yield
+    use_media_policy(MediaPolicy())
+
+
+@pytest.mark.parametrize(
+    ("architecture", "reads"),
+    [
+        ("LlamaForCausalLM", ("text",)),
+        ("Qwen2ForCausalLM", ("text",)),
+        ("Idefics3ForConditionalGeneration", ("text", "image")),
+        ("Qwen2VLForConditionalGeneration", ("text", "image", "video")),
+        ("WhisperForConditionalGeneration", ("text", "audio")),
+        # Multimodal in vLLM's registry, but not in batchrun's table: the worker decides.
+        ("AriaForConditionalGeneration", None),
+        ("NoSuchModelForCausalLM", None),
+    ],
+)
+def test_a_models_modalities_come_from_its_config(
+    architecture: str, reads: tuple[str, ...] | None
+) -> None:
+    assert config_modalities({"architectures": [architecture]}) == reads
+
+
+def test_a_config_without_architectures_is_not_known() -> None:
+    assert config_modalities({"model_type": "llama"}) is None
+
+
+def test_a_text_model_refuses_media_parts_before_any_engine_starts(tmp_path: Path) -> None:
+    """A text-only model's job with image and audio lines: error records naming what the model
+    reads, and no engine started (its directory has no weights, so one would have failed)."""
+    model = model_dir(tmp_path, "textonly", "LlamaForCausalLM")
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line("img", IMAGE), chat_line("aud", AUDIO)])
+    job = tmp_path / "job"
+    run = cli(
+        "submit", str(src), "--job-dir", str(job), "--engine", "vllm", "--model", str(model),
+        "--no-progress",
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    assert cli("export", "--job-dir", str(job)).returncode == 0
+    errors = {
+        r["custom_id"]: (r["error"]["code"], r["error"]["message"])
+        for r in read_jsonl(job / "errors.jsonl")
+    }
+    where = "body.messages[0].content[1]"
+    assert errors == {
+        "img": (
+            "invalid_media",
+            f"{where}: a part of type 'image_url' needs a model that reads image; "
+            "textonly reads text",
+        ),
+        "aud": (
+            "invalid_media",
+            f"{where}: a part of type 'input_audio' needs a model that reads audio; "
+            "textonly reads text",
+        ),
+    }
+
+
+def test_an_image_model_refuses_audio_and_takes_images(tmp_path: Path) -> None:
+    """Idefics3 reads images: an image part passes, an audio part is refused naming
+    'text, image'; the served name is the one the message gives."""
+    model = model_dir(tmp_path, "idefics", "Idefics3ForConditionalGeneration")
+    settings = EngineSettings(engine="vllm", model=str(model), served_model_name="tiny-vl")
+    use_media_policy(media_policy_of(settings))
+    lines = [chat_line("img", IMAGE), chat_line("aud", AUDIO)]
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    assert list(read_input(src)) == [
+        Request("img", 1, lines[0]["url"], lines[0]["body"]),
+        LineError(
+            2,
+            "aud",
+            "invalid_media",
+            "body.messages[0].content[1]: a part of type 'input_audio' needs a model that reads "
+            "audio; tiny-vl reads text, image",
+        ),
+    ]
+
+
+def test_a_transcription_line_needs_a_model_that_reads_audio(tmp_path: Path) -> None:
+    model = model_dir(tmp_path, "textonly", "LlamaForCausalLM")
+    use_media_policy(media_policy_of(EngineSettings(engine="vllm", model=str(model))))
+    line = {
+        "custom_id": "t",
+        "method": "POST",
+        "url": "/v1/audio/transcriptions",
+        "body": {"model": "m", "file_url": "data:audio/wav;base64," + WAV},
+    }
+    [err] = list(read_input(write_jsonl(tmp_path / "in.jsonl", [line])))
+    assert err == LineError(
+        1,
+        "t",
+        "invalid_request",
+        "this line needs a speech-to-text model (such as Whisper); textonly reads text",
+    )
+
+
+def test_an_engine_that_loads_no_model_takes_any_part(tmp_path: Path) -> None:
+    """The echo engine names a model but loads none: nothing is refused for what it reads."""
+    model = model_dir(tmp_path, "textonly", "LlamaForCausalLM")
+    use_media_policy(media_policy_of(EngineSettings(engine="echo", model=str(model))))
+    [item] = list(read_input(write_jsonl(tmp_path / "in.jsonl", [chat_line("img", IMAGE)])))
+    assert isinstance(item, Request)
