@@ -35,6 +35,7 @@ from batchrun.config import (
 )
 from batchrun.engines.registry import DEFAULT_ENGINE, engine_choice, engine_help
 from batchrun.models.adapters import parse_lora_modules
+from batchrun.models.named import parse_models, split_model_values
 from batchrun.openai.media import DEFAULT_MAX_MEDIA_BYTES
 from batchrun.run.planner import DEFAULT_ORDER, Order
 
@@ -115,6 +116,19 @@ def _lora_modules(value: list[str] | None) -> list[str] | None:
     return value
 
 
+def _model_values(value: list[str] | None) -> list[str] | None:
+    """--model as given (None when not given): one plain value, or NAME=PATH values."""
+    if not value:
+        return None
+    _, named = split_model_values(value)
+    if named is not None:
+        try:
+            parse_models(named)
+        except OptionError as e:
+            raise typer.BadParameter(str(e)) from e
+    return value
+
+
 @dataclass(frozen=True)
 class EngineOption:
     """One engine option, declared once for submit, tune, resume and retry-failed."""
@@ -156,10 +170,12 @@ class EngineOption:
 ENGINE_OPTIONS = (
     EngineOption(
         "model",
-        str,
+        list[str],
         "A Hugging Face hub id (ORG/NAME; from the HF cache, or downloaded unless HF_HUB_OFFLINE "
-        "is set), a local Hugging Face model directory, or a .gguf file.",
+        "is set), a local Hugging Face model directory, or a .gguf file; NAME=PATH_OR_HUB_ID "
+        "names it, and repeated runs several models, lines picking theirs by body.model.",
         default="the embedded SmolLM2-135M-Instruct",
+        callback=_model_values,
     ),
     EngineOption(
         "revision",
@@ -403,7 +419,10 @@ def engine_options(
 
         @functools.wraps(func)
         def run(**kwargs: Any) -> None:
-            given = GivenOptions(**{o.name: kwargs.pop(o.name) for o in specs})
+            values = {o.name: kwargs.pop(o.name) for o in specs}
+            if "model" in values:  # one plain --model, or NAME=PATH ones (models/named.py)
+                values["model"], values["models"] = split_model_values(values["model"])
+            given = GivenOptions(**values)
             func(**kwargs, options=given)
 
         # Typer reads a command's options from its signature.

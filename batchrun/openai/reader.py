@@ -176,7 +176,9 @@ def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request
             model = body.get("model")  # a string or null: check_body saw to it
             if known is not None:
                 if (model and model not in known) or (not model and known.needs_name):
-                    yield LineError(lineno, custom_id, MODEL_NOT_FOUND, known.unknown(model or None))
+                    yield LineError(
+                        lineno, custom_id, MODEL_NOT_FOUND, known.unknown(model or None)
+                    )
                     continue
             elif model:
                 if file_model is None:

@@ -15,9 +15,9 @@ from batchrun.job.manifest import Manifest, load_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.served import served_batch
 from batchrun.job.state import OK, JobState, replay
-from batchrun.models.adapters import prepare_adapters
 from batchrun.openai.reader import check_input_file
 from batchrun.run.answer_cache import check_cache_dir
+from batchrun.run.by_model import prepare_models
 from batchrun.run.inputs import (
     check_input_unchanged,
     discard_unfinished_validation,
@@ -67,8 +67,8 @@ def submit(
         )
     for line in warnings:
         (notify or _to_stderr)(line)
-    prepare_model(options.settings, notify or _to_stderr)
-    known = prepare_adapters(options.settings)
+    # Each model (several: run/by_model.py) and adapter, found and checked.
+    known = prepare_models(options.settings, notify or _to_stderr)
     created = not job_dir.exists()
     try:
         job_dir.mkdir(parents=True, exist_ok=True)
@@ -196,9 +196,8 @@ def _continue(
             say(line)
         # Every run resolves the model again: a hub id may have left the cache, a .gguf file
         # changed, the default model's conversion been deleted.
-        prepare_model(options.settings, say)
         # The same adapters as the job's first answers: a changed or missing one refuses.
-        index = InputIndex(prepare_adapters(options.settings))
+        index = InputIndex(prepare_models(options.settings, say))
         check_input_unchanged(paths, manifest, force=force, new_input=input_path, index=index)
         # A journal that cannot be read refuses the run here, before any option is saved.
         state = replay(paths, manifest)

@@ -24,6 +24,7 @@ from batchrun.config import (
 from batchrun.job.manifest import Manifest, save_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.models.adapters import merge_adapters, parse_lora_modules, same_adapters
+from batchrun.models.named import apply_given_models, refuse_plain_model
 from batchrun.openai.media import use_media_policy
 from batchrun.run.media_options import MEDIA_OPTION_PARSERS, media_policy_of
 from batchrun.run.planner import DEFAULT_ORDER, ORDERS
@@ -71,6 +72,13 @@ class RunOptions:
         """Put the options given over these; returns what changed, as {name: (old, new)}."""
         changed: dict[str, tuple[Any, Any]] = {}
         for name, value in given.given().items():
+            if name == "models":  # --model NAME=PATH, given more than once (models/named.py)
+                models = apply_given_models(self.settings, value, set(given.given()))
+                if models is not None:
+                    changed[name] = models
+                continue
+            if name == "model":
+                refuse_plain_model(self.settings)
             new = parse_gpus(value) if name == "gpus" else value
             if name in MEDIA_OPTION_PARSERS:
                 new = MEDIA_OPTION_PARSERS[name](value)

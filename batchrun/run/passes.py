@@ -24,6 +24,7 @@ from batchrun.job.state import FAILED_RETRYABLE, OK, JobState, replay
 from batchrun.job.summary import keep_summary
 from batchrun.openai.records import Request
 from batchrun.run.answer_cache import AnswerCache
+from batchrun.run.by_model import ModelRoute
 from batchrun.run.dedup import Duplicates
 from batchrun.run.options import RunOptions
 from batchrun.run.planner import plan
@@ -86,7 +87,6 @@ def run_job(
     started = time.monotonic()
     # Of the input as it is now: after a forced resume, only the requests still in the file.
     state = replay(paths, manifest) if state is None else state
-    input_path = Path(manifest.input_path)
     settings = options.settings
     worker_class, envs = plan_workers(
         settings, ray=options.ray, gpus=options.gpus, workers=options.workers, logs=paths.logs
@@ -134,44 +134,10 @@ def run_job(
 
                 watch_run(metrics, scheduler, reporter, envs, options.max_attempts, state, mode)
             try:
-                if mode == "retry":
-                    if failed_ids:  # else nothing to size or start an engine for
-                        reporter.event(f"retrying {plural(len(failed_ids), 'failed request')}")
-                        _choose_size(
-                            scheduler,
-                            manifest,
-                            options,
-                            paths,
-                            iter(()),
-                            reporter,
-                            device=device,
-                            envs=envs,
-                        )
-                        scheduler.run(planned(_requests_in(input_path, failed_ids, index)))
-                elif (
-                    source := _nonempty(planned(requests(input_path, state.is_not_done, index)))
-                ) is not None:
-                    _choose_size(
-                        scheduler,
-                        manifest,
-                        options,
-                        paths,
-                        source,
-                        reporter,
-                        search=mode == "tune",
-                        device=device,
-                        envs=envs,
-                    )
-                    if mode != "tune":
-                        scheduler.run(source)
-                        _retry_passes(
-                            scheduler,
-                            state,
-                            input_path,
-                            options.max_attempts,
-                            reporter,
-                            lambda ids: planned(_requests_in(input_path, ids, index)),
-                        )
+                passes = _Passes(manifest, options, paths, state, reporter, device, envs)
+                passes.run(
+                    scheduler, mode, index, planned, failed_ids if mode == "retry" else set()
+                )
             finally:
                 scheduler.close()
         status = "completed"
@@ -206,6 +172,86 @@ def run_job(
         run_cache_hits=(run_info.prefix_cache or {}).get("hits", 0),
         run_deduplicated=run_info.deduplicated or 0,
     )
+
+
+@dataclass
+class _Passes:
+    """What the passes of a run share: the job, its options, where its outcomes are counted."""
+
+    manifest: Manifest
+    options: RunOptions
+    paths: JobPaths
+    state: JobState
+    reporter: ProgressReporter
+    device: str
+    envs: Sequence[Mapping[str, str]]
+    sized: bool = False
+
+    def run(
+        self,
+        scheduler: Scheduler,
+        mode: str,
+        index: InputIndex | None,
+        planned: Callable[[Iterator[Request]], Iterator[Request]],
+        failed_ids: set[str],
+    ) -> None:
+        """The passes of `mode`, model by model (one model: one pass, run/by_model.py): the
+        run and its retry passes, or retry-failed's pass."""
+        input_path = Path(self.manifest.input_path)
+        route = ModelRoute(self.options.settings, self.options.cache_dir)
+        if route.known is not None or self.options.settings.lora_modules:
+            scheduler.record_model = route.record_name  # status counts per model and adapter
+        for name in route.ordered():
+            if mode == "retry":
+                ids = route.ids_of(name, failed_ids, input_path, index)
+                if not ids:  # nothing to size or start an engine for
+                    continue
+                route.use(scheduler, name)
+                self.reporter.event(f"retrying {plural(len(ids), 'failed request')}")
+                self._size(scheduler, iter(()))
+                scheduler.run(planned(_requests_in(input_path, ids, index)))
+                continue
+            want = route.only(name, self.state.is_not_done)
+            source = _nonempty(planned(requests(input_path, want, index)))
+            if source is None:
+                continue
+            route.use(scheduler, name)
+            self._size(scheduler, source, search=mode == "tune")
+            if mode == "tune":
+                return
+            scheduler.run(source)
+
+            def mine(ids: set[str], name: str = name) -> set[str]:
+                return route.ids_of(name, ids, input_path, index)
+
+            _retry_passes(
+                scheduler,
+                self.state,
+                input_path,
+                self.options.max_attempts,
+                self.reporter,
+                lambda ids: planned(_requests_in(input_path, ids, index)),
+                mine,
+            )
+
+    def _size(
+        self, scheduler: Scheduler, source: Iterator[Request], *, search: bool = False
+    ) -> None:
+        """Choose the batch size before the first pass (the passes after it keep it)."""
+        if self.sized:
+            return
+        self.sized = True
+        _choose_size(
+            scheduler,
+            self.manifest,
+            self.options,
+            self.paths,
+            source,
+            self.reporter,
+            search=search,
+            device=self.device,
+            envs=self.envs,
+        )
 
 
 def _requests_in(input_path: Path, ids: set[str], index: InputIndex | None) -> Iterator[Request]:
@@ -285,14 +331,18 @@ def _retry_passes(
     max_attempts: int,
     reporter: ProgressReporter,
     source: Callable[[set[str]], Iterator[Request]],
+    only: Callable[[set[str]], set[str]] | None = None,
 ) -> None:
-    """Re-run retryable failures, a whole pass at a time, until `max_attempts` attempts in all."""
+    """Re-run retryable failures, a whole pass at a time, until `max_attempts` attempts in all
+    (`only`: those of them the pass's model answers)."""
     while True:
         ids = {
             cid
             for cid, last in state.last.items()
             if last == FAILED_RETRYABLE and state.attempts.get(cid, 0) < max_attempts
         }
+        if ids and only is not None:
+            ids = only(ids)
         if not ids:
             return
         attempt = min(state.attempts[c] for c in ids) + 1

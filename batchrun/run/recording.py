@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import operator
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from batchrun.job.journal import JournalWriter, plain_result
@@ -42,6 +42,9 @@ class ResultRecording:
     _unstored: list[tuple[Outcome, Request]]
     metrics: RunMetrics | None
     admission: Admission | None
+    # The name a request's record gives as its model (a job of several models, or adapters:
+    # status counts per model, run/by_model.py); None: records name none.
+    record_model: Callable[[Request], str] | None = None
 
     def _records(
         self,
@@ -65,6 +68,8 @@ class ResultRecording:
             rec = result_record(outcome, request.line, attempt, now)
             if index is not None:
                 rec["worker"] = index
+            if self.record_model is not None:
+                rec["model"] = self.record_model(request)
             records.append(rec)
             if plain:
                 plain = plain_result(outcome)

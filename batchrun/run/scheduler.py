@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 # as many again (at most this many), so that a worker whose results the parent is still
 # journaling always has work in hand. Isolating a poison request costs log2 of what it held.
 MAX_PREFETCH = 2048
+# Why a worker starts again when a job of several models moves on to the next (the event log's).
+MODEL_SWITCH = "model_switch"
 
 
 @contextlib.contextmanager
@@ -160,6 +162,20 @@ class Scheduler(ResultRecording):
                 self._stopped_for[w.index] = "resize"
             w.settings.max_num_seqs = size
             w.settings.window = size
+
+    def switch_model(self, settings: EngineSettings) -> None:
+        """Run what comes next on `settings`' model (several models in a job, run/by_model.py):
+        each worker stops (it holds nothing between passes) and starts with it when next
+        needed, keeping its batch size."""
+        for w in self.workers:
+            if w.process is not None:
+                self.restarts.requeue(w)
+                w.stop(timeout=10)
+                self._stopped_for[w.index] = MODEL_SWITCH
+            w.settings = dataclasses.replace(
+                settings, window=w.settings.window, max_num_seqs=w.settings.max_num_seqs
+            )
+        self.admission = None
 
     def prefix_cache(self) -> tuple[int, int]:
         """vLLM's prefix-cache counters over every worker process so far: prompt tokens looked
@@ -363,7 +379,7 @@ class Scheduler(ResultRecording):
     def _start(self, w: Worker) -> None:
         if w.generation > 0:
             reason = self._restart_reason(w)
-            if self.metrics is not None:
+            if self.metrics is not None and reason != MODEL_SWITCH:  # not a restart of a failure
                 self.metrics.restarted(reason)
             if self.events is not None:
                 self.events.write("restart", worker=w.index, reason=reason)
