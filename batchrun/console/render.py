@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from batchrun.console.models import print_models
 from batchrun.console.text import command, plural
 from batchrun.job.cost import job_cost
+from batchrun.job.model_counts import model_counts, several
 from batchrun.job.paths import JobPaths
 from batchrun.job.status import cache_rate
 from batchrun.job.summary import current_summary
@@ -65,6 +67,9 @@ def print_summary(console: Console, summary: JobSummary, title: str) -> None:
     _timing_rows(table, {**timing, "cost": cost})
     table.add_row("job dir", str(summary.job_dir))
     console.print(table)
+    models = model_counts(m, kept)
+    if several(models):
+        print_models(console, models)
 
 
 def _timing_rows(table: Table, s: dict[str, Any]) -> None:
@@ -159,6 +164,8 @@ def print_status(console: Console, s: dict[str, Any]) -> None:
     table.add_row("runs", f"{s['runs']} ({s['wall_s']:,.1f}s in all)")
     _timing_rows(table, s)
     console.print(table)
+    if several(s.get("models") or {}):
+        print_models(console, s["models"])
 
 
 def print_probes(console: Console, probes: list[dict[str, Any]], chosen: int | None) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from batchrun.job.cost import job_cost
 from batchrun.job.lock import lock_holder
 from batchrun.job.manifest import Manifest, find_input, load_manifest
+from batchrun.job.model_counts import model_counts
 from batchrun.job.paths import JobPaths
 from batchrun.job.summary import current_summary
 
@@ -78,6 +79,8 @@ def job_status(job_dir: Path) -> dict[str, Any]:
         # latency_s and queue_s ({p50, p99}), errors (rate and by code): from the summary.
         **state.timing_of([r.started_at for r in manifest.runs]).summary(),
         "cost": job_cost(job_dir, state.prompt_tokens + state.completion_tokens),
+        # Per base model and adapter (job/model_counts.py).
+        "models": model_counts(manifest, state),
     }
 
 

@@ -20,6 +20,7 @@ class SummaryRecord(LightRecord):
 
     generation: str | None = None
     cached: bool = False
+    model: str | None = None
 
 
 @dataclass
@@ -41,6 +42,9 @@ class Summary:
     cache_hits: int = 0
     # Per worker index: [attempts, completion tokens, first time, last time].
     per_worker: dict[str, list[float]] = field(default_factory=dict)
+    # Per model a record names (several models, or adapters: run/by_model.py): [requests done,
+    # succeeded, prompt tokens, completion tokens].
+    per_model: dict[str, list[int]] = field(default_factory=dict)
     # job/timing.py's figures: latency and queue-wait histograms, errors by code.
     timing: dict[str, Any] = field(default_factory=dict)
 
@@ -75,6 +79,8 @@ class Summary:
         if not all(type(v) is int and v >= 0 for v in ints) or summary.succeeded > summary.done:
             return None
         if not isinstance(summary.check, str) or not isinstance(summary.per_worker, dict):
+            return None
+        if not isinstance(summary.per_model, dict):
             return None
         if not isinstance(summary.timing, dict):
             return None
@@ -114,6 +120,12 @@ class Summary:
         self.prompt_tokens += rec.prompt_tokens
         tokens = rec.completion_tokens
         self.completion_tokens += tokens
+        if rec.model is not None:
+            counts = self.per_model.setdefault(rec.model, [0, 0, 0, 0])
+            counts[0] += attempt == 1
+            counts[1] += rec.ok
+            counts[2] += rec.prompt_tokens
+            counts[3] += tokens
         if rec.worker is not None and timed:
             stats = self.per_worker.get(str(rec.worker))
             if stats is None:

@@ -7,6 +7,7 @@ adapters a file names one model, any name, as OpenAI's Batch API asks (the reade
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 # OpenAI's own code for a request naming a model that does not exist.
 MODEL_NOT_FOUND = "model_not_found"
@@ -61,3 +62,16 @@ class KnownModels:
         if model is None:
             return f"body.model is missing and this job runs several models; known: {names}"
         return f"body.model {model!r} is no model of this job; known: {names}"
+
+
+def named_model(body: dict[str, Any], default: str) -> str:
+    """The model a line's body names (a base model or an adapter), else `default` (the name
+    answers report): what status counts a request under."""
+    model = body.get("model")
+    return model if isinstance(model, str) and model else default
+
+
+def count_model(counts: dict[str, int], body: dict[str, Any], default: str) -> None:
+    """Count one valid line under the model it names (`named_model`)."""
+    name = named_model(body, default)
+    counts[name] = counts.get(name, 0) + 1

@@ -20,7 +20,7 @@ from batchrun.errors import BatchrunError
 from batchrun.models.adapters import prepare_adapters
 from batchrun.models.named import adapters_of, model_names, settings_for
 from batchrun.openai.records import Request
-from batchrun.openai.routing import KnownModels
+from batchrun.openai.routing import KnownModels, named_model
 from batchrun.run.answer_cache import AnswerCache
 from batchrun.run.model import prepare_model
 from batchrun.run.options import Notify
@@ -93,8 +93,7 @@ class ModelRoute:
     def record_name(self, request: Request) -> str:
         """What a request's journal record names as its model: the name its line gave (a base
         model or an adapter), else the model that answers it."""
-        model = request.body.get("model")
-        return model if isinstance(model, str) and model else self.settings.model_name
+        return named_model(request.body, self.settings.model_name)
 
     def only(self, name: str, want: Callable[[Request], bool]) -> Callable[[Request], bool]:
         """`want` restricted to the requests model `name` answers."""

@@ -25,6 +25,7 @@ from batchrun.job.paths import INPUT_MAP_PREFIX, JobPaths
 from batchrun.job.records import InvalidRecord, invalid_record
 from batchrun.openai.reader import check_input_file, hash_file, read_input
 from batchrun.openai.records import LineError, Request
+from batchrun.openai.routing import count_model
 from batchrun.run.options import RunOptions
 from batchrun.run.source import InputIndex
 
@@ -57,6 +58,8 @@ def validate_into_job(
     `index` records what the pass finds, so that the run pass after it reads the file cheaply.
     """
     valid = invalid = json_errors = 0
+    # Per model (several models or adapters: status counts per model, run/by_model.py).
+    model_requests: dict[str, int] = {}
     url: str | None = None
     first_error: LineError | None = None
     with JournalWriter(paths.journal, group=4096) as journal:
@@ -65,6 +68,8 @@ def validate_into_job(
             if isinstance(item, Request):
                 valid += 1
                 url = url or item.url
+                if index.known is not None:
+                    count_model(model_requests, item.body, options.settings.model_name)
                 continue
             invalid += 1
             if item.code == "invalid_json":
@@ -104,6 +109,7 @@ def validate_into_job(
         gpus=options.gpus,
         workers=options.workers,
         order=options.order,
+        model_requests=model_requests,
         cache_dir=str(options.cache_dir.resolve()) if options.cache_dir is not None else None,
         counts={"total": valid + invalid, "succeeded": 0, "failed": 0, "invalid": invalid},
     )
@@ -182,6 +188,7 @@ def _adopt_input(
     """
     generation = uuid.uuid4().hex[:12]
     counts = {"requests": 0, "invalid": 0}
+    model_requests: dict[str, int] = {}
     urls: set[str] = set()
     with JournalWriter(paths.journal, group=4096) as journal:
 
@@ -191,6 +198,8 @@ def _adopt_input(
                 if isinstance(item, Request):
                     counts["requests"] += 1
                     urls.add(item.url)
+                    if index is not None and index.known is not None:
+                        count_model(model_requests, item.body, manifest.model or "")
                     yield item.custom_id, item.line
                     continue
                 counts["invalid"] += 1
@@ -209,6 +218,7 @@ def _adopt_input(
             "submit it as a new job instead"
         )
     manifest.requests = counts["requests"]
+    manifest.model_requests = model_requests
     manifest.invalid = counts["invalid"]
     manifest.input_sha256 = digest
     manifest.input_bytes = path.stat().st_size
