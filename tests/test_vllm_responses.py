@@ -21,8 +21,9 @@ REFUSED = {
     "/v1/chat/completions, where function tools and tool_choice are honoured; remove it",
     "refused-previous": "body.previous_response_id is not supported: a batch line stands "
     "alone: no response or conversation is stored to continue; remove it",
-    "refused-image": "body.input[0].content[0].type 'input_image' is not supported: batchrun "
-    "runs text models, which read the parts 'input_text' and 'output_text' only",
+    "refused-image": "body.input[0].content[0].file_id is not supported: batchrun has no file "
+    "store; give the image as image_url (a data:image/...;base64, URL, an http(s) URL or a "
+    "file:// URL)",
 }
 
 

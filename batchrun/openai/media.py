@@ -35,6 +35,8 @@ MEDIA_PARTS: dict[str, tuple[str, str]] = {
     "video_url": ("video", "video_url"),
     "input_audio": ("audio", "input_audio"),
 }
+# A Responses API input_image's detail (OpenAI's values; vLLM reads the image whatever it says).
+IMAGE_DETAILS = ("low", "high", "auto", "original")
 # input_audio's formats (OpenAI's wav and mp3, and what vLLM's decoders read besides).
 AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg", "m4a", "webm")
 _A = {"image": "an image", "audio": "audio", "video": "a video"}
@@ -137,14 +139,7 @@ def check_media_part(where: str, part: dict[str, Any], counts: dict[str, int]) -
     kind = str(part.get("type"))
     modality, key = MEDIA_PARTS[kind]
     policy = _policy
-    policy.check_reads(where, kind, modality)
-    counts[modality] = counts.get(modality, 0) + 1
-    limit = policy.limit(modality)
-    if limit is not None and counts[modality] > limit:
-        raise bad_media(
-            f"{where}: the request holds more than {limit} {modality} part"
-            f"{'' if limit == 1 else 's'}, the limit --limit-mm-per-prompt sets"
-        )
+    _count_part(where, kind, modality, counts, policy)
     value = part.get(key)
     if kind == "input_audio":
         if not isinstance(value, dict):
@@ -176,6 +171,46 @@ def check_media_part(where: str, part: dict[str, Any], counts: dict[str, int]) -
             f"got {describe(value)}",
         )
     check_media_url(f"{where}.{key}.url", url, modality, policy)
+
+
+def check_input_image(where: str, part: dict[str, Any], counts: dict[str, int]) -> None:
+    """Check a Responses API `input_image` part ({"image_url": URL, "detail"?}) as a chat
+    image_url part is checked, and count it; a `file_id` (a file stored with OpenAI) is refused."""
+    policy = _policy
+    if part.get("file_id") is not None:
+        raise InvalidLine(
+            "invalid_request",
+            f"{where}.file_id is not supported: batchrun has no file store; give the image as "
+            "image_url (a data:image/...;base64, URL, an http(s) URL or a file:// URL)",
+        )
+    url = part.get("image_url")
+    if not isinstance(url, str):
+        got = "it is missing" if "image_url" not in part else f"got {describe(url)}"
+        raise InvalidLine(
+            "invalid_request", f"{where}.image_url must be a string URL of the image; {got}"
+        )
+    detail = part.get("detail")
+    if detail is not None and detail not in IMAGE_DETAILS:
+        raise InvalidLine(
+            "invalid_request",
+            f"{where}.detail must be one of {', '.join(IMAGE_DETAILS)}, got {show(detail)}",
+        )
+    _count_part(where, "input_image", "image", counts, policy)
+    check_media_url(f"{where}.image_url", url, "image", policy)
+
+
+def _count_part(
+    where: str, kind: str, modality: str, counts: dict[str, int], policy: MediaPolicy
+) -> None:
+    """Refuse a part the model does not read, count it, and hold it to --limit-mm-per-prompt."""
+    policy.check_reads(where, kind, modality)
+    counts[modality] = counts.get(modality, 0) + 1
+    limit = policy.limit(modality)
+    if limit is not None and counts[modality] > limit:
+        raise bad_media(
+            f"{where}: the request holds more than {limit} {modality} part"
+            f"{'' if limit == 1 else 's'}, the limit --limit-mm-per-prompt sets"
+        )
 
 
 def check_media_url(where: str, url: str, modality: str, policy: MediaPolicy) -> None:
@@ -260,16 +295,24 @@ def check_local_file(where: str, parsed: Any, policy: MediaPolicy) -> None:
 
 
 def media_urls(body: dict[str, Any]) -> list[str]:
-    """The URLs (and input_audio data) of a chat body's media parts, in order; a
-    transcription's file_url."""
+    """The URLs (and input_audio data) of a chat body's media parts, or a responses body's
+    input_image parts, in order; a transcription's file_url."""
     found: list[str] = []
     if isinstance(body.get("file_url"), str):
         found.append(body["file_url"])
     messages = body.get("messages")
+    if not isinstance(messages, list):
+        messages = body.get("input")  # a responses body's input items
     for message in messages if isinstance(messages, list) else ():
         content = message.get("content") if isinstance(message, dict) else None
         for part in content if isinstance(content, list) else ():
-            if not isinstance(part, dict) or part.get("type") not in MEDIA_PARTS:
+            if not isinstance(part, dict):
+                continue
+            if part.get("type") == "input_image":
+                if isinstance(part.get("image_url"), str):
+                    found.append(part["image_url"])
+                continue
+            if part.get("type") not in MEDIA_PARTS:
                 continue
             value = part.get(MEDIA_PARTS[str(part["type"])][1])
             url = value.get("url") if isinstance(value, dict) else value

@@ -24,10 +24,12 @@ from batchrun.openai.fields import (
     refuse,
 )
 from batchrun.openai.invalid import bad, describe, json_kind, show
+from batchrun.openai.media import check_input_image
 
 INPUT_ROLES = ("user", "system", "developer", "assistant")
-# The content part types that carry text; images, files and audio need a model that reads them.
+# The content part types that carry text; input_image carries an image (a user message's only).
 _TEXT_PARTS = ("input_text", "output_text")
+IMAGE_PART = "input_image"
 TEXT_FORMATS = ("text", "json_object", "json_schema")
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
@@ -45,11 +47,12 @@ def check_input(body: dict[str, Any]) -> None:
         bad(f"body.input must be a string or an array of input items, got {describe(value)}")
     if not value:
         bad("body.input must not be an empty array")
+    counts: dict[str, int] = {}  # image parts, over the whole request
     for i, item in enumerate(value):
-        _check_item(f"body.input[{i}]", item)
+        _check_item(f"body.input[{i}]", item, counts)
 
 
-def _check_item(where: str, item: object) -> None:
+def _check_item(where: str, item: object, counts: dict[str, int]) -> None:
     if not isinstance(item, dict):
         bad(f"{where} must be an object (an input item), got {json_kind(item)}")
     kind = item.get("type", "message")
@@ -58,7 +61,7 @@ def _check_item(where: str, item: object) -> None:
         if role not in INPUT_ROLES:
             got = "it is missing" if "role" not in item else f"got {show(role)}"
             bad(f"{where}.role must be one of {', '.join(INPUT_ROLES)}; {got}")
-        _check_content(where, item.get("content"))
+        _check_content(where, role, item.get("content"), counts)
     elif kind == "function_call":
         for key in ("call_id", "name", "arguments"):
             if not isinstance(item.get(key), str):
@@ -78,7 +81,7 @@ def _check_item(where: str, item: object) -> None:
         )
 
 
-def _check_content(where: str, content: object) -> None:
+def _check_content(where: str, role: object, content: object, counts: dict[str, int]) -> None:
     if isinstance(content, str):
         return
     if not isinstance(content, list) or not content:
@@ -91,10 +94,16 @@ def _check_content(where: str, content: object) -> None:
         if not isinstance(part, dict):
             bad(f"{pwhere} must be an object with a type, got {describe(part)}")
         kind = part.get("type")
+        if kind == IMAGE_PART:
+            if role != "user":
+                bad(f"{pwhere}.type 'input_image' is only taken in a user message")
+            # The cheap checks of a chat image_url part (openai/media.py); read in the worker.
+            check_input_image(pwhere, part, counts)
+            continue
         if kind not in _TEXT_PARTS:
             bad(
-                f"{pwhere}.type {show(kind)} is not supported: batchrun runs text models, which "
-                f"read the parts {' and '.join(repr(k) for k in _TEXT_PARTS)} only"
+                f"{pwhere}.type {show(kind)} is not supported: a part is of type "
+                "'input_text', 'output_text' or 'input_image'"
             )
         if not isinstance(part.get("text"), str):
             bad(f"{pwhere}.text must be a string for a part of type {show(kind)}")
@@ -222,7 +231,7 @@ def responses_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         if kind == "message":
             content = item["content"]
             if isinstance(content, list):
-                content = "\n".join(part["text"] for part in content)
+                content = _chat_content(content)
             messages.append({"role": item["role"], "content": content})
         elif kind == "function_call":
             call = {
@@ -243,11 +252,32 @@ def responses_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
+def _chat_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A message's content parts as chat content: its texts joined by lines (as vLLM joins
+    them); with an input_image, chat parts in order, each image an image_url part, so that the
+    worker renders it as it renders a chat line's image."""
+    if not any(part.get("type") == IMAGE_PART for part in parts):
+        return "\n".join(part["text"] for part in parts)
+    chat: list[dict[str, Any]] = []
+    for part in parts:
+        if part.get("type") == IMAGE_PART:
+            image: dict[str, Any] = {"url": part["image_url"]}
+            if part.get("detail") is not None:
+                image["detail"] = part["detail"]
+            chat.append({"type": "image_url", "image_url": image})
+        else:
+            chat.append({"type": "text", "text": part["text"]})
+    return chat
+
+
 def last_user_text(body: Mapping[str, Any]) -> str:
     """The text of the input's last user message (what the echo engine answers with)."""
     for message in reversed(responses_messages(body)):
         if message["role"] == "user":
-            return str(message["content"])
+            content = message["content"]
+            if isinstance(content, list):  # with images: the text parts only
+                return "\n".join(p["text"] for p in content if p["type"] == "text")
+            return str(content)
     return ""
 
 

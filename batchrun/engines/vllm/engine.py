@@ -37,8 +37,8 @@ from batchrun.engines.vllm.errors import BadRequest
 from batchrun.engines.vllm.lora import LoraRoutes, lora_engine_args
 from batchrun.engines.vllm.media import (
     check_modalities,
-    has_media,
     media_engine_args,
+    media_messages,
     modalities,
     prompt_length,
     render_media_chat,
@@ -174,11 +174,12 @@ class VllmEngine:
                         request, template=self._template, model_name=self.model_name
                     )
                 prompt_ids: Any
-                if request.url == CHAT and has_media(request.body):
+                media = media_messages(request)  # chat messages holding media parts
+                if media is not None:
                     # Media parts: rendered and read by vLLM's own chat path (media.py).
-                    check_modalities(request.body, self._modalities, self.model_name)
+                    check_modalities(media, self._modalities, self.model_name)
                     prompt_ids = render_media_chat(
-                        self._engine, request, pending.template_kwargs, self.model_name
+                        self._engine, request, media, pending.template_kwargs
                     )
                     prompt_len = prompt_length(prompt_ids)
                 else:

@@ -21,7 +21,8 @@ from typing import Any
 from batchrun.config import EngineSettings
 from batchrun.engines.vllm.errors import BadRequest
 from batchrun.openai.media import MEDIA_PARTS
-from batchrun.openai.records import Request
+from batchrun.openai.records import CHAT, RESPONSES, Request
+from batchrun.openai.responses_api import responses_messages
 
 _OBJECT_REPR = re.compile(r":? ?<[\w.]+ object at 0x[0-9a-f]+>")
 
@@ -48,9 +49,20 @@ def set_fetch_timeouts(settings: EngineSettings) -> None:
         os.environ[f"VLLM_{kind}_FETCH_TIMEOUT"] = seconds
 
 
-def has_media(body: dict[str, Any]) -> bool:
-    """Whether a chat body holds a media part."""
-    messages = body.get("messages")
+def media_messages(request: Request) -> list[Any] | None:
+    """A chat or responses request's messages when they hold a media part (a responses
+    input_image is an image_url part of the chat it amounts to); None when they hold none."""
+    if request.url == CHAT:
+        messages = request.body.get("messages")
+    elif request.url == RESPONSES and isinstance(request.body.get("input"), list):
+        messages = responses_messages(request.body)
+    else:
+        return None
+    return messages if has_media(messages) else None
+
+
+def has_media(messages: Any) -> bool:
+    """Whether chat messages hold a media part."""
     for message in messages if isinstance(messages, list) else ():
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):
@@ -74,9 +86,9 @@ def modalities(engine: Any) -> tuple[str, ...]:
     return tuple(sorted(limits))
 
 
-def check_modalities(body: dict[str, Any], taken: tuple[str, ...], model_name: str) -> None:
+def check_modalities(messages: list[Any], taken: tuple[str, ...], model_name: str) -> None:
     """Refuse a media part the model cannot take, naming what it takes."""
-    for message in body.get("messages") or ():
+    for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         for part in content if isinstance(content, list) else ():
             kind = part.get("type") if isinstance(part, dict) else None
@@ -93,10 +105,10 @@ def check_modalities(body: dict[str, Any], taken: tuple[str, ...], model_name: s
 
 
 def render_media_chat(
-    engine: Any, request: Request, template_kwargs: dict[str, Any], model_name: str
+    engine: Any, request: Request, messages: list[Any], template_kwargs: dict[str, Any]
 ) -> Any:
-    """The request's messages rendered, media read and processed, by vLLM's chat path: the
-    engine input `LLM.chat` would add for them."""
+    """A request's chat `messages` rendered, media read and processed, by vLLM's chat path:
+    the engine input `LLM.chat` would add for them."""
     from vllm.renderers import ChatParams
 
     body = request.body
@@ -116,7 +128,7 @@ def render_media_chat(
     # As LLM.chat: the template writes the special tokens, the tokenizer adds none.
     tok_params = renderer.default_chat_tok_params.with_kwargs(add_special_tokens=False)
     try:
-        _, prompts = renderer.render_chat([body["messages"]], chat_params, tok_params)
+        _, prompts = renderer.render_chat([messages], chat_params, tok_params)
     except Exception as exc:  # vLLM's own reading of the media: its message names the cause
         raise BadRequest(
             f"cannot use the request's media: {_reason(exc)}", "invalid_media"
