@@ -59,16 +59,14 @@ def apply_models(settings: EngineSettings, models: list[NamedModel], given: set[
     some of which apply to one model only)."""
     if "served_model_name" in given:
         raise OptionError(
-            ("--served-model-name", "--model"),
-            "cannot be given with --model NAME=PATH: NAME is the name answers report",
+            "--served-model-name",
+            "cannot be given with --model NAME=PATH (NAME is the name answers report)",
         )
     if len(models) > 1:
         for option in ("revision", "tokenizer"):
             if option in given or getattr(settings, option) is not None:
-                flag = "--" + option
                 raise OptionError(
-                    (flag, "--model"),
-                    f"applies to one model: {flag} cannot be given with several --model",
+                    "--" + option, "applies to one model; leave it out with several --model"
                 )
     settings.model = models[0]["model"]
     settings.served_model_name = models[0]["name"]
