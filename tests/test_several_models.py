@@ -325,3 +325,54 @@ def test_known_models_route_adapters_to_their_base() -> None:
     ]
     assert known.needs_name and None not in known and "large" in known
     assert known.adapter("a2") == "a2" and known.adapter("large") is None
+
+
+def test_serve_lists_the_base_model_and_each_adapter_with_its_parent(tmp_path: Path) -> None:
+    import httpx
+    from test_serve import API_KEY, start_server, stop_server
+
+    adapter = make_adapter(tmp_path / "a1", seed=1)
+    server = start_server(
+        tmp_path / "root", "--model", "base=org/base-model", "--lora-modules", f"a1={adapter}"
+    )
+    try:
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        answer = httpx.get(f"{server.url}/v1/models", headers=headers, timeout=10)
+        assert answer.status_code == 200
+        listed = answer.json()
+        # The openai package's own client reads it.
+        assert [m.id for m in server.client().models.list()] == ["base", "a1"]
+    finally:
+        stop_server(server)
+    assert listed["object"] == "list"
+    created = listed["data"][0]["created"]
+    assert isinstance(created, int)
+    assert listed["data"] == [
+        {
+            "id": "base",
+            "object": "model",
+            "created": created,
+            "owned_by": "batchrun",
+            "root": "org/base-model",
+            "parent": None,
+        },
+        {
+            "id": "a1",
+            "object": "model",
+            "created": created,
+            "owned_by": "batchrun",
+            "root": str(adapter),
+            "parent": "base",
+        },
+    ]
+
+
+def test_serve_refuses_several_models_in_one_line(tmp_path: Path) -> None:
+    r = cli("serve", "--root", str(tmp_path / "root"), "--engine", "echo", *TWO, env=WIDE)
+    assert r.returncode == 2, r.stderr
+    assert (
+        "Invalid value for '--model': serve runs one model (and its adapters); run several "
+        "models with submit"
+    ) in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "root").exists()

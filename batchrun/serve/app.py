@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import time
 import traceback
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -30,6 +31,7 @@ from batchrun.serve.files import FileStore
 from batchrun.serve.guard import Guard, bad_key
 from batchrun.serve.ids import new_batch_id, new_error_id
 from batchrun.serve.metrics import Metrics
+from batchrun.serve.models import model_list
 from batchrun.serve.runner import Runner
 from batchrun.serve.uploads import receive_upload
 
@@ -90,6 +92,12 @@ def create_app(services: Services) -> FastAPI:
     @app.get("/health")
     def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    created = int(time.time())
+
+    @app.get("/v1/models", dependencies=auth)
+    def list_models() -> dict[str, Any]:
+        return model_list(services.runner.options.settings, created)
 
     @app.get("/metrics", dependencies=auth, response_class=PlainTextResponse)
     def metrics() -> str:

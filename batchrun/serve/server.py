@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from batchrun import stopping
-from batchrun.errors import BatchrunError
+from batchrun.errors import BatchrunError, OptionError
 from batchrun.models.adapters import prepare_adapters
 from batchrun.run.model import prepare_model
 from batchrun.run.options import RunOptions
@@ -123,6 +123,10 @@ def serve(
     from batchrun.serve.runner import Runner
 
     options.check()
+    if options.settings.models:  # a live queue runs one model's engines (docs/models.md)
+        raise OptionError(
+            "--model", "serve runs one model (and its adapters); run several models with submit"
+        )
     kind_switch_after()  # a bad BATCHRUN_SERVE_KIND_SWITCH_S is refused before the root is made
     if root.exists() and not root.is_dir():
         raise BatchrunError(f"--root {root} is a file, not a directory")
