@@ -1,0 +1,88 @@
+"""`batchrun serve` takes media lines as submit does: an upload of chat lines with images and
+audio becomes a batch that completes on the echo engine, its bad media lines error records
+naming the cause."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+from conftest import write_jsonl
+from mm_models import png_bytes, wav_bytes
+from test_serve import create_batch, lines_of, start_server, stop_server, wait_done
+
+PNG_URL = "data:image/png;base64," + base64.b64encode(png_bytes(8, 8, (200, 30, 30))).decode()
+WAV = base64.b64encode(wav_bytes(0.1, 440)).decode()
+WHERE = "body.messages[0].content[1]"
+
+
+def media_line(cid: str, part: dict[str, Any], text: str = "What is this?") -> dict[str, Any]:
+    """A chat line: a text part, then `part`."""
+    return {
+        "custom_id": cid,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": "m",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": text}, part]}],
+        },
+    }
+
+
+def image(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def test_a_batch_of_media_lines_completes_with_its_bad_lines_as_errors(tmp_path: Path) -> None:
+    root = tmp_path / "media"
+    root.mkdir()
+    (root / "red.png").write_bytes(png_bytes(4, 4, (10, 200, 10)))
+    lines = [
+        media_line("image", image(PNG_URL), "Caption it."),
+        media_line(
+            "audio",
+            {"type": "input_audio", "input_audio": {"data": WAV, "format": "wav"}},
+            "Transcribe it.",
+        ),
+        media_line("file", image((root / "red.png").as_uri()), "A local file."),
+        media_line("corrupt", image("data:image/png;base64,iVBOR$w0K")),
+        media_line("outside", image((tmp_path / "elsewhere.png").as_uri())),
+    ]
+    server = start_server(tmp_path / "root", "--allowed-local-media-path", str(root))
+    try:
+        client = server.client()
+        batch = create_batch(client, write_jsonl(tmp_path / "in.jsonl", lines))
+        done = wait_done(client, batch.id)
+        assert done.status == "completed"
+        assert done.request_counts is not None
+        assert (done.request_counts.completed, done.request_counts.failed) == (3, 2)
+        answers = {
+            r["custom_id"]: r["response"]["body"]["choices"][0]["message"]["content"]
+            for r in lines_of(client, done.output_file_id)
+        }
+        assert answers == {
+            "image": "Caption it.",
+            "audio": "Transcribe it.",
+            "file": "A local file.",
+        }
+        errors = {
+            r["custom_id"]: (r["error"]["code"], r["error"]["message"], r["error"]["line"])
+            for r in lines_of(client, done.error_file_id)
+        }
+        url = f"{WHERE}.image_url.url"
+        assert errors == {
+            "corrupt": (
+                "invalid_media",
+                f"{url} is not valid base64: '$' at character 27 is not a base64 digit",
+                4,
+            ),
+            "outside": (
+                "invalid_media",
+                f"{url}: {tmp_path / 'elsewhere.png'} is not under --allowed-local-media-path "
+                f"{root}",
+                5,
+            ),
+        }
+    finally:
+        stop_server(server)
