@@ -151,3 +151,19 @@ def test_an_engine_that_loads_no_model_takes_any_part(tmp_path: Path) -> None:
     use_media_policy(media_policy_of(EngineSettings(engine="echo", model=str(model))))
     [item] = list(read_input(write_jsonl(tmp_path / "in.jsonl", [chat_line("img", IMAGE)])))
     assert isinstance(item, Request)
+
+
+def test_a_job_of_several_models_leaves_the_check_to_each_models_worker(tmp_path: Path) -> None:
+    """Which model reads a part depends on the line's body.model: the first model's modalities
+    must not refuse a line meant for another (its worker checks instead)."""
+    text = model_dir(tmp_path, "textonly", "LlamaForCausalLM")
+    vision = model_dir(tmp_path, "idefics", "Idefics3ForConditionalGeneration")
+    settings = EngineSettings(
+        engine="vllm",
+        model=str(text),
+        models=[{"name": "t", "model": str(text)}, {"name": "v", "model": str(vision)}],
+    )
+    assert media_policy_of(settings).model_modalities is None
+    assert media_policy_of(EngineSettings(engine="vllm", model=str(text))).model_modalities == (
+        "text",
+    )

@@ -1,13 +1,15 @@
 """`batchrun serve` takes media lines as submit does: an upload of chat lines with images and
 audio becomes a batch that completes on the echo engine, its bad media lines error records
-naming the cause."""
+naming the cause; /v1/models shows what the model reads."""
 
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 from conftest import write_jsonl
 from mm_models import png_bytes, wav_bytes
 from test_serve import create_batch, lines_of, start_server, stop_server, wait_done
@@ -86,3 +88,41 @@ def test_a_batch_of_media_lines_completes_with_its_bad_lines_as_errors(tmp_path:
         }
     finally:
         stop_server(server)
+
+
+def test_v1_models_shows_what_the_model_reads(tmp_path: Path) -> None:
+    """Known from the model's config.json: no engine starts to list it (the directory has no
+    weights). An adapter reads what its base model reads."""
+    model = tmp_path / "vision"
+    model.mkdir()
+    (model / "config.json").write_text(
+        json.dumps({"architectures": ["Idefics3ForConditionalGeneration"]})
+    )
+    server = start_server(
+        tmp_path / "root", "--model", str(model), "--served-model-name", "tiny-vl", engine="vllm"
+    )
+    try:
+        answer = httpx.get(f"{server.url}/v1/models", timeout=10)
+        assert answer.status_code == 200, answer.text
+        # The openai package's own client reads the entries, the extra field kept.
+        [listed] = server.client().models.list().data
+    finally:
+        stop_server(server)
+    [entry] = answer.json()["data"]
+    assert (entry["id"], entry["modalities"]) == ("tiny-vl", ["text", "image"])
+    assert listed.model_extra == {
+        "root": str(model),
+        "parent": None,
+        "modalities": ["text", "image"],
+    }
+
+
+def test_v1_models_leaves_modalities_out_where_no_model_is_loaded(tmp_path: Path) -> None:
+    """The echo engine reads any part and loads no model: its entry names no modalities."""
+    server = start_server(tmp_path / "root")
+    try:
+        answer = httpx.get(f"{server.url}/v1/models", timeout=10)
+    finally:
+        stop_server(server)
+    [entry] = answer.json()["data"]
+    assert "modalities" not in entry

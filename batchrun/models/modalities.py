@@ -106,12 +106,17 @@ def _vllm_registry() -> tuple[frozenset[str], frozenset[str]]:
 
 def model_modalities(settings: EngineSettings) -> tuple[tuple[str, ...] | None, str]:
     """What a job's --model reads and the name messages give it (its served name, else the
-    directory's or the hub id); (None, name) when not known before the engine starts."""
+    directory's or the hub id); (None, name) when not known before the engine starts, or when
+    the job has several models."""
     from batchrun.models import DEFAULT_MODEL_NAME, check_gguf, gguf_model_dir, model_kind
 
     model = settings.model
     name = settings.served_model_name or (Path(model).name if model else DEFAULT_MODEL_NAME)
     if settings.spec.model == "none":  # an engine that loads no model (echo) takes any part
+        return None, name
+    if len(settings.models) > 1:
+        # Several models: what reads a line's part depends on its body.model, which this
+        # process-wide check does not see; each model's worker refuses what it cannot read.
         return None, name
     try:
         kind = model_kind(model)
@@ -133,3 +138,9 @@ def _hub_modalities(repo_id: str, revision: str | None) -> tuple[str, ...] | Non
 
     found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
     return directory_modalities(Path(found).parent) if isinstance(found, str) else None
+
+
+def served_modalities(settings: EngineSettings) -> list[str] | None:
+    """What `serve`'s model reads, for its /v1/models entries (None: not known from its config)."""
+    reads, _ = model_modalities(settings)
+    return list(reads) if reads is not None else None

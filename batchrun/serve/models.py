@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from batchrun.config import EngineSettings
+from batchrun.models.modalities import served_modalities
 
 OWNED_BY = "batchrun"
 
@@ -14,17 +15,32 @@ OWNED_BY = "batchrun"
 def model_list(settings: EngineSettings, created: int) -> dict[str, Any]:
     """The /v1/models answer for a server running `settings` (started at `created`)."""
     base = settings.model_name
-    data = [model_entry(base, created, root=settings.model or base)]
+    reads = served_modalities(settings)  # an adapter reads what its base model reads
+    data = [model_entry(base, created, root=settings.model or base, modalities=reads)]
     data += [
-        model_entry(a["name"], created, root=a["path"], parent=a.get("base_model_name") or base)
+        model_entry(
+            a["name"],
+            created,
+            root=a["path"],
+            parent=a.get("base_model_name") or base,
+            modalities=reads,
+        )
         for a in settings.lora_modules
     ]
     return {"object": "list", "data": data}
 
 
-def model_entry(name: str, created: int, *, root: str, parent: str | None = None) -> dict[str, Any]:
-    """One model's entry: a base model (`parent` None) or an adapter of `parent`."""
-    return {
+def model_entry(
+    name: str,
+    created: int,
+    *,
+    root: str,
+    parent: str | None = None,
+    modalities: list[str] | None = None,
+) -> dict[str, Any]:
+    """One model's entry: a base model (`parent` None) or an adapter of `parent`; with
+    `modalities` (what it reads, e.g. ["text", "image"]) when its config says so."""
+    entry: dict[str, Any] = {
         "id": name,
         "object": "model",
         "created": created,
@@ -32,3 +48,8 @@ def model_entry(name: str, created: int, *, root: str, parent: str | None = None
         "root": root,
         "parent": parent,
     }
+    if modalities is not None:
+        # Neither OpenAI's Model nor vLLM's ModelCard has such a field; the name and values
+        # are those of OpenAI's chat request field `modalities`.
+        entry["modalities"] = modalities
+    return entry
