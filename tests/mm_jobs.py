@@ -220,6 +220,17 @@ def audio_lines(media: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
             max_completion_tokens=5,
         )
     )
+    # verbose_json: segments cut from the model's timestamps, a short clip and a cut one.
+    for cid, seconds, freq in (("verbose", 0.7, 610), ("verbose-long", 7.0, 740)):
+        lines.append(
+            transcription(
+                cid,
+                data_url(wav_bytes(seconds, freq), "audio/wav"),
+                language="en",
+                response_format="verbose_json",
+                max_completion_tokens=12,
+            )
+        )
     bad = {
         "not-audio": (
             "invalid_media",
@@ -235,9 +246,9 @@ def audio_lines(media: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
             "invalid_request",
             {**transcription("x", "data:audio/wav;base64,AAAA"), "body": {"file": "a.wav"}},
         ),
-        "verbose": (
+        "srt": (
             "invalid_request",
-            transcription("x", "data:audio/wav;base64,AAAA", response_format="verbose_json"),
+            transcription("x", "data:audio/wav;base64,AAAA", response_format="srt"),
         ),
     }
     for cid, (_, line) in bad.items():
@@ -261,6 +272,8 @@ def run_audio_job(tmp: Path, models: dict[str, Path]) -> dict[str, Any]:
     )  # fmt: skip
     exported = cli("export", "--job-dir", str(job))
     assert exported.returncode == 0, exported.stderr
+    parquet = cli("export", "--job-dir", str(job), "--parquet")
+    assert parquet.returncode == 0, parquet.stderr
     good = []
     for line in lines:
         if line["custom_id"] in bad:

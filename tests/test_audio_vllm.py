@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
 import pytest
 from conftest import read_jsonl
 
@@ -13,14 +14,33 @@ pytestmark = pytest.mark.vllm
 
 def test_transcriptions_equal_vllm_run_batch(vllm_audio_job: dict[str, Any]) -> None:
     """Each line (the samples, a file:// clip, a clip longer than the model's window, a
-    max_completion_tokens cap) answered as `vllm.entrypoints.openai.run_batch` answers it:
-    {"text", "usage": {"type": "duration", "seconds"}}."""
+    max_completion_tokens cap, verbose_json) answered as `vllm.entrypoints.openai.run_batch`
+    answers it: {"text", "usage": {"type": "duration", "seconds"}}, or vLLM's verbose object."""
     job = vllm_audio_job["job"]
     bodies = {r["custom_id"]: r["response"]["body"] for r in read_jsonl(job / "output.jsonl")}
     assert bodies == vllm_audio_job["raw"]
-    assert set(bodies) == {"tone-440", "tone-880", "file", "long", "short-cap"}
+    assert set(bodies) == {
+        "tone-440", "tone-880", "file", "long", "short-cap", "verbose", "verbose-long",
+    }  # fmt: skip
     assert bodies["long"]["usage"] == {"type": "duration", "seconds": 7}
-    assert len({b["text"] for b in bodies.values()}) == len(bodies)
+    plain = [b["text"] for cid, b in bodies.items() if not cid.startswith("verbose")]
+    assert len(set(plain)) == len(plain)
+    verbose = bodies["verbose-long"]
+    assert set(verbose) == {"duration", "language", "text", "segments", "words"}
+    assert (verbose["duration"], verbose["language"]) == (7.0, "en") and verbose["segments"]
+
+
+def test_results_parquet_holds_each_transcriptions_text_and_duration(
+    vllm_audio_job: dict[str, Any],
+) -> None:
+    df = pd.read_parquet(vllm_audio_job["job"] / "results.parquet").set_index("custom_id")
+    ok = df[df["status"] == "succeeded"]
+    bodies = vllm_audio_job["raw"]
+    assert ok["content"].to_dict() == {cid: b["text"] for cid, b in bodies.items()}
+    assert ok["duration_s"].to_dict() == {
+        cid: float(b["duration"] if "duration" in b else b["usage"]["seconds"])
+        for cid, b in bodies.items()
+    }
 
 
 def test_bad_audio_is_an_error_record(vllm_audio_job: dict[str, Any]) -> None:
@@ -34,8 +54,8 @@ def test_bad_audio_is_an_error_record(vllm_audio_job: dict[str, Any]) -> None:
         "body.file is not supported in batch requests (there is no multipart upload); pass the "
         "audio as body.file_url: a data:audio/...;base64, URL or an http(s) URL"
     )
-    assert errors["verbose"]["message"] == (
-        "body.response_format 'verbose_json' is not supported by batchrun yet; use json or text"
+    assert errors["srt"]["message"] == (
+        "body.response_format 'srt' is not supported: vLLM answers json, text, verbose_json"
     )
     assert errors["no-language"]["message"] == (
         'body.language is missing: this model needs the spoken language (such as "en"); '

@@ -250,10 +250,21 @@ WAV_URL = "data:audio/wav;base64," + base64.b64encode(wav_bytes(0.1, 440)).decod
             "invalid_media",
             "body.file_url is a data URL of type 'image/png', not audio",
         ),
+        ({"file_url": WAV_URL, "response_format": "verbose_json"}, None, None),
         (
-            {"file_url": WAV_URL, "response_format": "verbose_json"},
+            {"file_url": WAV_URL, "response_format": "srt"},
             "invalid_request",
-            "body.response_format 'verbose_json' is not supported by batchrun yet; use json or text",
+            "body.response_format 'srt' is not supported: vLLM answers json, text, verbose_json",
+        ),
+        (
+            {"file_url": WAV_URL, "response_format": "vtt"},
+            "invalid_request",
+            "body.response_format 'vtt' is not supported: vLLM answers json, text, verbose_json",
+        ),
+        (
+            {"file_url": WAV_URL, "response_format": "xml"},
+            "invalid_request",
+            "body.response_format must be one of json, text, verbose_json, got 'xml'",
         ),
         (
             {"file_url": WAV_URL, "temperature": 2},

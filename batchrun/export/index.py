@@ -78,6 +78,8 @@ class JournalIndex:
     # Any first choice whose message has tool calls (a forced or parsed call); an empty list
     # (as vLLM's server writes for none) is none.
     has_tool_calls: bool = False
+    # Any transcription or translation that reports its audio's duration.
+    has_duration: bool = False
     _order: array[int] | None = field(default=None, init=False, repr=False)
 
     def __len__(self) -> int:
@@ -133,10 +135,18 @@ class _Item(msgspec.Struct):
     score: msgspec.Raw = msgspec.Raw(b"null")  # a ScoreResponse's item
 
 
+class _AudioUsage(msgspec.Struct):
+    """A usage's type: "duration" in a transcription's (its other fields unread)."""
+
+    type: Any = None
+
+
 class _Body(msgspec.Struct):
     """What the Parquet schema needs to know of a succeeded body: its shape, values unread."""
 
     choices: list[_Choice] | None = None
+    usage: _AudioUsage | None = None
+    duration: Any = None  # a verbose transcription's or translation's
     data: list[_Item] | None = None  # an embeddings body's, or a score body's
     output: list[_OutputItem] | None = None  # a Response's
     results: msgspec.Raw | None = None  # a RerankResponse's
@@ -288,7 +298,10 @@ def _note_body(index: JournalIndex, body: object) -> None:
     reasoning, tool calls, embeddings (and their size) or scores."""
     if not isinstance(body, _Body):
         _note_decoded_body(index, body)
-    elif body.results is not None:
+        return
+    if body.duration is not None or (body.usage is not None and body.usage.type == "duration"):
+        index.has_duration = True
+    if body.results is not None:
         index.has_scores = True
     elif body.data is not None:
         if body.data and bytes(body.data[0].score) != b"null":
@@ -315,6 +328,11 @@ def _note_decoded_body(index: JournalIndex, body: object) -> None:
     """`_note_body` for a body json decoded."""
     if not isinstance(body, dict):
         return
+    usage = body.get("usage")
+    if body.get("duration") is not None or (
+        isinstance(usage, dict) and usage.get("type") == "duration"
+    ):
+        index.has_duration = True
     data = body.get("data")
     if isinstance(body.get("results"), list) or (
         isinstance(data, list) and data and isinstance(data[0], dict) and "score" in data[0]

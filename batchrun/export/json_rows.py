@@ -83,6 +83,8 @@ def json_row(entry: Entry, rec: dict[str, Any], extras: Sequence[str]) -> tuple[
                 if isinstance(data, list)
                 else None
             )
+        elif name == "duration_s":
+            values.append(json_duration(body))
         else:  # scores, score_indices
             values.append(json_scores(body, name))
     return tuple(values)
@@ -117,6 +119,18 @@ def json_tool_calls(calls: object) -> list[dict[str, Any] | None] | None:
             }
         )
     return rows
+
+
+def json_duration(body: dict[str, Any]) -> float | None:
+    """parquet.py's `_duration` for a body as json reads it."""
+    duration = body.get("duration")
+    if isinstance(duration, (int, float)) and not isinstance(duration, bool):
+        return float(duration)
+    usage = body.get("usage")
+    if not isinstance(usage, dict) or usage.get("type") != "duration":
+        return None
+    seconds = usage.get("seconds")
+    return float(seconds) if isinstance(seconds, (int, float)) else None
 
 
 def json_scores(body: dict[str, Any], name: str) -> list[Any] | None:

@@ -15,7 +15,10 @@ its scores in the body's order, and what each scores: the pair's index for /v1/s
 document's for /v1/rerank, whose results are best first and cut to top_n). A /v1/responses
 answer's row holds its message's text as `content`
 and its status as `finish_reason` (stop, or length when incomplete); its `tool_calls` are null, as
-batchrun's Responses hold no function_call items (responses_api.py refuses tools there).
+batchrun's Responses hold no function_call items (responses_api.py refuses tools there). A
+transcription's or translation's row holds its text as `content`, and a job whose answers report
+their audio's duration a `duration_s` column (a verbose_json answer's `duration`, else the usage's
+whole seconds, rounded up as OpenAI counts them; null for a translation in json or text).
 
 Each record read back is decoded by msgspec into just the fields a row needs, and a row group's
 columns are built from its rows at once. A record msgspec refuses (NaN, a lone surrogate escape:
@@ -136,6 +139,8 @@ def parquet_schema(index: JournalIndex | None = None) -> Any:
     if index is not None and index.has_scores:
         fields.append(("scores", pa.list_(pa.float64())))
         fields.append(("score_indices", pa.list_(pa.int64())))
+    if index is not None and index.has_duration:
+        fields.append(("duration_s", pa.float64()))
     schema = pa.schema(fields)
     metadata = _pandas_metadata(pa, schema)
     return schema if metadata is None else schema.with_metadata(metadata)
@@ -235,6 +240,8 @@ class _Usage(DetailedUsage):
     total_tokens: Any = None
     input_tokens: Any = None  # a Response's names for the first two
     output_tokens: Any = None
+    type: Any = None  # a transcription's: "duration", with the audio's whole seconds
+    seconds: Any = None
 
 
 class _Part(msgspec.Struct):
@@ -256,6 +263,7 @@ class _Body(msgspec.Struct):
     status: Any = None  # a Response's: "completed" or "incomplete"
     usage: _Usage | None = None
     text: Any = None  # a transcription's or translation's (/v1/audio/...)
+    duration: Any = None  # a verbose one's (response_format verbose_json), in seconds
 
 
 class _Error(msgspec.Struct):
@@ -363,9 +371,22 @@ def _row(index: JournalIndex, entry: Entry, raw: bytes, extras: Sequence[str]) -
         elif name == "embeddings":
             data = body.data
             values.append(None if data is None else [embedding(item.embedding) for item in data])
+        elif name == "duration_s":
+            values.append(_duration(body))
         else:  # scores, score_indices
             values.append(_scores(body, name))
     return tuple(values)
+
+
+def _duration(body: _Body) -> float | None:
+    """A transcription's audio duration: a verbose answer's own, else its usage's seconds
+    (rounded up, as OpenAI counts them); None for an answer that reports none."""
+    if isinstance(body.duration, (int, float)):
+        return float(body.duration)
+    usage = body.usage
+    if usage is not None and usage.type == "duration" and isinstance(usage.seconds, (int, float)):
+        return float(usage.seconds)
+    return None
 
 
 def _tool_calls(message: _Message) -> list[dict[str, Any]] | None:

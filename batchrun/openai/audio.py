@@ -18,9 +18,10 @@ from batchrun.openai.fields import (
 from batchrun.openai.invalid import InvalidLine, bad, describe, show
 from batchrun.openai.media import check_media_url, media_policy
 
-# What vLLM answers for a speech-to-text model (verbose_json needs segment timestamps, which
-# batchrun does not build yet; diarized_json needs a diarizing model).
-RESPONSE_FORMATS = ("json", "text")
+# What vLLM 0.32's server answers for a speech-to-text model (verbose_json: a model that writes
+# timestamps, such as Whisper; the worker refuses it for another). vLLM refuses srt and vtt;
+# diarized_json needs a diarizing model, which batchrun does not run yet.
+RESPONSE_FORMATS = ("json", "text", "verbose_json")
 
 
 def check_audio_body(body: dict[str, Any]) -> None:
@@ -50,12 +51,13 @@ def check_audio_body(body: dict[str, Any]) -> None:
 def _response_format(key: str, value: object) -> None:
     if value in RESPONSE_FORMATS:
         return
-    if value in ("verbose_json", "srt", "vtt", "diarized_json"):
+    supported = ", ".join(RESPONSE_FORMATS)
+    if value in ("srt", "vtt", "diarized_json"):
         raise InvalidLine(
             "invalid_request",
-            f"body.{key} {show(value)} is not supported by batchrun yet; use json or text",
+            f"body.{key} {show(value)} is not supported: vLLM answers {supported}",
         )
-    bad(f"body.{key} must be one of {', '.join(RESPONSE_FORMATS)}, got {show(value)}")
+    bad(f"body.{key} must be one of {supported}, got {show(value)}")
 
 
 AUDIO_CHECKS: dict[str, FieldCheck] = {

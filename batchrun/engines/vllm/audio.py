@@ -7,7 +7,9 @@ resampled by vLLM's `load_audio` (soundfile), cut into the model's clip length w
 (vLLM's `split_audio`), and each clip made into the model's own prompt
 (`get_generation_prompt`). Each clip is a vLLM request of its own; the answer joins their texts
 as vLLM does, in OpenAI's transcription shape: `{"text", "usage": {"type": "duration",
-"seconds"}}` (a translation: `{"text"}`).
+"seconds"}}` (a translation: `{"text"}`). With `response_format: "verbose_json"` the model writes
+timestamps and the answer is vLLM's verbose object, `{"duration", "language", "text",
+"segments", "words"}`, its segments cut by vLLM's own code from the tokens and their logprobs.
 """
 
 from __future__ import annotations
@@ -58,18 +60,23 @@ class AudioWork:
     post_process: Any  # the model class's post_process_output
     what: str = "transcription"
     texts: list[str] = field(default_factory=list)
+    verbose: Verbose | None = None  # response_format verbose_json: what its segments need
 
     def outcome(
         self, request: Request, parts: list[Any], *, model: str, latency_s: float
     ) -> Outcome:
         """The answer from each clip's RequestOutput, in order."""
-        texts = [self.post_process(p.outputs[0].text) for p in parts]
         tokens = sum(len(p.outputs[0].token_ids) for p in parts)
         prompt_tokens = sum(len(p.prompt_token_ids or ()) for p in parts)
-        body: dict[str, Any] = {"text": self.separator.join(texts)}
-        if not self.translate:
-            # Rounded up, as OpenAI (and vLLM) count audio.
-            body["usage"] = {"type": "duration", "seconds": math.ceil(self.duration_s)}
+        body: dict[str, Any]
+        if self.verbose is not None:
+            body = self.verbose.body(parts, self.separator, self.duration_s, self.translate)
+        else:
+            texts = [self.post_process(p.outputs[0].text) for p in parts]
+            body = {"text": self.separator.join(texts)}
+            if not self.translate:
+                # Rounded up, as OpenAI (and vLLM) count audio.
+                body["usage"] = {"type": "duration", "seconds": math.ceil(self.duration_s)}
         return Outcome(
             custom_id=request.custom_id,
             ok=True,
@@ -81,17 +88,70 @@ class AudioWork:
         )
 
 
+@dataclass
+class Verbose:
+    """What a verbose_json answer needs beyond the clips' outputs: vLLM's request (language,
+    temperature), each clip's start in the audio, and the tokenizer that reads timestamps."""
+
+    stt: Any
+    starts: list[float]
+    tokenizer: Any
+
+    def body(
+        self, parts: list[Any], separator: str, duration_s: float, translate: bool
+    ) -> dict[str, Any]:
+        """vLLM's TranscriptionResponseVerbose (TranslationResponseVerbose) of the clips."""
+        from types import SimpleNamespace
+
+        from vllm.entrypoints.speech_to_text.base.serving import SpeechToTextBaseServing
+        from vllm.entrypoints.speech_to_text.transcription.protocol import (
+            TranscriptionResponseVerbose,
+            TranscriptionSegment,
+        )
+        from vllm.entrypoints.speech_to_text.translation.protocol import (
+            TranslationResponseVerbose,
+            TranslationSegment,
+        )
+
+        # vLLM's own segmenting, which reads only the tokenizer of its server.
+        server: Any = SimpleNamespace(tokenizer=self.tokenizer)
+        segments: list[Any] = []
+        for start, part in zip(self.starts, parts, strict=True):
+            out = part.outputs[0]
+            segments.extend(
+                SpeechToTextBaseServing._get_verbose_segments(
+                    server,
+                    tokens=tuple(out.token_ids),
+                    segment_class=TranslationSegment if translate else TranscriptionSegment,
+                    request=self.stt,
+                    start_time=start,
+                    log_probs=out.logprobs,
+                )
+            )
+        kind: Any = TranslationResponseVerbose if translate else TranscriptionResponseVerbose
+        answer = kind(
+            text=separator.join(segment.text for segment in segments),
+            language=self.stt.language,
+            duration=duration_s,
+            segments=segments,
+        )
+        return dict(answer.model_dump(mode="json"))
+
+
 def audio_work(engine: Any, request: Request, settings: EngineSettings) -> AudioWork:
     """Read, decode and cut the request's audio; its clips as vLLM's prompts and params."""
     import vllm.envs as envs
     from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
-    from vllm.entrypoints.speech_to_text.base.serving import asr_inter_chunk_separator
+    from vllm.entrypoints.speech_to_text.base.serving import (
+        SpeechToTextBaseServing,
+        asr_inter_chunk_separator,
+    )
     from vllm.entrypoints.speech_to_text.transcription.protocol import TranscriptionRequest
     from vllm.entrypoints.speech_to_text.translation.protocol import TranslationRequest
     from vllm.model_executor.model_loader.utils import get_model_cls
     from vllm.multimodal.audio import get_audio_duration, split_audio
     from vllm.multimodal.media.audio import load_audio
-    from vllm.renderers.inputs.preprocess import parse_model_prompt
+    from vllm.renderers.inputs.preprocess import parse_enc_dec_prompt, parse_model_prompt
 
     model_config = engine.model_config
     model_cls: Any = get_model_cls(model_config)
@@ -116,6 +176,13 @@ def audio_work(engine: Any, request: Request, settings: EngineSettings) -> Audio
         raise BadRequest(
             'body.language is missing: this model needs the spoken language (such as "en"); '
             "batchrun does not detect it yet"
+        )
+    verbose = stt.response_format == "verbose_json"
+    if verbose and not getattr(model_cls, "supports_segment_timestamp", False):
+        # vLLM's server refuses it the same way.
+        raise BadRequest(
+            "body.response_format 'verbose_json' needs a model that writes segment timestamps "
+            "(such as Whisper); the model loaded does not"
         )
     asr = model_cls.get_speech_to_text_config(model_config, task)
     data = read_audio(str(body["file_url"]), settings)
@@ -144,24 +211,35 @@ def audio_work(engine: Any, request: Request, settings: EngineSettings) -> Audio
             overlap_duration_s=asr.overlap_chunk_second,
             min_energy_window_size=asr.min_energy_split_window_size,
         )
+    # Where each clip starts in the audio, in seconds (a verbose answer's segment times).
+    starts = [0.0]
+    for clip in clips[:-1]:
+        starts.append(starts[-1] + clip.shape[-1] / asr.sample_rate)
     try:
-        prompts = [
-            parse_model_prompt(
-                model_config,
-                model_cls.get_generation_prompt(
-                    stt.build_stt_params(
-                        audio=clip, stt_config=asr, model_config=model_config, task_type=task
-                    )
-                ),
+        prompts = []
+        for clip in clips:
+            prompt = model_cls.get_generation_prompt(
+                stt.build_stt_params(
+                    audio=clip, stt_config=asr, model_config=model_config, task_type=task
+                )
             )
-            for clip in clips
-        ]
+            if verbose:  # as vLLM's server: the decoder starts at timestamp <|0.00|>
+                # (vLLM's method reads nothing of its server.)
+                unbound: Any = SpeechToTextBaseServing._preprocess_verbose_prompt
+                prompts.append(unbound(None, parse_enc_dec_prompt(prompt)))
+            else:
+                prompts.append(parse_model_prompt(model_config, prompt))
         engine_inputs = engine.renderer.render_cmpl(prompts)
     except Exception as e:  # the model's own refusal (Whisper: a language it needs, ...)
         raise BadRequest(f"the model cannot take this request: {e}") from e
     defaults = model_config.get_diff_sampling_param()
     max_tokens = get_max_tokens(model_config.max_model_len, stt.max_completion_tokens, 0, defaults)
-    inputs = [(inp, stt.to_sampling_params(max_tokens, defaults)) for inp in engine_inputs]
+    inputs = []
+    for inp in engine_inputs:
+        params = stt.to_sampling_params(max_tokens, defaults)
+        if verbose:
+            params.logprobs = 1  # the segments' avg_logprob, as vLLM's server asks for
+        inputs.append((inp, params))
     return AudioWork(
         inputs=inputs,
         duration_s=float(duration),
@@ -169,6 +247,7 @@ def audio_work(engine: Any, request: Request, settings: EngineSettings) -> Audio
         translate=translate,
         post_process=model_cls.post_process_output,
         what="translation" if translate else "transcription",
+        verbose=Verbose(stt, starts, engine.get_tokenizer()) if verbose else None,
     )
 
 
