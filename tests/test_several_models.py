@@ -417,3 +417,35 @@ def test_two_real_models_answer_their_own_lines_each_engine_started_once(
         "text": (3, 3),
         "image": (3, 3),
     }
+
+
+def test_identical_lines_for_two_models_are_not_merged(tmp_path: Path) -> None:
+    lines = [_line("r0", "small"), _line("r1", "large"), _line("r2", "large")]
+    for line in lines:
+        line["body"]["messages"][0]["content"] = "the same question"
+        line["body"]["temperature"] = 0
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    job = tmp_path / "job"
+    r = _submit(src, job, *TWO)
+    assert r.returncode == 0, r.stderr
+    assert _answers(job) == {"r0": "small", "r1": "large", "r2": "large"}
+    # Deduplication keys hold the model: only large's two lines are one request.
+    copies = [x["custom_id"] for x in journal_records(job) if "copy_of" in x]
+    assert copies == ["r2"]
+
+
+def test_resume_takes_the_same_names_at_other_places(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    src = _input(tmp_path, ["small", "large"])
+    r = _submit(src, job, *TWO, "--max-attempts", "1", env={"BATCHRUN_ECHO_FAIL": "r1"})
+    assert r.returncode == 1, r.stderr
+    moved = ("--model", "small=org/small-model", "--model", "large=org/moved-model")
+    r = cli("retry-failed", "--job-dir", str(job), "--no-progress", *moved)
+    assert r.returncode == 0, r.stderr
+    assert (
+        "overrides: --model small=org/small-model,large=org/moved-model (was "
+        "small=org/small-model,large=org/large-model)"
+    ) in r.stderr
+    engine = json.loads((job / "manifest.json").read_text())["engine"]
+    assert [m["model"] for m in engine["models"]] == ["org/small-model", "org/moved-model"]

@@ -75,7 +75,7 @@ class RunOptions:
             if name == "models":  # --model NAME=PATH, given more than once (models/named.py)
                 models = apply_given_models(self.settings, value, set(given.given()))
                 if models is not None:
-                    changed[name] = models
+                    changed["model"] = models  # said as --model NAME=PATH,...
                 continue
             if name == "model":
                 refuse_plain_model(self.settings)
