@@ -176,6 +176,7 @@ ENGINE_OPTIONS = (
         "names it, and repeated runs several models, lines picking theirs by body.model.",
         default="the embedded SmolLM2-135M-Instruct",
         callback=_model_values,
+        metavar="MODEL",
     ),
     EngineOption(
         "revision",
