@@ -167,3 +167,17 @@ def test_a_job_of_several_models_leaves_the_check_to_each_models_worker(tmp_path
     assert media_policy_of(EngineSettings(engine="vllm", model=str(text))).model_modalities == (
         "text",
     )
+
+
+def test_a_gguf_file_not_yet_converted_is_not_converted_to_learn_its_modalities(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The options are checked before the model is prepared: reading a GGUF model's modalities
+    must not start its conversion (torch) in the journal's process; unknown until converted."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("BATCHRUN_HOME", str(home))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF" + b"\0" * 64)
+    policy = media_policy_of(EngineSettings(engine="vllm", model=str(gguf)))
+    assert (policy.model_modalities, policy.model_name) == (None, "model.gguf")
+    assert not home.exists()

@@ -108,7 +108,13 @@ def model_modalities(settings: EngineSettings) -> tuple[tuple[str, ...] | None, 
     """What a job's --model reads and the name messages give it (its served name, else the
     directory's or the hub id); (None, name) when not known before the engine starts, or when
     the job has several models."""
-    from batchrun.models import DEFAULT_MODEL_NAME, check_gguf, gguf_model_dir, model_kind
+    from batchrun.models import (
+        DEFAULT_MODEL_NAME,
+        check_gguf,
+        gguf_model_dir,
+        gguf_model_ready,
+        model_kind,
+    )
 
     model = settings.model
     name = settings.served_model_name or (Path(model).name if model else DEFAULT_MODEL_NAME)
@@ -126,7 +132,10 @@ def model_modalities(settings: EngineSettings) -> tuple[tuple[str, ...] | None, 
         if kind == "directory":
             return directory_modalities(Path(model).expanduser()), name
         if kind == "gguf":
-            return directory_modalities(gguf_model_dir(check_gguf(model))), name
+            gguf = check_gguf(model)
+            # Only a finished conversion is read: converting (torch) is never done here.
+            ready = gguf_model_ready(gguf)
+            return (directory_modalities(gguf_model_dir(gguf)) if ready else None), name
         return _hub_modalities(model, settings.revision), model
     except BatchrunError:
         return None, name  # prepare_model refuses the --model value with its own message
