@@ -449,3 +449,26 @@ def test_resume_takes_the_same_names_at_other_places(tmp_path: Path) -> None:
     ) in r.stderr
     engine = json.loads((job / "manifest.json").read_text())["engine"]
     assert [m["model"] for m in engine["models"]] == ["org/small-model", "org/moved-model"]
+
+
+def test_resume_cannot_give_a_job_of_one_model_several(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    assert _submit(_input(tmp_path, [None]), job).returncode == 0
+    r = cli("resume", "--job-dir", str(job), *TWO, env=WIDE)
+    assert r.returncode == 2, r.stderr
+    assert (
+        "Invalid value for '--model': cannot give the job of one model (echo) several models: "
+        "its lines were checked for one; submit a new job"
+    ) in r.stderr
+    assert json.loads((job / "manifest.json").read_text())["engine"]["models"] == []
+
+
+def test_an_adapter_named_like_a_model_is_refused(tmp_path: Path) -> None:
+    adapter = make_adapter(tmp_path / "a1", seed=1)
+    job = tmp_path / "job"
+    r = _submit(_input(tmp_path, ["small"]), job, *TWO, "--lora-modules", f"large={adapter}")
+    assert r.returncode == 1, r.stderr
+    assert _last(r) == (
+        "error: adapter 'large' has the name of one of the job's models; give it another name"
+    )
+    assert not job.exists()

@@ -135,6 +135,17 @@ def apply_given_models(
     return old, texts
 
 
+def refuse_more_models(one_model: bool, settings: EngineSettings) -> None:
+    """Refuse --model values that make a job of one model (`one_model`: before they were put
+    over it) a job of several: its lines were read by the one-model rules."""
+    if one_model and settings.models:
+        raise OptionError(
+            "--model",
+            f"cannot give the job of one model ({settings.model_name}) several models: its "
+            "lines were checked for one; submit a new job",
+        )
+
+
 def refuse_plain_model(settings: EngineSettings) -> None:
     """Refuse a plain --model given to resume or retry-failed for a job of several models."""
     if settings.models:

@@ -38,6 +38,11 @@ def prepare_models(settings: EngineSettings, notify: Notify) -> KnownModels | No
         return prepare_adapters(settings)
     names = model_names(settings)
     for adapter in settings.lora_modules:
+        if adapter["name"] in names:
+            raise BatchrunError(
+                f"adapter {adapter['name']!r} has the name of one of the job's models; give it "
+                "another name"
+            )
         base = adapter.get("base_model_name")
         if base is not None and base not in names:
             raise BatchrunError(

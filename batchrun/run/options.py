@@ -24,7 +24,7 @@ from batchrun.config import (
 from batchrun.job.manifest import Manifest, save_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.models.adapters import merge_adapters, parse_lora_modules, same_adapters
-from batchrun.models.named import apply_given_models, refuse_plain_model
+from batchrun.models.named import apply_given_models, refuse_more_models, refuse_plain_model
 from batchrun.openai.media import use_media_policy
 from batchrun.run.media_options import MEDIA_OPTION_PARSERS, media_policy_of
 from batchrun.run.planner import DEFAULT_ORDER, ORDERS
@@ -190,7 +190,9 @@ def merge_options(options: RunOptions, given: GivenOptions) -> dict[str, tuple[A
     batchrun, or edited by hand) would fail every run: the message says which option replaces it.
     """
     old_adapters = options.settings.lora_modules
+    one_model = not options.settings.models
     changed = options.apply(given)
+    refuse_more_models(one_model, options.settings)
     if "lora_modules" in changed:
         # The same names only: the job's lines were checked against them.
         options.settings.lora_modules = merge_adapters(old_adapters, options.settings.lora_modules)
