@@ -45,8 +45,10 @@ def test_bad_media_are_error_records_naming_the_cause(vllm_image_job: dict[str, 
     )
     assert "is not valid base64" in messages["corrupt-base64"]
     assert "is not under --allowed-local-media-path" in messages["outside-root"]
+    # Known from the model's config, so found at validation (the worker's check is the backstop).
     assert messages["audio-to-image-model"] == (
-        "a part of type 'input_audio' needs a model that reads audio; idefics3 reads text, image"
+        "body.messages[0].content[1]: a part of type 'input_audio' needs a model that reads "
+        "audio; idefics3 reads text, image"
     )
 
 
