@@ -11,7 +11,7 @@ correct; splitting GPUs by each model's share of the work is not done.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -127,20 +127,3 @@ class ModelRoute:
         if self.cache_dir is not None:
             scheduler.answers = AnswerCache.open(self.cache_dir, settings)
         self.current = name
-
-    def ordered(self) -> list[str]:
-        """The models in the order to run them: the one the workers run now first (a retry
-        pass then needs no switch), then the job's order."""
-        if self.current is None:
-            return list(self.names)
-        return [self.current, *(n for n in self.names if n != self.current)]
-
-
-def model_requests(
-    source: Iterator[Request], route: ModelRoute, counts: dict[str, int]
-) -> Iterator[Request]:
-    """`source` as it is, counting its requests by the name their records give (validation)."""
-    for request in source:
-        name = route.record_name(request)
-        counts[name] = counts.get(name, 0) + 1
-        yield request

@@ -201,7 +201,7 @@ class _Passes:
         route = ModelRoute(self.options.settings, self.options.cache_dir)
         if route.known is not None or self.options.settings.lora_modules:
             scheduler.record_model = route.record_name  # status counts per model and adapter
-        for name in route.ordered():
+        for name in route.names:
             if mode == "retry":
                 ids = route.ids_of(name, failed_ids, input_path, index)
                 if not ids:  # nothing to size or start an engine for
