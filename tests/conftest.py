@@ -256,12 +256,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     time)."""
     for item in items:
         if item.get_closest_marker("vllm") is not None:
-            # Two groups of real-engine tests, each with its own jobs: the generative server's
-            # (killed, then started again on Ray) run beside the others.
-            uses = "vllm_generative_server" in item.fixturenames  # fixtures' own included
-            item.add_marker(pytest.mark.xdist_group("vllm-generative" if uses else "vllm"))
+            item.add_marker(pytest.mark.xdist_group(_engine_group(item)))
         elif item.get_closest_marker("ray") is not None:
             item.add_marker(pytest.mark.xdist_group("ray"))
+
+
+# The session-scoped real-engine jobs, each the group of the tests that read it: a group runs in
+# one test process, so each job starts its engines once, and the groups spread over the
+# processes (one group of them all ran 7 minutes of engine starts in a row in one process).
+ENGINE_JOB_GROUPS = {
+    "vllm_generative_server": "vllm-generative",
+    "tiny_mm_models": "vllm-media",
+    "vllm_pooling_server": "vllm-pooling",
+    "vllm_chat_job": "vllm-chat",
+}
+
+
+def _engine_group(item: pytest.Item) -> str:
+    """The xdist group of a real-engine test: its shared job's, else its module's."""
+    names = getattr(item, "fixturenames", ())  # fixtures' own included
+    for fixture, group in ENGINE_JOB_GROUPS.items():
+        if fixture in names:
+            return group
+    return "vllm-" + Path(str(item.fspath)).stem
 
 
 @pytest.fixture(scope="session")
