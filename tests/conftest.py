@@ -263,10 +263,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 # The session-scoped real-engine jobs, each the group of the tests that read it: a group runs in
 # one test process, so each job starts its engines once, and the groups spread over the
-# processes (one group of them all ran 7 minutes of engine starts in a row in one process).
+# processes (one group of them all ran 7 minutes of engine starts in a row in one process). The
+# tiny media models (7 s to build) are built again by each process that needs them.
 ENGINE_JOB_GROUPS = {
     "vllm_generative_server": "vllm-generative",
-    "tiny_mm_models": "vllm-media",
+    "vllm_image_job": "vllm-images",
+    "vllm_audio_job": "vllm-audio",
     "vllm_pooling_server": "vllm-pooling",
     "vllm_chat_job": "vllm-chat",
 }
