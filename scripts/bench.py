@@ -6,6 +6,8 @@ own overhead with the echo engine.
     .venv/bin/python scripts/bench.py --skip-overhead   # part A only
     .venv/bin/python scripts/bench.py --overhead        # part B only
     .venv/bin/python scripts/bench.py --dispatch --rounds 2   # part C only (scripts/bench_dispatch.py)
+    .venv/bin/python scripts/bench.py --lora --rounds 2       # LoRA adapters (scripts/bench_lora.py)
+    .venv/bin/python scripts/bench.py --models --rounds 2     # two models (scripts/bench_models.py)
 
 Each part is a module of its own that also runs alone, with the same options (`--help`):
 scripts/bench_vllm.py (part A), scripts/bench_overhead.py (part B), scripts/bench_dispatch.py
@@ -23,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import bench_dispatch
+import bench_lora
+import bench_models
 import bench_overhead
 import bench_vllm
 from bench_harness import common_arguments, run_benchmark, the_command
@@ -41,6 +45,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="run part C only: the dispatch plan on workloads (a)-(d) (scripts/bench_dispatch.py)",
     )
     bench_dispatch.add_arguments(p)
+    p.add_argument(
+        "--lora", action="store_true", help="run the LoRA benchmark only (scripts/bench_lora.py)"
+    )
+    bench_lora.add_arguments(p)
+    p.add_argument(
+        "--models",
+        action="store_true",
+        help="run the two-models benchmark only (scripts/bench_models.py)",
+    )
+    bench_models.add_arguments(p)
     common_arguments(p)
     # internal: one contender's child process
     bench_vllm.add_child_arguments(p)
@@ -62,6 +76,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run(work: Path, command: str, machine: dict[str, str]) -> None:
         if args.dispatch:
             bench_dispatch.part_c(args, work, command, machine)
+            return
+        if args.lora:
+            bench_lora.part_lora(args, work, command, machine)
+            return
+        if args.models:
+            bench_models.part_models(args, work, command, machine)
             return
         if not args.overhead:
             bench_vllm.part_a(args, work, command, machine)

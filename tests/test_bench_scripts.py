@@ -3,6 +3,7 @@ alone with --help, and scripts/bench.py still runs them with the flags it always
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,10 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("script", ["bench", "bench_vllm", "bench_overhead", "bench_dispatch"])
+@pytest.mark.parametrize(
+    "script",
+    ["bench", "bench_vllm", "bench_overhead", "bench_dispatch", "bench_lora", "bench_models"],
+)
 def test_each_benchmark_runs_alone_with_help(script: str) -> None:
     r = run(str(SCRIPTS / f"{script}.py"), "--help")
     assert r.returncode == 0, r.stderr
@@ -44,3 +48,53 @@ def test_the_overhead_benchmark_runs_on_its_own_and_through_bench_py(tmp_path: P
         assert r.returncode == 0, r.stderr + r.stdout
         phases = [line for line in r.stdout.splitlines() if "(exit " in line]
         assert len(phases) == 4 and all("(exit 0)" in line for line in phases), r.stdout
+
+
+def test_the_lora_benchmark_runs_dry_through_bench_py(tmp_path: Path) -> None:
+    """bench.py --lora --lora-echo: 4 adapters made, every line answered by batchrun (echo)."""
+    r = run(
+        str(SCRIPTS / "bench.py"),
+        "--lora",
+        "--lora-echo",
+        "--lora-lines",
+        "24",
+        "--rounds",
+        "1",
+        "--no-docs",
+        "--work-dir",
+        str(tmp_path),
+    )
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "24 lines over 4 adapters (rank 8), max_tokens 16, dtype auto, max_loras 5" in r.stdout
+    assert "echo engine: batchrun answered 24 of 24 lines" in r.stdout
+    assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == [
+        f"adapter{i}" for i in range(1, 5)
+    ]
+
+
+def test_the_two_models_benchmark_runs_dry_on_its_own(tmp_path: Path) -> None:
+    """bench_models.py --models-echo: the one job starts an engine per model, the two jobs one
+    each, every line answered in both, and the ratio line is printed."""
+    r = run(
+        str(SCRIPTS / "bench_models.py"),
+        "--models-echo",
+        "--models-lines",
+        "24",
+        "--rounds",
+        "1",
+        "--no-docs",
+        "--work-dir",
+        str(tmp_path),
+    )
+    assert r.returncode == 0, r.stderr + r.stdout
+    # contender, round, wall, generation, answered, tokens, engine starts, load avg
+    rows = {
+        m.group(1): (m.group(2), m.group(3))
+        for m in re.finditer(
+            r"^  (one job, two models|two jobs, one model each) +1 +\S+ +\S+ +(\d+) +\S+ +(\d+) ",
+            r.stdout,
+            re.M,
+        )
+    }
+    assert rows == {"one job, two models": ("24", "2"), "two jobs, one model each": ("24", "2")}
+    assert "one job / two jobs, wall time: " in r.stdout
