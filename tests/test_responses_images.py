@@ -39,8 +39,8 @@ def responses_line(cid: str, image: dict[str, Any], role: str = "user") -> dict[
     }
 
 
-def image(url: str | None = RED, **more: Any) -> dict[str, Any]:
-    """An input_image part (OpenAI's shape)."""
+def image(url: object = RED, **more: Any) -> dict[str, Any]:
+    """An input_image part (OpenAI's shape; `url` may be anything, to test the checks)."""
     part: dict[str, Any] = {"type": "input_image", **more}
     if url is not None:
         part["image_url"] = url
