@@ -57,7 +57,7 @@ DEFAULT_ORDER: Order = "auto"
 # A window: enough requests that a file's groups mostly fall in one, few enough that the parent's
 # memory stays small (the window's requests and their texts are held while it is planned).
 WINDOW_REQUESTS = 16_384
-WINDOW_CHARS = 64 * 2**20
+WINDOW_CHARS = 16 * 2**20
 # Characters two prompts must share to be worth keeping together: a few KV-cache blocks (16
 # tokens each, about 4 characters a token). A shared chat template or a short system prompt is
 # less, and grouping on it would only shuffle independent prompts.
@@ -261,6 +261,11 @@ def _parts_size(content: Any) -> int:
             total += sum(len(v) for v in part.values() if isinstance(v, str))
             total += sum(len(u) for u in media_urls({"messages": [{"content": [part]}]}))
     return total or 64
+
+
+def prompt_chars(request: Request) -> int:
+    """A cheap upper bound of a request's prompt characters (and its media's)."""
+    return _size(request)
 
 
 def _size(request: Request) -> int:

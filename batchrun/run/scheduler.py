@@ -42,6 +42,8 @@ from batchrun.run import admission as admission_rule
 from batchrun.run.admission import Admission, KvCache
 from batchrun.run.answer_cache import AnswerCache
 from batchrun.run.dedup import Duplicates
+from batchrun.run.memory import return_large_blocks
+from batchrun.run.planner import prompt_chars
 from batchrun.run.poison import Isolator
 from batchrun.run.recording import ResultRecording
 from batchrun.run.reporting import Reporter, RunStats
@@ -57,6 +59,9 @@ if TYPE_CHECKING:
 # as many again (at most this many), so that a worker whose results the parent is still
 # journaling always has work in hand. Isolating a poison request costs log2 of what it held.
 MAX_PREFETCH = 2048
+# ... and at most about this many prompt characters of them: 256 prefetched prompts of 250 KB
+# each would hold 64 MB more in the parent (issue 28: a file of long prompts in bounded memory).
+MAX_PREFETCH_CHARS = 16 * 2**20
 # Why a worker starts again when a job of several models moves on to the next (the event log's).
 MODEL_SWITCH = "model_switch"
 
@@ -73,9 +78,13 @@ def fewer_collections() -> Iterator[None]:
         gc.set_threshold(*old)
 
 
-def held_at_most(window: int) -> int:
-    """The most requests a worker with this window holds at once: the window plus prefetch."""
-    return window + min(MAX_PREFETCH, max(4, window))
+def held_at_most(window: int, request_chars: int = 0) -> int:
+    """The most requests a worker with this window holds at once: the window plus prefetch,
+    fewer prefetched when requests are long (`request_chars`: a recent request's prompt)."""
+    prefetch = min(MAX_PREFETCH, max(4, window))
+    if request_chars > 0:
+        prefetch = min(prefetch, max(4, MAX_PREFETCH_CHARS // request_chars))
+    return window + prefetch
 
 
 class Scheduler(ResultRecording):
@@ -99,6 +108,8 @@ class Scheduler(ResultRecording):
             for i, env in enumerate(worker_envs)
         ]
         self.pending: deque[Request] = deque()
+        # A recent request's prompt characters (planner.prompt_chars), which bounds prefetch.
+        self.request_chars = 0
         self.isolator = Isolator()
         # Told the new size after an out-of-memory back-off (the job and the size cache keep it).
         self.on_back_off: Callable[[int], None] | None = None
@@ -200,6 +211,7 @@ class Scheduler(ResultRecording):
         With `stop_on_oom`, an out-of-memory death ends the run (stats.oom) instead of backing off,
         so that the caller's batch-size search can decide what to try next.
         """
+        return_large_blocks()  # long prompts' blocks given back when freed (run/memory.py)
         with fewer_collections():
             return self._run(source, limit, stop_on_oom)
 
@@ -217,6 +229,8 @@ class Scheduler(ResultRecording):
                 if first is None:
                     return stats
                 self.pending.append(first)
+        # The first request's size bounds the first send's prefetch (then each batch's).
+        self.request_chars = prompt_chars(self.pending[0])
         taken = 0
         exhausted = False
         busy_since: float | None = None
@@ -238,7 +252,7 @@ class Scheduler(ResultRecording):
                     busy_since = time.monotonic()
                 if self._isolating(w):
                     continue
-                room = held_at_most(w.settings.window) - len(w.inflight)
+                room = held_at_most(w.settings.window, self.request_chars) - len(w.inflight)
                 if limit is not None:
                     room = min(room, limit - taken)
                 if room <= 0:
@@ -257,6 +271,8 @@ class Scheduler(ResultRecording):
                         got, short = self._take(source, want, stats)
                         exhausted = short and not (self.live is not None and self.live())
                     batch += got
+                if batch and self.admission is None:  # admission bounds its own batches
+                    batch = self._bounded(batch, w.settings.window, len(w.inflight))
                 if batch:
                     taken += len(batch)
                     w.send(batch)
@@ -275,6 +291,16 @@ class Scheduler(ResultRecording):
         if busy_since is not None:
             stats.seconds = time.monotonic() - busy_since
         return stats
+
+    def _bounded(self, batch: list[Request], window: int, inflight: int) -> list[Request]:
+        """`batch` less what would take the worker's prefetch past MAX_PREFETCH_CHARS (put back
+        at the front of `pending`, in order), its prompts' size sampled from its ends."""
+        self.request_chars = max(prompt_chars(batch[0]), prompt_chars(batch[-1]))
+        room = held_at_most(window, self.request_chars) - inflight
+        if len(batch) <= room:
+            return batch
+        self.pending.extendleft(reversed(batch[max(room, 0) :]))
+        return batch[: max(room, 0)]
 
     def _admission_for(self, source: Iterator[Request], w: Worker) -> Admission | None:
         """The admission over `source` (made when a worker first reports its KV cache), or None:
