@@ -1,15 +1,18 @@
 """Stream an OpenAI batch input file line by line and validate each line.
 
 The file is read in binary mode one line at a time, so memory stays bounded by the longest line
-(plus one small dict entry per custom_id, for the duplicate check) however large the file is.
+(plus about 17 bytes per custom_id, for the duplicate check: openai/seen_ids.py) however large
+the file is.
 A bad line never stops the read: it comes out as a `LineError` with its 1-based line number.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
+import os
 import shlex
 import stat
 from collections.abc import Callable, Iterator
@@ -28,6 +31,7 @@ from batchrun.openai.duplicate_keys import (
 from batchrun.openai.invalid import InvalidLine, json_type
 from batchrun.openai.records import LineError, Request
 from batchrun.openai.routing import MODEL_NOT_FOUND, KnownModels
+from batchrun.openai.seen_ids import OFFSET_EVERY, SeenIds
 from batchrun.openai.text import SURROGATE_ESCAPE, may_hold_lone_surrogate
 from batchrun.openai.validation import check_body, check_custom_id, check_method, check_url
 
@@ -101,14 +105,24 @@ def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request
     any adapter (with several base models it must name one), and a line naming another model
     is an error record `model_not_found` (openai/routing.py).
     """
-    seen: dict[str, int] = {}  # custom_id -> the line where it first appeared
+    seen = SeenIds(path, _custom_id_of)  # custom_id -> the line where it first appeared
+    offsets = seen.offsets  # where every OFFSET_EVERY-th line starts, to read it again
+    pos = 0
+    estimated = False
     file_url: str | None = None
     url_line = 0
     file_model: str | None = None
     model_line = 0
     has_surrogate_escape = SURROGATE_ESCAPE.search  # bound once: this loop is hot
-    with path.open("rb", buffering=READ_BUFFER) as f:
+    with path.open("rb", buffering=READ_BUFFER) as f, contextlib.closing(seen):
+        size = os.fstat(f.fileno()).st_size
         for lineno, raw in enumerate(f, start=1):
+            if not (lineno - 1) % OFFSET_EVERY:
+                offsets.append(pos)
+                if not estimated and lineno > 1024:  # size the table once for the whole file
+                    estimated = True
+                    seen.expect(lineno * size // pos if pos else lineno)
+            pos += len(raw)
             if lineno == 1 and raw.startswith(BOM):
                 raw = raw[len(BOM) :]
             # isspace() makes no copy (strip() would: 50 MB for a 50 MB line).
@@ -142,7 +156,7 @@ def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request
                 continue
             try:
                 custom_id = check_custom_id(obj)
-                first = seen.get(custom_id)
+                first = seen.first(custom_id, lineno)
                 if first is not None:
                     yield LineError(
                         lineno,
@@ -152,9 +166,9 @@ def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request
                         "custom_id must be unique within the file",
                     )
                     continue
-                # Registered even if the rest of the line is bad: a custom_id names at most one
-                # line, so its error record and a later line's result can never be confused.
-                seen[custom_id] = lineno
+                # (Registered by seen.first even if the rest of the line is bad: a custom_id names
+                # at most one line, so its error record and a later line's result can never be
+                # confused.)
                 if duplicate is not None:
                     yield LineError(
                         lineno, custom_id, "duplicate_key", duplicate_message(*duplicate)
@@ -200,6 +214,15 @@ def _mixed(field: str, value: str, first: str, first_line: int) -> str:
         f"{field} {value!r} differs from this file's {field} {first!r} (set by line "
         f"{first_line}); every line of a batch must use the same {field}"
     )
+
+
+def _custom_id_of(raw: bytes) -> str | None:
+    """The custom_id of a raw line as the reader takes it (for SeenIds' check of a match)."""
+    if raw.startswith(BOM):
+        raw = raw[len(BOM) :]
+    obj, _ = _parse_line(raw)
+    cid = obj.get("custom_id") if isinstance(obj, dict) else None
+    return cid if isinstance(cid, str) else None
 
 
 def _parse_line(raw: bytes) -> tuple[object, bool]:
