@@ -3,6 +3,7 @@
     .venv/bin/python scripts/bench_scale.py                        # 1M lines (and a 20k baseline)
     .venv/bin/python scripts/bench_scale.py --sizes 20000 1000000 10000000
     .venv/bin/python scripts/bench_scale.py --sizes 2000 20000 --no-docs
+    .venv/bin/python scripts/bench_scale.py --long-prompts      # 2,000 prompts of 250 KB (500 MB)
 
 For each size, one job of short /v1/completions requests runs through every command a user runs
 on a big job: submit (`--batch-size 1024`), status, resume (nothing left), retry-failed (nothing
@@ -15,6 +16,10 @@ requests added (the goal: at most 40 bytes a request). status's time is also giv
 
 Results are printed and, unless --no-docs, written to docs/benchmarks.md between the markers
 `<!-- bench:scale -->` and its closing one.
+
+--long-prompts instead submits a file of 2,000 chat requests of 250 KB each (500 MB; half prose,
+half one long pasted blob) and prints the parent's peak RSS (the goal: under 300 MiB); with
+docs, into `<!-- bench:long-prompts -->`.
 """
 
 from __future__ import annotations
@@ -102,13 +107,66 @@ def measure(n: int, work: Path) -> dict[str, tuple[float, int, int, float]]:
     return results
 
 
+def write_long_prompts(path: Path, lines: int, chars: int) -> None:
+    """`lines` chat requests of about `chars` characters each: half prose, half one pasted blob."""
+    prose = "The committee met on a Tuesday and read the long report again, page by page. "
+    with path.open("w") as f:
+        for i in range(lines):
+            if i % 2 == 0:
+                text = f"Document {i}. " + prose * (chars // len(prose))
+            else:
+                text = os.urandom(chars // 2).hex()  # one word of `chars` characters
+            body = {
+                "model": "m",
+                "max_tokens": 4,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": "Summarize: " + text}],
+            }
+            line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions"}
+            f.write(json.dumps({**line, "body": body}) + "\n")
+
+
+def long_prompts(work: Path, docs: bool, argv: list[str] | None) -> int:
+    """Submit 2,000 prompts of 250 KB; print the parent's peak RSS (goal: under 300 MiB)."""
+    lines, chars = 2_000, 250_000
+    src = work / "long.jsonl"
+    write_long_prompts(src, lines, chars)
+    size_mb = src.stat().st_size / 1e6
+    args = ["submit", str(src), "--job-dir", str(work / "job"), "--engine", "echo",
+            "--no-progress", "--batch-size", "256", "--max-model-len", "1000000"]  # fmt: skip
+    wall, rc, rss, _cpu = run_phase(args)
+    mib = rss / 1024
+    print(f"{lines:,} prompts of {chars:,} characters ({size_mb:,.0f} MB): exit {rc}, "
+          f"{wall:.1f} s, parent peak RSS {mib:,.0f} MiB (goal: under 300)")  # fmt: skip
+    if docs:
+        body = (
+            "## Long prompts: the parent's peak memory\n\n"
+            f"`{' '.join(['scripts/bench_scale.py', *(argv or sys.argv[1:])])}`; "
+            f"{machine_line_safe()}. {lines:,} chat requests of {chars:,} characters "
+            f"({size_mb:,.0f} MB; half prose, half one long pasted blob), echo engine, "
+            "`--batch-size 256`: the parent's own peak RSS (its engine worker not counted) "
+            f"{mib:,.0f} MiB (goal: under 300 MiB), exit {rc}, {wall:.1f} s.\n"
+        )
+        replace_section(DOCS, "long-prompts", body)
+    return 0 if rc == 0 else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the table (and write it into docs/benchmarks.md)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[20_000, 1_000_000])
     parser.add_argument("--no-docs", action="store_true", help="Do not write docs/benchmarks.md.")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument(
+        "--long-prompts", action="store_true", help="2,000 prompts of 250 KB instead."
+    )
     args = parser.parse_args(argv)
+    if args.long_prompts:
+        work = Path(tempfile.mkdtemp(prefix="bench-long-", dir=args.workdir))
+        try:
+            return long_prompts(work, not args.no_docs, argv)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     sizes = sorted(set(args.sizes))
     work = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=args.workdir))
     try:
