@@ -108,7 +108,7 @@ def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request
     seen = SeenIds(path, _custom_id_of)  # custom_id -> the line where it first appeared
     offsets = seen.offsets  # where every OFFSET_EVERY-th line starts, to read it again
     pos = 0
-    estimated = False
+    estimate_at = 1025  # where the file's line count is estimated from its lines so far
     file_url: str | None = None
     url_line = 0
     file_model: str | None = None
@@ -119,9 +119,12 @@ def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request
         for lineno, raw in enumerate(f, start=1):
             if not (lineno - 1) % OFFSET_EVERY:
                 offsets.append(pos)
-                if not estimated and lineno > 1024:  # size the table once for the whole file
-                    estimated = True
-                    seen.expect(lineno * size // pos if pos else lineno)
+                if lineno == estimate_at and pos:
+                    # Size the table for the whole file once, not by doublings (each a spike of
+                    # old and new table); a thousand lines' guess trusted up to 1024 times them,
+                    # in case the file's first lines are shorter than the rest.
+                    seen.expect(min(lineno * size // pos, lineno * 1024))
+                    estimate_at = (estimate_at - 1) * 1024 + 1
             pos += len(raw)
             if lineno == 1 and raw.startswith(BOM):
                 raw = raw[len(BOM) :]
