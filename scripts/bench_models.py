@@ -104,9 +104,9 @@ def run_job(
             name = str(rec.get("model") or next(iter(models)))
             last[name] = max(last.get(name, 0.0), float(rec["time"]))
     # The passes run in the order the models were given, one "ready" line each (one worker).
-    gen = None
+    passes: dict[str, float] = {}
     if len(readies) == len(models) and set(last) == set(models):
-        gen = sum(last[name] - ready for name, ready in zip(models, readies, strict=True))
+        passes = {name: last[name] - ready for name, ready in zip(models, readies, strict=True)}
     ok = tokens = 0
     for raw in (job / "output.jsonl").read_text().splitlines():
         rec = json.loads(raw)
@@ -114,7 +114,8 @@ def run_job(
         tokens += int(rec["response"]["body"]["usage"]["completion_tokens"])
     return {
         "wall_s": submit.wall_s + export.wall_s,
-        "gen_s": gen,
+        "gen_s": sum(passes.values()) if passes else None,
+        "passes": passes,
         "ok": ok,
         "tokens": tokens,
         "load": submit.load,
@@ -182,14 +183,17 @@ def part_models(
                 "tokens": a["tokens"] + b["tokens"],
                 "load": a["load"],
                 "starts": a["starts"] + b["starts"],
-                "note": f"{a['wall_s']:.1f} s + {b['wall_s']:.1f} s",
+                "passes": {**a["passes"], **b["passes"]},
+                "note": f"wall {a['wall_s']:.1f} s + {b['wall_s']:.1f} s; ",
             }
         for which in order:
             r = res[which]
             label = "one job, two models" if which == "one" else "two jobs, one model each"
             rows.append(
                 [label, str(rnd), _f(r["wall_s"]), _f(r["gen_s"]), f"{r['ok']:,}",
-                 f"{r['tokens']:,}", str(r["starts"]), f"{r['load']:.2f}", r.get("note", "")]
+                 f"{r['tokens']:,}", str(r["starts"]), f"{r['load']:.2f}",
+                 r.get("note", "") + "generation " + ", ".join(
+                     f"{k} {v:.1f} s" for k, v in r["passes"].items())]
             )  # fmt: skip
         w = _ratio(res["one"]["wall_s"], res["two"]["wall_s"])
         g = _ratio(res["one"]["gen_s"], res["two"]["gen_s"])
