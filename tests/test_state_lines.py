@@ -82,3 +82,19 @@ def test_a_state_by_line_answers_by_custom_id_as_its_journal_names_the_lines(
     assert state.failed_ids() == {"c"} and state.retryable(3) == {}
     assert (state.done, state.succeeded, state.failed, state.attempts.total()) == (3, 2, 1, 4)
     assert state.table == replay(paths).table
+
+
+def test_after_a_forced_resume_requests_are_kept_at_their_current_lines(tmp_path: Path) -> None:
+    journal = tmp_path / "journal.jsonl"
+    # "a" ran at line 1 and "gone" at line 2 of the old file; the new one has "a" at line 5.
+    state = JobState(journal=journal, current={"a": 5, "b": 7})
+    state.record(dict(result_record(Outcome("a", False, 500, retryable=True), 1, 1)))
+    state.record(dict(result_record(Outcome("gone", True, 200), 2, 1)))
+    assert (state.done, state.failed, state.retryable(3)) == (1, 1, {"a": 1})
+    assert state.record_results(
+        [Outcome("a", True, 200), Outcome("b", True, 200)], 0, 1.0, [5, 7]
+    ) == [2, 1]
+    assert state.record_results([Outcome("gone", True, 200)], 0, 1.0, [2]) == [1]
+    assert (state.done, state.succeeded, state.failed_ids()) == (2, 2, set())
+    assert dict(state.attempts) == {"a": 2, "b": 1}
+    assert state.table.codes[5] == state.table.codes[7] == OK + 1 and not state.table.by_id

@@ -234,7 +234,9 @@ class JobState:
                 return current[cid]  # type: ignore[index,no-any-return]  # the line now
             return cid
         if self.journal is not None and type(line) is int and line > 0:
-            return line
+            by_id = self.table.by_id
+            # A request an old record kept by custom_id stays there.
+            return cid if by_id and cid in by_id else line
         return cid
 
     def key_of(self, cid: str) -> Key | None:
@@ -359,15 +361,17 @@ class JobState:
         their requests' input lines), without building the records; return their attempt
         numbers."""
         table, current = self.table, self.current
-        by_line = self.journal is not None and current is None and lines is not None
-        if by_line:
-            assert lines is not None
-            if lines:
-                table.grow(max(lines))
-            keys: Sequence[Key | None] = lines
+        keys: Sequence[Key | None]
+        if self.journal is not None and current is None and lines is not None and not table.by_id:
+            keys = lines  # the common case: each request at its line
+            top = max(lines, default=0)
         else:
-            keys = [self._key(o.custom_id, None) for o in outcomes]
-        codes, more, failed = table.codes, table.more, table.failed
+            at = lines if lines is not None else [None] * len(outcomes)
+            keys = [self._key(o.custom_id, line) for o, line in zip(outcomes, at, strict=True)]
+            top = max((k for k in keys if type(k) is int), default=0)  # type: ignore[type-var]
+        if top:
+            table.grow(top)
+        codes, by_id, more, failed = table.codes, table.by_id, table.more, table.failed
         numbers: list[int] = []
         counted = prompt_tokens = tokens = ok = hits = done = 0
         for outcome, key in zip(outcomes, keys, strict=True):
@@ -376,11 +380,11 @@ class JobState:
                 # as if it were: this run's first).
                 numbers.append(1)
                 continue
-            if by_line:
-                code = codes[key]  # type: ignore[index]
+            if type(key) is int:
+                code = codes[key]
                 old = code - 1 if code else None
             else:
-                old = table.get(key)
+                old = by_id.get(key)  # type: ignore[arg-type]
             if old is None:
                 attempt = 1
                 done += 1
@@ -398,10 +402,10 @@ class JobState:
             else:
                 status = FAILED_RETRYABLE if outcome.retryable else FAILED_FINAL
                 failed[cid] = key
-            if by_line:
-                codes[key] = status + 1  # type: ignore[index]
+            if type(key) is int:
+                codes[key] = status + 1
             else:
-                table.by_id[key] = status  # type: ignore[index]
+                by_id[key] = status  # type: ignore[index]
             prompt_tokens += int(outcome.prompt_tokens or 0)
             tokens += int(outcome.completion_tokens or 0)
             counted += 1
