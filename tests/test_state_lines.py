@@ -66,7 +66,8 @@ def test_a_state_by_line_answers_by_custom_id_as_its_journal_names_the_lines(
 ) -> None:
     paths = JobPaths(tmp_path)
     a, b, c = (
-        Outcome(cid, ok, 200, retryable=cid == "b") for cid, ok in [("a", 1), ("b", 0), ("c", 0)]
+        Outcome(cid, ok, 200, retryable=cid == "b")
+        for cid, ok in [("a", True), ("b", False), ("c", False)]
     )
     with JournalWriter(paths.journal) as journal:
         journal.append([result_record(a, 1, 1), result_record(b, 2, 1), result_record(c, 3, 1)])
