@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from pathlib import Path
 from typing import Any
 
 from batchrun.job.inputmap import load_input_map
@@ -18,7 +19,7 @@ class RequestStatus(IntEnum):
     """Where a request (or an input line) stands: the one status scale run, status and export share.
 
     Derived from its last journal record; ints underneath, so that the per-request tables of a
-    million-line job stay plain int arrays and dicts.
+    million-line job stay plain byte arrays.
     """
 
     OK = 0
@@ -30,53 +31,149 @@ class RequestStatus(IntEnum):
 
 OK, FAILED_RETRYABLE, FAILED_FINAL, INVALID, PENDING = RequestStatus
 
+# A request's key in the state: its input line (a state with a journal to name lines from), or
+# its custom_id (a state built in memory, or a record that names no line).
+Key = int | str
 
-class Attempts(Mapping[str, int]):
-    """Attempts per request, kept compactly: a request with a finished attempt (in `last`) has
-    one unless `more` says how many; most have one, so a million-request job keeps no second
-    table of a million entries (about 40 bytes a request)."""
 
-    __slots__ = ("_last", "more")
+@dataclass
+class _ByLine:
+    """The requests' last statuses: by line in a byte array (status + 1; 0: none yet), by
+    custom_id in a dict; attempts only of requests with more than one; the failed ones' custom_ids
+    (what a retry pass selects). About one byte a request where lines are known."""
 
-    def __init__(self, last: dict[str, int]) -> None:
-        self._last = last
-        self.more: dict[str, int] = {}
+    codes: bytearray = field(default_factory=bytearray)
+    by_id: dict[str, int] = field(default_factory=dict)
+    more: dict[Key, int] = field(default_factory=dict)
+    failed: dict[str, Key] = field(default_factory=dict)
+    done: int = 0
+
+    def get(self, key: Key) -> int | None:
+        """The last status of `key`, or None when it has no finished attempt."""
+        if type(key) is int:
+            codes = self.codes
+            code = codes[key] if key < len(codes) else 0
+            return code - 1 if code else None
+        return self.by_id.get(key)  # type: ignore[arg-type]
+
+    def attempts(self, key: Key) -> int:
+        """Finished attempts of `key`."""
+        n = self.more.get(key)
+        if n is not None:
+            return n
+        return 0 if self.get(key) is None else 1
+
+    def grow(self, line: int) -> None:
+        """Make room in the byte array for `line` (doubling: amortized O(1))."""
+        codes = self.codes
+        if line >= len(codes):
+            codes.extend(bytes(max(line + 1, 2 * len(codes), 1024) - len(codes)))
+
+    def set(self, key: Key, cid: str, status: int) -> int:
+        """Record `key`'s new last status; return its attempts (this one included)."""
+        if type(key) is int:
+            self.grow(key)
+            old_code = self.codes[key]
+            old = old_code - 1 if old_code else None
+            self.codes[key] = status + 1
+        else:
+            old = self.by_id.get(key)  # type: ignore[arg-type]
+            self.by_id[key] = status  # type: ignore[index]
+        if status != OK:
+            self.failed[cid] = key
+        elif old is not None and old != OK:
+            del self.failed[cid]
+        if old is None:
+            self.done += 1
+            return 1
+        attempt = self.more.get(key, 1) + 1
+        self.more[key] = attempt
+        return attempt
+
+    def finished(self) -> Iterator[Key]:
+        """Every key with a finished attempt."""
+        codes = self.codes
+        for line in range(len(codes)):
+            if codes[line]:
+                yield line
+        yield from self.by_id
+
+
+class _View(Mapping[str, int]):
+    """A request-by-custom_id view of a state's table (for tests and reports; the run itself
+    never names every request): line keys are named from the journal, read back when asked."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self, state: JobState) -> None:
+        self._state = state
+
+    def _value(self, key: Key) -> int | None:
+        raise NotImplementedError
 
     def __getitem__(self, cid: str) -> int:
-        n = self.more.get(cid)
-        if n is not None:
-            return n
-        if cid in self._last:
-            return 1
-        raise KeyError(cid)
-
-    def get(self, cid: str, default: Any = None) -> Any:  # type: ignore[override]
-        """Attempts of `cid`, or `default` when it has none."""
-        n = self.more.get(cid)
-        if n is not None:
-            return n
-        return 1 if cid in self._last else default
+        key = self._state.key_of(cid)
+        value = None if key is None else self._value(key)
+        if value is None:
+            raise KeyError(cid)
+        return value
 
     def __contains__(self, cid: object) -> bool:
-        return cid in self._last
+        return isinstance(cid, str) and self.get(cid) is not None
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._last)
+        return (cid for cid, _ in self._state.named())
 
     def __len__(self) -> int:
-        return len(self._last)
+        return self._state.done
+
+    def items(self) -> Iterator[tuple[str, int]]:  # type: ignore[override]
+        """(custom_id, value) of every request with a finished attempt, in one pass."""
+        for cid, key in self._state.named():
+            value = self._value(key)
+            assert value is not None
+            yield cid, value
+
+    def values(self) -> Iterator[int]:  # type: ignore[override]
+        """The value of every request with a finished attempt."""
+        return (value for _, value in self.items())
+
+
+class LastStatuses(_View):
+    """Each request's last status (RequestStatus), by custom_id."""
+
+    __slots__ = ()
+
+    def _value(self, key: Key) -> int | None:
+        return self._state.table.get(key)
+
+
+class Attempts(_View):
+    """Attempts per request, by custom_id: a request with a finished attempt has one unless the
+    state's `more` says how many (most have one: no second table of a million entries)."""
+
+    __slots__ = ()
+
+    def _value(self, key: Key) -> int | None:
+        n = self._state.table.attempts(key)
+        return n or None
 
     def total(self) -> int:
         """Attempts of every request together."""
-        return len(self._last) + sum(self.more.values()) - len(self.more)
+        return self._state.tried
 
 
 @dataclass
 class JobState:
-    """What the journal says: per request, attempts and how the last one ended; totals."""
+    """What the journal says: per request, attempts and how the last one ended; totals.
 
-    last: dict[str, int] = field(default_factory=dict)
-    attempts: Attempts = field(init=False)
+    With `journal` (replay gives it), requests are kept by their input line (a byte each) and
+    named, where a view asks for custom_ids, from the journal's records; without one (a state
+    built in memory), by custom_id.
+    """
+
+    journal: Path | None = None
+    table: _ByLine = field(default_factory=_ByLine, init=False)
     invalid: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -85,7 +182,8 @@ class JobState:
     # Per worker index: [attempts, completion tokens, first time, last time].
     per_worker: dict[str, list[float]] = field(default_factory=dict)
     # After a forced resume (see InputMap): only these custom_ids are part of the job, and only
-    # invalid-line records tagged with this generation are the current file's.
+    # invalid-line records tagged with this generation are the current file's. A state with a
+    # journal is given the input map's custom_id -> line (its lines were renumbered).
     current: Container[str] | None = None
     generation: str | None = None
     # Results copied from an identical request's outcome (run/dedup.py): engine runs saved.
@@ -97,8 +195,20 @@ class JobState:
     ok: int = 0
     tried: int = 0
 
-    def __post_init__(self) -> None:
-        self.attempts = Attempts(self.last)
+    @property
+    def last(self) -> LastStatuses:
+        """Each request's last status by custom_id (a view: iterating it names every request)."""
+        return LastStatuses(self)
+
+    @property
+    def attempts(self) -> Attempts:
+        """Each request's attempts by custom_id (a view, as `last`)."""
+        return Attempts(self)
+
+    @property
+    def done(self) -> int:
+        """Requests with a finished attempt."""
+        return self.table.done
 
     @property
     def succeeded(self) -> int:
@@ -108,19 +218,90 @@ class JobState:
     @property
     def failed(self) -> int:
         """Requests whose last attempt failed."""
-        return len(self.last) - self.ok
-
-    def is_done(self, custom_id: str) -> bool:
-        """Whether the request has any finished attempt."""
-        return custom_id in self.last
+        return self.table.done - self.ok
 
     def pending(self, requests: int) -> int:
         """Of a job's `requests` valid requests, those with no finished attempt yet."""
-        return max(0, requests - len(self.last))
+        return max(0, requests - self.table.done)
+
+    def _key(self, cid: str, line: object) -> Key | None:
+        """Where request `cid` (journaled at `line`) is kept; None: not part of the job."""
+        current = self.current
+        if current is not None:
+            if cid not in current:
+                return None  # its line left the input file
+            if self.journal is not None:
+                return current[cid]  # type: ignore[index,no-any-return]  # the line now
+            return cid
+        if self.journal is not None and type(line) is int and line > 0:
+            by_id = self.table.by_id
+            # A request an old record kept by custom_id stays there.
+            return cid if by_id and cid in by_id else line
+        return cid
+
+    def key_of(self, cid: str) -> Key | None:
+        """Where request `cid` is kept, found by its custom_id (slow for a request neither
+        failed nor renumbered: its line is read back from the journal); None: no record."""
+        if cid in self.table.failed:
+            return self.table.failed[cid]
+        if self.journal is None or cid in self.table.by_id:
+            return cid
+        if self.current is not None:
+            return self._key(cid, None)
+        for line, name in self._names().items():
+            if name == cid:
+                return line
+        return None
+
+    def _names(self) -> dict[int, str]:
+        """Each line's custom_id, as the journal (or the forced resume's input map) names it."""
+        if self.current is not None:
+            return {line: cid for cid, line in self.current.items()}  # type: ignore[attr-defined]
+        names: dict[int, str] = {}
+        if self.journal is not None:
+            for rec in read_records(self.journal, strict=False):
+                line = rec.get("line")
+                if rec.get("kind") == "result" and type(line) is int:
+                    names[line] = rec["custom_id"]
+        return names
+
+    def named(self) -> Iterator[tuple[str, Key]]:
+        """(custom_id, key) of every request with a finished attempt (names read back)."""
+        names = self._names() if self.table.codes else {}
+        for key in self.table.finished():
+            yield (names[key] if type(key) is int else key), key  # type: ignore[misc]
+
+    def is_done(self, custom_id: str) -> bool:
+        """Whether the request has any finished attempt."""
+        key = self.key_of(custom_id)
+        return key is not None and self.table.get(key) is not None
 
     def is_not_done(self, request: Request) -> bool:
         """Whether the request still waits for its first finished attempt."""
-        return request.custom_id not in self.last
+        key = self._key(request.custom_id, request.line)
+        table = self.table
+        if type(key) is int:
+            codes = table.codes
+            if key < len(codes) and codes[key]:
+                return False
+            return not (table.by_id and request.custom_id in table.by_id)
+        return key is None or key not in table.by_id
+
+    def failed_ids(self) -> set[str]:
+        """The custom_ids of the requests whose last attempt failed."""
+        return set(self.table.failed)
+
+    def retryable(self, max_attempts: int) -> dict[str, int]:
+        """Requests whose last attempt failed retryably with attempts left: custom_id ->
+        attempts so far."""
+        table = self.table
+        found: dict[str, int] = {}
+        for cid, key in table.failed.items():
+            if table.get(key) == FAILED_RETRYABLE:
+                n = table.attempts(key)
+                if n < max_attempts:
+                    found[cid] = n
+        return found
 
     def record(self, rec: dict[str, Any]) -> None:
         """Fold one journal record into the state."""
@@ -129,27 +310,27 @@ class JobState:
             # Untagged records are submit's; tagged ones a forced resume's (of `generation` only).
             if rec.get("generation") != self.generation:
                 return
-        elif self.current is not None and rec["custom_id"] not in self.current:
-            return  # its line left the input file: no longer part of the job
+            key: Key | None = None
+        else:
+            cid = rec["custom_id"]
+            key = self._key(cid, rec.get("line"))
+            if key is None:
+                return  # its line left the input file: no longer part of the job
         t = rec.get("time")
         if isinstance(t, (int, float)):
             self.first_time = t if self.first_time is None else min(self.first_time, t)
             self.last_time = t if self.last_time is None else max(self.last_time, t)
-        if invalid:
+        if key is None:
             self.invalid += 1
             return
-        cid = rec["custom_id"]
-        last = self.last
-        if cid in last:
-            more = self.attempts.more
-            more[cid] = more.get(cid, 1) + 1
+        table = self.table
         self.tried += 1
-        self.ok -= last.get(cid) == OK
+        self.ok -= table.get(key) == OK
         if rec.get("ok"):
-            last[cid] = OK
+            table.set(key, cid, OK)
             self.ok += 1
         else:
-            last[cid] = FAILED_RETRYABLE if rec.get("retryable") else FAILED_FINAL
+            table.set(key, cid, FAILED_RETRYABLE if rec.get("retryable") else FAILED_FINAL)
         if "copy_of" in rec:
             self.deduplicated += 1
         if rec.get("cached"):
@@ -169,34 +350,68 @@ class JobState:
                 stats[3] = max(stats[3], t)
 
     def record_results(
-        self, outcomes: Sequence[Outcome], worker: int | None, t: float
+        self,
+        outcomes: Sequence[Outcome],
+        worker: int | None,
+        t: float,
+        lines: Sequence[int] | None = None,
     ) -> list[int]:
         """Fold in the results of attempts as `record` folds their journal records (all from
-        worker `worker`, at time `t`; None: answered without one, from the answer cache),
-        without building the records; return their attempt numbers."""
-        more, last, current = self.attempts.more, self.last, self.current
+        worker `worker`, at time `t`; None: answered without one, from the answer cache; `lines`:
+        their requests' input lines), without building the records; return their attempt
+        numbers."""
+        table, current = self.table, self.current
+        keys: Sequence[Key | None]
+        if self.journal is not None and current is None and lines is not None and not table.by_id:
+            keys = lines  # the common case: each request at its line
+            top = max(lines, default=0)
+        else:
+            at = lines if lines is not None else [None] * len(outcomes)
+            keys = [self._key(o.custom_id, line) for o, line in zip(outcomes, at, strict=True)]
+            top = max((k for k in keys if type(k) is int), default=0)  # type: ignore[type-var]
+        if top:
+            table.grow(top)
+        codes, by_id, more, failed = table.codes, table.by_id, table.more, table.failed
         numbers: list[int] = []
-        counted = prompt_tokens = tokens = ok = hits = 0
-        for outcome in outcomes:
-            cid = outcome.custom_id
-            n = more.get(cid)
-            attempt = n + 1 if n is not None else (2 if cid in last else 1)
-            numbers.append(attempt)
-            if current is not None and cid not in current:
-                continue  # its line left the input file: no longer part of the job
-            if attempt > 1:
-                more[cid] = attempt
-                ok -= last.get(cid) == OK
-            if outcome.ok:
-                last[cid] = OK
-                ok += 1
+        counted = prompt_tokens = tokens = ok = hits = done = 0
+        for outcome, key in zip(outcomes, keys, strict=True):
+            if key is None:
+                # Its line left the input file: no longer part of the job (its attempt number
+                # as if it were: this run's first).
+                numbers.append(1)
+                continue
+            if type(key) is int:
+                code = codes[key]
+                old = code - 1 if code else None
             else:
-                last[cid] = FAILED_RETRYABLE if outcome.retryable else FAILED_FINAL
+                old = by_id.get(key)  # type: ignore[arg-type]
+            if old is None:
+                attempt = 1
+                done += 1
+            else:
+                attempt = more.get(key, 1) + 1
+                more[key] = attempt
+                ok -= old == OK
+            numbers.append(attempt)
+            cid = outcome.custom_id
+            if outcome.ok:
+                status = OK
+                ok += 1
+                if old is not None and old != OK:
+                    del failed[cid]
+            else:
+                status = FAILED_RETRYABLE if outcome.retryable else FAILED_FINAL
+                failed[cid] = key
+            if type(key) is int:
+                codes[key] = status + 1
+            else:
+                by_id[key] = status  # type: ignore[index]
             prompt_tokens += int(outcome.prompt_tokens or 0)
             tokens += int(outcome.completion_tokens or 0)
             counted += 1
             if outcome.extra and outcome.extra.get("cached"):
                 hits += 1
+        table.done += done
         self.ok += ok
         self.cache_hits += hits
         if not counted:
@@ -210,10 +425,10 @@ class JobState:
             self.last_time = t
         if worker is None:
             return numbers
-        key = str(worker)
-        stats = self.per_worker.get(key)
+        key_ = str(worker)
+        stats = self.per_worker.get(key_)
         if stats is None:
-            self.per_worker[key] = [counted, tokens, t, t]
+            self.per_worker[key_] = [counted, tokens, t, t]
         else:
             stats[0] += counted
             stats[1] += tokens
@@ -229,7 +444,7 @@ def replay(paths: JobPaths, manifest: Manifest | None = None, end: int | None = 
     the file and the old file's invalid lines are not counted (see InputMap).
     """
     input_map = load_input_map(paths, manifest) if manifest is not None else None
-    state = JobState()
+    state = JobState(journal=paths.journal)
     if input_map is not None:
         state.current, state.generation = input_map.lines, input_map.generation
     for rec in read_records(paths.journal, end=end):

@@ -247,7 +247,7 @@ def _replayed(paths: JobPaths, manifest: Manifest) -> Summary:
         offset=end,
         check=_tail_check(paths.journal, end),
         generation=state.generation,
-        done=len(state.last),
+        done=state.done,
         succeeded=state.succeeded,
         invalid=state.invalid,
         attempts=state.tried,

@@ -25,7 +25,7 @@ def watch_run(
     mode: str,
 ) -> None:
     """Feed `metrics` from this run's scheduler (run/passes.py calls it when the run starts)."""
-    initial = len(state.last) if mode != "retry" else 0
+    initial = state.done if mode != "retry" else 0
 
     def queue_depth() -> int:
         # What the progress bar counts still to do (retry passes add to its total), less what

@@ -14,7 +14,7 @@ from batchrun.job.lock import job_lock
 from batchrun.job.manifest import Manifest, load_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.served import served_batch
-from batchrun.job.state import OK, JobState, replay
+from batchrun.job.state import JobState, replay
 from batchrun.openai.reader import check_input_file
 from batchrun.run.answer_cache import check_cache_dir
 from batchrun.run.by_model import prepare_models
@@ -228,8 +228,8 @@ def _work_left(state: JobState, manifest: Manifest, mode: str) -> bool:
     """Whether a `mode` run of the job has anything to run: a request with no finished attempt
     (resume), or one whose last attempt failed (retry)."""
     if mode == "retry":
-        return any(last != OK for last in state.last.values())
-    return len(state.last) < manifest.requests
+        return state.failed > 0
+    return state.done < manifest.requests
 
 
 def _to_stderr(line: str) -> None:

@@ -20,7 +20,7 @@ from batchrun.job.events import EventLog
 from batchrun.job.journal import JournalWriter
 from batchrun.job.manifest import Manifest, Run, save_manifest
 from batchrun.job.paths import JobPaths
-from batchrun.job.state import FAILED_RETRYABLE, OK, JobState, replay
+from batchrun.job.state import JobState, replay
 from batchrun.job.summary import keep_summary
 from batchrun.openai.records import Request
 from batchrun.run.answer_cache import AnswerCache
@@ -95,10 +95,10 @@ def run_job(
     device = cache_device(settings.spec, envs)
     requests_total = manifest.requests
     if mode == "retry":
-        failed_ids = {cid for cid, last in state.last.items() if last != OK}
+        failed_ids = state.failed_ids()
         total, initial = len(failed_ids), 0
     else:
-        total, initial = requests_total, sum(1 for _ in state.last)
+        total, initial = requests_total, state.done
     reporter = ProgressReporter(
         total=total,
         initial=initial,
@@ -336,16 +336,13 @@ def _retry_passes(
     """Re-run retryable failures, a whole pass at a time, until `max_attempts` attempts in all
     (`only`: those of them the pass's model answers)."""
     while True:
-        ids = {
-            cid
-            for cid, last in state.last.items()
-            if last == FAILED_RETRYABLE and state.attempts.get(cid, 0) < max_attempts
-        }
+        retryable = state.retryable(max_attempts)
+        ids = set(retryable)
         if ids and only is not None:
             ids = only(ids)
         if not ids:
             return
-        attempt = min(state.attempts[c] for c in ids) + 1
+        attempt = min(retryable[c] for c in ids) + 1
         reporter.event(
             f"retry pass (attempt {attempt} of {max_attempts}): {plural(len(ids), 'failed request')}"
         )

@@ -62,7 +62,8 @@ class ResultRecording:
             self._unstored += pairs  # stored once journaled (copies and hits are skipped)
         now = round(time.time(), 3)
         done = [outcome for outcome, _ in pairs]
-        attempts = self.state.record_results(done, index, now)
+        lines = [request.line for _, request in pairs]
+        attempts = self.state.record_results(done, index, now, lines)
         plain = True
         for (outcome, request), attempt in zip(pairs, attempts, strict=True):
             rec = result_record(outcome, request.line, attempt, now)

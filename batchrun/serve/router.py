@@ -23,7 +23,7 @@ from batchrun.job.journal import JournalWriter, plain_result
 from batchrun.job.manifest import Manifest, load_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.records import ResultRecord, result_record
-from batchrun.job.state import FAILED_RETRYABLE, OK, JobState, replay
+from batchrun.job.state import JobState, replay
 from batchrun.job.summary import keep_summary
 from batchrun.openai.records import POOLING_ENDPOINTS, Outcome, Request
 from batchrun.run.answer_cache import AnswerCache
@@ -138,11 +138,7 @@ def next_pass(job: ActiveJob) -> Iterator[Request] | None:
         return plan(
             requests(path, state.is_not_done, job.index), job.manifest.order, job.duplicates
         )
-    ids = {
-        cid
-        for cid, last in state.last.items()
-        if last == FAILED_RETRYABLE and state.attempts.get(cid, 0) < job.facts.max_attempts
-    }
+    ids = set(state.retryable(job.facts.max_attempts))
     if not ids:
         return None
     return plan(
@@ -210,8 +206,11 @@ class SharedScheduler(Scheduler):
                 job.state.deduplicated += len(copies)
                 group += copies
             done = [outcome for outcome, _ in group]
-            before = [job.state.last.get(o.custom_id) for o in done]
-            attempts = job.state.record_results(done, index, now)
+            ok_before, failed_before = job.state.ok, job.state.failed
+            lines = [request.line for _, request in group]
+            attempts = job.state.record_results(done, index, now, lines)
+            ok_added = job.state.ok - ok_before
+            failed_added = job.state.failed - failed_before
             recs: list[ResultRecord] = []
             plain = True
             for (outcome, request), attempt in zip(group, attempts, strict=True):
@@ -221,10 +220,8 @@ class SharedScheduler(Scheduler):
                 recs.append(rec)
                 plain = plain and plain_result(outcome)
             job.journal.append(recs, plain=plain)
-            for outcome, old in zip(done, before, strict=True):
-                new = job.state.last.get(outcome.custom_id)
-                job.completed += (new == OK) - (old == OK)
-                job.failed += (new is not None and new != OK) - (old is not None and old != OK)
+            job.completed += ok_added
+            job.failed += failed_added
             job.outstanding -= out
             records += recs
             outcomes += done
