@@ -3,10 +3,14 @@ job stays within the parent's 40-byte goal per request (issue 28), at its peak t
 
 from __future__ import annotations
 
+import json
 import random
 import tracemalloc
 from pathlib import Path
 
+import pytest
+
+from batchrun.errors import BatchrunError
 from batchrun.export.index import latest_by_request
 from batchrun.job.state import FAILED_RETRYABLE, OK
 
@@ -50,3 +54,19 @@ def test_the_journal_index_of_200k_requests_peaks_at_most_40_bytes_a_request(
     assert index.count(FAILED_RETRYABLE) == N // 1000
     assert [e.attempts for e in entries[:1001:1000]] == [2, 2]
     assert entries[1].attempts == 1
+
+
+@pytest.mark.parametrize("line", [-1, 2**31])
+def test_a_record_at_a_line_no_input_file_has_is_a_corrupt_journal(
+    tmp_path: Path, line: int
+) -> None:
+    """The index's tables are by line: a line past any file's (or negative) is no request's, and
+    must not size them."""
+    journal = tmp_path / "journal.jsonl"
+    records = [
+        {"kind": "result", "custom_id": "a", "line": 1, "ok": True, "body": None},
+        {"kind": "result", "custom_id": "b", "line": line, "ok": True, "body": None},
+    ]
+    journal.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(BatchrunError, match="corrupt at line 2;"):
+        latest_by_request(journal)
