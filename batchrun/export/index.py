@@ -2,9 +2,9 @@
 ended, in input-line order; and reading those records back.
 
 The journal holds one record per attempt; export reports each request's last attempt. To keep
-memory bounded for millions of records, the index keeps only a few integers per request (the
-byte offset of its last record, its line, attempts, status), never a body; the writers then read
-the chosen records back by offset, in input-line order.
+memory bounded for millions of records, the index keeps only a few integers per input line (the
+byte offset of its last record, its length, attempts, status: 17 bytes), never a body or a
+custom_id; the writers then read the chosen records back by offset, in input-line order.
 
 Records are read with msgspec, which decodes only the fields asked for (the body stays raw
 bytes); a record it refuses (NaN, a lone surrogate escape: old journals) is read with json, as
@@ -52,21 +52,27 @@ class Entry(NamedTuple):
     status: int  # OK, FAILED_RETRYABLE, FAILED_FINAL, INVALID or PENDING
 
 
+# A line's status when the index has no entry there (a line of another kind, or not finished).
+NONE = -1
+# Lines past this are no line of an input file: a corrupt record (the tables are by line).
+MAX_LINE = 2**31 - 1
+
+
 @dataclass
 class JournalIndex:
-    """Per request, the last journal record's offset; iterates in input-line order."""
+    """Per input line, the last journal record's offset; iterates in input-line order."""
 
     path: Path
-    # Parallel arrays, not one object per request: a few bytes each instead of ~100.
-    offsets: array[int]
-    lines: array[int]
-    attempts: array[int]
-    statuses: array[int]
+    # Parallel arrays indexed by input line (a line is where it is kept: no key, order or dict
+    # of custom_ids to keep): 17 bytes a line, against ~100 for an object per request.
+    offsets: array[int] = field(default_factory=lambda: array("q"))
+    # Each last record's length in bytes, newline included: read back with one pread each.
+    lengths: array[int] = field(default_factory=lambda: array("I"))
+    attempts: array[int] = field(default_factory=lambda: array("I"))
+    statuses: array[int] = field(default_factory=lambda: array("b"))  # NONE: no entry
     # Hash of the journal's first request record: the same for every export of one job,
     # different between jobs, so derived ids are stable on re-export yet unlikely to collide.
-    job_salt: bytes
-    # Each last record's length in bytes, newline included: read back with one pread each.
-    lengths: array[int] = field(default_factory=lambda: array("q"))
+    job_salt: bytes = b""
     # What the succeeded bodies hold beyond text, so the Parquet schema gains only the columns
     # that have data: any first choice with logprobs, and the sizes of the embeddings seen.
     has_logprobs: bool = False
@@ -80,24 +86,32 @@ class JournalIndex:
     has_tool_calls: bool = False
     # Any transcription or translation that reports its audio's duration.
     has_duration: bool = False
-    _order: array[int] | None = field(default=None, init=False, repr=False)
+    entries: int = 0  # lines with an entry
 
     def __len__(self) -> int:
-        return len(self.offsets)
+        return self.entries
 
     def __iter__(self) -> Iterator[Entry]:
-        for i in self.order():
-            yield Entry(self.offsets[i], self.lines[i], self.attempts[i], self.statuses[i])
-
-    def order(self) -> array[int]:
-        """The positions of the entries in the arrays, by line."""
-        if self._order is None or len(self._order) != len(self.lines):
-            self._order = array("q", sorted(range(len(self.lines)), key=self.lines.__getitem__))
-        return self._order
+        offsets, attempts = self.offsets, self.attempts
+        for line, status in enumerate(self.statuses):
+            if status != NONE:
+                yield Entry(offsets[line], line, attempts[line], status)
 
     def count(self, *statuses: int) -> int:
         """How many requests ended with one of `statuses`."""
         return sum(self.statuses.count(s) for s in statuses)
+
+    def grow(self, line: int) -> None:
+        """Make room in the tables for `line`: by an eighth at least, so that appending stays
+        O(1) amortized yet the slack stays small (a large array grows in place, by mremap)."""
+        have = len(self.statuses)
+        if line < have:
+            return
+        more = max(line + 1, have + (have >> 3), 1024) - have
+        self.offsets.frombytes(bytes(8 * more))
+        self.lengths.frombytes(bytes(4 * more))
+        self.attempts.frombytes(bytes(4 * more))
+        self.statuses.frombytes(b"\xff" * more)  # NONE
 
 
 class _IndexRecord(msgspec.Struct):
@@ -168,27 +182,25 @@ def latest_by_request(
     """Index the journal in one pass: each request's last record (by offset) and attempt count;
     with `shapes`, what the succeeded bodies hold (logprobs, embeddings: the Parquet schema's).
 
-    Result records are keyed by custom_id (unique among valid lines); invalid-line records by
-    line number, since their custom_id may be null or duplicate a valid one. A torn last line is
-    ignored; any other unreadable line raises BatchrunError, as `journal.read_records` does.
+    Records are kept by their input line (a valid line's custom_id is unique, an invalid line's
+    may be null or another's: the line names both). A torn last line is ignored; any other
+    unreadable line raises BatchrunError, as `journal.read_records` does.
 
     With the input map of a forced resume, the index holds the requests of the input as it is
     now, each at its current line (PENDING until it has a record): records of custom_ids that
     left the file are skipped, and only that map's invalid-line records count.
     """
-    index = JournalIndex(journal_path, array("q"), array("q"), array("i"), array("b"), b"")
-    by_id: dict[str, int] = {}
-    by_line: dict[int, int] = {}
+    index = JournalIndex(journal_path)
     generation = None
+    current: dict[str, int] | None = None
     if input_map is not None:
-        generation = input_map.generation
-        for custom_id, line in input_map.lines.items():
-            by_id[custom_id] = len(index.offsets)
-            index.offsets.append(-1)
-            index.lengths.append(0)
-            index.lines.append(line)
-            index.attempts.append(0)
-            index.statuses.append(PENDING)
+        generation, current = input_map.generation, input_map.lines
+        index.grow(max(current.values(), default=-1))
+        for line in current.values():
+            if index.statuses[line] == NONE:
+                index.entries += 1
+            index.offsets[line] = -1
+            index.statuses[line] = PENDING
     if not journal_path.exists():
         return index
     try:
@@ -196,6 +208,12 @@ def latest_by_request(
     except OSError as e:
         raise BatchrunError(f"cannot read the journal {journal_path}: {e.strerror or e}") from e
     decoder = _SHAPED_DECODER if shapes else _INDEX_DECODER
+    offsets, lengths, attempts, statuses = (
+        index.offsets,
+        index.lengths,
+        index.attempts,
+        index.statuses,
+    )
     with f:
         offset = 0
         for lineno, raw in enumerate(f, start=1):
@@ -217,41 +235,39 @@ def latest_by_request(
                     if rec.custom_id is msgspec.UNSET or rec.ok is msgspec.UNSET:
                         raise KeyError("custom_id or ok")
                     status = OK if rec.ok else FAILED_RETRYABLE if rec.retryable else FAILED_FINAL
-                    key: dict[Any, int] = by_id
-                    k: Any = str(rec.custom_id)
                 elif kind == "invalid":
-                    status, key, k = INVALID, by_line, line
+                    status = INVALID
                 else:
                     continue  # a record kind from a newer batchrun: not a request outcome
             except (KeyError, TypeError, ValueError):
                 raise _corrupt(journal_path, lineno) from None
             if not index.job_salt:
                 index.job_salt = hashlib.sha256(raw).digest()
-            idx = key.get(k)
             if status == INVALID:
                 # Untagged: submit's reading of the file; tagged: a forced resume's (see InputMap).
                 if rec.generation != generation:
                     continue
-            elif input_map is not None:
-                if idx is None:
+            elif current is not None:
+                # Where the request is now, not where it was when it ran (a valid line's
+                # custom_id is unique: the map names it).
+                now = current.get(str(rec.custom_id))
+                if now is None:
                     continue  # its line left the input file: no longer part of the job
-                line = index.lines[idx]  # where the request is now, not where it was when it ran
+                line = now
+            if not 0 <= line <= MAX_LINE:
+                raise _corrupt(journal_path, lineno)
             if status == OK and shapes and isinstance(rec, _ShapedRecord | _JsonRecord):
                 _note_body(index, rec.body)
-            if idx is None:
-                key[k] = len(index.offsets)
-                index.offsets.append(start)
-                index.lengths.append(len(raw))
-                index.lines.append(line)
-                index.attempts.append(0 if status == INVALID else 1)
-                index.statuses.append(status)
-            else:
-                index.offsets[idx] = start
-                index.lengths[idx] = len(raw)
-                index.lines[idx] = line
-                index.statuses[idx] = status
-                if status != INVALID:
-                    index.attempts[idx] += 1
+            if line >= len(statuses):
+                index.grow(line)
+            if statuses[line] == NONE:
+                index.entries += 1
+            # Invalid lines count no attempts; a new line's count starts at the zero it grew with.
+            offsets[line] = start
+            lengths[line] = len(raw)
+            statuses[line] = status
+            if status != INVALID:
+                attempts[line] += 1
     return index
 
 
@@ -414,19 +430,17 @@ def read_back(index: JournalIndex, statuses: Collection[int]) -> Iterator[tuple[
         fd = os.open(index.path, os.O_RDONLY)
     except OSError as e:
         raise BatchrunError(f"cannot read the journal {index.path}: {e.strerror or e}") from e
-    offsets, lengths, lines = index.offsets, index.lengths, index.lines
-    attempts, statuses_ = index.attempts, index.statuses
+    offsets, lengths, attempts = index.offsets, index.lengths, index.attempts
     pread = os.pread
     try:
-        for i in index.order():
-            status = statuses_[i]
+        for line, status in enumerate(index.statuses):
             if status not in wanted:
                 continue  # skipped before the read: no I/O or parsing for the other file's lines
             # One read of exactly the record, wherever it is: the journal is in the order
             # requests finished (the plan's, not the file's), and a buffered reader would read
             # a whole buffer again for every jump back.
-            offset = offsets[i]
-            yield Entry(offset, lines[i], attempts[i], status), pread(fd, lengths[i], offset)
+            offset = offsets[line]
+            yield Entry(offset, line, attempts[line], status), pread(fd, lengths[line], offset)
     finally:
         os.close(fd)
 
