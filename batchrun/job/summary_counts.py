@@ -97,9 +97,12 @@ class Summary:
             return True  # its line left the input file: no longer part of the job
         t = rec.time
         timed = t > 0  # 0: the record has no time (the journal's are seconds since the epoch)
-        if timed:
-            self.first_time = t if self.first_time is None else min(self.first_time, t)
-            self.last_time = t if self.last_time is None else max(self.last_time, t)
+        if timed:  # comparisons, not min()/max(): this runs for every record journaled
+            first, last = self.first_time, self.last_time
+            if first is None or t < first:
+                self.first_time = t
+            if last is None or t > last:
+                self.last_time = t
         if invalid:
             self.invalid += 1
             return True
@@ -133,8 +136,10 @@ class Summary:
             else:
                 stats[0] += 1
                 stats[1] += tokens
-                stats[2] = min(stats[2], t)
-                stats[3] = max(stats[3], t)
+                if t < stats[2]:
+                    stats[2] = t
+                if t > stats[3]:
+                    stats[3] = t
         return True
 
     def timing_of(self, run_starts: Sequence[float]) -> Timing:

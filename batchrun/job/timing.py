@@ -35,7 +35,7 @@ class LogHistogram:
         key = -1 if value <= _FLOOR else int(math.log(value / _FLOOR) / _STEP)
         self.buckets[key] = self.buckets.get(key, 0) + 1
         self.count += 1
-        self.total += max(0.0, value)
+        self.total += value if value > 0.0 else 0.0  # as max(0.0, value), without the call
 
     def quantile(self, q: float) -> float | None:
         """The value below which a fraction `q` of those counted lie; None when none were."""
@@ -122,19 +122,22 @@ class Timing:
 
     def add(self, rec: LightRecord) -> None:
         """Fold in one journal record."""
-        if rec.kind == "invalid":
-            self.invalid += 1
-            self._code(rec)
+        kind = rec.kind
+        if kind != "result":
+            if kind == "invalid":
+                self.invalid += 1
+                self._code(rec)
             return
-        if rec.kind != "result" or rec.copy_of is not None:
+        if rec.copy_of is not None:
             return  # a copy of a duplicate's answer never ran
         self.attempts += 1
         if not rec.ok:
             self.failed += 1
             self._code(rec)
-        if rec.latency_s is not None:
-            self.latency.add(rec.latency_s)
-            entered = rec.time - rec.latency_s
+        latency = rec.latency_s
+        if latency is not None:
+            self.latency.add(latency)
+            entered = rec.time - latency
             start = self.runs.of(entered)
             if start is not None:
                 self.queue.add(entered - start)

@@ -115,9 +115,7 @@ def order_window(requests: Sequence[Request]) -> list[Request]:
     texts = [prompt_text(r) for r in requests]
     # Stable: equal texts keep the file's order.
     by_text = sorted(range(n), key=texts.__getitem__)
-    shared = [0] * n  # with the one before, in text order
-    for k in range(1, n):
-        shared[k] = common_prefix(texts[by_text[k - 1]], texts[by_text[k]])
+    shared = _shared_prefixes(texts, by_text)
     groups: list[list[int]] = []  # positions in text order
     for k in range(n):
         if k == 0 or shared[k] < MIN_SHARED:
@@ -137,6 +135,28 @@ def order_window(requests: Sequence[Request]) -> list[Request]:
     alone = sorted((g[0] for g in groups if len(g) == 1), key=by_text.__getitem__)  # file order
     sequence = [*itertools.chain.from_iterable(ranked), *alone]
     return [requests[by_text[k]] for k in _leaders_first(sequence, shared, n)]
+
+
+def _shared_prefixes(texts: list[str], by_text: list[int]) -> list[int]:
+    """Each text's common prefix with the one before it in text order (0 for the first), exact
+    where the window's order reads it: where it or the next one is at least MIN_SHARED (groups,
+    their work and `leads` look no closer; `leads` is false for any value >= 0 when the next one
+    is under MIN_SHARED). Elsewhere it is 0, standing for "under MIN_SHARED": most pairs of
+    unrelated prompts, told apart by one comparison (none for short prompts) instead of a
+    binary search."""
+    n = len(by_text)
+    shared = [0] * n
+    unmeasured = []
+    for k in range(1, n):
+        a, b = texts[by_text[k - 1]], texts[by_text[k]]
+        if len(a) >= MIN_SHARED and len(b) >= MIN_SHARED and a[:MIN_SHARED] == b[:MIN_SHARED]:
+            shared[k] = common_prefix(a, b)
+        else:
+            unmeasured.append(k)  # stays 0
+    for k in unmeasured:
+        if k + 1 < n and shared[k + 1] >= MIN_SHARED:  # `leads(k)` compares it exactly
+            shared[k] = common_prefix(texts[by_text[k - 1]], texts[by_text[k]])
+    return shared
 
 
 def _leaders_first(sequence: list[int], shared: list[int], n: int) -> list[int]:
