@@ -27,7 +27,8 @@ from batchrun.job.journal import (
     result_record,
 )
 from batchrun.job.paths import JobPaths
-from batchrun.job.state import JobState, replay
+from batchrun.job.replay import replay
+from batchrun.job.state import JobState
 from batchrun.openai.records import LineError, Outcome
 
 

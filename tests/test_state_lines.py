@@ -9,7 +9,8 @@ from pathlib import Path
 from batchrun.job.journal import JournalWriter
 from batchrun.job.paths import JobPaths
 from batchrun.job.records import result_record
-from batchrun.job.state import FAILED_FINAL, FAILED_RETRYABLE, OK, JobState, replay
+from batchrun.job.replay import replay
+from batchrun.job.state import FAILED_FINAL, FAILED_RETRYABLE, OK, JobState
 from batchrun.openai.records import Outcome
 
 N = 200_000

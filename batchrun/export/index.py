@@ -13,12 +13,9 @@ it always was.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 import os
-import sys
 from array import array
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
@@ -28,6 +25,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from batchrun.errors import BatchrunError
+from batchrun.export.embeddings import embedding, raw_embedding_size
 from batchrun.job.inputmap import InputMap
 from batchrun.job.state import FAILED_FINAL, FAILED_RETRYABLE, INVALID, OK, PENDING
 
@@ -323,7 +321,7 @@ def _note_body(index: JournalIndex, body: object) -> None:
         if body.data and bytes(body.data[0].score) != b"null":
             index.has_scores = True
         for item in body.data:
-            size = _raw_embedding_size(item.embedding)
+            size = raw_embedding_size(item.embedding)
             if size is not None:
                 index.embedding_dims.add(size)
     elif body.choices:
@@ -374,39 +372,6 @@ def _note_decoded_body(index: JournalIndex, body: object) -> None:
         index.has_reasoning = index.has_reasoning or any(
             isinstance(item, dict) and item.get("type") == "reasoning" for item in output
         )
-
-
-def _raw_embedding_size(raw: msgspec.Raw) -> int | None:
-    """How many floats an embedding (its JSON) holds; None when it is not one."""
-    data = bytes(raw)
-    if data.startswith(b"["):
-        inner = data[1:-1]
-        if b'"' in inner or b"[" in inner or b"{" in inner:
-            return len(json.loads(data))  # not a flat list of numbers: count what json reads
-        # Numbers hold no commas: a flat list's size is its commas, plus one unless empty.
-        return inner.count(b",") + 1 if inner.strip() else 0
-    if data.startswith(b'"'):  # base64
-        try:
-            return len(base64.b64decode(json.loads(data), validate=True)) // 4
-        except (binascii.Error, ValueError):
-            return None
-    return None
-
-
-def embedding(vector: object) -> list[float] | None:
-    """An embedding's floats, from a float list or OpenAI's base64 (little-endian float32)."""
-    if isinstance(vector, list):
-        return vector
-    if isinstance(vector, str):
-        try:
-            raw = base64.b64decode(vector, validate=True)
-        except (binascii.Error, ValueError):
-            return None
-        values = array("f", raw[: len(raw) // 4 * 4])
-        if sys.byteorder == "big":
-            values.byteswap()
-        return values.tolist()
-    return None
 
 
 # --- reading records back ------------------------------------------------------------------

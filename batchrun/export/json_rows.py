@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from batchrun.export.index import STATUS_NAMES, Entry, embedding
+from batchrun.export.embeddings import embedding
+from batchrun.export.index import STATUS_NAMES, Entry
 from batchrun.job.state import INVALID, OK
 from batchrun.openai.responses_api_body import output_text, reasoning_text
 

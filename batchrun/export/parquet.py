@@ -27,25 +27,24 @@ old journals) or of an unusual shape is read with json and turned into a row as 
 
 from __future__ import annotations
 
-import importlib.metadata
-import json
 import re
 from collections.abc import Sequence
 from typing import IO, Any
 
 import msgspec
 
+from batchrun.export.embeddings import embedding
 from batchrun.export.index import (
     REPORTED,
     STATUS_NAMES,
     Entry,
     JournalIndex,
     changed,
-    embedding,
     parse_record,
     read_back,
 )
 from batchrun.export.json_rows import json_row, logprob_rows
+from batchrun.export.parquet_meta import pandas_metadata
 from batchrun.job.state import INVALID, OK
 from batchrun.openai.usage import DetailedUsage
 
@@ -71,9 +70,6 @@ _BASE_COLUMNS = (
     ("latency_s", "float64"),
     ("response_id", "string"),
 )
-# Read back by pandas as Int32, not as float64 when any row is null (an invalid line) and as
-# int32 otherwise: the same dtype in every file.
-_NULLABLE_INTS = {"status_code"}
 
 
 def write_parquet(index: JournalIndex, f: IO[bytes], row_group_size: int = 10_000) -> None:
@@ -142,56 +138,8 @@ def parquet_schema(index: JournalIndex | None = None) -> Any:
     if index is not None and index.has_duration:
         fields.append(("duration_s", pa.float64()))
     schema = pa.schema(fields)
-    metadata = _pandas_metadata(pa, schema)
+    metadata = pandas_metadata(pa, schema)
     return schema if metadata is None else schema.with_metadata(metadata)
-
-
-def _pandas_metadata(pa: Any, schema: Any) -> dict[bytes, bytes] | None:
-    """The metadata pyarrow writes for a pandas frame of `schema`'s columns (object columns for
-    text and nested values), built without pandas (its import alone takes a fifth of a second);
-    None where pandas is not installed."""
-    try:
-        pandas_version = importlib.metadata.version("pandas")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-    def numpy_name(t: Any) -> str:
-        return {"double": "float64", "float": "float32"}.get(str(t), str(t))  # ints: their own
-
-    def pandas_type(t: Any) -> str:
-        if pa.types.is_string(t):
-            return "unicode"
-        if pa.types.is_list(t):
-            return f"list[{pandas_type(t.value_type)}]"
-        if pa.types.is_nested(t):
-            return "object"
-        return numpy_name(t)
-
-    columns = [
-        {
-            "name": col.name,
-            "field_name": col.name,
-            "pandas_type": pandas_type(col.type),
-            "numpy_type": (
-                "Int32"
-                if col.name in _NULLABLE_INTS
-                else "object"
-                if pa.types.is_string(col.type) or pa.types.is_nested(col.type)
-                else numpy_name(col.type)
-            ),
-            "metadata": None,
-        }
-        for col in schema
-    ]
-    pandas = {
-        "index_columns": [],
-        "column_indexes": [],
-        "columns": columns,
-        "attributes": {},
-        "creator": {"library": "pyarrow", "version": pa.__version__},
-        "pandas_version": pandas_version,
-    }
-    return {b"pandas": json.dumps(pandas).encode("utf8")}
 
 
 # --- rows ----------------------------------------------------------------------------------

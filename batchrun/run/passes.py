@@ -20,7 +20,8 @@ from batchrun.job.events import EventLog
 from batchrun.job.journal import JournalWriter
 from batchrun.job.manifest import Manifest, Run, save_manifest
 from batchrun.job.paths import JobPaths
-from batchrun.job.state import JobState, replay
+from batchrun.job.replay import replay
+from batchrun.job.state import JobState
 from batchrun.job.summary import keep_summary
 from batchrun.openai.records import Request
 from batchrun.run.answer_cache import AnswerCache
