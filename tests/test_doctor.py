@@ -257,6 +257,60 @@ def test_a_wheel_for_a_newer_cuda_than_the_driver_s_is_a_problem(
     ]
 
 
+def test_a_pypi_cuda_torch_without_a_label_is_read_from_its_version_py(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As on the real H200 (docs/gpu.md): PyPI's CUDA torch has no `+cu130` in its metadata, only in
+    `torch.__version__`; its version.py says the CUDA, so a driver too old for it is still seen."""
+    cuda_build(tmp_path, monkeypatch, torch="2.11.0")
+    machine(tmp_path, monkeypatch, EIGHT[:1])
+    site = Path(builds.SEARCH_PATH[0]) if builds.SEARCH_PATH else tmp_path
+    (site / "torch").mkdir()
+    version_py = site / "torch" / "version.py"
+    version_py.write_text(
+        "from typing import Optional\n__version__ = '2.11.0+cu130'\ndebug = False\n"
+        "cuda: Optional[str] = '13.0'\nhip: Optional[str] = None\n"
+    )
+    found = diagnose()
+    assert found.to_dict()["torch"] == {"version": "2.11.0", "cuda": "13.0"}
+    assert [p.code for p in found.problems] == ["driver_too_old"]
+    version_py.write_text("cuda: Optional[str] = None\nhip: Optional[str] = '6.2'\n")
+    assert [p.code for p in diagnose().problems] == ["torch_cpu_with_vllm_cuda"]
+    version_py.unlink()
+    assert diagnose().to_dict()["torch"]["cuda"] == "unknown"
+
+
+def test_cuda_visible_devices_naming_no_listed_gpu_is_a_problem_naming_the_listed_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CUDA stops at the first entry that names no GPU: `7` on a one-GPU machine leaves none, `0,7`
+    leaves GPU 0 alone. Seen on the real H200, where the doctor said only `nvidia-smi lists none`."""
+    cuda_build(tmp_path, monkeypatch, torch="2.13.0+cu124")
+    machine(tmp_path, monkeypatch, EIGHT[:2], visible="7")
+    found = diagnose()
+    assert found.no_gpu_reason == (
+        "no GPU is visible (CUDA_VISIBLE_DEVICES='7' names none of the GPUs nvidia-smi lists: 0, 1)"
+    )
+    assert [p.code for p in found.problems] == [
+        "cuda_visible_devices_unmatched",
+        "vllm_cuda_without_gpu",
+    ]
+    assert found.problems[0].message == (
+        "CUDA_VISIBLE_DEVICES='7': 7 names no GPU nvidia-smi lists (0, 1), so CUDA ignores it"
+    )
+    machine(tmp_path, monkeypatch, EIGHT[:2], visible="0,7,1")
+    found = diagnose()
+    assert [g.entry for g in found.gpus] == ["0"]
+    assert [p.code for p in found.problems] == ["cuda_visible_devices_unmatched"]
+    assert found.problems[0].message == (
+        "CUDA_VISIBLE_DEVICES='0,7,1': 7 names no GPU nvidia-smi lists (0, 1), so CUDA ignores "
+        "it and every entry after it (1)"
+    )
+    assert not found.problems[0].fatal
+    machine(tmp_path, monkeypatch, EIGHT[:2], visible=gpu(1)["uuid"])
+    assert diagnose().problems == []
+
+
 def test_the_cuda_build_without_a_gpu_and_other_broken_installs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

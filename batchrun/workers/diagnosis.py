@@ -19,7 +19,9 @@ from batchrun.workers.devices import (
     Visible,
     describe_visible,
     group_gpus,
+    listed,
     select_gpus,
+    unmatched_entry,
     visible_devices,
 )
 
@@ -123,6 +125,20 @@ def diagnose(
     if visible is None:
         return diagnosis
     diagnosis.no_gpu_reason = "" if visible.gpus else describe_visible(visible)
+    unmatched = unmatched_entry(visible)
+    if unmatched is not None and visible.inventory is not None:
+        entry, ignored = unmatched
+        after = f" and every entry after it ({','.join(ignored)})" if ignored else ""
+        problems.append(
+            Problem(
+                "cuda_visible_devices_unmatched",
+                f"CUDA_VISIBLE_DEVICES={raw!r}: {entry} names no GPU nvidia-smi lists "
+                f"({listed(visible.inventory)}), so CUDA ignores it{after}",
+                "set CUDA_VISIBLE_DEVICES to indices or UUIDs that `nvidia-smi -L` lists, or "
+                "unset it",
+                fatal=False,
+            )
+        )
     _layout(diagnosis, visible, gpus, tensor_parallel_size, workers, device)
     return diagnosis
 

@@ -51,6 +51,24 @@ def no_nvidia_smi_path(folder: Path) -> str:
     return str(empty)
 
 
+def path_without_nvidia_smi(folder: Path) -> str:
+    """This PATH with every nvidia-smi hidden, every other program kept: a folder that holds one
+    (as /usr/bin on a GPU machine, beside bash) is replaced by links to all its other programs."""
+    kept: list[str] = []
+    for i, d in enumerate(os.environ.get("PATH", "").split(os.pathsep)):
+        if not d or not (Path(d) / "nvidia-smi").exists():
+            kept.append(d)
+            continue
+        shadow = folder / f"no-nvidia-smi-{i}"
+        shadow.mkdir(parents=True, exist_ok=True)
+        for program in Path(d).iterdir():
+            link = shadow / program.name
+            if program.name != "nvidia-smi" and not link.exists():
+                link.symlink_to(program)
+        kept.append(str(shadow))
+    return os.pathsep.join(kept)
+
+
 def fake_packages(folder: Path, **versions: str) -> list[str]:
     """Folders of fake installed distributions (`*.dist-info` with METADATA) by name:
     fake_packages(dir, vllm="0.32.0", torch="2.13.0+cu128"); for builds.SEARCH_PATH."""
