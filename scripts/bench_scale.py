@@ -44,11 +44,13 @@ from bench_harness import (
     write_completion_requests,
 )
 
-# Runs batchrun's CLI in this process, then prints the process's own peak RSS (KiB) on stderr.
+# Runs batchrun's CLI in this process, then prints the process's own peak RSS (KiB; VmHWM, not
+# ru_maxrss, which Linux carries over from the process that started it) on stderr.
 _WRAP = (
     "import atexit, resource, sys\n"
+    "from batchrun.peak_memory import peak_rss_kib\n"
     "atexit.register(lambda: sys.stderr.write("
-    "'\\nBENCH_MAXRSS_KB=%d\\nBENCH_CPU_S=%f\\n' % (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,"
+    "'\\nBENCH_MAXRSS_KB=%d\\nBENCH_CPU_S=%f\\n' % (peak_rss_kib(),"
     " resource.getrusage(resource.RUSAGE_SELF).ru_utime"
     " + resource.getrusage(resource.RUSAGE_SELF).ru_stime)))\n"
     "from batchrun.cli import main\n"

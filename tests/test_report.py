@@ -193,13 +193,16 @@ def write_journal(job: Path, template: Path, n: int) -> None:
         )
 
 
+# VmHWM (peak_rss_kib), not ru_maxrss: Linux carries ru_maxrss over from the process that started
+# this one, here a pytest worker that may hold a vLLM engine.
 MEASURE = """
-import resource, sys
+import sys
 from pathlib import Path
+from batchrun.peak_memory import peak_rss_kib
 from batchrun.report.data import gather
 from batchrun.report.page import render
 page = render(gather(Path(sys.argv[1]))).encode()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, len(page))
+print(peak_rss_kib(), len(page))
 """
 
 

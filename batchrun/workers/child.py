@@ -159,9 +159,9 @@ def peak_memory_mb() -> float | None:
             return float(torch.cuda.max_memory_reserved()) / 2**20
     except Exception:
         pass
-    import resource
+    from batchrun.peak_memory import peak_rss_kib
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return peak_rss_kib() / 1024.0
 
 
 def _send_fatal(conn: Connection, exc: BaseException) -> None:
