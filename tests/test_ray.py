@@ -314,3 +314,32 @@ def test_a_hung_actor_is_replaced_and_a_stuck_request_times_out(tmp_path: Path) 
     assert sorted(last) == sorted(f"r{i}" for i in range(30))
     assert [cid for cid, rec in last.items() if not rec["ok"]] == ["r3"]
     assert last["r3"]["error"]["code"] == "timeout"
+
+
+def test_several_models_on_ray_each_line_on_its_model(tmp_path: Path) -> None:
+    """Two models on Ray actors: each model's pass starts its actors with that model, every line
+    is answered once by the model it names (docs/several-models.md)."""
+    lines = []
+    for i in range(40):
+        line = chat_line(f"r{i}", f"message {i}", max_tokens=4)
+        line["body"]["model"] = "small" if i % 3 else "large"
+        lines.append(line)
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    job = tmp_path / "job"
+    r = cli(
+        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress",
+        "--model", "small=org/small-model", "--model", "large=org/large-model",
+        "--batch-size", "8", "--ray", "local", "--workers", "2",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "switching to model large" in r.stderr, r.stderr[-3000:]
+    assert cli("export", "--job-dir", str(job)).returncode == 0
+    got = {o["custom_id"]: o["response"]["body"]["model"] for o in read_jsonl(job / "output.jsonl")}
+    assert got == {f"r{i}": ("small" if i % 3 else "large") for i in range(40)}
+    results = [x for x in journal_records(job) if x["kind"] == "result"]
+    assert sorted(x["custom_id"] for x in results) == sorted(got)  # each once
+    status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
+    assert {name: (m["requests"], m["completed"]) for name, m in status["models"].items()} == {
+        "small": (26, 26),
+        "large": (14, 14),
+    }

@@ -166,6 +166,11 @@ def test_the_prefix_cache_hit_rate_comes_from_vllm_and_duplicates_run_once(
     assert f"{len(copies)} requests answered from an identical one" in run.stdout, run.stdout
     shown = cli("status", "--job-dir", str(chat_job["job"]))
     assert f"{cache['hit_rate']:.1%} hit rate" in shown.stdout, shown.stdout
+    # The KV cache vLLM reported at start: the planner's budget, in status and the summary.
+    kv = status["kv_cache_tokens"]
+    assert isinstance(kv, int) and kv > 0, status
+    assert [w["kv_cache_tokens"] for w in status["workers"]] == [kv], status["workers"]
+    assert f"{kv:,} tokens a worker" in shown.stdout and f"{kv:,} tokens a worker" in run.stdout
     outputs = part(chat_job["outputs"], CHAT_PREFIX_IDS)
     assert set(outputs) == CHAT_PREFIX_IDS
     a, b = (outputs[c]["response"]["body"] for c in ("dup-a", "dup-b"))

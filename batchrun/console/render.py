@@ -12,7 +12,7 @@ from batchrun.console.text import command, plural
 from batchrun.job.cost import job_cost
 from batchrun.job.model_counts import model_counts, several
 from batchrun.job.paths import JobPaths
-from batchrun.job.status import cache_rate
+from batchrun.job.status import cache_rate, kv_cache_tokens
 from batchrun.job.summary import current_summary
 
 if TYPE_CHECKING:
@@ -56,6 +56,9 @@ def print_summary(console: Console, summary: JobSummary, title: str) -> None:
     cache = cache_rate(summary.run_cache_queries, summary.run_cache_hits)
     if cache is not None:
         table.add_row("prefix cache", _hit_rate(cache) + " this run")
+    kv = kv_cache_tokens(m)
+    if kv is not None:
+        table.add_row("kv cache", _kv_cache(kv))
     if st.deduplicated:
         table.add_row("deduplicated", _deduplicated(st.deduplicated))
     if summary.overrides:
@@ -159,6 +162,8 @@ def print_status(console: Console, s: dict[str, Any]) -> None:
     table.add_row("batch size", _batch_size(s["batch_size"], s["batch_size_source"]))
     if s.get("prefix_cache"):
         table.add_row("prefix cache", _hit_rate(s["prefix_cache"]) + " (runs that ended)")
+    if s.get("kv_cache_tokens"):
+        table.add_row("kv cache", _kv_cache(s["kv_cache_tokens"]))
     if s.get("deduplicated"):
         table.add_row("deduplicated", _deduplicated(s["deduplicated"]))
     table.add_row("runs", f"{s['runs']} ({s['wall_s']:,.1f}s in all)")
@@ -213,6 +218,11 @@ def _hit_rate(cache: dict[str, Any]) -> str:
         f"{cache['hit_rate']:.1%} hit rate ({cache['hits']:,} of {cache['queries']:,} prompt "
         "tokens found cached, vLLM's counters)"
     )
+
+
+def _kv_cache(tokens: int) -> str:
+    """`6,400 tokens a worker (the engine's figure at start)`."""
+    return f"{tokens:,} tokens a worker (the engine's figure at start)"
 
 
 def _deduplicated(count: int) -> str:

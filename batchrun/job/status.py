@@ -74,6 +74,9 @@ def job_status(job_dir: Path) -> dict[str, Any]:
         "prefix_cache": cache_rate(
             manifest.prefix_cache.get("queries", 0), manifest.prefix_cache.get("hits", 0)
         ),
+        # The KV cache the engine reported at start (tokens a worker; the smallest of them):
+        # the budget the dispatch plan keeps prefixes within (run/admission.py). None: not known.
+        "kv_cache_tokens": kv_cache_tokens(manifest),
         "deduplicated": state.deduplicated,
         "cache_hits": state.cache_hits,
         # latency_s and queue_s ({p50, p99}), errors (rate and by code): from the summary.
@@ -89,6 +92,16 @@ def cache_rate(queries: int, hits: int) -> dict[str, Any] | None:
     if not queries:
         return None
     return {"queries": queries, "hits": hits, "hit_rate": round(hits / queries, 4)}
+
+
+def kv_cache_tokens(manifest: Manifest) -> int | None:
+    """The smallest KV cache, in tokens, that a worker of the latest run reported; None if none."""
+    sizes = [
+        int(w["kv_cache_tokens"])
+        for w in (manifest.worker_info or {}).values()
+        if isinstance(w, dict) and isinstance(w.get("kv_cache_tokens"), int)
+    ]
+    return min(sizes) if sizes else None
 
 
 def _workers(manifest: Manifest, per_worker: dict[str, list[float]]) -> list[dict[str, Any]]:
@@ -109,6 +122,7 @@ def _workers(manifest: Manifest, per_worker: dict[str, list[float]]) -> list[dic
                 "requests": int(n),
                 "completion_tokens": int(tokens),
                 "tokens_per_s": round(tokens / span, 2) if span > 0 else None,
+                "kv_cache_tokens": where.get("kv_cache_tokens"),
             }
         )
     return rows
