@@ -2,7 +2,8 @@
 engine: usage errors, lines routed by body.model (an unknown or missing name an error record),
 one engine start per model, the retry passes and retry-failed per model, status's per-model
 counts, adapters belonging to their base, kill -9 then resume across a model switch, serve's
-/v1/models; and one real-vLLM job of two models (marked vllm: 2 engine starts)."""
+/v1/models (serve with several models: tests/test_serve_models.py); and one real-vLLM job of two
+models (marked vllm: 2 engine starts)."""
 
 from __future__ import annotations
 
@@ -366,17 +367,6 @@ def test_serve_lists_the_base_model_and_each_adapter_with_its_parent(tmp_path: P
             "parent": "base",
         },
     ]
-
-
-def test_serve_refuses_several_models_in_one_line(tmp_path: Path) -> None:
-    r = cli("serve", "--root", str(tmp_path / "root"), "--engine", "echo", *TWO, env=WIDE)
-    assert r.returncode == 2, r.stderr
-    assert (
-        "Invalid value for '--model': serve runs one model (and its adapters); run several "
-        "models with submit"
-    ) in r.stderr
-    assert "Traceback" not in r.stderr
-    assert not (tmp_path / "root").exists()
 
 
 @pytest.mark.vllm

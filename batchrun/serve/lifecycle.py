@@ -21,8 +21,8 @@ from batchrun.job.manifest import load_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.replay import replay
-from batchrun.models.adapters import known_models
 from batchrun.openai.records import Outcome
+from batchrun.run.by_model import known_models
 from batchrun.run.inputs import discard_unfinished_validation, validate_into_job
 from batchrun.run.options import RunOptions
 from batchrun.run.source import InputIndex, requests
@@ -75,8 +75,9 @@ def validate(
     try:
         locks.enter_context(job_lock(paths))
         index: InputIndex | None = None
-        # With adapters, a line may name one of them: every read of the input must know them.
-        known = known_models(options.settings.model_name, options.settings.lora_modules)
+        # With adapters or several models, a line names one of them: every read of the input
+        # must know them (an unknown name is an error record, model_not_found).
+        known = known_models(options.settings)
         if paths.manifest.exists():
             manifest = load_manifest(paths)
             index = InputIndex(known) if known is not None else None

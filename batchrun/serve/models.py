@@ -1,6 +1,7 @@
 """GET /v1/models: the models a batch's lines may name in body.model, in OpenAI's list shape
 ({"object": "list", "data": [{"id", "object": "model", "created", "owned_by", ...}]}): the base
-model, then each LoRA adapter with `parent` naming its base model, as vLLM's server lists them."""
+model(s), then each LoRA adapter with `parent` naming its base model, as vLLM's server lists
+them."""
 
 from __future__ import annotations
 
@@ -8,26 +9,33 @@ from typing import Any
 
 from batchrun.config import EngineSettings
 from batchrun.models.modalities import served_modalities
+from batchrun.models.named import adapters_of, model_names, settings_for
 
 OWNED_BY = "batchrun"
 
 
 def model_list(settings: EngineSettings, created: int) -> dict[str, Any]:
-    """The /v1/models answer for a server running `settings` (started at `created`)."""
-    base = settings.model_name
-    reads = served_modalities(settings)  # an adapter reads what its base model reads
-    data = [model_entry(base, created, root=settings.model or base, modalities=reads)]
-    data += [
-        model_entry(
-            a["name"],
-            created,
-            root=a["path"],
-            parent=a.get("base_model_name") or base,
-            modalities=reads,
-        )
-        for a in settings.lora_modules
-    ]
-    return {"object": "list", "data": data}
+    """The /v1/models answer for a server running `settings` (started at `created`): each base
+    model (several with `--model NAME=PATH` repeated), then each adapter with its `parent`."""
+    data: list[dict[str, Any]] = []
+    adapters: list[dict[str, Any]] = []
+    for base in model_names(settings):
+        one = settings_for(settings, base)
+        reads = served_modalities(one)  # an adapter reads what its base model reads
+        data.append(model_entry(base, created, root=one.model or base, modalities=reads))
+        # One model: every adapter is its, under the base name its JSON form gives, if any.
+        mine = adapters_of(settings, base) if settings.models else settings.lora_modules
+        adapters += [
+            model_entry(
+                a["name"],
+                created,
+                root=a["path"],
+                parent=a.get("base_model_name") or base,
+                modalities=reads,
+            )
+            for a in mine
+        ]
+    return {"object": "list", "data": data + adapters}
 
 
 def model_entry(

@@ -6,6 +6,12 @@ a separator, so that two batches may use the same custom_ids (the engine workers
 hold by custom_id); the prefix, split off at the first separator, is taken off before anything is
 journaled, whatever the custom_id itself holds. The pool is the
 job runner's Scheduler (back-off, poison isolation, restarts), with its journaling routed.
+
+With several base models (`--model NAME=PATH`, repeated) a pool runs one model: a batch runs
+model by model, as a submitted job does (run/by_model.py): its passes for its first model (the
+run pass, then the retries), then those for the next, each pass reading only the lines that
+model answers. A batch's `kind` names its current model, so the runner switches the pool between
+models as it switches between engine kinds (serve/kinds.py).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.replay import replay
 from batchrun.job.state import JobState
 from batchrun.job.summary import keep_summary
+from batchrun.models.named import settings_for
 from batchrun.openai.records import POOLING_ENDPOINTS, Outcome, Request
 from batchrun.run.answer_cache import AnswerCache
 from batchrun.run.dedup import Duplicates
@@ -49,6 +56,12 @@ def engine_kind(endpoint: str | None) -> str:
     """Which engine a batch needs: embeddings, score and rerank run vLLM as a pooling model (one
     pool answers all three), the rest generate."""
     return "embed" if endpoint in POOLING_ENDPOINTS else "generate"
+
+
+def same_engine(kind: str, other: str) -> bool:
+    """Whether two kinds (`engine_kind`, with `:MODEL` when several models) need the same
+    engine kind, maybe on other models."""
+    return kind.partition(":")[0] == other.partition(":")[0]
 
 
 @dataclass
@@ -86,11 +99,29 @@ class ActiveJob:
     # The identical deterministic requests the dispatch plan holds back for the one that runs
     # (run/dedup.py); None with --order input.
     duplicates: Duplicates | None = None
+    # With several models: the base models its lines name, in the server's order, and which
+    # one its passes run now (empty: one model).
+    models: tuple[str, ...] = ()
+    model_at: int = 0
+
+    @property
+    def model(self) -> str | None:
+        """The base model this batch's passes run on now (None: the server runs one model)."""
+        return self.models[self.model_at] if self.models else None
 
     @property
     def kind(self) -> str:
-        """The engine kind this batch needs."""
-        return engine_kind(self.facts.endpoint)
+        """The engine kind this batch needs now (with several models, on which model)."""
+        kind = engine_kind(self.facts.endpoint)
+        return f"{kind}:{self.model}" if self.models else kind
+
+    def next_model(self) -> bool:
+        """Move on to the next model's passes (all of this one's ran); False after the last."""
+        if self.model_at + 1 >= len(self.models):
+            return False
+        self.model_at += 1
+        self.passes = 0
+        return True
 
 
 def open_job(
@@ -127,26 +158,46 @@ def open_job(
     return job
 
 
-def next_pass(job: ActiveJob) -> Iterator[Request] | None:
+def next_pass(
+    job: ActiveJob, model_of: Callable[[Request], str] | None = None
+) -> Iterator[Request] | None:
     """The run pass first, then retry passes while retryable failures have attempts left;
     each in the dispatch plan's order, identical deterministic requests run once
-    (run/planner.py, run/dedup.py)."""
+    (run/planner.py, run/dedup.py). With several models (`model_of` names the base model that
+    answers a request), only the lines of the job's current model."""
     if job.stop is not None:
         return None
-    state, path = job.state, job.facts.input_path
+    state, path, model = job.state, job.facts.input_path, job.model
     job.passes += 1
+
+    def mine(want: Callable[[Request], bool]) -> Callable[[Request], bool]:
+        if model_of is None or model is None:
+            return want
+        return lambda r: want(r) and model_of(r) == model
+
     if job.passes == 1:
         return plan(
-            requests(path, state.is_not_done, job.index), job.manifest.order, job.duplicates
+            requests(path, mine(state.is_not_done), job.index),
+            job.manifest.order,
+            job.duplicates,
         )
     ids = set(state.retryable(job.facts.max_attempts))
     if not ids:
         return None
     return plan(
-        requests(path, lambda r: r.custom_id in ids, job.index),
+        requests(path, mine(lambda r: r.custom_id in ids), job.index),
         job.manifest.order,
         job.duplicates,
     )
+
+
+def job_models(
+    manifest: Manifest, names: list[str], base_of: Callable[[str], str]
+) -> tuple[str, ...]:
+    """The base models (of `names`, the server's, in its order) that a job's valid lines name,
+    from the counts its validation kept (`base_of`: an adapter's base model)."""
+    named = {base_of(name) for name in manifest.model_requests}
+    return tuple(n for n in names if n in named) or tuple(names)
 
 
 class SharedScheduler(Scheduler):
@@ -168,6 +219,7 @@ class SharedScheduler(Scheduler):
         self.jobs = jobs
         self.on_results = on_results
         self.starts = 0
+        self.model: str | None = None  # the base model it runs, with several
 
     def _records(
         self,
@@ -218,6 +270,8 @@ class SharedScheduler(Scheduler):
                 rec = result_record(outcome, request.line, attempt, now)
                 if index is not None:
                     rec["worker"] = index
+                if self.record_model is not None:  # status counts per model and adapter
+                    rec["model"] = self.record_model(request)
                 recs.append(rec)
                 plain = plain and plain_result(outcome)
             job.journal.append(recs, plain=plain)
@@ -249,6 +303,10 @@ class SharedScheduler(Scheduler):
     def _start(self, w: Worker) -> None:
         self.starts += 1
         super()._start(w)
+        if self.model is not None:  # several models: which one this engine runs
+            self.reporter.event(
+                f"{w.label} runs model {w.settings.model_name} ({w.settings.model})"
+            )
 
 
 def build_pool(
@@ -258,15 +316,19 @@ def build_pool(
     jobs: dict[str, ActiveJob],
     reporter: Reporter,
     on_results: Callable[[ActiveJob, Sequence[Outcome]], None],
+    model: str | None = None,
 ) -> SharedScheduler:
-    """An engine pool for batches of `endpoint`'s kind, as `run_job` sets up a job's workers: on
-    Ray or local processes (their output in ROOT/logs), at the fixed, remembered or largest
-    batch size (an out-of-memory death backs off, and the size cache remembers it)."""
-    settings = dataclasses.replace(options.settings, endpoint=endpoint)
+    """An engine pool for batches of `endpoint`'s kind (on the base model `model`, with several),
+    as `run_job` sets up a job's workers: on Ray or local processes (their output in
+    ROOT/logs), at the fixed, remembered or largest batch size (an out-of-memory death backs
+    off, and the size cache remembers it)."""
+    one = options.settings if model is None else settings_for(options.settings, model)
+    settings = dataclasses.replace(one, endpoint=endpoint)
     worker_class, envs = plan_workers(
         settings, ray=options.ray, gpus=options.gpus, workers=options.workers, logs=root / "logs"
     )
     pool = SharedScheduler(settings, envs, jobs, reporter, worker_class, on_results)
+    pool.model = model
     pool.job_dir = root
     device = cache_device(settings.spec, envs)  # the workers' GPUs (or cpu)
     pool.resize(

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from batchrun.errors import BatchrunError
 from batchrun.openai.records import Outcome, Request
+from batchrun.run.by_model import ModelRoute
 from batchrun.run.options import RunOptions
 from batchrun.serve import lifecycle
 from batchrun.serve.batches import CANCELLABLE, BatchRecord, BatchStore
@@ -33,8 +34,10 @@ from batchrun.serve.router import (
     ActiveJob,
     SharedScheduler,
     build_pool,
+    job_models,
     next_pass,
     open_job,
+    same_engine,
 )
 
 
@@ -78,6 +81,8 @@ class Runner(JobEnding):
         self._stopping = False
         self._last_sweep = 0.0
         self.pool: SharedScheduler | None = None
+        # Which base model answers each line (several models: run/by_model.py).
+        self.route = ModelRoute(options.settings)
         self._pool_kind: str | None = None
         self._switch_after = kind_switch_after()
         # Since when a batch of another kind than the pool's has come first in the queue's order.
@@ -197,6 +202,8 @@ class Runner(JobEnding):
             done.locks.close()
             raise
         job.index = done.index
+        if self.route.known is not None:  # several models: the batch runs model by model
+            job.models = job_models(job.manifest, self.route.names, self.route.known.base_of)
         stamp_job(job.paths, job.manifest, "running", job.state, ray=self.options.ray)
         with self.lock:
             # Decided against the record as it is now (a cancel may have come since it was read).
@@ -206,6 +213,10 @@ class Runner(JobEnding):
             current = self.batches.get(batch_id)
             if current is None or current.status != "in_progress":
                 job.stop = "cancelled"
+            now_on = self.pool.model if self.pool is not None else None
+            if now_on in job.models:  # its lines of the model loaded now run first: one switch less
+                at = job.models.index(now_on)
+                job.models = job.models[at:] + job.models[:at]
             self.active[slot] = job
             self._publish(job)
             self._changed()
@@ -232,7 +243,7 @@ class Runner(JobEnding):
                         continue
                 kind, endpoint = top.kind, top.facts.endpoint
                 try:
-                    pool = self._pool(kind, endpoint)
+                    pool = self._pool(kind, endpoint, top.model)
                     pool.run(_Feed(self, kind))
                 except StopServing:
                     return
@@ -244,14 +255,20 @@ class Runner(JobEnding):
         finally:
             self._close_pool()
 
-    def _pool(self, kind: str, endpoint: str | None) -> SharedScheduler:
-        """The engine pool for `kind`, made (its engines load on the first request) if need be."""
+    def _pool(self, kind: str, endpoint: str | None, model: str | None) -> SharedScheduler:
+        """The engine pool for `kind` (on `model`), made (its engines load on the first request)
+        if need be."""
         if self.pool is not None and self._pool_kind == kind:
             return self.pool
+        log = _Log(self.say)
+        if model is not None and self.pool is not None:
+            log.event(f"switching to model {model}")
         self._close_pool()
         pool = build_pool(
-            self.root, self.options, endpoint, self.active, _Log(self.say), self._on_results
+            self.root, self.options, endpoint, self.active, log, self._on_results, model
         )
+        if self.route.known is not None or self.options.settings.lora_modules:
+            pool.record_model = self.route.record_name  # status counts per model and adapter
         pool.live = lambda: self._live(kind)
         self.metrics.watch(pool, self.active)  # latency, queue wait, restarts: /metrics
         self.pool, self._pool_kind = pool, kind
@@ -281,7 +298,9 @@ class Runner(JobEnding):
     def _live(self, kind: str) -> bool:
         """While the pool runs: go on unless the server stops, or another kind's batch comes
         first and has waited KIND_SWITCH_S, or this kind has no work left and its pool has
-        run KIND_SWITCH_S (see KIND_SWITCH_S)."""
+        run KIND_SWITCH_S (see KIND_SWITCH_S); or, when what comes first is another model of
+        the same engine kind, at once once this one has no work left (a batch mixing models
+        waits for no new work of a model it is done with)."""
         if self._stopping:
             raise StopServing
         with self.lock:
@@ -291,8 +310,12 @@ class Runner(JobEnding):
                 return True
             if waited >= self._switch_after:
                 return False
-            ran = time.monotonic() - self._pool_since
-            return self._has_work(kind) or ran < self._switch_after
+            if self._has_work(kind):
+                return True
+            top = self._wanted()
+            if top is not None and top.model is not None and same_engine(top.kind, kind):
+                return False
+            return time.monotonic() - self._pool_since < self._switch_after
 
     def _other_waited(self, kind: str) -> float | None:
         """How long a batch of another kind than `kind` has come first in the queue's order
@@ -358,7 +381,10 @@ class Runner(JobEnding):
         """The next request of `job` for the pool, or None when it has none to give now."""
         while True:
             if job.source is None:
-                job.source = next_pass(job)
+                job.source = next_pass(job, self.route.name_of if self.route.known else None)
+                if job.source is None and job.next_model():  # the next model's pool runs it
+                    self._changed()
+                    return None
                 if job.source is None:  # nothing is left to run, and nothing is out
                     job.drained = True
                     self._changed()

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from batchrun import stopping
-from batchrun.errors import BatchrunError, OptionError
-from batchrun.models.adapters import prepare_adapters
-from batchrun.run.model import prepare_model
+from batchrun.errors import BatchrunError
+from batchrun.models.named import model_names
+from batchrun.run.by_model import prepare_models
 from batchrun.run.options import RunOptions
 from batchrun.run.preflight import preflight
 
@@ -123,17 +123,14 @@ def serve(
     from batchrun.serve.runner import Runner
 
     options.check()
-    if options.settings.models:  # a live queue runs one model's engines (docs/models.md)
-        raise OptionError(
-            "--model", "serve runs one model (and its adapters); run several models with submit"
-        )
     kind_switch_after()  # a bad BATCHRUN_SERVE_KIND_SWITCH_S is refused before the root is made
     if root.exists() and not root.is_dir():
         raise BatchrunError(f"--root {root} is a file, not a directory")
     for line in preflight(options):  # before the root is made: a refusal leaves nothing behind
         say(line)
-    prepare_model(options.settings, say)
-    prepare_adapters(options.settings)  # a missing or bad adapter: one line, nothing served
+    # Each model found and each adapter checked (several models: run/by_model.py); a missing
+    # or bad one: one line, nothing served.
+    prepare_models(options.settings, say)
     # After Ctrl-C or SIGTERM: the batches go on when the server starts again on this root.
     stopping.set_resume(f"batchrun serve --root {shlex.quote(str(root))}")
     with root_lock(root):
@@ -159,10 +156,16 @@ def serve(
         )
         say(
             f"serving the OpenAI Files and Batches API on http://{host}:{port}/v1{where}; "
-            f"root {root}, model {options.settings.model_name} on {options.settings.engine}"
+            f"root {root}, {_models(options)} on {options.settings.engine}"
         )
         config = uvicorn.Config(app, log_level="warning", access_log=False)
         uvicorn.Server(config).run(sockets=[sock])
+
+
+def _models(options: RunOptions) -> str:
+    """The banner's words for the model(s) served."""
+    names = model_names(options.settings)
+    return f"model{'s' if len(names) > 1 else ''} {', '.join(names)}"
 
 
 def listen(host: str, port: int) -> socket.socket:
