@@ -231,15 +231,21 @@ def audio_lines(media: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
                 max_completion_tokens=12,
             )
         )
+    # No language: the model finds it first (a request of one token), as vLLM's server does;
+    # verbose_json says which it found.
+    lines.append(transcription("detect", data_url(wav_bytes(0.3, 700), "audio/wav")))
+    lines.append(
+        transcription(
+            "detect-verbose",
+            data_url(wav_bytes(0.5, 450), "audio/wav"),
+            response_format="verbose_json",
+            max_completion_tokens=8,
+        )
+    )
     bad = {
         "not-audio": (
             "invalid_media",
             transcription("x", data_url(b"not a wav file", "audio/wav"), language="en"),
-        ),
-        # Whisper needs the language; vLLM's server detects it, batchrun does not yet.
-        "no-language": (
-            "invalid_request",
-            transcription("x", data_url(wav_bytes(0.3, 700), "audio/wav")),
         ),
         "corrupt": ("invalid_media", transcription("x", "data:audio/wav;base64,UklG@@@")),
         "multipart": (

@@ -21,6 +21,7 @@ import math
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,20 +139,28 @@ class Verbose:
         return dict(answer.model_dump(mode="json"))
 
 
-def audio_work(engine: Any, request: Request, settings: EngineSettings) -> AudioWork:
-    """Read, decode and cut the request's audio; its clips as vLLM's prompts and params."""
+@dataclass
+class LanguageDetection:
+    """A speech-to-text request with no `language`, for a model that must be told one (Whisper):
+    first one vLLM request of one token, the model's guess among its language tokens (vLLM's
+    server's `_detect_language`, on the first clip), then the request itself (`finish`)."""
+
+    inputs: list[tuple[Any, Any]]  # the one detection request (engine input, sampling params)
+    finish: Callable[[Any], AudioWork]  # the detection's RequestOutput -> the request's work
+    what: str = "language detection"
+
+
+def audio_work(
+    engine: Any, request: Request, settings: EngineSettings
+) -> AudioWork | LanguageDetection:
+    """Read, decode and cut the request's audio; its clips as vLLM's prompts and params (first
+    the detection of its language, where the model needs one and the line gives none)."""
     import vllm.envs as envs
-    from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
-    from vllm.entrypoints.speech_to_text.base.serving import (
-        SpeechToTextBaseServing,
-        asr_inter_chunk_separator,
-    )
     from vllm.entrypoints.speech_to_text.transcription.protocol import TranscriptionRequest
     from vllm.entrypoints.speech_to_text.translation.protocol import TranslationRequest
     from vllm.model_executor.model_loader.utils import get_model_cls
     from vllm.multimodal.audio import get_audio_duration, split_audio
     from vllm.multimodal.media.audio import load_audio
-    from vllm.renderers.inputs.preprocess import parse_enc_dec_prompt, parse_model_prompt
 
     model_config = engine.model_config
     model_cls: Any = get_model_cls(model_config)
@@ -171,12 +180,9 @@ def audio_work(engine: Any, request: Request, settings: EngineSettings) -> Audio
         stt.language = model_cls.validate_language(stt.language)
     except ValueError as e:
         raise BadRequest(str(e)) from e
-    if stt.language is None and getattr(model_cls, "supports_explicit_language_detection", False):
-        # vLLM's server would detect it with a request of its own first; not done here yet.
-        raise BadRequest(
-            'body.language is missing: this model needs the spoken language (such as "en"); '
-            "batchrun does not detect it yet"
-        )
+    detect = stt.language is None and getattr(
+        model_cls, "supports_explicit_language_detection", False
+    )
     verbose = stt.response_format == "verbose_json"
     if verbose and not getattr(model_cls, "supports_segment_timestamp", False):
         # vLLM's server refuses it the same way.
@@ -215,6 +221,55 @@ def audio_work(engine: Any, request: Request, settings: EngineSettings) -> Audio
     starts = [0.0]
     for clip in clips[:-1]:
         starts.append(starts[-1] + clip.shape[-1] / asr.sample_rate)
+    tokenizer = engine.get_tokenizer()
+    if detect:
+        # As vLLM's server: the first clip, a decoder prompt of <|startoftranscript|> alone, one
+        # greedy token among the language tokens.
+        from vllm import SamplingParams
+        from vllm.renderers.inputs.preprocess import parse_model_prompt as parse
+
+        try:
+            prompt = model_cls.get_language_detection_prompt(clips[0], asr)
+            detection = engine.renderer.render_cmpl([parse(model_config, prompt)])[0]
+            allowed = model_cls.get_language_token_ids(tokenizer)
+        except Exception as e:
+            raise BadRequest(f"the model cannot detect the language: {e}") from e
+        params = SamplingParams(max_tokens=1, temperature=0.0, allowed_token_ids=allowed)
+
+        def finish(output: Any) -> AudioWork:
+            try:
+                stt.language = model_cls.parse_language_detection_output(
+                    list(output.outputs[0].token_ids), tokenizer
+                )
+            except Exception as e:  # vLLM's own asserts: not a language token
+                raise BadRequest(f"the model's language detection failed: {e!r}") from e
+            return _clips_work(engine, model_cls, stt, asr, clips, starts, duration, translate)
+
+        return LanguageDetection(inputs=[(detection, params)], finish=finish)
+    return _clips_work(engine, model_cls, stt, asr, clips, starts, duration, translate)
+
+
+def _clips_work(
+    engine: Any,
+    model_cls: Any,
+    stt: Any,
+    asr: Any,
+    clips: list[Any],
+    starts: list[float],
+    duration: float,
+    translate: bool,
+) -> AudioWork:
+    """The request's clips as vLLM's prompts and params, its language known."""
+    from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
+    from vllm.entrypoints.speech_to_text.base.serving import (
+        SpeechToTextBaseServing,
+        asr_inter_chunk_separator,
+    )
+    from vllm.renderers.inputs.preprocess import parse_enc_dec_prompt, parse_model_prompt
+
+    model_config = engine.model_config
+    task = "translate" if translate else "transcribe"
+    verbose = stt.response_format == "verbose_json"
     try:
         prompts = []
         for clip in clips:

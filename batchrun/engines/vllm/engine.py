@@ -30,7 +30,7 @@ from typing import Any
 
 from batchrun.config import EngineSettings
 from batchrun.engines.vllm.args import engine_args
-from batchrun.engines.vllm.audio import AudioWork, audio_work
+from batchrun.engines.vllm.audio import AudioWork, LanguageDetection, audio_work
 from batchrun.engines.vllm.cache import PrefixCacheCounter
 from batchrun.engines.vllm.embeddings import EmbeddingWork, embedding_work
 from batchrun.engines.vllm.errors import BadRequest
@@ -80,7 +80,7 @@ class _Pending:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     # Pooling requests: their vLLM inputs and how their outputs become the answer (`work`), and
     # one slot per input (an item, a text or a pair), filled with its pooled data as it finishes.
-    work: EmbeddingWork | ScoreWork | AudioWork | None = None
+    work: EmbeddingWork | ScoreWork | AudioWork | LanguageDetection | None = None
     parts: list[Any] = field(default_factory=list)
     remaining: int = 0
 
@@ -312,7 +312,7 @@ class VllmEngine:
         request: all of them, or (a BadRequest) none."""
         request = pending.request
         if request.url == EMBEDDINGS:
-            work: EmbeddingWork | ScoreWork | AudioWork = embedding_work(
+            work: EmbeddingWork | ScoreWork | AudioWork | LanguageDetection = embedding_work(
                 self._tokenizer,
                 request,
                 max_model_len=self.max_model_len,
@@ -325,13 +325,22 @@ class VllmEngine:
             work = audio_work(self._engine, request, self._settings)
         else:
             work = self._scorer.plan(request)
+        self._submit_parts(pending, work)
+
+    def _submit_parts(
+        self, pending: _Pending, work: EmbeddingWork | ScoreWork | AudioWork | LanguageDetection
+    ) -> None:
+        """Submit each of `work`'s inputs as a vLLM request of its own: all, or (a BadRequest)
+        none. A language detection's one part is `ID#lang`, the request's own parts `ID#i`."""
+        request = pending.request
         pending.work, inputs = work, work.inputs
         pending.parts = [None] * len(inputs)
         pending.remaining = len(inputs)
+        detecting = isinstance(work, LanguageDetection)
         submitted: list[str] = []
         try:
             for i, (prompt, params) in enumerate(inputs):
-                part_id = f"{request.custom_id}#{i}"
+                part_id = f"{request.custom_id}#{'lang' if detecting else i}"
                 submit(self._engine, part_id, prompt, params)
                 submitted.append(part_id)
                 self._parts[part_id] = (request.custom_id, i)
@@ -366,6 +375,16 @@ class VllmEngine:
                 retryable=True,
                 latency_s=now - pending.added,
             )
+        if isinstance(pending.work, LanguageDetection):
+            # The language found: the request itself goes in now, its clips in that language.
+            try:
+                self._submit_parts(pending, pending.work.finish(output))
+            except BadRequest as exc:
+                self._in_flight.pop(custom_id)
+                return failure(
+                    pending.request, exc.code, exc.message, status_code=400, retryable=False
+                )
+            return None
         # A clip's whole RequestOutput (its text and tokens); an input's pooled data.
         pending.parts[index] = (
             output if isinstance(pending.work, AudioWork) else output.outputs.data
