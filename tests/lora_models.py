@@ -8,6 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+# The raw engine's KV cache: as batchrun's test engines' (conftest.TEST_KV_CACHE_BYTES).
+RAW_KV_CACHE_BYTES = 1 << 30
+
 # SmolLM2-135M-Instruct's shapes (its config.json): hidden 576, 30 layers, 9 heads and 3 KV
 # heads of 64.
 HIDDEN = 576
@@ -73,6 +76,7 @@ def raw_answers(model: str, adapters: dict[str, str], work: dict[str, list[str]]
         dtype="float32",
         enforce_eager=True,
         gpu_memory_utilization=0.4,
+        kv_cache_memory_bytes=RAW_KV_CACHE_BYTES,
         max_model_len=2048,
         seed=0,
         enable_lora=True,
