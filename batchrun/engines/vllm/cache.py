@@ -24,6 +24,11 @@ class PrefixCacheCounter:
         """(tokens looked up, tokens found cached) so far."""
         return self.queries, self.hits
 
+    def reset(self) -> None:
+        """Start counting again from zero (after a warm-up that no line asked for)."""
+        self.queries = 0
+        self.hits = 0
+
     def factory(self) -> Any:
         """A stat-logger factory for `LLMEngine.from_engine_args(stat_loggers=[...])` whose
         loggers add into this counter (vLLM's own class, imported only here)."""

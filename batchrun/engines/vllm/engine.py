@@ -43,6 +43,7 @@ from batchrun.engines.vllm.media import (
     prompt_length,
     render_media_chat,
     set_fetch_timeouts,
+    warm_media_path,
 )
 from batchrun.engines.vllm.outcome import generation_outcome
 from batchrun.engines.vllm.params import sampling_params
@@ -138,6 +139,10 @@ class VllmEngine:
         self.matryoshka: bool = bool(getattr(model_config, "is_matryoshka", False))
         self.vocab_size: int = int(model_config.get_vocab_size())
         self._modalities = modalities(self._engine)  # what media parts the model takes
+        if self._modalities:
+            # Before the worker says it is ready: what the first media line would wait for.
+            warm_media_path(self._engine, self._modalities)
+            self._cache.reset()  # the warm-up's lookups are no line's
         template = getattr(self._tokenizer, "chat_template", None)
         self._template: str = template if isinstance(template, str) else ""
         self._tokens = TokenText(self._tokenizer)

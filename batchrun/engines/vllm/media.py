@@ -13,6 +13,9 @@ times out or answers 404) fails its request with code `invalid_media` (400), nev
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import io
 import math
 import os
 import re
@@ -24,6 +27,8 @@ from batchrun.openai.media import MEDIA_PARTS
 from batchrun.openai.records import CHAT, RESPONSES, Request
 from batchrun.openai.responses_api import responses_messages
 
+# The warm-up request's id in vLLM (never a line's: it runs before any line reaches the engine).
+_WARM_UP_ID = "batchrun-warm-up"
 _OBJECT_REPR = re.compile(r":? ?<[\w.]+ object at 0x[0-9a-f]+>")
 
 
@@ -134,6 +139,40 @@ def render_media_chat(
             f"cannot use the request's media: {_reason(exc)}", "invalid_media"
         ) from exc
     return prompts[0]
+
+
+def warm_media_path(engine: Any, taken: tuple[str, ...]) -> None:
+    """Run what a model's first media line would wait for at the engine's start: vLLM's chat path
+    loads the model's processor at its first call (for its chat template, and for its images),
+    and the vision encoder's first pass is slow (2-2.5 s on the tests' tiny Idefics3, its core in
+    this process, docs/multimodal.md). A model that reads images renders a small image chat and
+    generates one token for it; another, a text chat. A failure is left to the lines to report."""
+    from vllm import SamplingParams
+
+    content: list[dict[str, Any]] = [{"type": "text", "text": "Hello"}]
+    if "image" in taken:
+        content.append({"type": "image_url", "image_url": {"url": _small_png_url()}})
+    messages = [{"role": "user", "content": content}]
+    request = Request(_WARM_UP_ID, 0, CHAT, {"messages": messages})
+    try:
+        prompt = render_media_chat(engine, request, messages, {})
+        if "image" not in taken:
+            return
+        engine.add_request(_WARM_UP_ID, prompt, SamplingParams(temperature=0, max_tokens=1))
+        while engine.has_unfinished_requests():
+            engine.step()
+    except Exception:
+        with contextlib.suppress(Exception):
+            engine.abort_request([_WARM_UP_ID])
+
+
+def _small_png_url() -> str:
+    """A 32x32 grey PNG as a data URL (PIL, which vLLM's image loading needs anyway)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 32), (128, 128, 128)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def prompt_length(prompt: Any) -> int:
