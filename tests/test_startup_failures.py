@@ -195,8 +195,11 @@ def test_free_memory_twice_then_the_job_runs_at_the_same_batch_size(tmp_path: Pa
 
 
 def test_max_seq_len_too_large_stops_at_once_naming_max_model_len_and_the_estimate(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A KV cache sized by the memory fraction (vLLM's default), not the tests' fixed one
+    # (conftest.py): the fix then names --gpu-memory-utilization.
+    monkeypatch.delenv("BATCHRUN_KV_CACHE_MEMORY_BYTES", raising=False)
     env = {"BATCHRUN_ECHO_START_ERROR": MAX_SEQ_LEN}
     r, _ = submit(tmp_path, env, 5, "--max-model-len", "131072")
     assert r.returncode == 1, r.stderr
