@@ -126,6 +126,16 @@ def chat_line(cid: str, text: str, **body: Any) -> dict[str, Any]:
     }
 
 
+def model_line(cid: str, model: str | None) -> dict[str, Any]:
+    """A short chat line naming `model` in body.model (None: naming none)."""
+    line = chat_line(cid, f"text of {cid}", max_tokens=4)
+    if model is None:
+        del line["body"]["model"]
+    else:
+        line["body"]["model"] = model
+    return line
+
+
 def write_jsonl(path: Path, lines: list[Any]) -> Path:
     """Write objects (or raw strings) as JSONL."""
     with path.open("w", encoding="utf-8") as f:

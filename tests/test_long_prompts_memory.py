@@ -10,12 +10,14 @@ scripts/bench_scale.py --long-prompts.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_scale import write_long_prompts  # the benchmark's own file of long prompts
 
 LINES = 800
 PROMPT_CHARS = 250_000
@@ -34,25 +36,6 @@ WRAP = (
     "sys.argv = ['batchrun', *sys.argv[1:]]\n"
     "main()\n"
 )
-
-
-def write_long_prompts(path: Path, lines: int, chars: int) -> None:
-    """`lines` chat requests of about `chars` characters each: half prose, half one pasted blob."""
-    prose = "The committee met on a Tuesday and read the long report again, page by page. "
-    with path.open("w") as f:
-        for i in range(lines):
-            if i % 2 == 0:
-                text = f"Document {i}. " + prose * (chars // len(prose))
-            else:
-                text = os.urandom(chars // 2).hex()  # one word of `chars` characters
-            body = {
-                "model": "m",
-                "max_tokens": 4,
-                "temperature": 0,
-                "messages": [{"role": "user", "content": "Summarize: " + text}],
-            }
-            line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions"}
-            f.write(json.dumps({**line, "body": body}) + "\n")
 
 
 def test_a_file_of_long_prompts_runs_in_bounded_parent_memory(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import chat_line, cli, read_jsonl, write_jsonl
+from conftest import cli, model_line, read_jsonl, write_jsonl
 from lora_models import make_adapter
 
 from batchrun.openai.reader import read_input
@@ -34,18 +34,11 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def _line(cid: str, model: str | None) -> dict[str, Any]:
-    line = chat_line(cid, f"text of {cid}", max_tokens=4)
-    if model is None:
-        del line["body"]["model"]
-    else:
-        line["body"]["model"] = model
-    return line
-
-
 def _mixed_input(tmp_path: Path) -> Path:
     models = [None, "a1", "echo", "a2", "nope", "a1", None, "a2"]
-    return write_jsonl(tmp_path / "in.jsonl", [_line(f"r{i}", m) for i, m in enumerate(models)])
+    return write_jsonl(
+        tmp_path / "in.jsonl", [model_line(f"r{i}", m) for i, m in enumerate(models)]
+    )
 
 
 def _submit(src: Path, job: Path, *args: str) -> Any:
@@ -94,7 +87,7 @@ def test_lines_pick_the_base_or_an_adapter_and_an_unknown_name_is_an_error_recor
 
 
 def test_without_adapters_a_file_still_names_one_model(tmp_path: Path) -> None:
-    src = write_jsonl(tmp_path / "in.jsonl", [_line("a", "m1"), _line("b", "m2")])
+    src = write_jsonl(tmp_path / "in.jsonl", [model_line("a", "m1"), model_line("b", "m2")])
     items = list(read_input(src))
     assert isinstance(items[0], Request)
     assert isinstance(items[1], LineError) and items[1].code == "mixed_models"
@@ -103,7 +96,12 @@ def test_without_adapters_a_file_still_names_one_model(tmp_path: Path) -> None:
 def test_the_reader_with_adapters_takes_the_base_and_adapter_names(tmp_path: Path) -> None:
     src = write_jsonl(
         tmp_path / "in.jsonl",
-        [_line("a", "base"), _line("b", "a1"), _line("c", None), _line("d", "other")],
+        [
+            model_line("a", "base"),
+            model_line("b", "a1"),
+            model_line("c", None),
+            model_line("d", "other"),
+        ],
     )
     items = list(read_input(src, KnownModels("base", ("a1",))))
     assert [type(i).__name__ for i in items] == ["Request", "Request", "Request", "LineError"]
@@ -127,7 +125,7 @@ def test_the_reader_with_adapters_takes_the_base_and_adapter_names(tmp_path: Pat
     ],
 )
 def test_a_malformed_lora_module_is_a_usage_error(tmp_path: Path, value: str, message: str) -> None:
-    src = write_jsonl(tmp_path / "in.jsonl", [_line("a", None)])
+    src = write_jsonl(tmp_path / "in.jsonl", [model_line("a", None)])
     r = _submit(src, tmp_path / "job", "--lora-modules", value)
     assert r.returncode == 2, r.stderr
     assert (
@@ -139,7 +137,7 @@ def test_a_malformed_lora_module_is_a_usage_error(tmp_path: Path, value: str, me
 
 
 def test_an_adapter_named_twice_is_a_usage_error(tmp_path: Path, adapters: dict[str, Path]) -> None:
-    src = write_jsonl(tmp_path / "in.jsonl", [_line("a", None)])
+    src = write_jsonl(tmp_path / "in.jsonl", [model_line("a", None)])
     r = _submit(
         src,
         tmp_path / "job",
@@ -161,7 +159,7 @@ def _refusal(r: Any) -> str:
 def test_bad_adapter_directories_are_refused_before_a_job_exists(
     tmp_path: Path, adapters: dict[str, Path]
 ) -> None:
-    src = write_jsonl(tmp_path / "in.jsonl", [_line("a", None)])
+    src = write_jsonl(tmp_path / "in.jsonl", [model_line("a", None)])
     job = tmp_path / "job"
     missing = tmp_path / "missing"
     empty = tmp_path / "empty"
@@ -205,7 +203,7 @@ def test_bad_adapter_directories_are_refused_before_a_job_exists(
 
 
 def test_a_max_lora_rank_vllm_does_not_take_is_a_usage_error(tmp_path: Path) -> None:
-    src = write_jsonl(tmp_path / "in.jsonl", [_line("a", None)])
+    src = write_jsonl(tmp_path / "in.jsonl", [model_line("a", None)])
     r = _submit(src, tmp_path / "job", "--max-lora-rank", "12")
     assert r.returncode == 2, r.stderr
     assert "must be one of 1, 8, 16, 32, 64, 128, 256, 320, 512, got 12" in r.stderr
@@ -215,7 +213,7 @@ def test_resume_refuses_a_changed_or_missing_adapter_and_other_names(
     tmp_path: Path, adapters: dict[str, Path]
 ) -> None:
     own = make_adapter(tmp_path / "own", seed=5)
-    src = write_jsonl(tmp_path / "in.jsonl", [_line("a", "own"), _line("b", None)])
+    src = write_jsonl(tmp_path / "in.jsonl", [model_line("a", "own"), model_line("b", None)])
     job = tmp_path / "job"
     r = _submit(src, job, "--lora-modules", f"own={own}", "--max-attempts", "1")
     assert r.returncode == 0, r.stderr
@@ -342,7 +340,9 @@ def test_kill_9_mid_job_then_resume_runs_each_adapter_line_exactly_once(
     from conftest import journal_records, results_at_least, start_cli, wait_until
 
     models = [None, "a1", "a2", "echo"]
-    src = write_jsonl(tmp_path / "in.jsonl", [_line(f"r{i}", models[i % 4]) for i in range(200)])
+    src = write_jsonl(
+        tmp_path / "in.jsonl", [model_line(f"r{i}", models[i % 4]) for i in range(200)]
+    )
     job = tmp_path / "job"
     p = start_cli(
         "submit",
@@ -386,7 +386,7 @@ def test_an_adapter_of_another_base_model_is_refused_before_a_job_exists(
     }
     (model / "config.json").write_text(json.dumps(config))
     other = make_adapter(tmp_path / "other", seed=4, hidden=1024)
-    src = write_jsonl(tmp_path / "in.jsonl", [_line("a", None)])
+    src = write_jsonl(tmp_path / "in.jsonl", [model_line("a", None)])
     job = tmp_path / "job"
     r = cli(
         "submit",

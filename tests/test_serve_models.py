@@ -11,14 +11,13 @@ import re
 import signal
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import (
-    chat_line,
     cli,
     group_alive,
     journal_records,
+    model_line,
     results_at_least,
     wait_until,
     write_jsonl,
@@ -31,15 +30,6 @@ TWO = ("--model", "a=org/a-model", "--model", "b=org/b-model")
 # at a time: about 50 requests a second).
 SLOW = ("--batch-size", "2")
 WIDE = {"COLUMNS": "1000"}
-
-
-def _line(cid: str, model: str | None) -> dict[str, Any]:
-    line = chat_line(cid, f"text of {cid}", max_tokens=4)
-    if model is None:
-        del line["body"]["model"]
-    else:
-        line["body"]["model"] = model
-    return line
 
 
 def _adapter_spec(tmp_path: Path, name: str, base: str | None) -> str:
@@ -106,8 +96,8 @@ def test_a_batch_mixing_models_and_one_in_flight_beside_it_are_answered_by_each_
     )
     first = ["a", "b", "b-tuned", "a", "b"] * 8 + ["zz", None]
     second = ["b", "a"] * 6
-    lines1 = [_line(f"one-{i}", m) for i, m in enumerate(first)]
-    lines2 = [_line(f"two-{i}", m) for i, m in enumerate(second)]
+    lines1 = [model_line(f"one-{i}", m) for i, m in enumerate(first)]
+    lines2 = [model_line(f"two-{i}", m) for i, m in enumerate(second)]
     try:
         client = server.client()
         batch1 = create_batch(client, write_jsonl(tmp_path / "one.jsonl", lines1))
@@ -187,7 +177,7 @@ def test_kill_9_in_the_second_models_pass_then_restart_answers_each_line_once(
     root = tmp_path / "root"
     env = {"BATCHRUN_ECHO_DELAY_MS": "40"}
     models = ["a", "b"] * 100
-    lines = [_line(f"r{i:03d}", m) for i, m in enumerate(models)]
+    lines = [model_line(f"r{i:03d}", m) for i, m in enumerate(models)]
     first = start_server(root, *TWO, *SLOW, env=env)
     client = first.client()
     batch = create_batch(client, write_jsonl(tmp_path / "in.jsonl", lines))
@@ -219,7 +209,7 @@ def test_one_model_with_a_name_serves_as_before(tmp_path: Path) -> None:
     server = start_server(tmp_path / "root", "--model", "only=org/only-model")
     try:
         client = server.client()
-        lines = [_line("r0", "anything"), _line("r1", "anything")]
+        lines = [model_line("r0", "anything"), model_line("r1", "anything")]
         done = wait_done(client, create_batch(client, write_jsonl(tmp_path / "in.jsonl", lines)).id)
         answers = [x["response"]["body"]["model"] for x in lines_of(client, done.output_file_id)]
         listed = [m.id for m in client.models.list().data]

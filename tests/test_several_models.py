@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 from conftest import (
-    chat_line,
     cli,
     journal_records,
+    model_line,
     read_jsonl,
     results_at_least,
     start_cli,
@@ -34,18 +34,9 @@ TWO = ("--model", "small=org/small-model", "--model", "large=org/large-model")
 STARTS = "starting echo engine"
 
 
-def _line(cid: str, model: str | None) -> dict[str, Any]:
-    line = chat_line(cid, f"text of {cid}", max_tokens=4)
-    if model is None:
-        del line["body"]["model"]
-    else:
-        line["body"]["model"] = model
-    return line
-
-
 def _input(tmp_path: Path, models: list[str | None]) -> Path:
     path = tmp_path / "in.jsonl"
-    lines = [_line(f"r{i}", m) for i, m in enumerate(models)]
+    lines = [model_line(f"r{i}", m) for i, m in enumerate(models)]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
     return path
 
@@ -383,7 +374,7 @@ def test_two_real_models_answer_their_own_lines_each_engine_started_once(
     )
     text_model = converted.stdout.strip().splitlines()[-1]
     names = ["text", "image"] * 3
-    lines = [_line(f"r{i}", m) for i, m in enumerate(names)]
+    lines = [model_line(f"r{i}", m) for i, m in enumerate(names)]
     for line in lines:
         line["body"]["temperature"] = 0
     src = tmp_path / "in.jsonl"
@@ -410,7 +401,7 @@ def test_two_real_models_answer_their_own_lines_each_engine_started_once(
 
 
 def test_identical_lines_for_two_models_are_not_merged(tmp_path: Path) -> None:
-    lines = [_line("r0", "small"), _line("r1", "large"), _line("r2", "large")]
+    lines = [model_line("r0", "small"), model_line("r1", "large"), model_line("r2", "large")]
     for line in lines:
         line["body"]["messages"][0]["content"] = "the same question"
         line["body"]["temperature"] = 0
