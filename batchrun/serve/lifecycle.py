@@ -31,6 +31,7 @@ from batchrun.serve.checks import expiry_seconds
 from batchrun.serve.files import FileStore
 from batchrun.serve.ids import output_file_id
 from batchrun.serve.jobview import claim_job, job_facts, stamp_job
+from batchrun.serve.model_set import served_models
 from batchrun.serve.router import ActiveJob
 from batchrun.serve.usage import token_details
 
@@ -80,7 +81,9 @@ def validate(
         known = known_models(options.settings)
         if paths.manifest.exists():
             manifest = load_manifest(paths)
-            index = InputIndex(known) if known is not None else None
+            # A restart with other models: read by this server's names (serve/model_set.py).
+            served = served_models(options.settings, manifest)
+            index = InputIndex(served) if served is not None else None
         else:
             discard_unfinished_validation(paths)
             source = _input_copy(files, str(record.batch["input_file_id"]), paths.root)

@@ -22,7 +22,7 @@ from batchrun.errors import BatchrunError
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.by_model import ModelRoute
 from batchrun.run.options import RunOptions
-from batchrun.serve import lifecycle
+from batchrun.serve import lifecycle, model_set
 from batchrun.serve.batches import CANCELLABLE, BatchRecord, BatchStore
 from batchrun.serve.ending import SWEEP_EVERY_S, JobEnding
 from batchrun.serve.files import FileStore
@@ -204,6 +204,8 @@ class Runner(JobEnding):
         job.index = done.index
         if self.route.known is not None:  # several models: the batch runs model by model
             job.models = job_models(job.manifest, self.route.names, self.route.known.base_of)
+        # Restarted with other models: its lines of models this server lacks end (model_set.py).
+        unserved = model_set.unserved(job, self.options.settings)
         stamp_job(job.paths, job.manifest, "running", job.state, ray=self.options.ray)
         with self.lock:
             # Decided against the record as it is now (a cancel may have come since it was read).
@@ -213,6 +215,9 @@ class Runner(JobEnding):
             current = self.batches.get(batch_id)
             if current is None or current.status != "in_progress":
                 job.stop = "cancelled"
+            if unserved is not None and job.stop is None:
+                unserved.journal(job)
+                self.say(unserved.line())
             now_on = self.pool.model if self.pool is not None else None
             if now_on in job.models:  # its lines of the model loaded now run first: one switch less
                 at = job.models.index(now_on)

@@ -1,0 +1,156 @@
+"""`batchrun serve` restarted with another set of `--model` names while a batch was in flight
+(echo engine, real server processes, kill -9): each unfinished line whose model the restarted
+server does not run is journaled once as a `model_not_found` error record naming the model and
+the server's models, the lines of the models it runs still run, and the batch completes. The
+restart with the same set is tests/test_serve_models.py's kill -9 test (nothing of this runs)."""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from conftest import (
+    group_alive,
+    journal_records,
+    model_line,
+    results_at_least,
+    wait_until,
+    write_jsonl,
+)
+from test_serve import Server, create_batch, lines_of, start_server, stop_server, wait_done
+
+TWO = ("--model", "a=org/a-model", "--model", "b=org/b-model")
+# 2 requests of 40 ms at a time: about 50 requests a second, slow enough to kill mid-batch.
+SLOW = ("--batch-size", "2")
+ENV = {"BATCHRUN_ECHO_DELAY_MS": "40"}
+
+
+def _killed_after(server: Server, batch_id: str, results: int, total: int) -> Path:
+    """Kill -9 `server` (and its engine) once its batch has `results` journal records; returns
+    the batch's job directory."""
+    job = server.batch_dir(batch_id)
+    wait_until(results_at_least(job, results), f"{results} lines finish", timeout=60)
+    stop_server(server, signal.SIGKILL)
+    wait_until(lambda: not group_alive(server.process.pid), "the killed server's processes end")
+    assert len(journal_records(job)) < total  # killed mid-batch
+    return job
+
+
+def _ended(
+    root: Path, batch_id: str, *models: str
+) -> tuple[Any, dict[str, str], dict[str, Any], str]:
+    """Restart on `root` with `models`; wait for the batch to end. Returns the batch, the
+    output's model per custom_id, the error file's error per custom_id, and the server's log."""
+    server = start_server(root, *models, *SLOW, env=ENV)
+    try:
+        client = server.client()
+        done = wait_done(client, batch_id, timeout=60)
+        output = lines_of(client, done.output_file_id) if done.output_file_id else []
+        errors = lines_of(client, done.error_file_id) if done.error_file_id else []
+    finally:
+        stop_server(server)
+    ids = [x["custom_id"] for x in output + errors]
+    assert len(ids) == len(set(ids))  # each custom_id once, in one of the two files
+    answers = {x["custom_id"]: x["response"]["body"]["model"] for x in output}
+    return done, answers, {x["custom_id"]: x["error"] for x in errors}, server.log.read_text()
+
+
+def _once(job: Path) -> Counter[str]:
+    """How many journal records (results) each custom_id has."""
+    return Counter(x["custom_id"] for x in journal_records(job) if x["kind"] == "result")
+
+
+def test_restart_with_only_a_ends_bs_unfinished_lines_as_model_not_found(tmp_path: Path) -> None:
+    """Killed in a's pass: a's unfinished lines still run on the restarted server of `a` alone
+    (a one-model server, by name); each of b's lines is an error record naming b."""
+    root = tmp_path / "root"
+    models = ["a", "b"] * 40
+    lines = [model_line(f"r{i:02d}", m) for i, m in enumerate(models)]
+    first = start_server(root, *TWO, *SLOW, env=ENV)
+    batch = create_batch(first.client(), write_jsonl(tmp_path / "in.jsonl", lines))
+    job = _killed_after(first, batch.id, 10, len(lines))
+    before = {x["custom_id"] for x in journal_records(job)}
+    assert before and all(models[int(c[1:])] == "a" for c in before)  # still in a's pass
+    done, answers, errors, log = _ended(root, batch.id, "--model", "a=org/a-model")
+    assert done.status == "completed"
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (40, 40)
+    # a's answers are a's, every one of them, those after the kill too.
+    assert answers == {f"r{i:02d}": "a" for i, m in enumerate(models) if m == "a"}
+    expected = {
+        "code": "model_not_found",
+        "message": "body.model 'b' is no model of this server (it was restarted with other "
+        "models since the batch was accepted); known: a (the base model)",
+    }
+    assert errors == {
+        f"r{i:02d}": {**expected, "line": i + 1} for i, m in enumerate(models) if m == "b"
+    }
+    assert set(_once(job).values()) == {1}  # journaled once each
+    said = [x for x in log.splitlines() if "model_not_found" in x]
+    assert said == [
+        f"[batchrun serve] batch {batch.id}: 40 unfinished lines of model b (40) end as "
+        "model_not_found errors: this server runs a"
+    ], log
+
+
+def test_restart_with_a_and_c_keeps_bs_answers_and_ends_the_rest(tmp_path: Path) -> None:
+    """Killed in b's pass: b's lines answered before the kill stay answered; the others are
+    error records naming b and the models a, c the restarted server runs."""
+    root = tmp_path / "root"
+    models = ["a", "b"] * 60
+    lines = [model_line(f"r{i:03d}", m) for i, m in enumerate(models)]
+    first = start_server(root, *TWO, *SLOW, env=ENV)
+    batch = create_batch(first.client(), write_jsonl(tmp_path / "in.jsonl", lines))
+    job = _killed_after(first, batch.id, 70, len(lines))
+    answered = {x["custom_id"] for x in journal_records(job) if x["ok"]}
+    b_before = {c for c in answered if models[int(c[1:])] == "b"}
+    assert len(answered) == len(b_before) + 60 and b_before  # a's all done, b's some
+    done, answers, errors, log = _ended(
+        root, batch.id, "--model", "a=org/a-model", "--model", "c=org/c-model"
+    )
+    assert done.status == "completed"
+    b_after = {f"r{i:03d}" for i, m in enumerate(models) if m == "b"} - b_before
+    assert answers == {c: models[int(c[1:])] for c in answered}  # as before the kill
+    message = (
+        "body.model 'b' is no model of this server (it was restarted with other models since "
+        "the batch was accepted); known: a, c"
+    )
+    assert errors == {
+        c: {"code": "model_not_found", "message": message, "line": int(c[1:]) + 1} for c in b_after
+    }
+    assert set(_once(job).values()) == {1}
+    assert f"{len(b_after)} unfinished lines of model b ({len(b_after)})" in log
+    assert "runs model c" not in log and "runs model a" not in log  # no engine needed
+
+
+def test_one_model_batch_restarted_on_named_models_then_back(tmp_path: Path) -> None:
+    """A one-model server answers any name (its file names one model, OpenAI's rule): its
+    batch, restarted on the models a and b, runs the lines naming a and ends those naming a
+    model neither runs. A batch of a and b restarted on the one model a: b's lines end."""
+    root = tmp_path / "root"
+    lines = [model_line(f"one-{i:02d}", "a") for i in range(60)]
+    first = start_server(root, "--model", "m=org/m-model", *SLOW, env=ENV)
+    one = create_batch(first.client(), write_jsonl(tmp_path / "one.jsonl", lines))
+    job = _killed_after(first, one.id, 10, len(lines))
+    done, answers, errors, log = _ended(root, one.id, *TWO)
+    assert done.status == "completed" and not errors
+    assert answers == {f"one-{i:02d}": "a" for i in range(60)}  # answered as it asked, by a
+    assert "model_not_found" not in log
+    assert set(_once(job).values()) == {1}
+    # A one-model batch naming another name: the models a and b do not run it.
+    other = [model_line(f"gpt-{i:02d}", "gpt-4o-mini") for i in range(60)]
+    second = start_server(root, "--model", "m=org/m-model", *SLOW, env=ENV)
+    batch = create_batch(second.client(), write_jsonl(tmp_path / "other.jsonl", other))
+    job = _killed_after(second, batch.id, 10, len(other))
+    ran = {x["custom_id"] for x in journal_records(job)}
+    done, answers, errors, log = _ended(root, batch.id, *TWO)
+    assert done.status == "completed"
+    assert answers == dict.fromkeys(ran, "gpt-4o-mini")
+    assert set(errors) == {x["custom_id"] for x in other} - ran
+    assert {e["message"] for e in errors.values()} == {
+        "body.model 'gpt-4o-mini' is no model of this server (it was restarted with other "
+        "models since the batch was accepted); known: a, b"
+    }
+    assert set(_once(job).values()) == {1}
