@@ -26,7 +26,8 @@ from batchrun.job.journal import JournalWriter, encode_body, read_records
 from batchrun.job.state import JobState
 from batchrun.openai.records import CHAT, Outcome, Request
 from batchrun.openai.responses import failure
-from batchrun.run.scheduler import Scheduler, fewer_collections
+from batchrun.run.memory import fewer_collections
+from batchrun.run.scheduler import Scheduler
 from batchrun.workers.child import GC_THRESHOLD
 from batchrun.workers.process import Worker, WorkerDeath
 

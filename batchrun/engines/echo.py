@@ -29,7 +29,9 @@ environment, so failures are testable from the command line:
 - ``BATCHRUN_ECHO_OOM_ABOVE``: starting with more than that many sequences (``max_num_seqs``), or
   running more than that many at once, raises an out-of-memory error shaped like PyTorch's.
 - ``BATCHRUN_ECHO_RECORD``: a file to which every custom_id the engine receives is appended, so
-  that tests can assert what the engine was (and was not) asked to run.
+  that tests can assert what the engine was (and was not) asked to run; with
+  ``BATCHRUN_ECHO_RECORD_MODEL`` set, each line is the custom_id, a tab and the engine's model
+  name (which engine of a job of several models ran it).
 
 And the faults of GPU engines (a start that raises, stuck ranks, hangs, an out-of-memory error
 tied to one request): see engines/echo_faults.py. Every id list matches the custom_id, under
@@ -142,6 +144,7 @@ class EchoEngine:
         record = os.environ.get("BATCHRUN_ECHO_RECORD")
         # Line-buffered: the record must survive the abrupt deaths this engine simulates.
         self._record = open(record, "a", buffering=1, encoding="utf-8") if record else None  # noqa: SIM115
+        self._record_model = bool(os.environ.get("BATCHRUN_ECHO_RECORD_MODEL"))
         if self.oom_above is not None and settings.max_num_seqs > self.oom_above:
             raise OutOfMemoryError(
                 "CUDA out of memory. Tried to allocate 2.00 GiB (simulated by the echo engine: "
@@ -161,7 +164,8 @@ class EchoEngine:
         """Queue a request; it finishes `BATCHRUN_ECHO_DELAY_MS` later."""
         custom_id = plain_id(request.custom_id)
         if self._record is not None:
-            self._record.write(custom_id + "\n")
+            model = f"\t{self.settings.model_name}" if self._record_model else ""
+            self._record.write(f"{custom_id}{model}\n")
         if custom_id in self.crash_on:
             # A poison request: the engine dies on it the way a native crash does, at once.
             os.kill(os.getpid(), signal.SIGKILL)

@@ -5,8 +5,9 @@ state, resume, retry-failed, the poison isolation and export see nothing of it: 
 request, whichever model answers it, and a resume killed mid-job runs what is left of each model.
 
 A one-model job (adapters or not) is one pass, as before: `ModelRoute.names` has one name and no
-filter. Workers are not split across models (each model's pass has all of them): simple and
-correct; splitting GPUs by each model's share of the work is not done.
+filter. With several workers (GPUs) and several models with work left, the run pass is one pass
+of all of them at once instead: the workers shared out among the models by each one's share of
+the work (run/lanes.py); the retry passes stay model by model.
 """
 
 from __future__ import annotations
@@ -105,6 +106,15 @@ class ModelRoute:
         if self.known is None:
             return want
         return lambda r: want(r) and self.name_of(r) == name
+
+    def counts(
+        self, want: Callable[[Request], bool], input_path: Path, index: InputIndex | None
+    ) -> dict[str, int]:
+        """How many of the requests `want` takes each model answers (read from the input)."""
+        counts = dict.fromkeys(self.names, 0)
+        for request in requests(input_path, want, index):
+            counts[self.name_of(request)] += 1
+        return counts
 
     def ids_of(
         self, name: str, ids: set[str], input_path: Path, index: InputIndex | None

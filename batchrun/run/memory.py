@@ -10,8 +10,13 @@ peak memory. Fixing the threshold (which also stops it moving) keeps them mmappe
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import sys
+from collections.abc import Iterator
+
+from batchrun.workers.child import GC_THRESHOLD
 
 # mallopt's parameter number for the mmap threshold (malloc.h), and the threshold: glibc's own
 # starting value.
@@ -34,3 +39,15 @@ def return_large_blocks() -> None:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+
+
+@contextlib.contextmanager
+def fewer_collections() -> Iterator[None]:
+    """Collect the first generation every GC_THRESHOLD allocations meanwhile (unless disabled)."""
+    old = gc.get_threshold()
+    if 0 < old[0] < GC_THRESHOLD:
+        gc.set_threshold(GC_THRESHOLD, *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)

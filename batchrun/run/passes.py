@@ -23,10 +23,12 @@ from batchrun.job.paths import JobPaths
 from batchrun.job.replay import replay
 from batchrun.job.state import JobState
 from batchrun.job.summary import keep_summary
+from batchrun.models.named import settings_for
 from batchrun.openai.records import Request
 from batchrun.run.answer_cache import AnswerCache
 from batchrun.run.by_model import ModelRoute
 from batchrun.run.dedup import Duplicates
+from batchrun.run.lanes import Lane, RoutedAnswers
 from batchrun.run.options import RunOptions
 from batchrun.run.planner import plan
 from batchrun.run.scheduler import Scheduler
@@ -202,6 +204,8 @@ class _Passes:
         route = ModelRoute(self.options.settings, self.options.cache_dir)
         if route.known is not None or self.options.settings.lora_modules:
             scheduler.record_model = route.record_name  # status counts per model and adapter
+        if mode in ("submit", "resume") and self._run_lanes(scheduler, route, index, planned):
+            return
         for name in route.names:
             if mode == "retry":
                 ids = route.ids_of(name, failed_ids, input_path, index)
@@ -221,19 +225,74 @@ class _Passes:
             if mode == "tune":
                 return
             scheduler.run(source)
+            self._retries(scheduler, route, name, index, planned)
 
-            def mine(ids: set[str], name: str = name) -> set[str]:
-                return route.ids_of(name, ids, input_path, index)
+    def _retries(
+        self,
+        scheduler: Scheduler,
+        route: ModelRoute,
+        name: str,
+        index: InputIndex | None,
+        planned: Callable[[Iterator[Request]], Iterator[Request]],
+    ) -> None:
+        """Model `name`'s retry passes (on that model, once there is one to run)."""
+        input_path = Path(self.manifest.input_path)
 
-            _retry_passes(
-                scheduler,
-                self.state,
-                input_path,
-                self.options.max_attempts,
-                self.reporter,
-                lambda ids: planned(_requests_in(input_path, ids, index)),
-                mine,
-            )
+        def mine(ids: set[str]) -> set[str]:
+            found = route.ids_of(name, ids, input_path, index)
+            if found:
+                route.use(scheduler, name)
+            return found
+
+        _retry_passes(
+            scheduler,
+            self.state,
+            input_path,
+            self.options.max_attempts,
+            self.reporter,
+            lambda ids: planned(_requests_in(input_path, ids, index)),
+            mine,
+        )
+
+    def _run_lanes(
+        self,
+        scheduler: Scheduler,
+        route: ModelRoute,
+        index: InputIndex | None,
+        planned: Callable[[Iterator[Request]], Iterator[Request]],
+    ) -> bool:
+        """Run several models at once when there are several workers (run/lanes.py), then each
+        model's retry passes; False (nothing run): one model or one worker, run model by model."""
+        live = [w for w in scheduler.workers if not w.retired]
+        if route.known is None or len(live) < 2:
+            return False
+        input_path = Path(self.manifest.input_path)
+        counts = route.counts(self.state.is_not_done, input_path, index)
+        names = [n for n in route.names if counts[n]]
+        if len(names) < 2:
+            return False
+        settings = {n: settings_for(self.options.settings, n) for n in names}
+
+        def lane(n: str) -> Lane:
+            source = planned(requests(input_path, route.only(n, self.state.is_not_done), index))
+            return Lane(n, source, settings[n], left=counts[n])
+
+        lanes = {n: lane(n) for n in names}
+        largest = max(names, key=lambda n: counts[n])
+        route.use(scheduler, largest)  # the batch size is chosen on the largest model's lines
+        self._size(scheduler, lanes[largest].source)
+        self.reporter.event(
+            f"running {len(names)} models at once on {plural(len(live), 'worker')}: "
+            + ", ".join(f"{n} ({plural(counts[n], 'request')})" for n in names)
+        )
+        if self.options.cache_dir is not None:
+            caches = {n: AnswerCache.open(self.options.cache_dir, settings[n]) for n in names}
+            scheduler.answers = RoutedAnswers(caches, route.name_of)
+        scheduler.run_lanes(lanes, route.name_of)
+        route.current = None  # the workers run one model each: the next use() switches them all
+        for name in names:
+            self._retries(scheduler, route, name, index, planned)
+        return True
 
     def _size(
         self, scheduler: Scheduler, source: Iterator[Request], *, search: bool = False

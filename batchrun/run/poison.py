@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from batchrun.openai.records import Outcome, Request
@@ -100,9 +101,14 @@ class Isolator:
         if group.requests:
             self.groups.appendleft(group)
 
-    def take(self) -> Suspects | None:
-        """The next group to run alone on a worker, if any."""
-        return self.groups.popleft() if self.groups else None
+    def take(self, accept: Callable[[Suspects], bool] | None = None) -> Suspects | None:
+        """The next group to run alone on a worker (of those `accept`s: a worker's model's
+        when several run at once, run/lanes.py), if any."""
+        for group in self.groups:
+            if accept is None or accept(group):
+                self.groups.remove(group)
+                return group
+        return None
 
     def on_success(self, count: int) -> None:
         """Requests finished: the engine can run requests, so a crash streak is broken."""

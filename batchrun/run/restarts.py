@@ -83,6 +83,10 @@ class PolicyHost(Protocol):
         """The journal record of one outcome, counted in the job's state."""
         ...
 
+    def pending_for(self, w: Worker) -> deque[Request]:
+        """Where the requests `w` held go back to."""
+        ...
+
     def journal_records(
         self,
         records: list[ResultRecord],
@@ -107,7 +111,7 @@ class RestartPolicy:
             self.host.isolator.put_back(dataclasses.replace(w.isolating, requests=held))
             w.isolating = None
         else:
-            self.host.pending.extendleft(reversed(held))
+            self.host.pending_for(w).extendleft(reversed(held))
         return len(held)
 
     def on_death(

@@ -1,7 +1,7 @@
 """Pending work -> engine workers -> journal, with no batch barriers.
 
-Each worker is kept topped up with its window of requests plus as many again queued (at most
-`MAX_PREFETCH`); every outcome is journaled the moment it arrives. When a worker dies, a fresh one
+Each worker is kept topped up with its window of requests plus as many again queued (bounded:
+run/prefetch.py); every outcome is journaled the moment it arrives. When a worker dies, a fresh one
 starts and nothing finished is lost. What happens to the requests the dead worker held depends on
 why it died:
 
@@ -21,9 +21,8 @@ Counting each outcome in the job's state and journaling it is the base class's
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
+import operator
 import queue
 import time
 from collections import deque
@@ -42,49 +41,25 @@ from batchrun.run import admission as admission_rule
 from batchrun.run.admission import Admission, KvCache
 from batchrun.run.answer_cache import AnswerCache
 from batchrun.run.dedup import Duplicates
-from batchrun.run.memory import return_large_blocks
+from batchrun.run.lanes import Lane, Lanes
+from batchrun.run.memory import fewer_collections, return_large_blocks
 from batchrun.run.planner import prompt_chars
-from batchrun.run.poison import Isolator
+from batchrun.run.poison import Isolator, Suspects
+from batchrun.run.prefetch import held_at_most
 from batchrun.run.recording import ResultRecording
 from batchrun.run.reporting import Reporter, RunStats
 from batchrun.run.restarts import RestartPolicy
+from batchrun.run.starting import restart_reason, start_events
 from batchrun.run.watchdog import HangPolicy, Watchdog
-from batchrun.workers.child import GC_THRESHOLD
 from batchrun.workers.process import Worker
 
 if TYPE_CHECKING:
     from batchrun.metrics.recorder import RunMetrics
 
-# Requests a worker holds beyond its window, queued in the worker for the moment one finishes:
-# as many again (at most this many), so that a worker whose results the parent is still
-# journaling always has work in hand. Isolating a poison request costs log2 of what it held.
-MAX_PREFETCH = 2048
-# ... and at most about this many prompt characters of them: 256 prefetched prompts of 250 KB
-# each would hold 64 MB more in the parent (issue 28: a file of long prompts in bounded memory).
-MAX_PREFETCH_CHARS = 16 * 2**20
+# What makes two workers' engines the same model (a worker switched to its own stays up).
+_model_of = operator.attrgetter("model", "model_name", "model_commit", "lora_modules")
 # Why a worker starts again when a job of several models moves on to the next (the event log's).
 MODEL_SWITCH = "model_switch"
-
-
-@contextlib.contextmanager
-def fewer_collections() -> Iterator[None]:
-    """Collect the first generation every GC_THRESHOLD allocations meanwhile (unless disabled)."""
-    old = gc.get_threshold()
-    if 0 < old[0] < GC_THRESHOLD:
-        gc.set_threshold(GC_THRESHOLD, *old[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
-
-
-def held_at_most(window: int, request_chars: int = 0) -> int:
-    """The most requests a worker with this window holds at once: the window plus prefetch,
-    fewer prefetched when requests are long (`request_chars`: a recent request's prompt)."""
-    prefetch = min(MAX_PREFETCH, max(4, window))
-    if request_chars > 0:
-        prefetch = min(prefetch, max(4, MAX_PREFETCH_CHARS // request_chars))
-    return window + prefetch
 
 
 class Scheduler(ResultRecording):
@@ -142,6 +117,8 @@ class Scheduler(ResultRecording):
         # cache. Made for a run's source once a worker reports its cache; None: plan order.
         self.admission: Admission | None = None
         self._no_kv_said = False
+        # Several models at once (run/lanes.py); None: one lane, `pending` and the run's source.
+        self.lanes: Lanes | None = None
 
     # -- sizing ---------------------------------------------------------------------------------
 
@@ -179,22 +156,47 @@ class Scheduler(ResultRecording):
         each worker stops (it holds nothing between passes) and starts with it when next
         needed, keeping its batch size."""
         for w in self.workers:
-            if w.process is not None:
-                self.restarts.requeue(w)
-                w.stop(timeout=10)
-                self._stopped_for[w.index] = MODEL_SWITCH
-            w.settings = dataclasses.replace(
-                settings, window=w.settings.window, max_num_seqs=w.settings.max_num_seqs
-            )
+            self.switch_worker(w, settings)
         self.admission = None
+
+    def switch_worker(self, w: Worker, settings: EngineSettings) -> None:
+        """Run what `w` takes next on `settings`' model: it stops (holding nothing) and starts
+        with it when next needed, keeping its batch size; already on that model, it runs on."""
+        if _model_of(w.settings) == _model_of(settings):
+            return
+        if w.process is not None:
+            self.restarts.requeue(w)
+            w.stop(timeout=10)
+            self._stopped_for[w.index] = MODEL_SWITCH
+        w.settings = dataclasses.replace(
+            settings, window=w.settings.window, max_num_seqs=w.settings.max_num_seqs
+        )
+
+    def pending_for(self, w: Worker) -> deque[Request]:
+        """Where the requests `w` held go back to: its lane's pending (run/lanes.py)."""
+        return self.pending if self.lanes is None else self.lanes.of(w.index).pending
+
+    def run_lanes(self, lanes: dict[str, Lane], lane_of: Callable[[Request], str]) -> RunStats:
+        """Run several models' lanes at once, each worker fed from its own (run/lanes.py);
+        `lane_of`: the lane of a request (those now pending are put in theirs)."""
+        for request in self.pending:
+            lanes[lane_of(request)].pending.append(request)
+        self.pending.clear()
+        self.admission = None
+        self.lanes = Lanes(lanes, lane_of)
+        try:
+            live = [w for w in self.workers if not w.retired]
+            for index, name in self.lanes.start([w.index for w in live]):
+                self.switch_worker(self.workers[index], self.lanes.settings_of(name))
+            return self.run(iter(()))
+        finally:
+            self.lanes = None
 
     def prefix_cache(self) -> tuple[int, int]:
         """vLLM's prefix-cache counters over every worker process so far: prompt tokens looked
         up, and found cached."""
-        return (
-            sum(w.cache_queries for w in self.workers),
-            sum(w.cache_hits for w in self.workers),
-        )
+        workers = self.workers
+        return sum(w.cache_queries for w in workers), sum(w.cache_hits for w in workers)
 
     def peak_memory_mb(self) -> float | None:
         """The largest peak memory any worker reported."""
@@ -217,7 +219,8 @@ class Scheduler(ResultRecording):
 
     def _run(self, source: Iterator[Request], limit: int | None, stop_on_oom: bool) -> RunStats:
         stats = RunStats()
-        if not self.pending:
+        lanes = self.lanes or Lanes.single(source, self.pending)
+        if self.lanes is None and not self.pending:  # (lanes were counted: each has work)
             # Nothing to do (a finished job resumed, say): do not start an engine for it.
             if self.answers is not None:
                 # What the cache answers is journaled here, a window at a time.
@@ -230,9 +233,9 @@ class Scheduler(ResultRecording):
                     return stats
                 self.pending.append(first)
         # The first request's size bounds the first send's prefetch (then each batch's).
-        self.request_chars = prompt_chars(self.pending[0])
+        if self.pending:
+            self.request_chars = prompt_chars(self.pending[0])
         taken = 0
-        exhausted = False
         busy_since: float | None = None
         while not stats.oom:
             if not any(not w.retired for w in self.workers):
@@ -242,6 +245,9 @@ class Scheduler(ResultRecording):
                     if self.admission is not None:
                         self.admission.retire(w.index)
                     continue
+                if self.lanes is not None and not w.inflight and w.isolating is None:
+                    self._move_when_done(w)
+                lane = lanes.of(w.index)
                 if w.process is None:
                     if time.monotonic() < w.start_not_before:
                         continue  # waiting to start again after a start-up failure
@@ -258,21 +264,23 @@ class Scheduler(ResultRecording):
                 if room <= 0:
                     continue
                 batch: list[Request] = []
-                while len(batch) < room and self.pending:
-                    batch.append(self.pending.popleft())
-                if len(batch) < room and not exhausted:
+                pending = lane.pending
+                while len(batch) < room and pending:
+                    batch.append(pending.popleft())
+                if len(batch) < room and not lane.exhausted:
                     want = room - len(batch)
-                    admission = self._admission_for(source, w)
+                    admission = self._admission_for(lane.source, w)
                     if admission is not None:
                         kv = KvCache(*w.kv_cache) if w.kv_cache is not None else None
                         got = admission.take(w.index, want, kv, w.settings.window)
-                        exhausted = admission.exhausted
+                        lane.exhausted = admission.exhausted
                     else:
-                        got, short = self._take(source, want, stats)
-                        exhausted = short and not (self.live is not None and self.live())
+                        got, short = self._take(lane.source, want, stats)
+                        lane.exhausted = short and not (self.live is not None and self.live())
+                    lane.left -= len(got)
                     batch += got
                 if batch and self.admission is None:  # admission bounds its own batches
-                    batch = self._bounded(batch, w.settings.window, len(w.inflight))
+                    batch = self._bounded(batch, w.settings.window, len(w.inflight), pending)
                 if batch:
                     taken += len(batch)
                     w.send(batch)
@@ -282,7 +290,7 @@ class Scheduler(ResultRecording):
             # At its limit a run ends even with requests pending: those a worker held when it
             # ran out of memory went back there, for the next run (the search's next probe).
             no_more = (
-                (limit is not None and taken >= limit) or (exhausted and not self.pending)
+                (limit is not None and taken >= limit) or lanes.done()
             ) and not self.isolator.groups
             if inflight == 0 and no_more:
                 break
@@ -292,15 +300,27 @@ class Scheduler(ResultRecording):
             stats.seconds = time.monotonic() - busy_since
         return stats
 
-    def _bounded(self, batch: list[Request], window: int, inflight: int) -> list[Request]:
+    def _bounded(
+        self, batch: list[Request], window: int, inflight: int, pending: deque[Request]
+    ) -> list[Request]:
         """`batch` less what would take the worker's prefetch past MAX_PREFETCH_CHARS (put back
         at the front of `pending`, in order), its prompts' size sampled from its ends."""
         self.request_chars = max(prompt_chars(batch[0]), prompt_chars(batch[-1]))
         room = held_at_most(window, self.request_chars) - inflight
         if len(batch) <= room:
             return batch
-        self.pending.extendleft(reversed(batch[max(room, 0) :]))
+        pending.extendleft(reversed(batch[max(room, 0) :]))
         return batch[: max(room, 0)]
+
+    def _move_when_done(self, w: Worker) -> None:
+        """Move idle `w` to another lane when its own has nothing left to run (run/lanes.py):
+        it stops, to start on that lane's model."""
+        assert self.lanes is not None
+        others = [x.index for x in self.workers if not x.retired and x is not w]
+        target = self.lanes.move(w.index, others, self.isolator, w.settings.window)
+        if target is not None:
+            self.switch_worker(w, self.lanes.settings_of(target))
+            self.reporter.event(f"{w.label} moving to model {target}")
 
     def _admission_for(self, source: Iterator[Request], w: Worker) -> Admission | None:
         """The admission over `source` (made when a worker first reports its KV cache), or None:
@@ -327,12 +347,18 @@ class Scheduler(ResultRecording):
             if w.inflight:
                 return True
             w.isolating = None  # the group finished: its members are cleared
-        if not self.isolator.groups:
+        lanes = self.lanes
+        lane = "" if lanes is None else lanes.of(w.index).name
+
+        def mine(group: Suspects) -> bool:
+            return lanes is None or lanes.owns(group, lane)
+
+        if not any(mine(g) for g in self.isolator.groups):
             return False
         if w.inflight:
             # Drain first: a death while suspects share the worker with others would tell nothing.
             return True
-        group = self.isolator.take()
+        group = self.isolator.take(mine)
         assert group is not None
         w.isolating = group
         w.send(group.requests)
@@ -404,7 +430,7 @@ class Scheduler(ResultRecording):
 
     def _start(self, w: Worker) -> None:
         if w.generation > 0:
-            reason = self._restart_reason(w)
+            reason = restart_reason(w, self._stopped_for)
             if self.metrics is not None and reason != MODEL_SWITCH:  # not a restart of a failure
                 self.metrics.restarted(reason)
             if self.events is not None:
@@ -412,28 +438,9 @@ class Scheduler(ResultRecording):
         self._stopped_for.pop(w.index, None)
         w.start(self.inbox)
         self.watchdog.started(w)
-        where = f"pid {w.pid}, " if w.pid else ""
-        if w.env.get("BATCHRUN_CPU_AFFINITY"):
-            where += f"CPU cores {w.env['BATCHRUN_CPU_AFFINITY']}, "
-        self.reporter.event(
-            f"{w.label} starting {w.settings.engine} engine ({where}batch size {w.settings.window})"
-        )
-        if w.env.get("BATCHRUN_CPU_SHARED_WITH"):
-            self.reporter.event(
-                f"{w.label}: every CPU core already runs the model of another batchrun job "
-                f"({w.env['BATCHRUN_CPU_SHARED_WITH']}); both run slowly while they share them. "
-                "Give each job its own cores with OMP_NUM_THREADS (half each, say)"
-            )
-
-    def _restart_reason(self, w: Worker) -> str:
-        """Why `w`, started before, starts again: its death's kind, or why it was stopped (a
-        worker killed by the watchdog, hung, leaves no death of its own)."""
-        death = w.death
-        if death is None:
-            return self._stopped_for.get(w.index, "hang")
-        if death.oom:
-            return "oom"
-        return "start_failure" if death.during_start else "crash"
+        model = None if self.lanes is None else self.lanes.of(w.index).name
+        for line in start_events(w, model):
+            self.reporter.event(line)
 
     def close(self) -> None:
         """Stop every worker (the requests they held stay pending in the journal's eyes)."""

@@ -39,7 +39,7 @@ from batchrun.workers.process_group import die_with_parent, lead_own_group
 
 # The cyclic garbage collector collects its first generation every this many allocations of
 # containers not yet freed (CPython's default: 700), in a worker and in the parent while it runs
-# (scheduler.fewer_collections). At tens of thousands of results a second the default is
+# (run/memory.fewer_collections). At tens of thousands of results a second the default is
 # thousands of collections, each going over the young requests and results in flight again: a
 # tenth of either process's time. Here they die by reference count, not in cycles.
 GC_THRESHOLD = 20_000

@@ -1,0 +1,160 @@
+"""Several models on several workers at once (run/lanes.py), through the real CLI on the echo
+engine: the workers shared out by each model's share of the work, every line run on an engine of
+its own model, a worker whose model ran out moving to the one with the most left, a poison line
+isolated on its own model's workers, kill -9 then resume answering each line once; and the
+share-out rules themselves."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import signal
+from collections import Counter
+from pathlib import Path
+
+from conftest import cli, journal_records, model_line, results_at_least, start_cli, wait_until
+
+from batchrun.run.lanes import MOVE_BATCHES, next_lane, share_out
+
+ECHO = ("--engine", "echo", "--no-progress", "--batch-size", "8")
+WIDE = {"COLUMNS": "1000"}
+TWO = ("--model", "small=org/small-model", "--model", "large=org/large-model")
+
+
+def _input(tmp_path: Path, models: list[str]) -> tuple[Path, dict[str, str]]:
+    path = tmp_path / "in.jsonl"
+    lines = [model_line(f"r{i}", m) for i, m in enumerate(models)]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    return path, {f"r{i}": m for i, m in enumerate(models)}
+
+
+def _env(record: Path, **extra: str) -> dict[str, str]:
+    return {
+        **WIDE,
+        "BATCHRUN_ECHO_RECORD": str(record),
+        "BATCHRUN_ECHO_RECORD_MODEL": "1",
+        "BATCHRUN_ECHO_DELAY_MS": "20",
+        **extra,
+    }
+
+
+def _received(record: Path) -> list[tuple[str, str]]:
+    """(custom_id, the model of the engine that received it), in order."""
+    return [tuple(line.split("\t")) for line in record.read_text().splitlines()]  # type: ignore[misc]
+
+
+def _results(job: Path) -> list[dict[str, object]]:
+    return [r for r in journal_records(job) if r["kind"] == "result"]
+
+
+def test_workers_are_shared_out_by_each_models_work_and_run_only_its_lines(
+    tmp_path: Path,
+) -> None:
+    # 2 parts large to 1 part small, 3 workers: two run large and one small, from the start.
+    models = ["large", "large", "small"] * 80
+    src, model_of = _input(tmp_path, models)
+    record, job = tmp_path / "record", tmp_path / "job"
+    r = cli(
+        "submit", str(src), "--job-dir", str(job), *ECHO, *TWO, "--workers", "3",
+        env=_env(record),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "running 2 models at once on 3 workers: small (80 requests), large (160 requests)" in (
+        r.stderr
+    )
+    # Every line reached an engine of its own model, once.
+    received = _received(record)
+    assert all(model_of[cid] == engine for cid, engine in received)
+    assert Counter(cid for cid, _ in received) == Counter(list(model_of))
+    # The models ran side by side, not one pass after the other: the journal interleaves them.
+    order = [model_of[str(x["custom_id"])] for x in _results(job)]
+    switches = sum(1 for a, b in itertools.pairwise(order) if a != b)
+    assert switches > 2, order
+    # Each worker ran one model: two of them large's lines, one small's.
+    by_worker: dict[object, set[str]] = {}
+    for x in _results(job):
+        by_worker.setdefault(x["worker"], set()).add(model_of[str(x["custom_id"])])
+    assert sorted(tuple(sorted(m)) for m in by_worker.values()) == [
+        ("large",),
+        ("large",),
+        ("small",),
+    ], r.stderr
+    assert "moving to model" not in r.stderr
+
+
+def test_a_worker_whose_model_ran_out_moves_to_the_one_with_most_left(tmp_path: Path) -> None:
+    models = ["small"] * 8 + ["large"] * 400
+    src, model_of = _input(tmp_path, models)
+    record, job = tmp_path / "record", tmp_path / "job"
+    r = cli(
+        "submit", str(src), "--job-dir", str(job), *ECHO, *TWO, "--workers", "2",
+        env=_env(record),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"worker \d moving to model large", r.stderr), r.stderr
+    received = _received(record)
+    assert all(model_of[cid] == engine for cid, engine in received)
+    assert Counter(cid for cid, _ in received) == Counter(list(model_of))
+    # Both workers ran large's lines in the end.
+    large_workers = {x["worker"] for x in _results(job) if model_of[str(x["custom_id"])] == "large"}
+    assert large_workers == {0, 1}
+
+
+def test_a_poison_line_is_isolated_on_its_own_models_workers(tmp_path: Path) -> None:
+    models = ["small", "large"] * 60
+    src, model_of = _input(tmp_path, models)
+    record, job = tmp_path / "record", tmp_path / "job"
+    r = cli(
+        "submit", str(src), "--job-dir", str(job), *ECHO, *TWO, "--workers", "2",
+        env=_env(record, BATCHRUN_ECHO_CRASH_ON="r6"),
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert all(model_of[cid] == engine for cid, engine in _received(record))
+    final = {str(x["custom_id"]): x for x in _results(job)}
+    assert set(final) == set(model_of)
+    failed = {cid for cid, x in final.items() if not x["ok"]}
+    assert failed == {"r6"}
+    assert final["r6"]["error"]["code"] == "engine_crash"  # type: ignore[index]
+
+
+def test_kill_9_mid_run_then_resume_answers_every_line_once(tmp_path: Path) -> None:
+    models = ["large", "small", "large"] * 100
+    src, model_of = _input(tmp_path, models)
+    record, job = tmp_path / "record", tmp_path / "job"
+    env = _env(record, BATCHRUN_ECHO_DELAY_MS="100")
+    proc = start_cli(
+        "submit", str(src), "--job-dir", str(job), *ECHO, *TWO, "--workers", "2", env=env
+    )
+    wait_until(results_at_least(job, 60), "60 results", timeout=60)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_before = {str(x["custom_id"]) for x in _results(job) if x["ok"]}
+    assert 0 < len(done_before) < len(models)
+    assert {model_of[c] for c in done_before} == {"small", "large"}
+    r = cli("resume", "--job-dir", str(job), env=env)
+    assert r.returncode == 0, r.stderr
+    ok = Counter(str(x["custom_id"]) for x in _results(job) if x["ok"])
+    assert ok == Counter(list(model_of))  # each exactly once, across both runs
+    assert all(model_of[cid] == engine for cid, engine in _received(record))
+
+
+def test_share_out_gives_every_model_a_worker_then_the_rest_by_share() -> None:
+    assert share_out({"a": 300, "b": 100}, 4) == ["a", "a", "a", "b"]
+    assert share_out({"a": 100, "b": 100, "c": 1}, 2) == ["a", "b"]
+    assert share_out({"a": 10, "b": 1000}, 2) == ["b", "a"]
+    assert share_out({"a": 5, "b": 0}, 3) == ["a", "a", "a"]
+    assert share_out({}, 2) == []
+
+
+def test_next_lane_prefers_a_model_without_workers_and_skips_small_remainders() -> None:
+    batch = 8
+    # A lane nobody runs wins, however little it has left.
+    assert next_lane({"a": 1, "b": 10_000}, {"b": 1}, batch) == "a"
+    # Too little left for the workers already on it: stay.
+    assert next_lane({"b": MOVE_BATCHES * batch - 1}, {"b": 1}, batch) is None
+    assert next_lane({"b": MOVE_BATCHES * batch}, {"b": 1}, batch) == "b"
+    # The most left per worker.
+    assert next_lane({"b": 1000, "c": 900}, {"b": 2, "c": 1}, batch) == "c"
+    assert next_lane({"a": 0}, {}, batch) is None
