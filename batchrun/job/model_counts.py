@@ -27,7 +27,14 @@ def model_counts(manifest: Manifest, summary: Summary) -> dict[str, dict[str, An
         return {
             bases[0]: _row(
                 manifest.requests,
-                [summary.done, summary.succeeded, summary.prompt_tokens, summary.completion_tokens],
+                [
+                    summary.done,
+                    summary.succeeded,
+                    summary.prompt_tokens,
+                    summary.completion_tokens,
+                    summary.first_time or 0.0,
+                    summary.last_time or 0.0,
+                ],
                 None,
             )
         }
@@ -36,22 +43,29 @@ def model_counts(manifest: Manifest, summary: Summary) -> dict[str, dict[str, An
     return {
         name: _row(
             manifest.model_requests.get(name, 0),
-            summary.per_model.get(name, [0, 0, 0, 0]),
+            summary.per_model.get(name, [0, 0, 0, 0, 0.0, 0.0]),
             owners.get(name),
         )
         for name in names
     }
 
 
-def _row(requests: int, counts: list[int], adapter_of: str | None) -> dict[str, Any]:
-    done, succeeded, prompt, completion = counts
+def _row(requests: int, counts: list[float], adapter_of: str | None) -> dict[str, Any]:
+    done, succeeded, prompt, completion, first, last = (
+        counts if len(counts) == 6 else [*counts, 0.0, 0.0]
+    )
+    span = last - first
+    done, succeeded = int(done), int(succeeded)
     return {
         "adapter_of": adapter_of,
         "requests": requests,
         "completed": succeeded,
         "failed": done - succeeded,
         "pending": max(0, requests - done),
-        "tokens": {"prompt": prompt, "completion": completion},
+        "tokens": {"prompt": int(prompt), "completion": int(completion)},
+        # Generated tokens a second, from its first answer to its last (the job's span, for a
+        # job of one model; resumes' pauses count, as the job's own throughput's do).
+        "completion_tokens_per_s": round(completion / span, 2) if span > 0 else None,
     }
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from batchrun.job.timing import LightRecord, LogHistogram, Timing
 
 # Bumped whenever a field's meaning changes: a summary of another version is rebuilt.
-SUMMARY_VERSION = 1
+SUMMARY_VERSION = 2
 
 
 class SummaryRecord(LightRecord):
@@ -43,8 +43,8 @@ class Summary:
     # Per worker index: [attempts, completion tokens, first time, last time].
     per_worker: dict[str, list[float]] = field(default_factory=dict)
     # Per model a record names (several models, or adapters: run/by_model.py): [requests done,
-    # succeeded, prompt tokens, completion tokens].
-    per_model: dict[str, list[int]] = field(default_factory=dict)
+    # succeeded, prompt tokens, completion tokens, first time, last time].
+    per_model: dict[str, list[float]] = field(default_factory=dict)
     # job/timing.py's figures: latency and queue-wait histograms, errors by code.
     timing: dict[str, Any] = field(default_factory=dict)
 
@@ -124,11 +124,18 @@ class Summary:
         tokens = rec.completion_tokens
         self.completion_tokens += tokens
         if rec.model is not None:
-            counts = self.per_model.setdefault(rec.model, [0, 0, 0, 0])
+            counts = self.per_model.get(rec.model)
+            if counts is None:
+                counts = self.per_model[rec.model] = [0, 0, 0, 0, t, t]
             counts[0] += attempt == 1
             counts[1] += rec.ok
             counts[2] += rec.prompt_tokens
             counts[3] += tokens
+            if timed:
+                if t < counts[4] or not counts[4]:
+                    counts[4] = t
+                if t > counts[5]:
+                    counts[5] = t
         if rec.worker is not None and timed:
             stats = self.per_worker.get(str(rec.worker))
             if stats is None:
