@@ -317,8 +317,8 @@ def test_a_hung_actor_is_replaced_and_a_stuck_request_times_out(tmp_path: Path) 
 
 
 def test_several_models_on_ray_each_line_on_its_model(tmp_path: Path) -> None:
-    """Two models on Ray actors: each model's pass starts its actors with that model, every line
-    is answered once by the model it names (docs/several-models.md)."""
+    """Two models on two Ray actors: they run at once, one actor each (run/lanes.py), every line
+    answered once by the model it names (docs/several-models.md)."""
     lines = []
     for i in range(40):
         line = chat_line(f"r{i}", f"message {i}", max_tokens=4)
@@ -332,12 +332,17 @@ def test_several_models_on_ray_each_line_on_its_model(tmp_path: Path) -> None:
         "--batch-size", "8", "--ray", "local", "--workers", "2",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "switching to model large" in r.stderr, r.stderr[-3000:]
+    assert "running 2 models at once on 2 workers" in r.stderr, r.stderr[-3000:]
     assert cli("export", "--job-dir", str(job)).returncode == 0
     got = {o["custom_id"]: o["response"]["body"]["model"] for o in read_jsonl(job / "output.jsonl")}
     assert got == {f"r{i}": ("small" if i % 3 else "large") for i in range(40)}
     results = [x for x in journal_records(job) if x["kind"] == "result"]
     assert sorted(x["custom_id"] for x in results) == sorted(got)  # each once
+    # Each actor ran one model's lines, the other's the other model's.
+    by_worker: dict[int, set[str]] = {}
+    for x in results:
+        by_worker.setdefault(x["worker"], set()).add(x["model"])
+    assert sorted(map(sorted, by_worker.values())) == [["large"], ["small"]]
     status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
     assert {name: (m["requests"], m["completed"]) for name, m in status["models"].items()} == {
         "small": (26, 26),
