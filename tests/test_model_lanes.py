@@ -23,9 +23,11 @@ WIDE = {"COLUMNS": "1000"}
 TWO = ("--model", "small=org/small-model", "--model", "large=org/large-model")
 
 
-def _input(tmp_path: Path, models: list[str]) -> tuple[Path, dict[str, str]]:
+def _input(tmp_path: Path, models: list[str], **body: object) -> tuple[Path, dict[str, str]]:
     path = tmp_path / "in.jsonl"
     lines = [model_line(f"r{i}", m) for i, m in enumerate(models)]
+    for line in lines:
+        line["body"].update(body)
     path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
     return path, {f"r{i}": m for i, m in enumerate(models)}
 
@@ -167,3 +169,29 @@ def test_next_lane_prefers_a_model_without_workers_and_skips_small_remainders() 
     # The most left per worker.
     assert next_lane({"b": 1000, "c": 900}, {"b": 2, "c": 1}, batch) == "c"
     assert next_lane({"a": 0}, {}, batch) is None
+
+
+def test_answers_stored_at_once_are_found_by_each_models_own_cache(tmp_path: Path) -> None:
+    # Stored by a run of both models at once (one cache per model, run/lanes.RoutedAnswers),
+    # then found by a run of one worker, model by model, which opens each model's cache alone.
+    models = ["small", "large"] * 20
+    src, model_of = _input(tmp_path, models, temperature=0)  # deterministic: cacheable
+    cache = tmp_path / "cache"
+    first, again = tmp_path / "first", tmp_path / "again"
+    record = tmp_path / "record"
+    r = cli(
+        "submit", str(src), "--job-dir", str(first), *ECHO, *TWO, "--workers", "2",
+        "--cache-dir", str(cache), env=_env(record),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "running 2 models at once" in r.stderr
+    assert not any(x.get("cached") for x in _results(first))
+    assert len(_received(record)) == len(models)
+    r = cli(
+        "submit", str(src), "--job-dir", str(again), *ECHO, *TWO, "--workers", "1",
+        "--cache-dir", str(cache), env=_env(record),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    cached = {str(x["custom_id"]) for x in _results(again) if x.get("cached")}
+    assert cached == set(model_of)
+    assert len(_received(record)) == len(models)  # no engine was asked anything more

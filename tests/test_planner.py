@@ -92,15 +92,15 @@ def test_order_input_sends_every_line_in_the_files_order() -> None:
     assert held.held == {}
 
 
-def test_requests_sharing_a_prefix_go_together_each_leader_one_group_early() -> None:
+def test_requests_sharing_a_prefix_go_together_each_group_whole() -> None:
     docs = {d: f"document {d}: " + DOC for d in "ABC"}
     requests = [
         chat(f"{d}{q}", docs[d] + f" question {q}", max_tokens=8) for q in range(3) for d in "ABC"
     ]
     random.Random(3).shuffle(requests)
     order = [r.custom_id for r in order_window(requests)]
-    # Grouped by document; B's leader goes out before A's siblings, C's before B's.
-    assert order == ["A0", "B0", "A1", "A2", "C0", "B1", "B2", "C1", "C2"]
+    # Grouped by document, each group whole: nothing of B's among A's.
+    assert order == ["A0", "A1", "A2", "B0", "B1", "B2", "C0", "C1", "C2"]
 
 
 def test_groups_with_more_work_go_first_and_independent_prompts_are_not_grouped() -> None:
@@ -108,8 +108,8 @@ def test_groups_with_more_work_go_first_and_independent_prompts_are_not_grouped(
     long = [chat(f"l{i}", "long " + DOC + f" q{i}", max_tokens=500) for i in range(2)]
     lone = [chat(f"x{i}", f"an unrelated question number {i}", max_tokens=1) for i in range(2)]
     order = [r.custom_id for r in order_window([*short, *lone, *long])]
-    # The long group first (the short group's leader one group early), the lone prompts last.
-    assert order == ["l0", "s0", "l1", "s1", "x0", "x1"]
+    # The long group first, then the short one, the lone prompts last.
+    assert order == ["l0", "l1", "s0", "s1", "x0", "x1"]
     assert len("an unrelated question number") < MIN_SHARED
 
 

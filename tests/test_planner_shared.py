@@ -48,13 +48,17 @@ def test_the_order_is_the_one_of_exact_prefixes(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(planner, "_shared_prefixes", exact_prefixes)
     want = [[r.custom_id for r in planner.order_window(w)] for w in cases]
     assert got == want
-    # The cases do reorder: groups and leaders are exercised, not only the file's order.
+    # The cases do reorder: groups are exercised, not only the file's order.
     assert sum(g != sorted(g, key=lambda c: int(c[1:])) for g in got) > 100
 
 
-def test_a_prefix_under_min_shared_is_measured_where_a_leader_is_decided() -> None:
+def test_a_prefix_is_exact_wherever_it_reaches_min_shared() -> None:
     texts = sorted(
         ["x" * 255 + "a", "x" * 255 + "b" + "y" * 300, "x" * 255 + "b" + "y" * 300 + "z"]
     )
     by_text = list(range(3))
-    assert planner._shared_prefixes(texts, by_text) == exact_prefixes(texts, by_text)
+    exact = exact_prefixes(texts, by_text)
+    assert planner._shared_prefixes(texts, by_text) == [
+        v if v >= planner.MIN_SHARED else 0 for v in exact
+    ]
+    assert exact[1] == 255 and exact[2] >= planner.MIN_SHARED  # one of each
