@@ -27,9 +27,9 @@ DEVICES: tuple[str, ...] = get_args(Device)
 # vLLM hands the engine seed to np.random.seed (vllm/utils/torch_utils.py, set_random_seed),
 # which takes 0 to 2**32 - 1 only (random.seed and torch.manual_seed would take more).
 SEED_MAX = 2**32 - 1
-# The most sequences vLLM 0.32 starts with as batchrun configures it: an LLMEngine's scheduler
-# gets max_num_batched_tokens = 2048 (SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS) and refuses
-# a max_num_seqs above it (vllm/config/scheduler.py); a bigger size only backs off down to it.
+# The most sequences batchrun starts vLLM 0.32 with: its scheduler refuses a max_num_seqs above
+# max_num_batched_tokens (vllm/config/scheduler.py), which is at least 2048 (the LLM class's
+# defaults batchrun asks for: 4096 on a CPU, more on GPUs); a bigger size only backs off to it.
 MAX_BATCH_SIZE = 2048
 DEFAULT_MIN_BATCH = 8
 DEFAULT_MAX_BATCH = 256

@@ -223,8 +223,8 @@ def test_vllms_own_engine_process_is_kept_on_a_gpu(
     cuda: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On a GPU the engine leaves VLLM_ENABLE_V1_MULTIPROCESSING to vLLM (its engine-core process
-    stays) and asks for vLLM's offline defaults for the device; on the CPU, the engine core runs
-    in the worker with the engine's own defaults."""
+    stays); on the CPU, the engine core runs in the worker. Both ask for vLLM's offline (LLM
+    class) defaults for the device."""
     from vllm import LLMEngine
     from vllm.usage.usage_lib import UsageContext
 
@@ -251,4 +251,4 @@ def test_vllms_own_engine_process_is_kept_on_a_gpu(
     if cuda:
         assert seen == {"usage_context": UsageContext.LLM_CLASS, "multiprocessing": None}
     else:
-        assert seen == {"usage_context": UsageContext.ENGINE_CONTEXT, "multiprocessing": "0"}
+        assert seen == {"usage_context": UsageContext.LLM_CLASS, "multiprocessing": "0"}
