@@ -126,9 +126,9 @@ class VllmEngine:
         self._engine: Any = LLMEngine.from_engine_args(
             args,
             # vLLM's offline defaults for the device, its LLM class's: tokens per step 16384 on an
-            # H100 and 4096 on a CPU, where an engine's own default is 2048 (measured on the CPU:
-            # prefill-heavy work, questions over shared documents, ran about 6% slower at 2048
-            # than raw LLM.chat at 4096 in the same order, docs/benchmarks.md).
+            # H100 and 4096 on a CPU, where an engine's own default is 2048 (on the CPU,
+            # prefill-heavy work, questions over shared documents, ran 6-7% behind raw LLM.chat
+            # at 2048 and 2-4% behind at 4096 in the next run: docs/benchmarks.md).
             usage_context=UsageContext.LLM_CLASS,
             stat_loggers=[self._cache.factory()],
         )
