@@ -20,10 +20,9 @@ from conftest import (
     write_jsonl,
 )
 from test_serve import Server, create_batch, lines_of, start_server, stop_server, wait_done
+from test_serve_models import SLOW, TWO
 
-TWO = ("--model", "a=org/a-model", "--model", "b=org/b-model")
-# 2 requests of 40 ms at a time: about 50 requests a second, slow enough to kill mid-batch.
-SLOW = ("--batch-size", "2")
+# With SLOW's 2 at a time: about 50 requests a second, slow enough to kill mid-batch.
 ENV = {"BATCHRUN_ECHO_DELAY_MS": "40"}
 
 

@@ -150,9 +150,6 @@ class RoutedAnswers(AnswerCache):
         self.lane_of = lane_of
         first = next(iter(self.caches.values()))
         super().__init__(first.root, "")  # its own key is never used: each model's is
-        self.counts = first.counts  # one set of counters for the run (shared, not summed)
-        for cache in self.caches.values():
-            cache.counts = self.counts
 
     def lookup(self, requests: Sequence[Request]) -> tuple[list[Request], list[Outcome]]:
         """Each request looked up in its model's cache: those to run, and the answers found."""

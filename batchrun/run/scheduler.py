@@ -22,6 +22,7 @@ Counting each outcome in the job's state and journaling it is the base class's
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 import queue
 import time
@@ -44,7 +45,7 @@ from batchrun.run.dedup import Duplicates
 from batchrun.run.lanes import Lane, Lanes
 from batchrun.run.memory import fewer_collections, return_large_blocks
 from batchrun.run.planner import prompt_chars
-from batchrun.run.poison import Isolator, Suspects
+from batchrun.run.poison import Isolator
 from batchrun.run.prefetch import held_at_most
 from batchrun.run.recording import ResultRecording
 from batchrun.run.reporting import Reporter, RunStats
@@ -347,11 +348,10 @@ class Scheduler(ResultRecording):
             if w.inflight:
                 return True
             w.isolating = None  # the group finished: its members are cleared
-        lanes = self.lanes
-        lane = "" if lanes is None else lanes.of(w.index).name
-
-        def mine(group: Suspects) -> bool:
-            return lanes is None or lanes.owns(group, lane)
+        if not self.isolator.groups:
+            return False
+        lanes = self.lanes or Lanes({}, None)  # one lane: every group is any worker's
+        mine = functools.partial(lanes.owns, name=lanes.of_worker.get(w.index, ""))
 
         if not any(mine(g) for g in self.isolator.groups):
             return False
