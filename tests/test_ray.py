@@ -134,7 +134,12 @@ def test_a_killed_actor_is_replaced_and_nothing_is_lost(tmp_path: Path) -> None:
         # and killing that one is a failed start, not a lost worker. An actor seen in `poll` has
         # started and holds work: that is the one to kill.
         running: list[int] = []
-        wait_until(lambda: running.extend(polling_actors(p.pid)) or running, "an actor polls")
+
+        def one_polls() -> bool:
+            running[:] = polling_actors(p.pid)
+            return bool(running)
+
+        wait_until(one_polls, "a Ray actor is running requests")
         os.kill(running[0], signal.SIGKILL)
         _, stderr = p.communicate(timeout=300)
     finally:
