@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -147,6 +148,28 @@ def write_jsonl(path: Path, lines: list[Any]) -> Path:
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Read a JSONL file."""
     return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+@contextlib.contextmanager
+def reference_run(command: list[str], log: Path) -> Iterator[Callable[[], str]]:
+    """Run a reference (raw vLLM) in a process of its own beside the test's job, its stderr in
+    `log`; yield a function that waits for it and returns its stdout, failing with the end of
+    its log if it failed. A test that gives up first kills it."""
+    out_path = log.with_suffix(".stdout")
+    with log.open("w") as err, out_path.open("w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=err, cwd=ROOT, start_new_session=True)
+
+    def finish() -> str:
+        proc.wait(timeout=900)
+        assert proc.returncode == 0, log.read_text()[-3000:]
+        return out_path.read_text()
+
+    try:
+        yield finish
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def journal_records(job_dir: Path) -> list[dict[str, Any]]:

@@ -8,12 +8,11 @@ Two engine starts: the job's, and the raw reference's (a child process).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from typing import Any
 
 import pytest
-from conftest import ROOT, chat_line, cli, read_jsonl, write_jsonl
+from conftest import ROOT, chat_line, cli, read_jsonl, reference_run, write_jsonl
 from lora_models import make_adapter
 
 pytestmark = pytest.mark.vllm
@@ -54,45 +53,44 @@ def lora_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     lines.append(chat_line("unknown", "Hi.", model="a3", max_tokens=4))
     src = write_jsonl(tmp / "in.jsonl", lines)
     job = tmp / "job"
-    r = cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--lora-modules",
-        f"a1={adapters['a1']}",
-        "--lora-modules",
-        json.dumps({"name": "a2", "path": adapters["a2"], "base_model_name": BASE}),
-        "--max-loras",
-        "2",
-        "--max-lora-rank",
-        "8",
-        "--dtype",
-        "float32",
-        "--batch-size",
-        "32",
-        "--no-progress",
-    )
-    assert r.returncode == 1, r.stderr  # the unknown model's line
-    assert cli("export", "--job-dir", str(job)).returncode == 0
     from batchrun.models import default_model_dir
 
     work: dict[str, list[str]] = {"": PROMPTS, "a1": PROMPTS, "a2": PROMPTS}
-    raw = subprocess.run(
+    # Raw vLLM runs beside the job (see tests/conftest.py, reference_run).
+    raw = reference_run(
         [
             sys.executable,
             str(ROOT / "tests" / "lora_models.py"),
-            str(default_model_dir()),
+            str(default_model_dir()),  # converted here, before either uses it
             json.dumps(adapters),
             json.dumps(work),
         ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
+        tmp / "raw.log",
     )
-    assert raw.returncode == 0, raw.stderr[-3000:]
-    [answers] = [x for x in raw.stdout.splitlines() if x.startswith("RAW ")]
+    with raw as finish_raw:
+        r = cli(
+            "submit",
+            str(src),
+            "--job-dir",
+            str(job),
+            "--lora-modules",
+            f"a1={adapters['a1']}",
+            "--lora-modules",
+            json.dumps({"name": "a2", "path": adapters["a2"], "base_model_name": BASE}),
+            "--max-loras",
+            "2",
+            "--max-lora-rank",
+            "8",
+            "--dtype",
+            "float32",
+            "--batch-size",
+            "32",
+            "--no-progress",
+        )
+        assert r.returncode == 1, r.stderr  # the unknown model's line
+        assert cli("export", "--job-dir", str(job)).returncode == 0
+        stdout = finish_raw()
+    [answers] = [x for x in stdout.splitlines() if x.startswith("RAW ")]
     reference = json.loads(answers[len("RAW ") :])
     return {
         "job": job,
