@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from conftest import chat_line, cli, journal_records, write_jsonl
 
 from batchrun.config import EngineSettings
 from batchrun.job.journal import JournalWriter, read_records
@@ -374,8 +375,8 @@ class KvWorker(Worker):
 
 @pytest.fixture
 def rule_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The admission rule switched on (admission.ENABLED: off by default, see there)."""
-    monkeypatch.setattr(admission_module, "ENABLED", True)
+    """The admission rule switched on as a user does (off by default: run/admission.py)."""
+    monkeypatch.setenv(admission_module.ENV, "1")
 
 
 def run_kv_workers(tmp_path: Path, requests: list[Request]) -> Scheduler:
@@ -459,3 +460,24 @@ def test_the_engines_prompt_counts_correct_the_estimates_from_characters() -> No
 def estimate(request: Request) -> int:
     """The admission's estimate of a request's prompt tokens, from its characters."""
     return -(-len(f"{request.body.get('model')}\x1d{prompt_text(request)}") // CHARS_PER_TOKEN)
+
+
+@pytest.mark.parametrize("setting", ["1", None])
+def test_batchrun_kv_admission_switches_the_rule_on_through_the_cli(
+    tmp_path: Path, setting: str | None
+) -> None:
+    """A user's BATCHRUN_KV_ADMISSION=1 reaches the scheduler of `batchrun submit`: with the echo
+    engine, which reports no KV cache size, the job says once that it keeps no prefix budget and
+    answers every line; without it, nothing is said."""
+    lines = [chat_line(f"r{i}", f"document {i % 3} question {i}") for i in range(12)]
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    env = {admission_module.ENV: setting} if setting is not None else {}
+    r = cli(
+        "submit", str(src), "--job-dir", str(tmp_path / "job"), "--engine", "echo",
+        "--no-progress", env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = [x for x in r.stderr.splitlines() if "reports no KV cache size" in x]
+    assert len(said) == (1 if setting else 0), r.stderr[-2000:]
+    ids = sorted(x["custom_id"] for x in journal_records(tmp_path / "job"))
+    assert ids == sorted(f"r{i}" for i in range(12))

@@ -22,6 +22,7 @@ request in the plan's order, as before.
 from __future__ import annotations
 
 import itertools
+import os
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -30,12 +31,19 @@ from batchrun.openai.records import Outcome, Request
 from batchrun.run.planner import WINDOW_REQUESTS
 from batchrun.run.prefixes import Group, Node, Tail, prefix_tree
 
-# Off: measured on the CPU machine (docs/benchmarks.md, "Dispatch within the KV cache"), the plan
-# alone already reached the best hit rate there (every question found its document cached) and
-# this rule, holding fewer requests in the engine than vLLM packs itself, halved throughput
-# (workload (a): 48.4 s against 24.4 s, same hit rate). Kept, tested, for a GPU measurement
-# with prefixes far larger than the cache; the scheduler consults it only when this is True.
-ENABLED = False
+# Off unless asked for (BATCHRUN_KV_ADMISSION=1): measured on the CPU machine (docs/benchmarks.md,
+# "Dispatch within the KV cache"), the plan alone already reached the best hit rate there (every
+# question found its document cached) and this rule, holding fewer requests in the engine than
+# vLLM packs itself, halved throughput (workload (a): 48.4 s against 24.4 s, same hit rate).
+# Kept, tested and switchable for GPUs with prefixes far larger than the cache, where it is
+# still to be measured.
+ENV = "BATCHRUN_KV_ADMISSION"
+
+
+def enabled() -> bool:
+    """Whether the user switched the rule on ($BATCHRUN_KV_ADMISSION is 1, true, yes or on)."""
+    return os.environ.get(ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
 
 # Requests read ahead of dispatch to find groups and requests that share nothing: one planner
 # window, so the parent holds at most about twice what the plan alone holds.

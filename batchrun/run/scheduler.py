@@ -329,7 +329,7 @@ class Scheduler(ResultRecording):
         reports no KV cache: said once)."""
         if self.admission is not None and self.admission.source is source:
             return self.admission
-        if not admission_rule.ENABLED or self.duplicates is None or self.live is not None:
+        if not admission_rule.enabled() or self.duplicates is None or self.live is not None:
             return None  # --order input (no plan to keep to), or serve's live queue
         if w.kv_cache is None:
             if not self._no_kv_said:
