@@ -34,6 +34,18 @@ def _share_cores_between_test_processes() -> None:
 _share_cores_between_test_processes()
 
 
+def _share_converted_models(cache: Path, shared: Path) -> None:
+    """The converted models (the default model's conversion: about 30 CPU seconds) in one place
+    for every test process of this run, their conversion lock with them: a conversion is
+    serialised by a flock on `<cache>/.models.lock` (batchrun/models/convert.py), so the lock
+    file is shared too, and the second process finds the first's conversion done."""
+    models, lock = shared / "shared-models", shared / "shared-models.lock"
+    models.mkdir(exist_ok=True)
+    lock.touch()
+    (cache / "models").symlink_to(models, target_is_directory=True)
+    (cache / ".models.lock").symlink_to(lock)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """No test touches the user's cache: the default model is converted once per session here."""
@@ -51,6 +63,7 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
     os.environ["BATCHRUN_CPU_CLAIMS_DIR"] = str(shared / "cpu-claims")
+    _share_converted_models(cache, shared)
     # Each test engine's KV cache: 1 GiB (--kv-cache-memory-bytes; a command line's own wins),
     # not vLLM's share of the machine's memory (0.4 on a CPU: 9.6 GB here). Two test processes
     # with an engine each, beside a raw vLLM to compare with, took most of the 24 GB and failed
@@ -262,7 +275,7 @@ def vllm_responses_job(vllm_generative_server: dict[str, Any]) -> dict[str, Any]
 
 @pytest.fixture(scope="session")
 def tiny_mm_models(isolated_cache: Path) -> dict[str, Path]:
-    """The tiny Idefics3 and Whisper (tests/mm_models.py), built once in the session's cache."""
+    """The tiny Idefics3 and Whisper (tests/mm_models.py), built once for the run."""
     from mm_jobs import build_tiny_models
 
     return build_tiny_models(isolated_cache)
@@ -305,7 +318,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # The session-scoped real-engine jobs, each the group of the tests that read it: a group runs in
 # one test process, so each job starts its engines once, and the groups spread over the
 # processes (one group of them all ran 7 minutes of engine starts in a row in one process). The
-# tiny media models (7 s to build) are built again by each process that needs them.
+# tiny media models (7 s to build) are built once, by the first process that needs them.
 ENGINE_JOB_GROUPS = {
     "vllm_generative_server": "vllm-generative",
     "vllm_image_job": "vllm-images",

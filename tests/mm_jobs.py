@@ -14,6 +14,7 @@ lines for the tests to compare, beside batchrun's job (1 start each).
 from __future__ import annotations
 
 import base64
+import fcntl
 import http.server
 import json
 import os
@@ -43,17 +44,26 @@ AUDIO_MODEL = "tiny-whisper"
 
 
 def build_tiny_models(cache: Path) -> dict[str, Path]:
-    """The tiny Idefics3 and Whisper, built once into the session's cache (a process of its
-    own, so that torch stays out of the test process)."""
-    root = cache / "tiny-models"
-    built = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "mm_models.py"), str(root)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    assert built.returncode == 0, built.stderr[-3000:]
-    return {"image": root / "idefics3", "audio": root / "whisper"}
+    """The tiny Idefics3 and Whisper, built once for the run (a process of its own, so that torch
+    stays out of the test process). They go beside the converted models, which every test
+    process of the run shares (conftest.py): the first process to need them builds them under a
+    lock, the others find them built."""
+    root = cache / "models" / "tiny-models"
+    models = {"image": root / "idefics3", "audio": root / "whisper"}
+    done = root / "built"
+    root.mkdir(parents=True, exist_ok=True)
+    with (root.parent / "tiny-models.lock").open("a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        if not done.exists():
+            built = subprocess.run(
+                [sys.executable, str(ROOT / "tests" / "mm_models.py"), str(root)],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+            )
+            assert built.returncode == 0, built.stderr[-3000:]
+            done.touch()
+    return models
 
 
 def data_url(data: bytes, mime: str) -> str:

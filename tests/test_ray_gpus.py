@@ -313,7 +313,15 @@ def test_a_placement_group_that_cannot_be_placed_times_out_naming_it(
     connected.get(held.ready(), timeout=60)
     try:
         started = time.monotonic()
-        r = submit(tmp_path, gpu_cluster, "--tensor-parallel-size", "2", BATCHRUN_START_TIMEOUT="3")
+        # No pause between its starts (3 s, then 10, by default): the time-out is what is tested.
+        r = submit(
+            tmp_path,
+            gpu_cluster,
+            "--tensor-parallel-size",
+            "2",
+            BATCHRUN_START_TIMEOUT="3",
+            BATCHRUN_START_RETRY_DELAY_S="0",
+        )
         took = time.monotonic() - started
     finally:
         remove_placement_group(held)
