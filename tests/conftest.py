@@ -48,7 +48,8 @@ def _share_converted_models(cache: Path, shared: Path) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """No test touches the user's cache: the default model is converted once per session here."""
+    """No test touches the user's cache: each test process has its own, whose converted models
+    are shared by the run's processes (the default model is converted once per run)."""
     cache = tmp_path_factory.mktemp("batchrun-cache")
     saved = {k: os.environ.get(k) for k in ("BATCHRUN_HOME",)}
     os.environ["BATCHRUN_HOME"] = str(cache)

@@ -47,32 +47,20 @@ def answers(job: Path) -> dict[str, Any]:
     }
 
 
-def actor_pids(root: int) -> list[int]:
+def actor_pids(root: int, title: str = "ray::EngineActor") -> list[int]:
     """Processes of batchrun's Ray actors under the process `root` (its local Ray instance's
     workers: another test's Ray instance, running at the same time, is not counted). Ray names
-    them after the actor class."""
+    them after the actor class, and after the method one runs while it runs it: with `title`
+    "ray::EngineActor.poll", the actors that have started and are running their engine."""
     pids = []
     for proc in psutil.Process(root).children(recursive=True):
         try:
             cmdline = proc.cmdline()
         except psutil.Error:
             continue
-        if cmdline and cmdline[0].startswith("ray::EngineActor"):
+        if cmdline and cmdline[0].startswith(title):
             pids.append(proc.pid)
     return pids
-
-
-def polling_actors(root: int) -> list[int]:
-    """The actors under `root` that are inside `poll` now: started, and running their engine.
-    Ray titles an actor's process after the method it runs."""
-    polling = []
-    for pid in actor_pids(root):
-        try:
-            if psutil.Process(pid).cmdline()[0].startswith("ray::EngineActor.poll"):
-                polling.append(pid)
-        except (psutil.Error, IndexError):
-            continue
-    return polling
 
 
 def test_ray_results_match_a_single_machine_run(tmp_path: Path) -> None:
@@ -136,7 +124,7 @@ def test_a_killed_actor_is_replaced_and_nothing_is_lost(tmp_path: Path) -> None:
         running: list[int] = []
 
         def one_polls() -> bool:
-            running[:] = polling_actors(p.pid)
+            running[:] = actor_pids(p.pid, "ray::EngineActor.poll")
             return bool(running)
 
         wait_until(one_polls, "a Ray actor is running requests")

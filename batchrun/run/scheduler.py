@@ -114,8 +114,9 @@ class Scheduler(ResultRecording):
         self.events: EventLog | None = None
         # Why a worker stopped without dying (by index), for the restart's reason in /metrics.
         self._stopped_for: dict[int, str] = {}
-        # The planner's admission (run/admission.py): the prefixes a worker holds fit its KV
-        # cache. Made for a run's source once a worker reports its cache; None: plan order.
+        # The planner's admission (run/admission.py, on with BATCHRUN_KV_ADMISSION): a worker's
+        # prefixes fit its KV cache. Made for a run's source once a worker reports its cache.
+        self.kv_admission = admission_rule.enabled()
         self.admission: Admission | None = None
         self._no_kv_said = False
         # Several models at once (run/lanes.py); None: one lane, `pending` and the run's source.
@@ -329,7 +330,7 @@ class Scheduler(ResultRecording):
         reports no KV cache: said once)."""
         if self.admission is not None and self.admission.source is source:
             return self.admission
-        if not admission_rule.enabled() or self.duplicates is None or self.live is not None:
+        if not self.kv_admission or self.duplicates is None or self.live is not None:
             return None  # --order input (no plan to keep to), or serve's live queue
         if w.kv_cache is None:
             if not self._no_kv_said:
