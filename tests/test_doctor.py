@@ -336,9 +336,7 @@ def test_the_device_option_is_saved_with_the_job(tmp_path: Path) -> None:
     bad = run("doctor", "--device", "tpu")
     assert bad.returncode == 2
     shown = " ".join(ln.strip("│ ") for ln in bad.stderr.splitlines() if ln.startswith("│"))
-    assert shown == (
-        "Invalid value for '--device': Value error, 'tpu' is not one of 'auto', 'cpu', 'cuda'."
-    )
+    assert shown == ("Invalid value for '--device': 'tpu' is not one of 'auto', 'cpu', 'cuda'.")
 
 
 # Emulation helpers (in-process: the CliRunner runs the command in this process).

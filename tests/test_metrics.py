@@ -203,7 +203,7 @@ def test_a_negative_gpu_hour_cost_is_refused(tmp_path: Path) -> None:
     )  # fmt: skip
     assert r.returncode == 2
     assert "Invalid value for '--gpu-hour-cost'" in r.stderr
-    assert "greater than or equal to 0" in r.stderr
+    assert "-1.0 is not in the range x>=0.0." in r.stderr
     assert not (tmp_path / "job").exists()
 
 
