@@ -58,9 +58,13 @@ def test_workers_are_shared_out_by_each_models_work_and_run_only_its_lines(
     models = ["large", "large", "small"] * 80
     src, model_of = _input(tmp_path, models)
     record, job = tmp_path / "record", tmp_path / "job"
+    # Each worker's share takes 10 rounds of 250 ms: a worker of large that starts up to 1 s
+    # after small's (process starts on a busy machine) still leaves large too little to be worth
+    # a move (lanes.MOVE_BATCHES). At 20 ms a round, small's worker could finish before large's
+    # had started, and rightly moved.
     r = cli(
         "submit", str(src), "--job-dir", str(job), *ECHO, *TWO, "--workers", "3",
-        env=_env(record),
+        env=_env(record, BATCHRUN_ECHO_DELAY_MS="250"),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "running 2 models at once on 3 workers: small (80 requests), large (160 requests)" in (
