@@ -42,7 +42,7 @@ AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg", "m4a", "webm")
 _A = {"image": "an image", "audio": "audio", "video": "a video"}
 # A character that is no base64 digit, and a well-formed end (padding only at the end).
 _NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/=]")
-_PADDING = re.compile(r"(?:[^=]{4}|[^=]{3}=|[^=]{2}==)\Z")
+_PADDING = re.compile(r"[^=]{4}|[^=]{3}=|[^=]{2}==")
 
 
 @dataclass(frozen=True)
@@ -263,7 +263,15 @@ def _check_base64(where: str, payload: str, offset: int, policy: MediaPolicy) ->
             f"{where} is not valid base64: {bad_char.group()!r} at character "
             f"{offset + bad_char.start()} is not a base64 digit"
         )
-    if len(payload) % 4 or _PADDING.search(payload) is None or "=" in payload[:-2]:
+    # The padding is read in the last quantum alone: a search for the pattern at the end of the
+    # payload tries it at every position (14 ms for a 250 KB image, 8 in 10 of a file of images'
+    # validation time).
+    end = len(payload)
+    if (
+        end % 4
+        or _PADDING.fullmatch(payload, end - 4) is None
+        or payload.find("=", 0, end - 2) >= 0
+    ):
         raise bad_media(f"{where} is not valid base64: its length or padding is wrong")
 
 
