@@ -56,8 +56,9 @@ class EngineSpec:
 
     def check_reasoning_parser(self, name: str) -> None:
         """Refuse a --reasoning-parser the engine does not have (an OptionError listing those it
-        has), before any job exists. Imports the engine's parser registry (vLLM's: about 4 s),
-        so it is called only when the option is given."""
+        has), before any job exists. The first time for an installed build it imports the
+        engine's parser registry (vLLM's: about 4 s); later commands read the names remembered
+        (engines/names_cache.py)."""
         if self.reasoning_parsers_path is None:
             return
         module, _, attribute = self.reasoning_parsers_path.partition(":")

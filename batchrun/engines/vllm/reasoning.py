@@ -16,13 +16,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from batchrun.engines.names_cache import build_key, cached_names
+
 
 class ReasoningParserError(ValueError):
     """--reasoning-parser names no parser of vLLM's, or one that cannot read this model."""
 
 
 def parser_names() -> list[str]:
-    """The names of vLLM's reasoning parsers."""
+    """The names of vLLM's reasoning parsers, remembered per vLLM build (engines/names_cache.py:
+    listing them imports vLLM, seconds before a command can refuse or start a job)."""
+    key = build_key("vllm", "reasoning", "vllm.general_plugins")
+    return cached_names("vllm reasoning parsers", key, _registered_parsers)
+
+
+def _registered_parsers() -> list[str]:
     from vllm.reasoning import ReasoningParserManager
 
     return sorted(ReasoningParserManager.list_registered())
