@@ -12,6 +12,11 @@ echo "[test] ruff" >&2
 echo "[test] mypy" >&2
 "$PY" -m mypy
 echo "[test] pytest" >&2
+# batchrun's own modules compiled to bytecode once, here: the suite starts some 1,400 Python
+# processes, and where PYTHONDONTWRITEBYTECODE is set (as on this project's machines) each one compiled
+# the ~110 modules it imports from source, 0.05-0.1 CPU-s apiece (`status` 0.21 -> 0.16 CPU-s).
+# compileall writes the files whatever that variable says, and skips those already current.
+"$PY" -m compileall -q batchrun tests scripts >/dev/null
 # Three test processes (pytest-xdist) on any machine: part of the suite waits on timeouts and
 # subprocesses, and a third process fills that time (on 2 cores the machine was busy 94% of the
 # run against 84% with two, and the suite took 9:21 against 10:07). The tests of each shared
