@@ -31,14 +31,16 @@ if ((${#missing[@]})); then
     # PyTorch images ship it) sees the base interpreter's packages, not that venv's torch.
     SITE="${TMPDIR:-/tmp}/batchrun-gpu-check-site"
     echo "[gpu_check] ${missing[*]} missing: installing them from $BATCHRUN_WHEELHOUSE into $SITE" >&2
+    # typer as pyproject.toml pins it: the CLI's help and messages are those of typer 0.28.
+    specs=("${missing[@]/#typer/typer>=0.28,<0.29}")
     "$PY" -m pip install -q --no-index --no-compile --upgrade --target "$SITE" \
-      --find-links "$BATCHRUN_WHEELHOUSE" "${missing[@]}" &&
+      --find-links "$BATCHRUN_WHEELHOUSE" "${specs[@]}" &&
       export PYTHONPATH="$PYTHONPATH:$SITE"
   fi
   if ! "$PY" -c "import msgspec" 2>/dev/null; then
     # The checks that need PyTorch alone still run; those that need batchrun say they skipped.
     echo "[gpu_check] batchrun's core needs msgspec, which $PY cannot import: set BATCHRUN_WHEELHOUSE" >&2
-    echo "[gpu_check] to a folder of wheels (pip download msgspec typer rich tqdm psutil -d DIR)" >&2
+    echo "[gpu_check] to a folder of wheels (pip download msgspec 'typer>=0.28,<0.29' rich tqdm psutil -d DIR)" >&2
   fi
 fi
 exec "$PY" scripts/gpu_check.py "$@"
