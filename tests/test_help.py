@@ -81,6 +81,8 @@ def test_help_reads_whole_at_80_columns(command: str) -> None:
     lines = text.splitlines()
     assert "…" not in text
     assert "{" not in lines[0], lines[0]  # usage: INPUT_FILE, not {INPUT_FILE}
+    # A metavar names what to give, never a Python name (typer names one after its parser).
+    assert not re.search(r"<_\w*>", text), re.findall(r"<_\w*>", text)
     for line in lines:
         assert len(line) <= WIDTH, line
         # A help line of a two-column list: its text starts where the help column starts.

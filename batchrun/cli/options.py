@@ -56,6 +56,7 @@ JobDir = Annotated[
         help="The job directory.",
         show_default=False,
         parser=_job_dir,
+        metavar="DIR",  # typer 0.28 would name it after the parser: <_job_dir>
     ),
 ]
 # Help texts are rich markup: a literal "[" is written "\\[" (else "[ray]" vanishes).
@@ -87,6 +88,7 @@ NewJobDir = Annotated[
         help="The job directory to create. \\[default: jobs/<input file name>]",
         show_default=False,
         parser=_job_dir,
+        metavar="DIR",  # typer 0.28 would name it after the parser: <_job_dir>
     ),
 ]
 
