@@ -13,10 +13,11 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
+from batchrun.errors import BatchrunError
+from batchrun.job.files import atomic_write
 from batchrun.models.convert import cache_root
 
 FILE = "engine_names.json"
@@ -62,9 +63,7 @@ def cached_names(kind: str, key: str | None, load: Callable[[], list[str]]) -> l
     data[kind] = {"key": key, "names": names}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        os.replace(tmp, path)  # whole or not at all: a reader never sees half a file
-    except OSError:
+        atomic_write(path, lambda f: f.write(json.dumps(data, indent=1).encode()))
+    except (OSError, BatchrunError):
         pass
     return names

@@ -353,7 +353,6 @@ class Scheduler(ResultRecording):
             return False
         lanes = self.lanes or Lanes({}, None)  # one lane: every group is any worker's
         mine = functools.partial(lanes.owns, name=lanes.of_worker.get(w.index, ""))
-
         if not any(mine(g) for g in self.isolator.groups):
             return False
         if w.inflight:
