@@ -7,6 +7,7 @@ a job, where it would fail every run of it.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import asdict, dataclass, field
@@ -72,6 +73,9 @@ def check_number(
         raise OptionError(
             option, f"must be {'an integer' if integer else 'a number'}, got {value!r}"
         )
+    if isinstance(value, float) and not math.isfinite(value):
+        # NaN passes every comparison below, and would be saved as null (JSON has no NaN).
+        raise OptionError(option, f"must be a finite number, got {value!r}")
     too_low = value <= low if low_open else value < low
     if too_low or (high is not None and value > high):
         above = f"above {low:g}" if low_open else f"at least {low:g}"

@@ -136,7 +136,12 @@ def test_status_throughput_is_first_to_last_result_or_the_runs_time(tmp_path: Pa
     assert run("submit", str(src), "--job-dir", str(job), *ECHO_QUIET)[0] == 0
     _restamp(job, 1000.0, 1004.0)
     throughput = json.loads(run("status", "--job-dir", str(job), "--json")[1])["throughput"]
-    assert throughput == {"requests_per_s": 0.5, "completion_tokens_per_s": 0.75, "over": "results"}
+    assert throughput == {
+        "requests_per_s": 0.5,
+        "completion_tokens_per_s": 0.75,
+        "over": "results",
+        "counts": "engine",
+    }
     assert "0.5 req/s, 0.8 tok/s (first to last result)" in run("status", "--job-dir", str(job))[1]
     # Every result at one instant (a small job): over the runs' wall time, not "-".
     _restamp(job, 1000.0, 1000.0)
@@ -146,6 +151,7 @@ def test_status_throughput_is_first_to_last_result_or_the_runs_time(tmp_path: Pa
         "requests_per_s": round(2 / wall, 2),
         "completion_tokens_per_s": round(3 / wall, 2),
         "over": "wall",
+        "counts": "engine",
     }
     assert "(over the runs' wall time)" in run("status", "--job-dir", str(job))[1]
 

@@ -48,7 +48,8 @@ def test_a_manifest_written_is_read_back_typed_and_as_indented_json(tmp_path: Pa
     data = json.loads(paths.manifest.read_text())
     assert data["runs"] == [
         {"mode": "submit", "started_at": 2.0, "pid": 7, "ray": None, "ended_at": None,
-         "wall_s": None, "status": None, "prefix_cache": None, "deduplicated": None}
+         "wall_s": None, "status": None, "prefix_cache": None, "deduplicated": None,
+         "usd_per_hour": None, "units": None}
     ]  # fmt: skip
     assert data["input_map"] == {"file": "input-map-x.jsonl", "generation": "x"}
     assert paths.manifest.read_text().startswith('{\n  "format": 1,\n  "job_id": "j1",')

@@ -208,23 +208,23 @@ def test_a_negative_gpu_hour_cost_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_cost_is_exported_and_kept_for_status(tmp_path: Path) -> None:
-    """--gpu-hour-cost: the job's cost.json has the run's cost; status shows it per million
-    tokens."""
+    """--gpu-hour-cost: the manifest keeps the run's rate and GPUs; status prices the run's wall
+    time at it, and shows it per million tokens."""
     inp = write_jsonl(tmp_path / "in.jsonl", [completion(f"r{i}") for i in range(20)])
     r = cli(
         "submit", str(inp), "--job-dir", str(tmp_path / "job"), "--engine", "echo",
         "--no-progress", "--gpu-hour-cost", "3600",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    runs = json.loads((tmp_path / "job" / "cost.json").read_text())["runs"]
+    runs = json.loads((tmp_path / "job" / "manifest.json").read_text())["runs"]
     assert len(runs) == 1 and runs[0]["usd_per_hour"] == 3600 and runs[0]["units"] == 1
-    # 3600 USD an hour is a dollar a second: the run's cost is its seconds, about.
-    assert 0 < runs[0]["usd"] < 60
     status = json.loads(cli("status", "--job-dir", str(tmp_path / "job"), "--json").stdout)
+    # 3600 USD an hour is a dollar a second: the run's cost is its seconds.
+    assert 0 < runs[0]["wall_s"] < 60 and status["wall_s"] == runs[0]["wall_s"]
+    assert status["cost"]["usd"] == pytest.approx(runs[0]["wall_s"], abs=1e-5)
     tokens = status["tokens"]["prompt"] + status["tokens"]["completion"]
-    assert status["cost"]["usd"] == pytest.approx(runs[0]["usd"])
     assert status["cost"]["usd_per_million_tokens"] == pytest.approx(
-        runs[0]["usd"] / tokens * 1e6, rel=1e-4
+        status["cost"]["usd"] / tokens * 1e6, rel=1e-4
     )
 
 

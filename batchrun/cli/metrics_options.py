@@ -3,6 +3,7 @@ retry-failed that export a run's metrics (batchrun/metrics), and the exporter th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
@@ -35,6 +36,15 @@ MetricsHost = Annotated[
         rich_help_panel=PANEL,
     ),
 ]
+
+
+def _finite_cost(value: float | None) -> float | None:
+    """--gpu-hour-cost as given; nan and inf are refused (they would price a job at $nan)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"must be a finite number of USD, got {value!r}")
+    return value
+
+
 GpuHourCost = Annotated[
     float | None,
     typer.Option(
@@ -43,6 +53,7 @@ GpuHourCost = Annotated[
         help="USD per GPU-hour (per machine-hour on a CPU): the run's cost in /metrics, status and the summary.",
         show_default=False,
         min=0.0,
+        callback=_finite_cost,
         rich_help_panel=PANEL,
     ),
 ]

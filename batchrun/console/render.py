@@ -9,11 +9,10 @@ from rich.table import Table
 
 from batchrun.console.models import print_models
 from batchrun.console.text import command, plural
-from batchrun.job.cost import job_cost
+from batchrun.job.figures import job_figures
 from batchrun.job.model_counts import model_counts, several
 from batchrun.job.paths import JobPaths
 from batchrun.job.status import cache_rate, kv_cache_tokens
-from batchrun.job.summary import current_summary
 
 if TYPE_CHECKING:
     # A type only: importing the run commands (and the engines behind them) at load time costs
@@ -26,31 +25,40 @@ def _fmt_rate(value: float | None, unit: str) -> str:
 
 
 def print_summary(console: Console, summary: JobSummary, title: str) -> None:
-    """The table printed when submit, resume or retry-failed ends."""
-    m, st = summary.manifest, summary.state
+    """The table printed when submit, resume or retry-failed ends: the job's figures (job/figures.py,
+    as `status` shows them) and this run's."""
+    m = summary.manifest
+    # From the job's summary.json and the journal's tail (job/summary.py): not a second pass.
+    figures, kept = job_figures(JobPaths(summary.job_dir), m, save=False)
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
     table.add_row("job", f"{m.job_id} ({m.status})")
     table.add_row(
         "requests",
-        f"{summary.total:,} ({m.requests:,} valid, {plural(st.invalid, 'invalid line')})",
+        f"{figures.total:,} ({figures.valid:,} valid, {plural(figures.invalid, 'invalid line')})",
     )
-    table.add_row("succeeded", f"{st.succeeded:,}")
-    table.add_row("failed", f"{st.failed:,}")
-    pending = st.pending(m.requests)
-    if pending:
-        table.add_row("pending", f"{pending:,}")
-    table.add_row("tokens", f"{st.prompt_tokens:,} prompt, {st.completion_tokens:,} generated")
+    table.add_row("succeeded", f"{figures.succeeded:,}")
+    table.add_row("failed", f"{figures.failed:,}")
+    if figures.pending:
+        table.add_row("pending", f"{figures.pending:,}")
     table.add_row(
-        "this run", f"{plural(summary.run_outcomes, 'attempt')} in {summary.wall_s:,.1f}s"
+        "tokens", f"{figures.prompt_tokens:,} prompt, {figures.completion_tokens:,} generated"
+    )
+    saved = summary.run_cached + summary.run_deduplicated
+    engine = summary.run_outcomes - saved
+    table.add_row(
+        "this run",
+        f"{plural(summary.run_outcomes, 'attempt')} in {summary.wall_s:,.1f}s"
+        + (f" ({engine:,} by the engine)" if saved else ""),
     )
     wall = max(summary.wall_s, 1e-9)
-    # Over the run's whole time, engine start included (status gives first to last result).
+    # Over the run's whole time, engine start included (status gives first to last result);
+    # the engine's work only: a cache hit or a duplicate's copy costs it nothing.
     table.add_row(
         "throughput",
-        f"{summary.run_outcomes / wall:,.1f} req/s, "
-        f"{summary.run_completion_tokens / wall:,.1f} generated tok/s (over the run's wall time)",
+        f"{engine / wall:,.1f} req/s, {summary.run_engine_tokens / wall:,.1f} generated tok/s "
+        "(the engine's, over the run's wall time)",
     )
     table.add_row("batch size", _batch_size(m.batch_size, m.batch_size_source))
     cache = cache_rate(summary.run_cache_queries, summary.run_cache_hits)
@@ -59,20 +67,32 @@ def print_summary(console: Console, summary: JobSummary, title: str) -> None:
     kv = kv_cache_tokens(m)
     if kv is not None:
         table.add_row("kv cache", _kv_cache(kv))
-    if st.deduplicated:
-        table.add_row("deduplicated", _deduplicated(st.deduplicated))
+    _savings_rows(table, figures.deduplicated, figures.cache_hits)
     if summary.overrides:
         table.add_row("overrides", ", ".join(summary.overrides))
-    # From the job's summary.json and the journal's tail (job/summary.py): not a second pass.
-    kept = current_summary(JobPaths(summary.job_dir), m, save=False)
-    timing = kept.timing_of([r.started_at for r in m.runs]).summary()
-    cost = job_cost(summary.job_dir, st.prompt_tokens + st.completion_tokens)
-    _timing_rows(table, {**timing, "cost": cost})
+    table.add_row("runs", _runs(len(m.runs), figures.wall_s))
+    _timing_rows(table, {**figures.timing, "cost": figures.cost})
     table.add_row("job dir", str(summary.job_dir))
     console.print(table)
     models = model_counts(m, kept)
     if several(models):
         print_models(console, models)
+
+
+def _runs(runs: int, wall_s: float) -> str:
+    """`2 (93.4s in all)`: the job's runs and their wall time, killed runs included."""
+    return f"{runs} ({wall_s:,.1f}s in all)"
+
+
+def _savings_rows(table: Table, deduplicated: int, cache_hits: int) -> None:
+    """The engine runs saved: duplicates answered by a copy, answers from the answer cache."""
+    if deduplicated:
+        table.add_row("deduplicated", _deduplicated(deduplicated))
+    if cache_hits:
+        table.add_row(
+            "answer cache",
+            f"{plural(cache_hits, 'answer')} from the cache (--cache-dir; engine runs saved)",
+        )
 
 
 def _timing_rows(table: Table, s: dict[str, Any]) -> None:
@@ -101,7 +121,9 @@ def _timing_rows(table: Table, s: dict[str, Any]) -> None:
 
 
 def _seconds(value: float) -> str:
-    """`0.0123s`, `1.23s`, `123s`."""
+    """`12.3µs`, `12.3ms`, `1.23s`, `123s`."""
+    if value < 1e-3:
+        return f"{value * 1e6:.1f}µs"
     if value < 0.1:
         return f"{value * 1000:.1f}ms"
     return f"{value:.2f}s" if value < 100 else f"{value:,.0f}s"
@@ -164,9 +186,8 @@ def print_status(console: Console, s: dict[str, Any]) -> None:
         table.add_row("prefix cache", _hit_rate(s["prefix_cache"]) + " (runs that ended)")
     if s.get("kv_cache_tokens"):
         table.add_row("kv cache", _kv_cache(s["kv_cache_tokens"]))
-    if s.get("deduplicated"):
-        table.add_row("deduplicated", _deduplicated(s["deduplicated"]))
-    table.add_row("runs", f"{s['runs']} ({s['wall_s']:,.1f}s in all)")
+    _savings_rows(table, s.get("deduplicated") or 0, s.get("cache_hits") or 0)
+    table.add_row("runs", _runs(s["runs"], s["wall_s"]))
     _timing_rows(table, s)
     console.print(table)
     if several(s.get("models") or {}):

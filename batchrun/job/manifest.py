@@ -34,6 +34,10 @@ class Run(msgspec.Struct, kw_only=True):
     # results it copied from an identical request instead of running them.
     prefix_cache: dict[str, int] | None = None
     deduplicated: int | None = None
+    # What the run's time costs (job/cost.py): --gpu-hour-cost (USD an hour per GPU, or per
+    # machine on a CPU) and the GPUs its workers hold (1 on a CPU).
+    usd_per_hour: float | None = None
+    units: int | None = None
 
 
 class InputMapRef(msgspec.Struct):

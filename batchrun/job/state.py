@@ -187,6 +187,8 @@ class JobState:
     deduplicated: int = 0
     # Results answered from the cross-job answer cache (run/answer_cache.py): engine runs saved.
     cache_hits: int = 0
+    # Generated tokens of the attempts the engine ran (neither copies nor cache hits).
+    engine_completion_tokens: int = 0
     # Kept as records are folded, so that these counts cost O(1) to read: requests whose last
     # attempt succeeded, and attempts.
     ok: int = 0
@@ -328,12 +330,14 @@ class JobState:
             self.ok += 1
         else:
             table.set(key, cid, FAILED_RETRYABLE if rec.get("retryable") else FAILED_FINAL)
+        tokens = int(rec.get("completion_tokens") or 0)
         if "copy_of" in rec:
             self.deduplicated += 1
-        if rec.get("cached"):
+        elif rec.get("cached"):
             self.cache_hits += 1
+        else:
+            self.engine_completion_tokens += tokens
         self.prompt_tokens += int(rec.get("prompt_tokens") or 0)
-        tokens = int(rec.get("completion_tokens") or 0)
         self.completion_tokens += tokens
         worker = rec.get("worker")
         if worker is not None and isinstance(t, (int, float)):
@@ -370,7 +374,7 @@ class JobState:
             table.grow(top)
         codes, by_id, more, failed = table.codes, table.by_id, table.more, table.failed
         numbers: list[int] = []
-        counted = prompt_tokens = tokens = ok = hits = done = 0
+        counted = prompt_tokens = tokens = engine_tokens = ok = hits = done = 0
         for outcome, key in zip(outcomes, keys, strict=True):
             if key is None:
                 # Its line left the input file: no longer part of the job (its attempt number
@@ -404,10 +408,16 @@ class JobState:
             else:
                 by_id[key] = status  # type: ignore[index]
             prompt_tokens += int(outcome.prompt_tokens or 0)
-            tokens += int(outcome.completion_tokens or 0)
+            generated = int(outcome.completion_tokens or 0)
+            tokens += generated
             counted += 1
-            if outcome.extra and outcome.extra.get("cached"):
+            extra = outcome.extra
+            if not extra:
+                engine_tokens += generated
+            elif extra.get("cached"):
                 hits += 1
+            elif "copy_of" not in extra:
+                engine_tokens += generated
         table.done += done
         self.ok += ok
         self.cache_hits += hits
@@ -416,6 +426,7 @@ class JobState:
         self.tried += counted
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += tokens
+        self.engine_completion_tokens += engine_tokens
         if self.first_time is None or t < self.first_time:
             self.first_time = t
         if self.last_time is None or t > self.last_time:

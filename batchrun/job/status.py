@@ -5,69 +5,50 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from batchrun.job.cost import job_cost
+from batchrun.job.figures import job_figures
 from batchrun.job.lock import lock_holder
 from batchrun.job.manifest import Manifest, find_input, load_manifest
 from batchrun.job.model_counts import model_counts
 from batchrun.job.paths import JobPaths
-from batchrun.job.summary import current_summary
 
 
 def job_status(job_dir: Path) -> dict[str, Any]:
     """Everything `batchrun status` shows, as one JSON-ready object.
 
-    O(1) in the journal's length: the job's summary plus the journal past it (job/summary.py).
+    O(1) in the journal's length: the job's summary plus the journal past it (job/summary.py);
+    every figure from job/figures.py.
     """
     paths = JobPaths(job_dir)
     manifest = load_manifest(paths)
-    # Of the input as it is now: after a forced resume, only the requests still in the file.
-    state = current_summary(paths, manifest)
     # Where resume would find the input: a job moved together with its input finds it there.
     found = find_input(paths, manifest)
     holder = lock_holder(paths)
-    requests = manifest.requests
-    done = state.done
     status = manifest.status
     if holder is not None:
         status = "running"
     elif status == "running":
         status = "interrupted"  # the manifest says running but no process holds the lock
-    span = (state.last_time - state.first_time) if state.first_time and state.last_time else 0.0
-    wall_s = sum(r.wall_s or 0.0 for r in manifest.runs)
-    over = "results"
-    if span <= 0 and done:
-        # Every result arrived at once (one small batch): over the runs' time instead.
-        span, over = wall_s, "wall"
+    live = holder if holder is not None and holder > 0 else None
+    # Of the input as it is now: after a forced resume, only the requests still in the file.
+    figures, state = job_figures(paths, manifest, live)
     return {
         "job_id": manifest.job_id,
         "job_dir": str(job_dir),
         "status": status,
-        "pid": holder if holder and holder > 0 else None,
+        "pid": live,
         "input": str(found) if found is not None else manifest.input_path,
         "endpoint": manifest.endpoint,
         "model": manifest.model,
         "engine": manifest.engine.get("engine"),
         "batch_size": manifest.batch_size,
         "batch_size_source": manifest.batch_size_source,
-        "requests": {
-            "total": requests + state.invalid,
-            "valid": requests,
-            "succeeded": state.succeeded,
-            "failed": state.failed,
-            "invalid": state.invalid,
-            "pending": max(0, requests - done),
-        },
-        "attempts": state.attempts,
-        "tokens": {"prompt": state.prompt_tokens, "completion": state.completion_tokens},
-        "throughput": {
-            "requests_per_s": round(done / span, 2) if span > 0 else None,
-            "completion_tokens_per_s": round(state.completion_tokens / span, 2)
-            if span > 0
-            else None,
-            "over": over,
-        },
+        "requests": figures.counts,
+        "attempts": figures.attempts,
+        "engine_attempts": figures.engine_attempts,
+        "tokens": {"prompt": figures.prompt_tokens, "completion": figures.completion_tokens},
+        "throughput": figures.throughput(),
         "runs": len(manifest.runs),
-        "wall_s": round(wall_s, 3),
+        "wall_s": round(figures.wall_s, 3),
         "probes": manifest.probes,
         "workers": _workers(manifest, state.per_worker),
         "order": manifest.order,
@@ -77,11 +58,11 @@ def job_status(job_dir: Path) -> dict[str, Any]:
         # The KV cache the engine reported at start (tokens a worker; the smallest of them):
         # the budget the dispatch plan keeps prefixes within (run/admission.py). None: not known.
         "kv_cache_tokens": kv_cache_tokens(manifest),
-        "deduplicated": state.deduplicated,
-        "cache_hits": state.cache_hits,
+        "deduplicated": figures.deduplicated,
+        "cache_hits": figures.cache_hits,
         # latency_s and queue_s ({p50, p99}), errors (rate and by code): from the summary.
-        **state.timing_of([r.started_at for r in manifest.runs]).summary(),
-        "cost": job_cost(job_dir, state.prompt_tokens + state.completion_tokens),
+        **figures.timing,
+        "cost": figures.cost,
         # Per base model and adapter (job/model_counts.py).
         "models": model_counts(manifest, state),
     }

@@ -91,7 +91,7 @@ class _Inconsistent(Exception):
     """A record the summary's rules cannot fold (see `Summary.fold`)."""
 
 
-_BLOCK = 8 << 20  # journal bytes decoded at once
+_BLOCK = 1 << 20  # journal bytes decoded at once (a few MiB of records in memory at most)
 
 
 def fold_journal(
@@ -160,17 +160,20 @@ def _fold_block(
             except (msgspec.DecodeError, msgspec.ValidationError):
                 rec, timed = _lenient(raw, path, pos), False
             pos += len(raw)
-            if not summary.fold(rec, current):
+            counted = summary.fold(rec, current)
+            if counted is False:
                 summary.offset = pos
                 raise _Inconsistent from None
-            if timed:
+            if timed and counted:
                 timing.add(rec)  # as job_timing: a record of odd types is not timed
         return
     fold, add = summary.fold, timing.add
     for rec in records:
-        if not fold(rec, current):
+        counted = fold(rec, current)
+        if counted:
+            add(rec)  # the same records as the counts: one definition of an attempt
+        elif counted is False:
             raise _Inconsistent
-        add(rec)
 
 
 def _lenient(raw: bytes, path: Path, offset: int) -> SummaryRecord:
@@ -259,6 +262,10 @@ def _replayed(paths: JobPaths, manifest: Manifest) -> Summary:
         cache_hits=state.cache_hits,
         per_worker=state.per_worker,
     )
+    # Timing and the engine's figures of the same records the replay counted: a scratch fold
+    # says which those are (its own counts cannot follow this journal, and are dropped).
+    scratch = Summary(generation=state.generation)
+    current = state.current
     timing = Timing(_run_starts(manifest))
     with paths.journal.open("rb") as f:
         pos = 0
@@ -267,7 +274,11 @@ def _replayed(paths: JobPaths, manifest: Manifest) -> Summary:
             if pos > end:
                 break
             with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
-                timing.add(_DECODER.decode(raw))
+                rec = _DECODER.decode(raw)
+                if scratch.fold(rec, current) is not None:
+                    timing.add(rec)
+    summary.engine_attempts = scratch.engine_attempts
+    summary.engine_completion_tokens = scratch.engine_completion_tokens
     summary.keep_timing(timing)
     return summary
 

@@ -12,14 +12,13 @@ from typing import Any
 from batchrun.job.timing import LightRecord, LogHistogram, Timing
 
 # Bumped whenever a field's meaning changes: a summary of another version is rebuilt.
-SUMMARY_VERSION = 2
+SUMMARY_VERSION = 3
 
 
 class SummaryRecord(LightRecord):
     """The journal fields the summary reads (bodies are skipped, never decoded)."""
 
     generation: str | None = None
-    cached: bool = False
     model: str | None = None
 
 
@@ -40,6 +39,10 @@ class Summary:
     last_time: float | None = None
     deduplicated: int = 0
     cache_hits: int = 0
+    # What the engine itself did: attempts and generated tokens of results that are neither a
+    # duplicate's copy nor an answer from the cache (throughput counts these).
+    engine_attempts: int = 0
+    engine_completion_tokens: int = 0
     # Per worker index: [attempts, completion tokens, first time, last time].
     per_worker: dict[str, list[float]] = field(default_factory=dict)
     # Per model a record names (several models, or adapters: run/by_model.py): [requests done,
@@ -86,15 +89,19 @@ class Summary:
             return None
         return summary
 
-    def fold(self, rec: SummaryRecord, current: Container[str] | None = None) -> bool:
+    def fold(self, rec: SummaryRecord, current: Container[str] | None = None) -> bool | None:
         """Fold one journal record in, as `JobState.record` would (only requests in `current`,
-        when given); False when the record cannot follow what the summary says."""
+        when given). True: counted; None: not part of the job as it is now (another input
+        generation's, or of a line that left the input), so not counted anywhere; False: the
+        record cannot follow what the summary says."""
         invalid = rec.kind == "invalid"
         if invalid:
             if rec.generation != self.generation:
-                return True  # another input generation's invalid line
+                return None  # another input generation's invalid line
+        elif rec.kind != "result":
+            return None  # a kind this version does not count
         elif current is not None and rec.custom_id not in current:
-            return True  # its line left the input file: no longer part of the job
+            return None  # its line left the input file: no longer part of the job
         t = rec.time
         timed = t > 0  # 0: the record has no time (the journal's are seconds since the epoch)
         if timed:  # comparisons, not min()/max(): this runs for every record journaled
@@ -116,12 +123,15 @@ class Summary:
             return False  # a retry with no failed request before it to replace
         if rec.ok:
             self.succeeded += 1
+        tokens = rec.completion_tokens
         if rec.copy_of is not None:
             self.deduplicated += 1
-        if rec.cached:
+        elif rec.cached:
             self.cache_hits += 1
+        else:
+            self.engine_attempts += 1
+            self.engine_completion_tokens += tokens
         self.prompt_tokens += rec.prompt_tokens
-        tokens = rec.completion_tokens
         self.completion_tokens += tokens
         if rec.model is not None:
             counts = self.per_model.get(rec.model)

@@ -74,6 +74,7 @@ class LightRecord(msgspec.Struct):
     attempt: int = 1
     worker: int | None = None
     copy_of: str | None = None
+    cached: bool = False
 
 
 _DECODER = msgspec.json.Decoder(LightRecord)
@@ -128,14 +129,15 @@ class Timing:
                 self.invalid += 1
                 self._code(rec)
             return
-        if rec.copy_of is not None:
-            return  # a copy of a duplicate's answer never ran
+        # Every result counts as an attempt (docs/metrics.md): a duplicate's copy and an answer
+        # from the cache too, as the summary's `attempts` counts them; only the engine's own
+        # attempts have a latency and a queue wait.
         self.attempts += 1
         if not rec.ok:
             self.failed += 1
             self._code(rec)
         latency = rec.latency_s
-        if latency is not None:
+        if latency is not None and rec.copy_of is None and not rec.cached:
             self.latency.add(latency)
             entered = rec.time - latency
             start = self.runs.of(entered)
@@ -172,11 +174,3 @@ def _quantiles(h: LogHistogram) -> dict[str, float | None]:
         "p50": None if p50 is None else round(p50, 6),
         "p99": None if p99 is None else round(p99, 6),
     }
-
-
-def job_timing(journal: Path, run_starts: Sequence[float]) -> dict[str, Any]:
-    """Latency and queue wait p50/p99 and errors by code of the job's journal."""
-    timing = Timing(run_starts)
-    for rec in light_records(journal):
-        timing.add(rec)
-    return timing.summary()

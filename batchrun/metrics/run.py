@@ -1,17 +1,10 @@
-"""A job's run and its metrics: the scheduler's state behind the gauges while it runs, and its
-cost kept in the job directory (cost.json) for `status`, the summary and `report`."""
+"""A job's run and its metrics: the scheduler's state behind the gauges while it runs."""
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from batchrun.errors import BatchrunError
-from batchrun.job.cost import COST_NAME, read_costs
-from batchrun.job.files import write_json_atomic
 from batchrun.metrics.recorder import RunMetrics, attach, detach
 
 
@@ -46,22 +39,6 @@ def watch_run(
     )
 
 
-def end_run(metrics: RunMetrics, scheduler: Any, job_dir: Path, started_at: float) -> None:
-    """The run ended: freeze its gauges; add its cost (with --gpu-hour-cost) to cost.json."""
+def end_run(metrics: RunMetrics, scheduler: Any) -> None:
+    """The run ended: freeze its gauges. (Its cost is the manifest's: job/cost.py.)"""
     detach(metrics, scheduler)
-    cost = metrics.cost
-    if cost is None:
-        return
-    runs = read_costs(job_dir)
-    runs.append(
-        {
-            "started_at": started_at,
-            "ended_at": time.time(),
-            "usd_per_hour": cost.usd_per_hour,
-            "units": cost.units,
-            "usd": round(cost.usd() - cost.recorded, 6),
-        }
-    )
-    cost.recorded = cost.usd()
-    with contextlib.suppress(BatchrunError, OSError):  # a full disk must not fail the job here
-        write_json_atomic(job_dir / COST_NAME, {"runs": runs})

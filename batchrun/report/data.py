@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchrun.job.cost import job_cost
 from batchrun.job.events import read_events
+from batchrun.job.figures import JobFigures, job_figures
 from batchrun.job.lock import lock_holder
 from batchrun.job.manifest import load_manifest
 from batchrun.job.paths import JobPaths
@@ -40,7 +40,9 @@ class WorkerFacts:
 
 @dataclass
 class ReportData:
-    """Everything the page shows, gathered from one job directory."""
+    """Everything the page shows, gathered from one job directory: its figures from the one fold
+    of its journal (job/figures.py), and what only the page draws (results per second,
+    examples of each error, per-worker rates) from one light pass."""
 
     job_dir: Path
     job_id: str
@@ -49,31 +51,33 @@ class ReportData:
     engine: str | None
     endpoint: str | None
     created_at: float
-    counts: dict[str, int]
-    tokens: dict[str, int]
+    figures: JobFigures
     timing: Timing
-    per_second: dict[int, list[int]] = field(default_factory=dict)  # second -> [ok, failed]
+    # When the job's first run started: the charts' time axis starts there (never before).
+    origin: float
+    per_second: dict[int, list[int]] = field(default_factory=dict)  # second -> [ok, failed, tok]
     examples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     workers: dict[int, WorkerFacts] = field(default_factory=dict)
-    deduplicated: int = 0
     events: list[dict[str, Any]] = field(default_factory=list)
     prefix_cache: dict[str, Any] | None = None
-    cost: dict[str, Any] | None = None
     runs: list[dict[str, Any]] = field(default_factory=list)
     probes: list[dict[str, Any]] = field(default_factory=list)
     made_at: float = field(default_factory=time.time)
 
+    @property
+    def counts(self) -> dict[str, int]:
+        """The request counts (job/figures.py)."""
+        return self.figures.counts
+
     def add(self, rec: LightRecord) -> None:
-        """Fold in one journal record."""
-        self.timing.add(rec)
+        """Fold one journal record into what only the page draws."""
         if rec.kind == "invalid":
             self._example(rec)
             return
         if rec.kind != "result":
             return
-        if rec.copy_of is not None:
-            self.deduplicated += 1
-        second = int(rec.time)
+        # Whole seconds since the origin: a result never lands before the chart's start.
+        second = max(0, int(rec.time - self.origin))
         bin_ = self.per_second.get(second)
         if bin_ is None:
             bin_ = self.per_second[second] = [0, 0, 0]
@@ -116,10 +120,14 @@ def gather(job_dir: Path) -> ReportData:
     paths = JobPaths(job_dir)
     manifest = load_manifest(paths)
     status = manifest.status
-    if lock_holder(paths) is not None:
+    holder = lock_holder(paths)
+    if holder is not None:
         status = "running"
     elif status == "running":
         status = "interrupted"
+    live = holder if holder is not None and holder > 0 else None
+    figures, summary = job_figures(paths, manifest, live, save=False)
+    starts = [r.started_at for r in manifest.runs]
     data = ReportData(
         job_dir=job_dir,
         job_id=manifest.job_id,
@@ -128,9 +136,9 @@ def gather(job_dir: Path) -> ReportData:
         engine=manifest.engine.get("engine"),
         endpoint=manifest.endpoint,
         created_at=manifest.created_at,
-        counts=dict(manifest.counts),
-        tokens=dict(manifest.tokens or {}),
-        timing=Timing([r.started_at for r in manifest.runs]),
+        figures=figures,
+        timing=summary.timing_of(starts),
+        origin=min(starts) if starts else manifest.created_at,
         prefix_cache=cache_rate(
             manifest.prefix_cache.get("queries", 0), manifest.prefix_cache.get("hits", 0)
         ),
@@ -140,29 +148,13 @@ def gather(job_dir: Path) -> ReportData:
                 "started_at": r.started_at,
                 "ended_at": r.ended_at,
                 "status": r.status,
-                "wall_s": r.wall_s,
+                "wall_s": round(wall, 3),
             }
-            for r in manifest.runs
+            for r, wall in zip(manifest.runs, figures.run_walls, strict=True)
         ],
         probes=list(manifest.probes),
     )
-    prompt = completion = 0
     for rec in light_records(paths.journal):
         data.add(rec)
-        if rec.kind == "result":
-            prompt += rec.prompt_tokens
-            completion += rec.completion_tokens
-    if not data.tokens:  # a job still running its first run: the journal's sums
-        data.tokens = {"prompt": prompt, "completion": completion}
-    if not data.counts:
-        t = data.timing
-        data.counts = {
-            "total": manifest.requests + manifest.invalid,
-            "succeeded": t.attempts - t.failed,
-            "failed": t.failed,
-            "invalid": t.invalid,
-        }
-    data.counts.setdefault("valid", manifest.requests)
     data.events = list(read_events(job_dir))
-    data.cost = job_cost(job_dir, data.tokens.get("prompt", 0) + data.tokens.get("completion", 0))
     return data

@@ -81,12 +81,25 @@ def _chart(key: str, title: str) -> str:
     )
 
 
-def _seconds(value: float | None) -> str:
+def _seconds(value: float | None, digits: int = 3) -> str:
+    """`12.3 µs`, `4.56 ms`, `1.23 s`, `1,234 s`: `digits` significant digits below 100 s."""
     if value is None:
         return "-"
+    if value < 1e-3:
+        return f"{value * 1e6:.{digits}g} µs"
     if value < 0.1:
-        return f"{value * 1000:.1f} ms"
-    return f"{value:.2f} s" if value < 100 else f"{value:,.0f} s"
+        return f"{value * 1000:.{digits}g} ms"
+    return f"{value:.{digits}g} s" if value < 100 else f"{value:,.0f} s"
+
+
+def _labels(values: list[float]) -> list[str]:
+    """Each value as `_seconds` writes it, with as many digits as it takes for the labels of
+    different values to differ (a narrow distribution's bars read alike at 3)."""
+    for digits in range(3, 10):
+        labels = [_seconds(v, digits) for v in values]
+        if len(set(labels)) == len(labels):
+            return labels
+    return labels
 
 
 def _pcts(data: ReportData, which: str) -> str:
@@ -95,29 +108,32 @@ def _pcts(data: ReportData, which: str) -> str:
 
 
 def _facts(data: ReportData) -> list[tuple[str, str]]:
-    c, t = data.counts, data.timing
-    seen = t.attempts + t.invalid
+    f, t = data.figures, data.timing
+    errors = f.timing.get("errors") or {}
+    rate = errors.get("rate")
     facts = [
-        ("requests", f"{c.get('total', 0):,}"),
-        ("succeeded", f"{c.get('succeeded', 0):,}"),
-        ("failed", f"{c.get('failed', 0):,}"),
-        ("invalid lines", f"{c.get('invalid', 0):,}"),
-        ("pending", f"{c.get('pending', 0):,}"),
-        ("attempts", f"{t.attempts:,}"),
-        ("error rate", f"{(t.failed + t.invalid) / seen:.2%}" if seen else "-"),
-        ("prompt tokens", f"{data.tokens.get('prompt', 0):,}"),
-        ("generated tokens", f"{data.tokens.get('completion', 0):,}"),
+        ("requests", f"{f.total:,}"),
+        ("succeeded", f"{f.succeeded:,}"),
+        ("failed", f"{f.failed:,}"),
+        ("invalid lines", f"{f.invalid:,}"),
+        ("pending", f"{f.pending:,}"),
+        ("attempts", f"{f.attempts:,} ({f.engine_attempts:,} by the engine)"),
+        ("error rate", f"{rate:.2%}" if rate is not None else "-"),
+        ("prompt tokens", f"{f.prompt_tokens:,}"),
+        ("generated tokens", f"{f.completion_tokens:,}"),
         ("latency p50 / p99", f"{_seconds(t.latency.quantile(0.5))} / {_seconds(t.latency.quantile(0.99))}"),
         ("queue p50 / p99", f"{_seconds(t.queue.quantile(0.5))} / {_seconds(t.queue.quantile(0.99))}"),
         (
             "prefix-cache hit rate",
             f"{data.prefix_cache['hit_rate']:.1%}" if data.prefix_cache else "not counted",
         ),
-        ("duplicates answered", f"{data.deduplicated:,} (engine runs saved)"),
+        ("duplicates answered", f"{f.deduplicated:,} (engine runs saved)"),
+        ("answers from the cache", f"{f.cache_hits:,} (engine runs saved)"),
+        ("wall time", f"{_seconds(f.wall_s)} over {len(f.run_walls)} run(s)"),
     ]  # fmt: skip
-    if data.cost:
-        per = data.cost.get("usd_per_million_tokens")
-        facts.append(("cost", f"${data.cost['usd']:,.4f}"))
+    if f.cost:
+        per = f.cost.get("usd_per_million_tokens")
+        facts.append(("cost", f"${f.cost['usd']:,.4f}"))
         facts.append(("cost per million tokens", f"${per:,.4f}" if per is not None else "-"))
     else:
         facts.append(("cost", "not recorded (--gpu-hour-cost)"))
@@ -145,7 +161,7 @@ def _examples(data: ReportData) -> str:
 
 def _over_time(data: ReportData) -> dict[str, Any]:
     """Requests/s (succeeded, failed) and generated tokens/s per bin, at most MAX_POINTS bins,
-    x in seconds since the job was created."""
+    x in seconds since the job's first run started (`data.origin`: never negative)."""
     if not data.per_second:
         return {"x": [], "ok": [], "failed": [], "tokens": [], "width": 1}
     first, last = min(data.per_second), max(data.per_second)
@@ -157,9 +173,8 @@ def _over_time(data: ReportData) -> dict[str, Any]:
         b[1] += failed
         b[2] += tokens
     keys = range(0, (last - first) // width + 1)
-    origin = first - data.created_at
     return {
-        "x": [round(origin + k * width, 1) for k in keys],
+        "x": [first + k * width for k in keys],
         "ok": [bins.get(k, [0, 0, 0])[0] / width for k in keys],
         "failed": [bins.get(k, [0, 0, 0])[1] / width for k in keys],
         "tokens": [bins.get(k, [0, 0, 0])[2] / width for k in keys],
@@ -174,38 +189,42 @@ def _distribution(buckets: list[tuple[float, float, int]]) -> dict[str, Any]:
     low = max(min(b[0] for b in buckets), 1e-6)
     high = max(b[1] for b in buckets)
     if high <= low * 1.0001:
-        return {"labels": [_seconds(low)], "counts": [sum(b[2] for b in buckets)]}
+        return {"labels": _labels([low]), "counts": [sum(b[2] for b in buckets)]}
     step = (math.log(high) - math.log(low)) / DISTRIBUTION_BARS
     counts = [0] * DISTRIBUTION_BARS
     for lo, hi, n in buckets:
         mid = math.sqrt(max(lo, 1e-6) * hi)
         i = min(DISTRIBUTION_BARS - 1, max(0, int((math.log(mid) - math.log(low)) / step)))
         counts[i] += n
-    labels = [_seconds(math.exp(math.log(low) + (i + 0.5) * step)) for i in range(len(counts))]
+    labels = _labels([math.exp(math.log(low) + (i + 0.5) * step) for i in range(len(counts))])
     return {"labels": labels, "counts": counts}
 
 
 def _payload(data: ReportData) -> dict[str, Any]:
     """What the page's script draws."""
     errors = sorted(data.timing.by_code.items(), key=lambda kv: -kv[1])
-    start = data.created_at
+    start = data.origin
     batch = [
-        {"x": round(e["time"] - start, 1), "y": e.get("batch_size"), "worker": e.get("worker")}
+        {
+            "x": max(0.0, round(e["time"] - start, 1)),
+            "y": e.get("batch_size"),
+            "worker": e.get("worker"),
+        }
         for e in data.events
         if e["kind"] in ("ready", "batch_size", "oom_backoff") and e.get("batch_size")
     ]
     if batch and data.per_second:
         # The size holds until the last result: the line runs to the end of the job.
-        end = round(max(data.per_second) + 1 - start, 1)
+        end = float(max(data.per_second) + 1)
         if end > batch[-1]["x"]:
             batch.append({"x": end, "y": batch[-1]["y"], "worker": batch[-1]["worker"]})
     restarts = [
-        {"x": round(e["time"] - start, 1), "y": 1, "reason": e.get("reason")}
+        {"x": max(0.0, round(e["time"] - start, 1)), "y": 1, "reason": e.get("reason")}
         for e in data.events
         if e["kind"] == "restart"
     ]
     backoffs = [
-        {"x": round(e["time"] - start, 1), "y": e.get("batch_size")}
+        {"x": max(0.0, round(e["time"] - start, 1)), "y": e.get("batch_size")}
         for e in data.events
         if e["kind"] == "oom_backoff"
     ]
@@ -220,7 +239,18 @@ def _payload(data: ReportData) -> dict[str, Any]:
                 "attempts": w.attempts,
             }
         )
+    f = data.figures
     return {
+        # The figures the tiles show, for scripts (job/figures.py; docs/metrics.md).
+        "counts": f.counts,
+        "attempts": f.attempts,
+        "engine_attempts": f.engine_attempts,
+        "cache_hits": f.cache_hits,
+        "deduplicated": f.deduplicated,
+        "tokens": {"prompt": f.prompt_tokens, "completion": f.completion_tokens},
+        "wall_s": round(f.wall_s, 3),
+        "cost": f.cost,
+        "errors_rate": (f.timing.get("errors") or {}).get("rate"),
         "throughput": _over_time(data),
         "latency": _distribution(data.timing.latency.counts()),
         "queue": _distribution(data.timing.queue.counts()),
@@ -266,13 +296,19 @@ _DRAW = r"""
     new Chart(canvas, config);
     drawn += 1;
   }
-  var secs = {type: 'linear', title: {display: true, text: 'seconds since the job was created'}};
+  var secs = {type: 'linear', min: 0,
+    title: {display: true, text: "seconds since the job's first run started"}};
   var t = data.throughput;
-  draw('throughput', {type: 'line', data: {labels: t.x, datasets: [
-    {label: 'succeeded/s', data: t.ok, borderColor: '#2da44e', pointRadius: 0, yAxisID: 'y'},
-    {label: 'failed/s', data: t.failed, borderColor: '#cf222e', pointRadius: 0, yAxisID: 'y'},
-    {label: 'generated tokens/s', data: t.tokens, borderColor: '#0969da', pointRadius: 0,
-     yAxisID: 'y1'}]},
+  // One bin (a job of a second or less) is one point: drawn as a dot, not as a line of none.
+  var dot = t.x.length === 1 ? 4 : 0;
+  function xy(ys) { return ys.map(function (y, i) { return {x: t.x[i], y: y}; }); }
+  draw('throughput', {type: 'line', data: {datasets: [
+    {label: 'succeeded/s', data: xy(t.ok), borderColor: '#2da44e', backgroundColor: '#2da44e',
+     pointRadius: dot, yAxisID: 'y'},
+    {label: 'failed/s', data: xy(t.failed), borderColor: '#cf222e', backgroundColor: '#cf222e',
+     pointRadius: dot, yAxisID: 'y'},
+    {label: 'generated tokens/s', data: xy(t.tokens), borderColor: '#0969da',
+     backgroundColor: '#0969da', pointRadius: dot, yAxisID: 'y1'}]},
     options: {scales: {x: secs, y: {title: {display: true, text: 'requests/s'}, beginAtZero: true},
       y1: {position: 'right', beginAtZero: true, grid: {drawOnChartArea: false},
         title: {display: true, text: 'tokens/s'}}}}}, t.x.length > 0);

@@ -16,11 +16,13 @@ from batchrun.config import EngineSettings
 from batchrun.console.progress import ProgressReporter
 from batchrun.console.text import plural
 from batchrun.errors import BatchrunError
+from batchrun.job.cost import gpu_units
 from batchrun.job.events import EventLog
 from batchrun.job.journal import JournalWriter
 from batchrun.job.manifest import Manifest, Run, save_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.replay import replay
+from batchrun.job.run_clock import RunClock, settle_runs
 from batchrun.job.state import JobState
 from batchrun.job.summary import keep_summary
 from batchrun.models.named import settings_for
@@ -56,6 +58,10 @@ class JobSummary:
     run_cache_queries: int = 0
     run_cache_hits: int = 0
     run_deduplicated: int = 0
+    # This run's answers from the answer cache (--cache-dir), and generated tokens of the
+    # attempts its engine ran (neither copies nor cache hits).
+    run_cached: int = 0
+    run_engine_tokens: int = 0
     # The options resume or retry-failed replaced, as `--dtype bfloat16 (was banana)`.
     overrides: list[str] = field(default_factory=list)
 
@@ -109,13 +115,24 @@ def run_job(
         enabled=options.progress,
     )
     manifest.status = "running"
-    run_info = Run(mode=mode, started_at=time.time(), pid=os.getpid())
+    settle_runs(paths, manifest)  # a killed run's time, kept by its clock
+    rate = metrics.cost.usd_per_hour if metrics is not None and metrics.cost else None
+    run_info = Run(
+        mode=mode,
+        started_at=time.time(),
+        pid=os.getpid(),
+        usd_per_hour=rate,
+        units=gpu_units(envs),
+    )
     manifest.runs.append(run_info)
     save_manifest(paths, manifest)
+    clock = RunClock(paths, run_info).start()
     scheduler: Scheduler | None = None
     outcomes_before = state.attempts.total()
     tokens_before = state.completion_tokens
+    engine_tokens_before = state.engine_completion_tokens
     deduplicated_before = state.deduplicated
+    cached_before = state.cache_hits
     duplicates = Duplicates() if options.order == "auto" else None
 
     def planned(source: Iterator[Request]) -> Iterator[Request]:
@@ -152,13 +169,14 @@ def run_job(
         if metrics is not None and scheduler is not None:
             from batchrun.metrics.run import end_run
 
-            end_run(metrics, scheduler, paths.root, run_info.started_at)
+            end_run(metrics, scheduler)
         if scheduler is not None:
             manifest.worker_info = scheduler.worker_info
             queries, hits = scheduler.prefix_cache()
             _count_cache(manifest, run_info, queries, hits)
         run_info.ray = options.ray
         run_info.deduplicated = state.deduplicated - deduplicated_before
+        clock.stop()
         _finish_manifest(paths, manifest, state, status, run_info, started)
         if options.ray:
             from batchrun.workers import ray as ray_backend
@@ -174,6 +192,8 @@ def run_job(
         run_cache_queries=(run_info.prefix_cache or {}).get("queries", 0),
         run_cache_hits=(run_info.prefix_cache or {}).get("hits", 0),
         run_deduplicated=run_info.deduplicated or 0,
+        run_cached=state.cache_hits - cached_before,
+        run_engine_tokens=state.engine_completion_tokens - engine_tokens_before,
     )
 
 
