@@ -14,6 +14,7 @@ from typing import Any
 from batchrun.errors import BatchrunError
 from batchrun.export.job import export_job
 from batchrun.export.jsonl import ERRORS_NAME, OUTPUT_NAME
+from batchrun.job.figures import job_figures
 from batchrun.job.files import fsync_dir
 from batchrun.job.journal import read_records
 from batchrun.job.lock import job_lock
@@ -169,7 +170,6 @@ def finalize(batches: BatchStore, files: FileStore, batch_id: str) -> None:
     job_dir = batches.job_dir(batch_id)
     paths = JobPaths(job_dir)
     manifest = load_manifest(paths)
-    facts = job_facts(manifest)
     # Partial: a cancelled or failed batch still has pending requests, left out of both files.
     summary = export_job(job_dir, job_dir, partial=True)
     ids: dict[str, str | None] = {"output_file_id": None, "error_file_id": None}
@@ -194,14 +194,15 @@ def finalize(batches: BatchStore, files: FileStore, batch_id: str) -> None:
         ids[key] = made["id"]
         _fault_pause()
         batches.update(batch_id, **{key: made["id"]})  # remembered before the next step
-    state = replay(paths, manifest)
+    # The job's figures (job/figures.py), as `batchrun status` and `report` show them.
+    figures, _ = job_figures(paths, manifest)
     details = token_details(job_dir / OUTPUT_NAME)
     usage = {
-        "input_tokens": state.prompt_tokens,
+        "input_tokens": figures.prompt_tokens,
         "input_tokens_details": {"cached_tokens": details.cached_tokens},
-        "output_tokens": state.completion_tokens,
+        "output_tokens": figures.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": details.reasoning_tokens},
-        "total_tokens": state.prompt_tokens + state.completion_tokens,
+        "total_tokens": figures.prompt_tokens + figures.completion_tokens,
     }
     # Cancelled instead when a cancel came after the runner chose `final` (it is cancelling).
     batches.end(
@@ -210,9 +211,9 @@ def finalize(batches: BatchStore, files: FileStore, batch_id: str) -> None:
         **ids,
         usage=usage,
         request_counts={
-            "total": facts.requests + state.invalid,
-            "completed": state.succeeded,
-            "failed": state.failed + state.invalid,
+            "total": figures.total,
+            "completed": figures.succeeded,
+            "failed": figures.failed + figures.invalid,
         },
     )
 
