@@ -129,7 +129,7 @@ def test_a_batch_waiting_for_its_kinds_engines_is_cancelled_at_once(tmp_path: Pa
     server = serve(tmp_path, BATCHRUN_SERVE_KIND_SWITCH_S="120")
     try:
         client = server.client()
-        long = make_batch(client, tmp_path, "g0", 1200, "normal")  # about 6 s
+        long = make_batch(client, tmp_path, "g0", 2000, "normal")  # about 10 s
         wait_until(results_at_least(server.batch_dir(long.id), 20), "the generate batch runs")
         waiting = make_batch(client, tmp_path, "e0", 20, "high")
         wait_until(
@@ -137,7 +137,7 @@ def test_a_batch_waiting_for_its_kinds_engines_is_cancelled_at_once(tmp_path: Pa
             "the embed batch is validated",
         )
         assert client.batches.cancel(waiting.id).status == "cancelling"
-        cancelled = wait_done(client, waiting.id, timeout=5)
+        cancelled = wait_done(client, waiting.id, timeout=8)
         running = client.batches.retrieve(long.id).status
         assert wait_done(client, long.id, timeout=60).status == "completed"
         log = server.log.read_text()
