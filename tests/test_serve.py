@@ -422,10 +422,6 @@ def test_priority_high_runs_before_normal_before_low(server: Server, tmp_path: P
 
     assert span(high.id)[1] < span(normal.id)[1] < span(low.id)[1]
     assert span(high.id)[1] <= span(low.id)[0]
-    with pytest.raises(openai.BadRequestError, match="priority"):
-        create_batch(
-            client, requests_file(tmp_path / "x.jsonl", 1), metadata={"priority": "urgent"}
-        )
 
 
 def test_auth_needs_the_key_everywhere_but_health(server: Server) -> None:

@@ -1,13 +1,13 @@
-"""`batchrun serve` with generate and embed batches mixed: the engine pool switches kind rarely.
-
-A switch stops one set of engines and starts another (minutes on GPUs), so the pool keeps its
-kind while that kind has work, until a batch of the other kind, first in the queue's order, has
-waited BATCHRUN_SERVE_KIND_SWITCH_S (default 120 s), and, its work done, until it has run
-that long.
+"""`batchrun serve` with generate and embed batches mixed: the engine pool switches kind as soon
+as its kind has no work left (nothing pending, nothing in flight) and a batch of the other kind
+waits; while its kind has work, it keeps the pool up to BATCHRUN_SERVE_KIND_SWITCH_S (default
+120 s) for a batch of the other kind that comes first in the queue's order. A batch waiting for
+its kind's engines stays `validating`, `in_progress_at` null, until its first request goes out.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 from typing import Any
@@ -63,36 +63,91 @@ def result_span(server: Server, batch_id: str) -> tuple[float, float]:
     return min(times), max(times)
 
 
-def test_batches_of_both_kinds_arriving_in_turn_do_not_restart_the_engines_each_time(
-    tmp_path: Path,
-) -> None:
-    """Generate and embed batches arrive one after the other, each done before the next comes,
-    their priorities alternating: the generate pool takes the generate batches as they come
-    while the embed batches wait (at most BATCHRUN_SERVE_KIND_SWITCH_S, 15 s here), then one
-    switch runs them all. Engines start twice; they started once per batch (6) before."""
-    server = serve(tmp_path, BATCHRUN_SERVE_KIND_SWITCH_S="15")
+def test_a_batch_of_the_other_kind_runs_at_once_when_the_pool_is_idle(tmp_path: Path) -> None:
+    """Generate and embed batches arrive one after the other, each made once the one before has
+    ended, priorities alternating, with the switch time at its default (120 s): each completes
+    within seconds, since the pool's kind has no work left (49-120 s each before: the pool kept
+    its kind up to the switch time after its work was done). One engine start per switch."""
+    server = serve(tmp_path, BATCHRUN_SERVE_KIND_SWITCH_S="120")
     try:
         client = server.client()
-        first = make_batch(client, tmp_path, "g0", 20, "normal")
-        assert wait_done(client, first.id, timeout=60).status == "completed"
-        made = [first]
-        for name, priority in (("e0", "high"), ("g1", "normal"), ("e1", "high"),
-                               ("g2", "normal"), ("e2", "high")):  # fmt: skip
+        made, took = [], []
+        for name, priority in zip(NAMES, ("normal", "high") * 3, strict=True):
+            began = time.monotonic()
             made.append(make_batch(client, tmp_path, name, 20, priority))
-            if name.startswith("g"):  # a batch of the pool's kind runs at once
-                assert wait_done(client, made[-1].id, timeout=10).status == "completed"
-            else:
-                time.sleep(0.5)
-        for b in made:
-            assert wait_done(client, b.id, timeout=60).status == "completed"
+            assert wait_done(client, made[-1].id, timeout=60).status == "completed"
+            took.append(time.monotonic() - began)
         log = server.log.read_text()
     finally:
         stop_server(server)
+    assert max(took) < 15, took  # well under the 120 s limit
+    assert log.count("starting echo engine") == 6, log[-4000:]
+    spans = [result_span(server, b.id) for b in made]
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+
+
+def test_a_batch_waiting_for_its_kinds_engines_shows_it_has_not_started(tmp_path: Path) -> None:
+    """A long generate batch runs when a high-priority embed batch comes: the generate batch has
+    work, so it keeps the pool (within the 120 s limit). Meanwhile the embed batch, validated,
+    is `validating` with `in_progress_at` null; it turns in_progress when its first request goes
+    to its engines, after the generate batch's last result (before, it read in_progress from
+    its validation on, in_progress_at its creation)."""
+    server = serve(tmp_path, BATCHRUN_SERVE_KIND_SWITCH_S="120")
+    try:
+        client = server.client()
+        long = make_batch(client, tmp_path, "g0", 1200, "normal")  # about 6 s
+        wait_until(results_at_least(server.batch_dir(long.id), 20), "the generate batch runs")
+        waiting = make_batch(client, tmp_path, "e0", 20, "high")
+        wait_until(
+            lambda: (server.batch_dir(waiting.id) / "manifest.json").exists(),
+            "the embed batch is validated",
+        )
+        seen = []
+        while (shown := client.batches.retrieve(waiting.id)).status == "validating":
+            seen.append((shown.in_progress_at, client.batches.retrieve(long.id).status))
+            time.sleep(0.2)
+        for b in (long, waiting):
+            assert wait_done(client, b.id, timeout=60).status == "completed"
+        done = client.batches.retrieve(waiting.id)
+        log = server.log.read_text()
+    finally:
+        stop_server(server)
+    # It waited while the generate batch ran, in_progress_at null all along.
+    assert len(seen) >= 5 and {at for at, _ in seen} == {None}, seen
+    assert {status for _, status in seen} == {"in_progress"}
+    g_span, e_span = result_span(server, long.id), result_span(server, waiting.id)
+    assert g_span[1] <= e_span[0]
+    assert done.in_progress_at is not None
+    assert int(g_span[1]) <= done.in_progress_at <= e_span[0]
+    assert done.in_progress_at >= done.created_at + 2
     assert log.count("starting echo engine") == 2, log[-4000:]
-    spans = {n: result_span(server, b.id) for n, b in zip(NAMES, made, strict=True)}
-    # The embed batches ran after the last generate batch, in their order.
-    assert spans["g2"][1] <= spans["e0"][0]
-    assert spans["e0"][1] <= spans["e1"][0] and spans["e1"][1] <= spans["e2"][0]
+
+
+def test_a_batch_waiting_for_its_kinds_engines_is_cancelled_at_once(tmp_path: Path) -> None:
+    """The waiting embed batch of the test above, cancelled: it ends cancelled while the
+    generate batch still runs, nothing of it run, in_progress_at null; no pooling engine starts."""
+    server = serve(tmp_path, BATCHRUN_SERVE_KIND_SWITCH_S="120")
+    try:
+        client = server.client()
+        long = make_batch(client, tmp_path, "g0", 2000, "normal")  # about 10 s
+        wait_until(results_at_least(server.batch_dir(long.id), 20), "the generate batch runs")
+        waiting = make_batch(client, tmp_path, "e0", 20, "high")
+        wait_until(
+            lambda: (server.batch_dir(waiting.id) / "manifest.json").exists(),
+            "the embed batch is validated",
+        )
+        assert client.batches.cancel(waiting.id).status == "cancelling"
+        cancelled = wait_done(client, waiting.id, timeout=8)
+        running = client.batches.retrieve(long.id).status
+        assert wait_done(client, long.id, timeout=60).status == "completed"
+        log = server.log.read_text()
+    finally:
+        stop_server(server)
+    assert (cancelled.status, running) == ("cancelled", "in_progress")
+    assert cancelled.in_progress_at is None and cancelled.request_counts is not None
+    assert (cancelled.request_counts.total, cancelled.request_counts.completed) == (20, 0)
+    assert not [r for r in journal_records(server.batch_dir(waiting.id)) if r["kind"] == "result"]
+    assert log.count("starting echo engine") == 1, log[-4000:]
 
 
 def test_a_batch_of_the_other_kind_waits_no_longer_than_the_switch_time(tmp_path: Path) -> None:

@@ -110,8 +110,11 @@ def test_an_unexpected_error_is_a_json_500_with_an_id_that_is_logged(tmp_path: P
         FileStore(tmp_path), Broken(tmp_path), runner, Metrics(), "m", None, 1000, logged.append
     )
     client = TestClient(create_app(services), raise_server_exceptions=False)
-    answer = client.get("/v1/batches")
+    answer = client.get("/v1/batches", headers={"X-Client-Request-Id": "trace-1"})
     assert answer.status_code == 500
+    # Answered past the request-id middleware, and still named by its request id.
+    request_id = answer.headers["x-request-id"]
+    assert request_id.startswith("req_") and answer.headers["x-client-request-id"] == "trace-1"
     assert answer.headers["content-type"] == "application/json"
     error = answer.json()["error"]
     error_id = error["message"].split("error id ")[1].rstrip(").")
@@ -122,3 +125,7 @@ def test_an_unexpected_error_is_a_json_500_with_an_id_that_is_logged(tmp_path: P
         "code": "internal_error",
     }
     assert len(logged) == 1 and error_id in logged[0] and "RuntimeError: a bug" in logged[0]
+    assert logged[0].startswith(
+        f"error {error_id} answering GET /v1/batches, "
+        f"request {request_id} (client request id trace-1):\n"
+    )

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from batchrun.serve.batches import TERMINAL, BatchRecord, BatchStore, new_batch
 from batchrun.serve.checks import (
+    batch_model,
     check_endpoint,
     check_file_endpoint,
     check_metadata,
@@ -31,7 +32,14 @@ from batchrun.serve.files import FileStore
 from batchrun.serve.guard import Guard, bad_key
 from batchrun.serve.ids import new_batch_id, new_error_id
 from batchrun.serve.metrics import Metrics
-from batchrun.serve.models import model_list
+from batchrun.serve.models import model_list, unknown_model
+from batchrun.serve.request_ids import (
+    CLIENT_SCOPE_KEY,
+    SCOPE_KEY,
+    RequestIds,
+    describe,
+    id_headers,
+)
 from batchrun.serve.runner import Runner
 from batchrun.serve.uploads import receive_upload
 
@@ -44,6 +52,7 @@ class Services:
     batches: BatchStore
     runner: Runner
     metrics: Metrics
+    # The batch's `model` when no line of its input names one (the served model's name).
     model: str
     api_key: str | None
     max_file_bytes: int
@@ -86,6 +95,8 @@ def create_app(services: Services) -> FastAPI:
     _errors(app, services.files.dir.parent, services.say)
     # The key, and a body's size and depth, are checked before any route reads the body.
     app.add_middleware(Guard, api_key=services.api_key)
+    # Outside the guard: its refusals carry a request id too.
+    app.add_middleware(RequestIds, say=services.say)
     auth = [Depends(_authorize(services.api_key))]
     files, batches = services.files, services.batches
 
@@ -98,6 +109,15 @@ def create_app(services: Services) -> FastAPI:
     @app.get("/v1/models", dependencies=auth)
     def list_models() -> dict[str, Any]:
         return model_list(services.runner.options.settings, created)
+
+    # A path converter: a model's id may hold slashes (`org/model`, an adapter's name).
+    @app.get("/v1/models/{model_id:path}", dependencies=auth)
+    def get_model(model_id: str) -> dict[str, Any]:
+        listed = model_list(services.runner.options.settings, created)["data"]
+        for entry in listed:
+            if entry["id"] == model_id:
+                return dict(entry)
+        raise unknown_model(model_id)
 
     @app.get("/metrics", dependencies=auth, response_class=PlainTextResponse)
     def metrics() -> str:
@@ -171,7 +191,8 @@ def create_app(services: Services) -> FastAPI:
                 f"no input file {body.input_file_id!r} with purpose 'batch'",
                 param="input_file_id",
             )
-        check_file_endpoint(files.content(body.input_file_id), body.endpoint)
+        content = files.content(body.input_file_id)
+        check_file_endpoint(content, body.endpoint)
         batch = new_batch(
             new_batch_id(),
             body.input_file_id,
@@ -179,7 +200,7 @@ def create_app(services: Services) -> FastAPI:
             body.completion_window,
             window_s,
             body.metadata,
-            services.model,
+            batch_model(content) or services.model,
         )
         if body.output_expires_after is not None:
             batch["output_expires_after"] = body.output_expires_after
@@ -286,12 +307,19 @@ def _errors(app: FastAPI, root: Path, say: Callable[[str], None]) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, e: Exception) -> JSONResponse:
-        error_id = new_error_id()
+        # Answered by Starlette's outermost handler, past RequestIds: the id is added here.
+        error_id, scope = new_error_id(), request.scope
+        request_id = scope.get(SCOPE_KEY)
+        named = (
+            f", request {describe(request_id, scope.get(CLIENT_SCOPE_KEY))}"
+            if isinstance(request_id, str)
+            else ""
+        )
         say(
-            f"error {error_id} answering {request.method} {request.url.path}:\n"
+            f"error {error_id} answering {request.method} {request.url.path}{named}:\n"
             + "".join(traceback.format_exception(e))
         )
-        return answer(
+        response = answer(
             ApiError(
                 500,
                 f"The server had an error while processing your request (error id {error_id}).",
@@ -299,6 +327,9 @@ def _errors(app: FastAPI, root: Path, say: Callable[[str], None]) -> None:
                 kind="server_error",
             )
         )
+        for name, value in id_headers(scope):
+            response.headers[name.decode()] = value.decode()
+        return response
 
 
 # Where FastAPI says a value came from: the first element of a validation error's `loc`.

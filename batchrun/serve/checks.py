@@ -1,5 +1,5 @@
-"""The checks of POST /v1/batches that need no job: completion window, metadata, endpoint,
-output expiry."""
+"""The checks of POST /v1/batches that need no job: completion window, metadata (and the
+priority it gives), endpoint, output expiry; and the model the input's lines name."""
 
 from __future__ import annotations
 
@@ -17,8 +17,15 @@ _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # The longest completion window batchrun takes (OpenAI takes only 24h): a year is beyond any
 # batch, and a bound keeps expires_at a time that means something.
 MAX_WINDOW_S = 365 * 86400
-# How far into an input file the endpoint check looks for a line naming its url.
+# How far into an input file the endpoint check looks for a line naming its url (and the
+# batch's model for a line naming one).
 SCAN_LINES = 1000
+# OpenAI's limits on a batch's metadata: keys, a key's characters, a value's characters.
+MAX_METADATA_KEYS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+# The metadata keys that steer the queue, the first holding a known priority winning:
+# batchrun's own key (namespaced: no other client's tag means it), then OpenAI clients' common
+# `priority` tag (docs/serve.md).
+PRIORITY_KEYS = ("batchrun_priority", "priority")
 
 
 def window_seconds(window: str) -> int:
@@ -108,24 +115,38 @@ def check_endpoint(endpoint: str) -> None:
 
 def check_metadata(metadata: dict[str, str] | None) -> str:
     """Refuse metadata OpenAI would (16 keys, 64-character keys, 512-character values); return
-    the batch's priority (`metadata.priority`: high, normal or low; normal when absent)."""
+    the batch's priority in the queue. Metadata is otherwise free-form: `batchrun_priority`,
+    then `priority`, steer the queue when one holds a value batchrun knows (high, normal, low);
+    any other value of either is kept and shown, never refused (normal then)."""
     if metadata is None:
         return "normal"
-    if len(metadata) > 16:
+    if len(metadata) > MAX_METADATA_KEYS:
         raise ApiError(400, "metadata holds at most 16 keys", param="metadata")
     for key, value in metadata.items():
-        if len(key) > 64 or len(value) > 512:
+        if len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE:
             raise ApiError(
                 400, "metadata keys are at most 64 characters, values 512", param="metadata"
             )
-    priority = metadata.get("priority", "normal")
-    if priority not in PRIORITIES:
-        raise ApiError(
-            400,
-            f"metadata.priority must be high, normal or low, got {priority!r}",
-            param="metadata",
-        )
-    return priority
+    for key in PRIORITY_KEYS:
+        if metadata.get(key) in PRIORITIES:
+            return metadata[key]
+    return "normal"
+
+
+def batch_model(path: Path) -> str | None:
+    """The model a batch's lines name, as OpenAI's Batch object shows it: the first line's
+    `body.model` (of the first SCAN_LINES lines, the first that names one); None when none does."""
+    with path.open("rb") as f:
+        for _, raw in zip(range(SCAN_LINES), f, strict=False):
+            try:
+                line = json.loads(raw)
+            except (ValueError, RecursionError):  # left to validation, which says why
+                continue
+            body = line.get("body") if isinstance(line, dict) else None
+            model = body.get("model") if isinstance(body, dict) else None
+            if isinstance(model, str) and model:
+                return model
+    return None
 
 
 def check_file_endpoint(path: Path, endpoint: str) -> None:

@@ -35,6 +35,9 @@ class JobEnding:
     def _changed(self) -> None:
         raise NotImplementedError
 
+    def _begin(self, job: ActiveJob) -> None:
+        raise NotImplementedError
+
     def _sweep(self, force: bool = False) -> None:
         """Expire jobs past their window; end stopped jobs with nothing out (at most every
         SWEEP_EVERY_S unless forced)."""
@@ -82,6 +85,8 @@ class JobEnding:
         if job.error is not None:
             error = self._error(job.batch_id, "batch_failed", job.error)
             fields["errors"] = {"object": "list", "data": [error]}
+        if final == "completed" and not job.started:
+            self._begin(job)  # it had nothing to run (its lines ended before): it ran, at once
         # A completed batch is finalizing from now on (a cancel answers it unchanged); any other
         # keeps its status until the finisher ends it (cancelled, if a cancel comes first).
         done = final == "completed" and self.batches.transition(

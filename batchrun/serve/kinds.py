@@ -1,5 +1,5 @@
-"""How long the engine pool keeps its kind (generate or embed) for a batch of the other kind:
-KIND_SWITCH_S, or BATCHRUN_SERVE_KIND_SWITCH_S when set (docs/serve-kinds.md)."""
+"""How long the engine pool may keep its kind (generate or embed) while a batch of the other
+kind waits: KIND_SWITCH_S, or BATCHRUN_SERVE_KIND_SWITCH_S when set (docs/serve-kinds.md)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,20 @@ from collections.abc import Mapping
 from batchrun.errors import BatchrunError
 
 # A switch of the engine pool between generate and embed batches stops one set of engines and
-# starts another (on GPUs, minutes of loading weights). So when a batch of the other kind comes
-# first in the queue's order, the pool keeps its kind while that kind has work left (its
-# batches' passes, and new batches of it), and, its work done, until it has run KIND_SWITCH_S
-# in all; either way no longer than that batch has waited KIND_SWITCH_S. Batches of the two
-# kinds arriving in turn then cost at most one switch per KIND_SWITCH_S, not one per batch,
-# and none waits much more than KIND_SWITCH_S for its kind's engines (docs/serve-kinds.md).
+# starts another (on GPUs, minutes of loading weights). When a batch of the other kind comes
+# first in the queue's order, the pool switches as soon as its own kind has no work left
+# (nothing pending, nothing in flight): an idle pool holds no batch back. While its kind has
+# work (its batches' passes, and new batches of it), it keeps that kind, but no longer than the
+# waiting batch has waited KIND_SWITCH_S: then it takes no new work, finishes what it holds and
+# switches. So a long batch of one kind cannot hold off the other kind for more than about
+# KIND_SWITCH_S, and a busy mix of both kinds switches at most about once per KIND_SWITCH_S.
 KIND_SWITCH_ENV = "BATCHRUN_SERVE_KIND_SWITCH_S"
 KIND_SWITCH_S = 120.0
 
 
 def kind_switch_after(environ: Mapping[str, str] = os.environ) -> float:
-    """Seconds a batch of another kind waits before the pool switches to it (KIND_SWITCH_S, or
-    BATCHRUN_SERVE_KIND_SWITCH_S when set).
+    """The longest a batch of another kind waits while the pool's kind has work, before the pool
+    switches to it (KIND_SWITCH_S, or BATCHRUN_SERVE_KIND_SWITCH_S when set).
 
     Raises:
         BatchrunError: the variable is not a number of seconds, 0 or more.

@@ -1,7 +1,7 @@
 """GET /v1/models: the models a batch's lines may name in body.model, in OpenAI's list shape
 ({"object": "list", "data": [{"id", "object": "model", "created", "owned_by", ...}]}): the base
 model(s), then each LoRA adapter with `parent` naming its base model, as vLLM's server lists
-them."""
+them. GET /v1/models/{id} answers one of them, or OpenAI's 404 `model_not_found`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 from batchrun.config import EngineSettings
 from batchrun.models.modalities import served_modalities
 from batchrun.models.named import adapters_of, model_names, settings_for
+from batchrun.serve.errors import ApiError
 
 OWNED_BY = "batchrun"
 
@@ -61,3 +62,12 @@ def model_entry(
         # are those of OpenAI's chat request field `modalities`.
         entry["modalities"] = modalities
     return entry
+
+
+def unknown_model(model_id: str) -> ApiError:
+    """OpenAI's 404 for a model id that is not listed (its code `model_not_found`)."""
+    return ApiError(
+        404,
+        f"The model `{model_id}` does not exist: GET /v1/models lists this server's models",
+        code="model_not_found",
+    )

@@ -58,12 +58,6 @@ def engine_kind(endpoint: str | None) -> str:
     return "embed" if endpoint in POOLING_ENDPOINTS else "generate"
 
 
-def same_engine(kind: str, other: str) -> bool:
-    """Whether two kinds (`engine_kind`, with `:MODEL` when several models) need the same
-    engine kind, maybe on other models."""
-    return kind.partition(":")[0] == other.partition(":")[0]
-
-
 @dataclass
 class ActiveJob:
     """A batch the server runs: its job, its journal open, and where its passes stand."""
@@ -87,6 +81,8 @@ class ActiveJob:
     passes: int = 0
     # Set once no pass has anything left to feed: the batch ends when `outstanding` is 0.
     drained: bool = False
+    # Whether its batch is in_progress: set when its first request goes to the engines.
+    started: bool = False
     # Why it stops early: "cancelled", "expired" or "failed" (then `error` says why).
     stop: str | None = None
     error: str | None = None

@@ -37,7 +37,6 @@ from batchrun.serve.router import (
     job_models,
     next_pass,
     open_job,
-    same_engine,
 )
 
 
@@ -89,7 +88,6 @@ class Runner(JobEnding):
         self._other_first_since: float | None = None
         # Whether the feed holds back for that batch (checked at most every SWEEP_EVERY_S).
         self._yielding, self._yield_checked = False, 0.0
-        self._pool_since = 0.0  # when the pool of the current kind was made
         self.restarts = 0
         self._to_validate: queue.Queue[str | None] = queue.Queue()
         self._to_finalize: queue.Queue[str | None] = queue.Queue()
@@ -209,12 +207,14 @@ class Runner(JobEnding):
         stamp_job(job.paths, job.manifest, "running", job.state, ray=self.options.ray)
         with self.lock:
             # Decided against the record as it is now (a cancel may have come since it was read).
-            self.batches.transition(
-                batch_id, ("validating",), status="in_progress", in_progress_at=int(time.time())
-            )
+            # It stays validating until its first request goes to the engines (`_begin`): a
+            # batch waiting for its kind's engines, or behind batches of higher priority, shows
+            # that it has not started (docs/serve-kinds.md).
             current = self.batches.get(batch_id)
-            if current is None or current.status != "in_progress":
+            if current is None or current.status not in CANCELLABLE:
                 job.stop = "cancelled"
+            else:
+                job.started = current.status == "in_progress"  # taken up after a restart
             if unserved is not None and job.stop is None:
                 unserved.journal(job)
                 self.say(unserved.line())
@@ -278,7 +278,6 @@ class Runner(JobEnding):
         self.metrics.watch(pool, self.active)  # latency, queue wait, restarts: /metrics
         self.pool, self._pool_kind = pool, kind
         self._other_first_since, self._yielding = None, False
-        self._pool_since = time.monotonic()
         return pool
 
     @staticmethod
@@ -301,11 +300,10 @@ class Runner(JobEnding):
                     self._finish(job)
 
     def _live(self, kind: str) -> bool:
-        """While the pool runs: go on unless the server stops, or another kind's batch comes
-        first and has waited KIND_SWITCH_S, or this kind has no work left and its pool has
-        run KIND_SWITCH_S (see KIND_SWITCH_S); or, when what comes first is another model of
-        the same engine kind, at once once this one has no work left (a batch mixing models
-        waits for no new work of a model it is done with)."""
+        """While the pool runs: go on unless the server stops, or a batch of another kind (or,
+        with several models, of another model) comes first in the queue's order and either
+        this kind has no work left (nothing pending, nothing in flight) or that batch has
+        waited KIND_SWITCH_S (see KIND_SWITCH_S)."""
         if self._stopping:
             raise StopServing
         with self.lock:
@@ -313,14 +311,7 @@ class Runner(JobEnding):
             waited = self._other_waited(kind)
             if waited is None:
                 return True
-            if waited >= self._switch_after:
-                return False
-            if self._has_work(kind):
-                return True
-            top = self._wanted()
-            if top is not None and top.model is not None and same_engine(top.kind, kind):
-                return False
-            return time.monotonic() - self._pool_since < self._switch_after
+            return waited < self._switch_after and self._has_work(kind)
 
     def _other_waited(self, kind: str) -> float | None:
         """How long a batch of another kind than `kind` has come first in the queue's order
@@ -356,6 +347,15 @@ class Runner(JobEnding):
             self._publish(job)
             if job.outstanding == 0:
                 self._settle(job)
+
+    def _begin(self, job: ActiveJob) -> None:
+        """The batch's first request goes to the engines (or it ends having had none to send):
+        validating -> in_progress, `in_progress_at` now (under the runner's lock, as a cancel;
+        a batch taken up after a restart is in_progress already and keeps its time)."""
+        job.started = True
+        self.batches.transition(
+            job.batch_id, ("validating",), status="in_progress", in_progress_at=int(time.time())
+        )
 
     # -- which job to feed ----------------------------------------------------------------------
 
@@ -404,6 +404,8 @@ class Runner(JobEnding):
                 return None
             if request is not None:
                 job.outstanding += 1
+                if not job.started:
+                    self._begin(job)
                 return Request(
                     f"{job.slot}{SEP}{request.custom_id}", request.line, request.url, request.body
                 )
