@@ -165,11 +165,14 @@ def stack(
         gateway = f"127.0.0.1:{ports['gateway']}"
         processes.append(
             _start(
-                [prometheus_binaries["prometheus-pushgateway"], f"--web.listen-address={gateway}"],
+                # In memory only: Debian's build keeps its groups in one file for every gateway
+                # of the machine (/var/lib/prometheus/pushgateway.data) by default.
+                [prometheus_binaries["prometheus-pushgateway"], f"--web.listen-address={gateway}",
+                 "--persistence.file="],
                 tmp_path / "pushgateway.log",
                 f"http://{gateway}/-/ready",
             )
-        )
+        )  # fmt: skip
         serve = f"127.0.0.1:{ports['serve']}"
         processes.append(
             _start(
