@@ -117,6 +117,15 @@ def test_the_last_push_holds_the_final_failures(tmp_path: Path, gateway: Gateway
     assert last["batchrun_cost_usd_total"] > 0
     # Every attempt: 28 succeeded, 2 failed 3 times each.
     assert last["batchrun_request_latency_seconds_count"] == 34
+    # retry-failed pushes into the job's group too, its run counted from zero as /metrics does.
+    before = len(gateway.pushes)
+    r = cli("retry-failed", "--job-dir", str(job), "--no-progress",
+            env={"BATCHRUN_METRICS_PUSHGATEWAY": gateway.url})  # fmt: skip
+    assert r.returncode == 1, r.stderr  # the invalid line stays
+    assert gateway.pushes[before][1] == f"/metrics/job/batchrun/job_id/{job_id}"
+    last = gateway.last()
+    assert last["batchrun_requests_total{outcome=succeeded}"] == 2
+    assert last["batchrun_requests_total{outcome=failed}"] == 0
 
 
 def test_a_gateway_that_is_down_is_one_warning_and_changes_nothing(tmp_path: Path) -> None:
