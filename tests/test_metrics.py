@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import cli, start_cli, wait_until, write_jsonl
-from prometheus_client import Histogram
+from prometheus_client import Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchrun.metrics import names
@@ -357,3 +357,56 @@ def test_resume_and_retry_failed_serve_metrics_too(tmp_path: Path) -> None:
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert f"metrics: http://127.0.0.1:{port}/metrics" in r.stderr.splitlines()
+
+
+def test_answers_from_the_cache_are_counted(tmp_path: Path) -> None:
+    """A second job over the same greedy lines with the same --cache-dir: every answer comes
+    from the cache, and batchrun_cache_hits_total says how many, as status does."""
+    from batchrun.job.status import job_status
+    from batchrun.run.commands import RunOptions, submit
+
+    lines = [completion(f"r{i}") for i in range(12)]
+    for line in lines:
+        line["body"]["temperature"] = 0  # greedy: the cache keeps its answer
+    inp = write_jsonl(tmp_path / "in.jsonl", lines)
+    pages = []
+    for name in ("first", "second"):
+        metrics = RunMetrics(gpus=False)
+        options = RunOptions(batch_size=4, progress=False)
+        options.settings.engine = "echo"
+        options.cache_dir = tmp_path / "cache"
+        submit(inp, tmp_path / name, options, notify=lambda _: None, metrics=metrics)
+        text = generate_latest(metrics.registry).decode()
+        pages.append(
+            {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+        )
+    assert pages[0][names.CACHE_HITS] == 0
+    assert pages[1][names.CACHE_HITS] == 12 == job_status(tmp_path / "second")["cache_hits"]
+
+
+def test_every_family_is_there_from_the_first_scrape() -> None:
+    """Before any run (a job validating, a server with no batch yet): the gauges read 0, serve's
+    batches have every status at 0; only what needs a GPU, a cost or a time to first token
+    waits for one."""
+    from batchrun.serve.metrics import BATCH_STATUSES, Metrics
+
+    for registry in (RunMetrics(gpus=False).registry, Metrics().run.registry):
+        text = generate_latest(registry).decode()
+        samples = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples}
+        for gauge in (names.QUEUE_DEPTH, names.IN_FLIGHT, names.BATCH_SIZE, names.CACHE_HITS):
+            assert samples[gauge].value == 0, gauge
+    serve = Metrics()
+    serve.gauges = lambda: {"batches": {"completed": 2}}
+    batches = {
+        s.labels["status"]: s.value
+        for f in text_string_to_metric_families(serve.render())
+        for s in f.samples
+        if s.name == names.BATCHES
+    }
+    assert batches == {**dict.fromkeys(BATCH_STATUSES, 0), "completed": 2}
+    # The statuses are OpenAI's Batch object's, all of them.
+    from typing import get_args
+
+    from openai.types import Batch
+
+    assert set(BATCH_STATUSES) == set(get_args(Batch.model_fields["status"].annotation))

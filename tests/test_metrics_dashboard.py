@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -86,9 +87,35 @@ def test_every_expression_names_only_what_the_exporter_emits(
         unknown = found - exported
         assert not unknown, f"{title}: {expr!r} names {sorted(unknown)}, not exported"
         seen |= found
-    # Every family the product exports is on the dashboard (batchrun_batches is serve's own).
+    # Every family the product exports is on the dashboard, serve's batchrun_batches too.
     stems = {re.sub(r"_(bucket|sum|count)$", "", s) for s in seen}
-    assert set(names.FAMILIES) - {names.BATCHES} <= stems
+    assert set(names.FAMILIES) <= stems
+
+
+def test_every_selector_takes_the_job_variable() -> None:
+    """Each metric selected is scoped by the dashboard's $job (the scrape job, or the
+    Pushgateway's job="batchrun"), a variable of Prometheus' job label whose "All" is every job."""
+    dashboard: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    (variable,) = [v for v in dashboard["templating"]["list"] if v["name"] == "job"]
+    assert variable["query"]["query"] == "label_values(batchrun_requests_total, job)"
+    assert variable["includeAll"] and variable["allValue"] == ".+"
+    for title, expr in expressions():
+        for name in metric_names(expr):
+            selectors = re.findall(rf"\b{name}(\{{[^}}]*\}})?", expr)
+            assert selectors and all(s.startswith('{job=~"$job"') for s in selectors), (
+                f"{title}: {name} without the $job selector in {expr!r}"
+            )
+
+
+def test_the_prometheus_example_scrapes_jobs_and_the_pushgateway() -> None:
+    """deploy/grafana/prometheus.yml: the job's port, and the Pushgateway with honor_labels (its
+    job="batchrun" and job_id kept, not renamed exported_job)."""
+    config = yaml.safe_load((DASHBOARD.parent / "prometheus.yml").read_text())
+    jobs = {c["job_name"]: c for c in config["scrape_configs"]}
+    assert jobs["batchrun-jobs"]["static_configs"][0]["targets"] == ["127.0.0.1:9400"]
+    gateway = jobs["batchrun-pushgateway"]
+    assert gateway["honor_labels"] is True
+    assert gateway["static_configs"][0]["targets"] == ["127.0.0.1:9091"]
 
 
 def test_metric_names_reads_promql() -> None:

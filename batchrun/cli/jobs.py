@@ -13,7 +13,13 @@ import typer
 
 from batchrun import stopping
 from batchrun.cli.cache import CacheDir
-from batchrun.cli.metrics_options import GpuHourCost, MetricsHost, MetricsPort, Monitoring
+from batchrun.cli.metrics_options import (
+    GpuHourCost,
+    MetricsHost,
+    MetricsPort,
+    MetricsPushgateway,
+    Monitoring,
+)
 from batchrun.cli.options import (
     InputFile,
     JobDir,
@@ -91,6 +97,7 @@ def submit(
     no_progress: NoProgress = False,
     metrics_port: MetricsPort = None,
     metrics_host: MetricsHost = "127.0.0.1",
+    metrics_pushgateway: MetricsPushgateway = None,
     gpu_hour_cost: GpuHourCost = None,
     cache_dir: CacheDir = None,
     *,
@@ -105,7 +112,7 @@ def submit(
         ray=ray,
         no_progress=no_progress,
         tune_only=False,
-        monitoring=Monitoring(metrics_port, metrics_host, gpu_hour_cost),
+        monitoring=Monitoring(metrics_port, metrics_host, gpu_hour_cost, metrics_pushgateway),
         cache_dir=cache_dir,
     )
 
@@ -149,6 +156,7 @@ def resume(
     no_progress: NoProgress = False,
     metrics_port: MetricsPort = None,
     metrics_host: MetricsHost = "127.0.0.1",
+    metrics_pushgateway: MetricsPushgateway = None,
     gpu_hour_cost: GpuHourCost = None,
     cache_dir: CacheDir = None,
     *,
@@ -159,7 +167,7 @@ def resume(
     from batchrun.run.commands import resume as run_resume
 
     stopping.set_job(job_dir)
-    monitoring = Monitoring(metrics_port, metrics_host, gpu_hour_cost)
+    monitoring = Monitoring(metrics_port, metrics_host, gpu_hour_cost, metrics_pushgateway)
     try:
         summary = guarded(
             ctx,
@@ -188,6 +196,7 @@ def retry_failed(
     no_progress: NoProgress = False,
     metrics_port: MetricsPort = None,
     metrics_host: MetricsHost = "127.0.0.1",
+    metrics_pushgateway: MetricsPushgateway = None,
     gpu_hour_cost: GpuHourCost = None,
     cache_dir: CacheDir = None,
     *,
@@ -198,7 +207,7 @@ def retry_failed(
     from batchrun.run.commands import retry_failed as run_retry
 
     stopping.set_job(job_dir)
-    monitoring = Monitoring(metrics_port, metrics_host, gpu_hour_cost)
+    monitoring = Monitoring(metrics_port, metrics_host, gpu_hour_cost, metrics_pushgateway)
     try:
         summary = guarded(
             ctx,

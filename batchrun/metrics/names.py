@@ -19,6 +19,7 @@ OOM_BACKOFFS = "batchrun_oom_backoffs_total"
 GPU_MEMORY = "batchrun_gpu_memory_used_bytes"
 GPU_UTILIZATION = "batchrun_gpu_utilization_ratio"
 COST = "batchrun_cost_usd_total"
+CACHE_HITS = "batchrun_cache_hits_total"
 # serve only: its batches by status.
 BATCHES = "batchrun_batches"
 
@@ -38,6 +39,7 @@ FAMILIES = (
     GPU_MEMORY,
     GPU_UTILIZATION,
     COST,
+    CACHE_HITS,
     BATCHES,
 )
 HISTOGRAMS = (LATENCY, QUEUE, TTFT)

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from batchrun.job.cost import gpu_units as gpu_units  # re-exported: metrics.gpu_units
 from batchrun.metrics import names
 from batchrun.metrics.gpu import GpuCollector
 from batchrun.metrics.histogram import FastHistogram
@@ -50,6 +51,10 @@ class RunMetrics(Collector):
         self.tokens = {"prompt": 0, "completion": 0}
         self.restarts: dict[str, int] = {}
         self.oom_backoffs = 0
+        # Requests answered from --cache-dir (run/answer_cache.py): journaled, never run.
+        self.cache_hits = 0
+        # The job's id, for the Pushgateway's grouping key (set when a job's run starts).
+        self.job_id: str | None = None
         self.latency = FastHistogram(
             names.LATENCY,
             "Seconds from a request's dispatch to a worker to its result.",
@@ -71,10 +76,11 @@ class RunMetrics(Collector):
         self.sent: dict[str, float] = {}
         self.origin = time.monotonic()
         self.max_attempts = 1 << 30
-        # Where the gauges come from (the scheduler's state); None: not exported.
-        self.queue_depth: Callable[[], int] | None = None
-        self.in_flight: Callable[[], int] | None = None
-        self.batch_size: Callable[[], int] | None = None
+        # Where the gauges come from (the scheduler's state); zero until a run (or serve's
+        # engine pool) is watched, so that every family is there from the first scrape.
+        self.queue_depth: Callable[[], int] = _zero
+        self.in_flight: Callable[[], int] = _zero
+        self.batch_size: Callable[[], int] = _zero
         self.cached_tokens: Callable[[], int] = _zero
         self.cached_base = 0
         # serve: requests by outcome are the batches' request_counts summed, not counted here.
@@ -153,6 +159,11 @@ class RunMetrics(Collector):
         with self.lock:
             self.requests["invalid"] += lines
 
+    def from_cache(self, requests: int) -> None:
+        """Requests answered from the answer cache (--cache-dir) were journaled."""
+        with self.lock:
+            self.cache_hits += requests
+
     def restarted(self, reason: str) -> None:
         """A worker started again after `reason` (names.RESTART_REASONS)."""
         with self.lock:
@@ -172,6 +183,7 @@ class RunMetrics(Collector):
             tokens = dict(self.tokens)
             restarts = dict(self.restarts)
             backoffs = self.oom_backoffs
+            cache_hits = self.cache_hits
         if self.requests_source is not None:
             requests = {**dict.fromkeys(OUTCOMES, 0), **self.requests_source()}
         family = CounterMetricFamily(
@@ -199,8 +211,7 @@ class RunMetrics(Collector):
             (names.IN_FLIGHT, "Requests dispatched to a worker, no result yet.", self.in_flight),
             (names.BATCH_SIZE, "Sequences each engine runs at once.", self.batch_size),
         ):
-            if read is not None:
-                yield GaugeMetricFamily(name, doc, value=read())
+            yield GaugeMetricFamily(name, doc, value=read())
         family = CounterMetricFamily(
             names.RESTARTS, "Engine worker restarts by reason.", labels=["reason"]
         )
@@ -211,6 +222,12 @@ class RunMetrics(Collector):
             names.OOM_BACKOFFS,
             "Out-of-memory back-offs to a smaller batch size.",
             value=backoffs,
+        )
+        yield CounterMetricFamily(
+            names.CACHE_HITS,
+            "Requests answered from the answer cache (--cache-dir): journaled, not run by the "
+            "engine (they count in batchrun_requests_total too).",
+            value=cache_hits,
         )
         if self.cost is not None:
             yield CounterMetricFamily(
@@ -251,16 +268,6 @@ class CostMeter:
         return self.usd_per_hour * unit_s / 3600.0
 
 
-def gpu_units(envs: Sequence[Mapping[str, Any]]) -> int:
-    """GPUs the workers hold (their CUDA_VISIBLE_DEVICES), or 1: a CPU machine."""
-    n = 0
-    for env in envs:
-        given = str(env.get("CUDA_VISIBLE_DEVICES") or "").strip()
-        if given:
-            n += len([d for d in given.split(",") if d.strip()])
-    return max(1, n)
-
-
 def attach(
     metrics: RunMetrics,
     scheduler: Any,
@@ -269,11 +276,15 @@ def attach(
     envs: Sequence[Mapping[str, Any]],
     max_attempts: int,
     invalid: int = 0,
+    job_id: str | None = None,
 ) -> None:
     """Point `metrics` at a run's scheduler (run/passes.py): its gauges read the scheduler's
-    state at scrape time, queue waits count from now, the cost meter starts."""
+    state at scrape time, queue waits count from now, the cost meter starts; `job_id` names
+    the job to the Pushgateway."""
     workers = scheduler.workers
     scheduler.metrics = metrics
+    if job_id is not None:
+        metrics.job_id = job_id
     metrics.origin = time.monotonic()
     metrics.max_attempts = max_attempts
     metrics.queue_depth = queue_depth

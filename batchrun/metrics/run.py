@@ -16,8 +16,10 @@ def watch_run(
     max_attempts: int,
     state: Any,
     mode: str,
+    job_id: str | None = None,
 ) -> None:
-    """Feed `metrics` from this run's scheduler (run/passes.py calls it when the run starts)."""
+    """Feed `metrics` from this run's scheduler (run/passes.py calls it when the run starts);
+    `job_id`: the job's, for the Pushgateway's grouping key."""
     initial = state.done if mode != "retry" else 0
 
     def queue_depth() -> int:
@@ -36,6 +38,7 @@ def watch_run(
         envs=envs,
         max_attempts=max_attempts,
         invalid=invalid,
+        job_id=job_id,
     )
 
 

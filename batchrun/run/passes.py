@@ -152,7 +152,10 @@ def run_job(
             if metrics is not None:
                 from batchrun.metrics.run import watch_run
 
-                watch_run(metrics, scheduler, reporter, envs, options.max_attempts, state, mode)
+                watch_run(
+                    metrics, scheduler, reporter, envs, options.max_attempts, state, mode,
+                    job_id=manifest.job_id,
+                )  # fmt: skip
             try:
                 passes = _Passes(manifest, options, paths, state, reporter, device, envs)
                 passes.run(

@@ -133,6 +133,8 @@ class ResultRecording:
             outcomes: list[Outcome] = []
             plain = self._records([(h, by_id[h.custom_id]) for h in hits], None, records, outcomes)
             self.journal_records(records, outcomes, stats, plain)
+            if self.metrics is not None:
+                self.metrics.from_cache(len(hits))
         return run
 
     def _count(self, outcomes: list[Outcome], stats: RunStats) -> None:

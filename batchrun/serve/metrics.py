@@ -21,6 +21,12 @@ from batchrun.metrics.recorder import RunMetrics
 from batchrun.openai.records import Outcome, Request
 
 SEP = "\x00"  # the pool's request ids: "<slot>\x00<custom_id>" (serve/router.py)
+# The OpenAI Batch object's statuses: each is a series from the first scrape (0 until a batch
+# has it), so that a panel or an alert on one has data before the first batch.
+BATCH_STATUSES = (
+    "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
+    "cancelled",
+)  # fmt: skip
 
 
 class Metrics:
@@ -76,7 +82,8 @@ class Metrics:
 
     def _batches(self) -> Sequence[Metric]:
         family = GaugeMetricFamily(names.BATCHES, "Batches by status.", labels=["status"])
-        for status, n in sorted(dict(self._gauge("batches", {})).items()):
+        by_status = {**dict.fromkeys(BATCH_STATUSES, 0), **dict(self._gauge("batches", {}))}
+        for status, n in sorted(by_status.items()):
             family.add_metric([str(status)], n)
         return [family]
 
