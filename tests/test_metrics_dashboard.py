@@ -14,6 +14,7 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from batchrun.job.figures import JobFigures
 from batchrun.metrics import names
 from batchrun.metrics.recorder import CostMeter
 from batchrun.openai.records import Outcome, Request
@@ -42,6 +43,12 @@ def exported_samples(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     }
     run = metrics.run
     run.cost = CostMeter(2.0)
+    run.job_figures = lambda: JobFigures(
+        valid=2, invalid=1, succeeded=1, failed=1, pending=0, attempts=3, engine_attempts=3,
+        deduplicated=0, cache_hits=0, prompt_tokens=5, completion_tokens=5,
+        engine_completion_tokens=5, run_walls=[1.5], cost={"usd": 0.1}, first_time=1.0,
+        last_time=2.0,
+    )  # fmt: skip
     run.in_flight = lambda: 1
     run.batch_size = lambda: 8
     request = Request("a", 1, "/v1/completions", {})

@@ -305,6 +305,12 @@ def test_prometheus_sees_every_panel_and_keeps_the_final_counts(
     assert restarts["oom"] >= 1
     (cost,) = finite(prometheus.query(f"batchrun_cost_usd_total{{{pushed}}}"))
     assert cost > 0
+    # The job's own figures (job/figures.py), as status shows them.
+    job_counts = by_labels(prometheus.query(f"batchrun_job_requests{{{pushed}}}"), "status")
+    assert job_counts == {k: float(v) for k, v in counts.items() if k in job_counts}
+    assert set(job_counts) == {"succeeded", "failed", "pending", "invalid"}
+    (job_cost,) = finite(prometheus.query(f"batchrun_job_cost_usd{{{pushed}}}"))
+    assert job_cost == pytest.approx(status["cost"]["usd"], abs=1e-4)
     # serve had every family from its first scrape, before any batch.
     for family in ("batchrun_requests_in_flight", "batchrun_batch_size", "batchrun_batches"):
         assert prometheus.query(f'{family}{{job="batchrun-serve"}}'), family

@@ -126,6 +126,13 @@ def test_the_last_push_holds_the_final_failures(tmp_path: Path, gateway: Gateway
     last = gateway.last()
     assert last["batchrun_requests_total{outcome=succeeded}"] == 2
     assert last["batchrun_requests_total{outcome=failed}"] == 0
+    # The job's own figures cover every run (job/figures.py): what status says after both.
+    status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
+    for state in ("succeeded", "failed", "pending", "invalid"):
+        assert last[f"batchrun_job_requests{{status={state}}}"] == status["requests"][state]
+    assert last["batchrun_job_requests{status=succeeded}"] == 30
+    assert last["batchrun_job_wall_seconds"] == pytest.approx(status["wall_s"], abs=0.01)
+    assert last["batchrun_job_cost_usd"] == pytest.approx(status["cost"]["usd"], abs=1e-4)
 
 
 def test_a_gateway_that_is_down_is_one_warning_and_changes_nothing(tmp_path: Path) -> None:

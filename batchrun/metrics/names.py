@@ -22,6 +22,11 @@ COST = "batchrun_cost_usd_total"
 CACHE_HITS = "batchrun_cache_hits_total"
 # serve only: its batches by status.
 BATCHES = "batchrun_batches"
+# The job's own figures over every run (job/figures.py: what `status` shows), read from the
+# journal's fold when scraped or pushed: a resumed job's final push holds the whole job.
+JOB_REQUESTS = "batchrun_job_requests"
+JOB_WALL = "batchrun_job_wall_seconds"
+JOB_COST = "batchrun_job_cost_usd"
 
 # Every family, as an exposition names its samples' stems (a histogram's samples add _bucket,
 # _sum and _count).
@@ -43,6 +48,8 @@ FAMILIES = (
     BATCHES,
 )
 HISTOGRAMS = (LATENCY, QUEUE, TTFT)
+# The statuses of JOB_REQUESTS (job/figures.py's request counts).
+JOB_STATUSES = ("succeeded", "failed", "pending", "invalid")
 
 # Histogram buckets, in seconds. Latency: vLLM's e2e request latency buckets, with finer ones
 # below 0.3 s (the echo engine, short completions). Queue wait reaches hours on a large job.

@@ -14,17 +14,21 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import repeat
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from batchrun.errors import BatchrunError
 from batchrun.job.cost import gpu_units as gpu_units  # re-exported: metrics.gpu_units
 from batchrun.metrics import names
 from batchrun.metrics.gpu import GpuCollector
 from batchrun.metrics.histogram import FastHistogram
 from batchrun.openai.records import Outcome, Request
+
+if TYPE_CHECKING:
+    from batchrun.job.figures import JobFigures
 
 OUTCOMES = ("succeeded", "failed", "invalid")
 _CUSTOM_ID = operator.attrgetter("custom_id")
@@ -87,6 +91,9 @@ class RunMetrics(Collector):
         self.requests_source: Callable[[], Mapping[str, int]] | None = None
         self.extra: Callable[[], Sequence[Metric]] | None = None
         self.cost: CostMeter | None = None
+        # The job's figures over every run (job/figures.py), read at scrape or push time;
+        # None: no job (serve, whose batches have request_counts of their own).
+        self.job_figures: Callable[[], JobFigures] | None = None
         # Where a request's queue wait starts (epoch seconds; serve: its batch's creation);
         # None: the run's start.
         self.queue_origin: Callable[[Request], float | None] | None = None
@@ -176,6 +183,32 @@ class RunMetrics(Collector):
 
     # -- scraped ----------------------------------------------------------------------------------
 
+    def _job_families(self) -> Iterator[Metric]:
+        """The job's requests by status, wall time and cost over every run, as `status` shows
+        them (none when the job cannot be read at this moment: the next scrape tries again)."""
+        if self.job_figures is None:
+            return
+        try:
+            figures = self.job_figures()
+        except (BatchrunError, OSError, ValueError):
+            return
+        family = GaugeMetricFamily(
+            names.JOB_REQUESTS,
+            "The job's requests by status over every run (as `batchrun status` counts them).",
+            labels=["status"],
+        )
+        counts = figures.counts
+        for status in names.JOB_STATUSES:
+            family.add_metric([status], counts[status])
+        yield family
+        yield GaugeMetricFamily(
+            names.JOB_WALL, "The job's runs' wall time, killed runs included.", value=figures.wall_s
+        )
+        usd = figures.cost["usd"] if figures.cost else 0.0
+        yield GaugeMetricFamily(
+            names.JOB_COST, "The job's cost over every run (--gpu-hour-cost).", value=usd
+        )
+
     def collect(self) -> Iterator[Metric]:
         """Every family this run exports (the GPU ones come from their own collector)."""
         with self.lock:
@@ -195,8 +228,9 @@ class RunMetrics(Collector):
         tokens["cached"] = self.cached_base + self.cached_tokens()
         family = CounterMetricFamily(
             names.TOKENS,
-            "Tokens of the attempts the engine ran: prompt, completion, and prompt tokens found "
-            "in the prefix cache.",
+            "Tokens of the results journaled (duplicates' copies and answers from the cache "
+            "included, as status counts them): prompt, completion; and prompt tokens found in "
+            "the prefix cache.",
             labels=["kind"],
         )
         for kind in ("prompt", "completion", "cached"):
@@ -212,6 +246,7 @@ class RunMetrics(Collector):
             (names.BATCH_SIZE, "Sequences each engine runs at once.", self.batch_size),
         ):
             yield GaugeMetricFamily(name, doc, value=read())
+        yield from self._job_families()
         family = CounterMetricFamily(
             names.RESTARTS, "Engine worker restarts by reason.", labels=["reason"]
         )

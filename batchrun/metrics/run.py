@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from batchrun.job.figures import job_figures
+from batchrun.job.manifest import Manifest
+from batchrun.job.paths import JobPaths
 from batchrun.metrics.recorder import RunMetrics, attach, detach
 
 
@@ -16,10 +20,11 @@ def watch_run(
     max_attempts: int,
     state: Any,
     mode: str,
-    job_id: str | None = None,
+    job: tuple[JobPaths, Manifest] | None = None,
 ) -> None:
     """Feed `metrics` from this run's scheduler (run/passes.py calls it when the run starts);
-    `job_id`: the job's, for the Pushgateway's grouping key."""
+    `job`: the job's directory and manifest, whose id groups its Pushgateway pushes and whose
+    figures over every run (job/figures.py) are exported beside the run's."""
     initial = state.done if mode != "retry" else 0
 
     def queue_depth() -> int:
@@ -38,8 +43,13 @@ def watch_run(
         envs=envs,
         max_attempts=max_attempts,
         invalid=invalid,
-        job_id=job_id,
+        job_id=job[1].job_id if job is not None else None,
     )
+    if job is not None:
+        paths, manifest = job
+        pid = os.getpid()
+        # Read when scraped or pushed: O(1) in the journal (its summary plus the tail).
+        metrics.job_figures = lambda: job_figures(paths, manifest, pid, save=False)[0]
 
 
 def end_run(metrics: RunMetrics, scheduler: Any) -> None:

@@ -154,7 +154,7 @@ def run_job(
 
                 watch_run(
                     metrics, scheduler, reporter, envs, options.max_attempts, state, mode,
-                    job_id=manifest.job_id,
+                    job=(paths, manifest),
                 )  # fmt: skip
             try:
                 passes = _Passes(manifest, options, paths, state, reporter, device, envs)
