@@ -88,12 +88,12 @@ def read_entries(entries: list[str], found: Inventory | None) -> Reading:
     first_form = _form(entries[0]) if entries else "index"
     for position, entry in enumerate(entries, start=1):
         problem, item, keys = _read_one(entry, position, found, seen, first_form)
-        if problem is None:
-            for key in keys:
-                seen.setdefault(key, position)
         if problem is not None:
             problems.append(problem)
-        elif not problems:
+            continue
+        for key in keys:
+            seen.setdefault(key, position)
+        if not problems:  # CUDA's list ends at the first entry with a problem
             named.append(item)
     return Reading(named, problems)
 
@@ -133,8 +133,7 @@ def _read_one(
             if len(hits) != 1:
                 if not hits:
                     return _unmatched(entry, position, found), item, set()
-                uuids = ", ".join(m.uuid if m else g.uuid for g, m in hits)
-                why = f"is the start of more than one UUID ({uuids}), so it names none"
+                why = f"is the start of more than one UUID ({len(hits)} of them), so it names none"
                 return EntryProblem(UNMATCHED, position, entry, why), item, set()
             gpu, mig = hits[0]
             keys = _keys(gpu, mig)
