@@ -232,6 +232,28 @@ def check_visible_devices(report: Report, gpus: list[dict[str, str]]) -> None:
         )
 
 
+def check_visible_repeats(report: Report, gpus: list[dict[str, str]]) -> None:
+    """A GPU named twice in CUDA_VISIBLE_DEVICES (by its index, then its UUID): what PyTorch
+    counts, and batchrun's doctor counting it once and naming the repeat (issue 36)."""
+    last = gpus[-1]
+    value = f"{last['index']},{last['uuid']}"
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": value}
+    probe = run([sys.executable, "-c", _VISIBLE_PROBE], env=env, timeout=300)
+    said = probe.stdout.strip().splitlines()[-1] if probe.returncode == 0 else probe.stderr
+    print(f"     PyTorch under CUDA_VISIBLE_DEVICES={value}: {' '.join(said.split())[:200]}")
+    done = run([sys.executable, "-m", "batchrun", "doctor", "--json"], env=env, timeout=300)
+    if not done.stdout.strip().startswith("{"):
+        report.check("doctor names a GPU named twice", False, done.stderr.strip()[-200:])
+        return
+    seen = json.loads(done.stdout)
+    codes = [p.get("code") for p in seen.get("problems") or []]
+    report.check(
+        "doctor counts a GPU named twice once and names the repeat",
+        len(seen.get("gpus") or []) == 1 and "cuda_visible_devices_repeated" in codes,
+        f"{len(seen.get('gpus') or [])} GPU(s), problems {codes}",
+    )
+
+
 def check_oom_policy(report: Report, cuda: bool) -> None:
     """scripts/gpu_oom_check.py: real OOMs through batchrun's real workers and restart policy."""
     args = [sys.executable, str(ROOT / "scripts" / "gpu_oom_check.py")]
@@ -311,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     if mode == "GPU" and gpus:
         check_nvml(report, gpus)
         check_visible_devices(report, gpus)
+        check_visible_repeats(report, gpus)
     else:
         report.skip("NVML readings", "no GPU")
         report.skip("CUDA_VISIBLE_DEVICES and device order", "no GPU")

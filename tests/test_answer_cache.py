@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import chat_line, cli, journal_records, start_cli, wait_until, write_jsonl
+from mm_models import wav_bytes
 from test_serve import start_server, stop_server, wait_done
+
+from batchrun.config import EngineSettings
+from batchrun.engines.echo import EchoEngine
+from batchrun.openai.answers import answer_problem
+from batchrun.openai.records import Outcome, Request
 
 IDS = [f"r{i}" for i in range(8)]
 
@@ -82,6 +90,66 @@ def test_a_corrupt_or_foreign_entry_is_a_miss_and_is_replaced(tmp_path: Path) ->
     job, r = submit(tmp_path, "j3", cache, BATCHRUN_ECHO_FAIL=",".join(IDS[:6]))
     assert r.returncode == 0, r.stderr
     assert sum(1 for rec in by_id(job).values() if rec.get("cached")) == 6
+
+
+def test_an_entry_tampered_to_no_answer_is_a_miss_and_runs(tmp_path: Path) -> None:
+    """Valid JSON of the right version and key, but no answer an engine would give (no choices,
+    a failure's status, another endpoint's object): the request runs, never a 200 without an
+    answer; the answer that ran replaces the entry."""
+    cache = tmp_path / "cache"
+    submit(tmp_path, "j1", cache)
+    entries = entry_files(cache)
+    tampers = [
+        lambda e: e["body"].update(choices=[]),
+        lambda e: e["body"].update(choices=[{"index": 0}]),
+        lambda e: e.update(status_code=500),
+        lambda e: e["body"].update(object="text_completion"),
+    ]
+    for path, tamper in zip(entries, tampers, strict=False):
+        entry = json.loads(path.read_bytes())
+        tamper(entry)
+        path.write_text(json.dumps(entry))
+    job, r = submit(tmp_path, "j2", cache)
+    assert r.returncode == 0, r.stderr
+    recs = by_id(job)
+    assert sum(1 for rec in recs.values() if rec.get("cached")) == 6 - len(tampers)
+    assert all(rec["ok"] and rec["body"]["choices"] for rec in recs.values())
+    for path in entries[: len(tampers)]:
+        entry = json.loads(path.read_bytes())
+        assert (
+            entry["status_code"] == 200
+            and answer_problem("/v1/chat/completions", entry["body"]) is None
+        )
+
+
+WAV_URL = "data:audio/wav;base64," + base64.b64encode(wav_bytes(0.1, 440)).decode()
+ANSWERED = {
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},
+    "/v1/completions": {"prompt": "hi"},
+    "/v1/embeddings": {"input": ["a", "b"]},
+    "/v1/responses": {"input": "hi"},
+    "/v1/score": {"text_1": "a cat", "text_2": ["a cat", "a dog"]},
+    "/v1/rerank": {"query": "a cat", "documents": ["a dog", "a cat"]},
+    "/v1/audio/transcriptions": {"file_url": WAV_URL},
+}
+
+
+@pytest.mark.parametrize("url", sorted(ANSWERED))
+def test_an_engines_answer_of_each_endpoint_passes_the_cache_s_check(url: str) -> None:
+    """The check a cached body must pass (openai/answers.py) is what an engine's answer is:
+    the echo engine's (built by the same code as vLLM's) passes it; the same answer emptied
+    does not."""
+    engine = EchoEngine(EngineSettings(engine="echo", model_name="m"))
+    assert engine.add(Request("r", 1, url, {"model": "m", **ANSWERED[url]})) is None
+    (outcome,) = engine.step()
+    assert isinstance(outcome, Outcome) and outcome.ok and isinstance(outcome.body, dict)
+    body = outcome.body
+    assert answer_problem(url, body) is None, body
+    part = next((k for k in ("choices", "data", "output", "results") if k in body), "text")
+    emptied = {**body, part: [] if part != "text" else None}
+    if part != "results":  # a rerank of top_n documents may list none
+        assert answer_problem(url, emptied) is not None
+    assert answer_problem(url, "not an object") == "the answer is not a JSON object"
 
 
 def test_a_cache_dir_that_cannot_be_made_is_one_line_before_the_job(tmp_path: Path) -> None:

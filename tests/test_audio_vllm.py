@@ -57,7 +57,7 @@ def test_bad_audio_is_an_error_record(vllm_audio_job: dict[str, Any]) -> None:
     )
     assert errors["multipart"]["message"] == (
         "body.file is not supported in batch requests (there is no multipart upload); pass the "
-        "audio as body.file_url: a data:audio/...;base64, URL or an http(s) URL"
+        "audio as body.file_url: a data:audio/...;base64, URL, an http(s) URL or a file:// URL"
     )
     assert errors["srt"]["message"] == (
         "body.response_format 'srt' is not supported: vLLM answers json, text, verbose_json"

@@ -296,19 +296,137 @@ def test_cuda_visible_devices_naming_no_listed_gpu_is_a_problem_naming_the_liste
         "vllm_cuda_without_gpu",
     ]
     assert found.problems[0].message == (
-        "CUDA_VISIBLE_DEVICES='7': 7 names no GPU nvidia-smi lists (0, 1), so CUDA ignores it"
+        "CUDA_VISIBLE_DEVICES='7': entry 1 (7) names no GPU nvidia-smi lists (0, 1), so CUDA "
+        "ignores it"
     )
     machine(tmp_path, monkeypatch, EIGHT[:2], visible="0,7,1")
     found = diagnose()
     assert [g.entry for g in found.gpus] == ["0"]
     assert [p.code for p in found.problems] == ["cuda_visible_devices_unmatched"]
     assert found.problems[0].message == (
-        "CUDA_VISIBLE_DEVICES='0,7,1': 7 names no GPU nvidia-smi lists (0, 1), so CUDA ignores "
-        "it and every entry after it (1)"
+        "CUDA_VISIBLE_DEVICES='0,7,1': entry 2 (7) names no GPU nvidia-smi lists (0, 1), so CUDA "
+        "ignores it and every entry after it (1)"
     )
-    assert not found.problems[0].fatal
+    # GPU 1 silently dropped is not what the list says: a run refuses it (issue 36).
+    assert found.problems[0].fatal
     machine(tmp_path, monkeypatch, EIGHT[:2], visible=gpu(1)["uuid"])
     assert diagnose().problems == []
+
+
+def visible_problems(visible: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The doctor's findings on eight H100s under CUDA_VISIBLE_DEVICES=`visible`."""
+    machine(tmp_path, monkeypatch, EIGHT, visible=visible)
+    return diagnose()
+
+
+def test_cuda_visible_devices_naming_a_gpu_twice_empty_or_mixed_is_a_problem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read as CUDA and PyTorch read it (workers/cuda_visible.py): each GPU counted once, the list
+    ending at the first entry that names none, and every such entry named. Before issue 36,
+    `0,0` was "GPUs: 2" and two workers on GPU 0, and `1,,2` dropped GPU 2 without a word."""
+    cuda_build(tmp_path, monkeypatch, torch="2.13.0+cu124")
+    uuid3, uuid4 = gpu(3)["uuid"], gpu(4)["uuid"]
+    cases = {
+        "0,0": ("cuda_visible_devices_repeated", "entry 2 (0) names GPU 0 again (as entry 1 does)"),
+        f"3,{uuid3}": (
+            "cuda_visible_devices_repeated",
+            f"entry 2 ({uuid3}) names GPU 3 again (as entry 1 does)",
+        ),
+        # A start of a UUID names the GPU as CUDA takes it (only one GPU's UUID starts so).
+        f"{uuid3},{uuid3[:12]}": (
+            "cuda_visible_devices_repeated",
+            f"entry 2 ({uuid3[:12]}) names GPU 3 again (as entry 1 does)",
+        ),
+        "1,,2": (
+            "cuda_visible_devices_empty",
+            "entry 2 is empty, so CUDA ignores it and every entry after it (2)",
+        ),
+        "1,99,2": (
+            "cuda_visible_devices_unmatched",
+            "entry 2 (99) names no GPU nvidia-smi lists (0, 1, 2, 3, 4, 5, 6, 7), so CUDA "
+            "ignores it and every entry after it (2)",
+        ),
+        "1,GPU-0000000,2": (
+            "cuda_visible_devices_unmatched",
+            "entry 2 (GPU-0000000) is the start of more than one UUID",
+        ),
+        "1,-1": ("cuda_visible_devices_unmatched", "entry 2 (-1) is negative, so CUDA ignores it"),
+        f"3,{uuid4}": (
+            "cuda_visible_devices_mixed",
+            f"entry 2 ({uuid4}) is a UUID in a list of indices: PyTorch reads the list as "
+            "indices and stops there",
+        ),
+    }
+    for value, (code, said) in cases.items():
+        found = visible_problems(value, tmp_path, monkeypatch)
+        assert [p.code for p in found.problems] == [code], value
+        message = found.problems[0].message
+        assert message.startswith(f"CUDA_VISIBLE_DEVICES={value!r}: {said}"), message
+        assert found.problems[0].fatal and not found.ok
+        # Each GPU once, the list ending where CUDA's does.
+        assert len({g.uuid for g in found.gpus}) == len(found.gpus) == 1, value
+        assert len(found.workers) == 1
+    repeated = visible_problems("0,0", tmp_path, monkeypatch).problems[0]
+    assert repeated.message.endswith(
+        ": PyTorch sees no GPU at all when one is named twice, and two engines on one GPU would "
+        "fight for its memory"
+    )
+    assert repeated.fix == "name each GPU once in CUDA_VISIBLE_DEVICES, or unset it"
+    # Every bad entry is named, not only the first.
+    found = visible_problems("1,,2,2", tmp_path, monkeypatch)
+    assert [(p.code, p.message.split(": ", 1)[1][:9]) for p in found.problems] == [
+        ("cuda_visible_devices_empty", "entry 2 i"),
+        ("cuda_visible_devices_repeated", "entry 4 ("),
+    ]
+    # A good list, by indices or UUIDs (or starts of them), is no problem.
+    for value in ("4,5,6,7", f"{uuid3},{uuid4}", f"{uuid3[:12]},{uuid4[:12]}", "1gpu2,3"):
+        found = visible_problems(value, tmp_path, monkeypatch)
+        assert found.problems == [], (value, found.problems)
+    assert [g.entry for g in visible_problems("1gpu2,3", tmp_path, monkeypatch).gpus] == [
+        "1gpu2",
+        "3",
+    ]
+    # On the CPU the workers are shown no GPU: the list does not matter.
+    machine(tmp_path, monkeypatch, EIGHT, visible="0,0")
+    assert [p.code for p in diagnose(device="cpu").problems] == ["device_cpu_with_vllm_cuda"]
+    # Without nvidia-smi, what the text itself says: a repeated index or UUID (start).
+    monkeypatch.setenv("PATH", no_nvidia_smi_path(tmp_path))
+    for value in ("0,0", "GPU-abc,GPU-abcdef"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        found = diagnose()
+        assert [p.code for p in found.problems] == ["cuda_visible_devices_repeated"], value
+        assert len(found.gpus) == 1
+
+
+def test_the_doctor_counts_a_gpu_named_twice_once_and_submit_refuses_it(tmp_path: Path) -> None:
+    """`CUDA_VISIBLE_DEVICES=0,0`: one GPU, the problem named; a GPU job refused in one line
+    before its job directory exists (exit 1); the echo engine, which uses no GPU, runs."""
+    env = install_nvidia_smi(tmp_path, {"gpus": EIGHT[:2]})
+    done = run("doctor", env=env, visible="0,0")
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[4:6] == ["GPUs: 1", "  0 (NVIDIA H100 80GB HBM3)"]
+    assert (
+        "problem [cuda_visible_devices_repeated]: CUDA_VISIBLE_DEVICES='0,0': entry 2 (0) names "
+        "GPU 0 again (as entry 1 does): PyTorch sees no GPU at all when one is named twice, and "
+        "two engines on one GPU would fight for its memory"
+    ) in lines
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi")])
+    job = tmp_path / "job"
+    for visible, refusal in (
+        ("0,0", "entry 2 (0) names GPU 0 again (as entry 1 does): PyTorch sees no GPU at all"),
+        ("1,,0", "entry 2 is empty, so CUDA ignores it and every entry after it (0); remove "),
+    ):
+        refused = run("submit", str(src), "--job-dir", str(job), env=env, visible=visible)
+        assert refused.returncode == 1, refused.stderr
+        assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
+        assert refused.stderr.startswith(f"error: CUDA_VISIBLE_DEVICES={visible!r}: {refusal}")
+        assert not job.exists()
+    echo = run(
+        "submit", str(src), "--job-dir", str(job), "--engine", "echo", env=env, visible="0,0"
+    )
+    assert echo.returncode == 0, echo.stderr
 
 
 def test_the_cuda_build_without_a_gpu_and_other_broken_installs(

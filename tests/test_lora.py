@@ -423,3 +423,42 @@ def test_an_adapter_of_another_base_model_is_refused_before_a_job_exists(
         "error: adapter 'a1' does not fit the base model smol: it has weights for layer 12, "
         "the model has 12 layers (an adapter of another model?)"
     )
+
+
+def test_an_adapter_named_like_the_base_model_is_refused_by_submit_resume_and_serve(
+    tmp_path: Path, adapters: dict[str, Path]
+) -> None:
+    """Served names are one namespace: `smol` the base and `smol` an adapter would answer a line
+    naming smol with the adapter, where the docs say the base's name means the base."""
+    clash = "error: adapter 'smol' has the name of the job's base model; give it another name"
+    src = write_jsonl(tmp_path / "in.jsonl", [model_line("a", "smol"), model_line("b", None)])
+    job = tmp_path / "job"
+    r = _submit(src, job, "--served-model-name", "smol", "--lora-modules", f"smol={adapters['a1']}")
+    assert r.returncode == 1, r.stderr
+    assert _refusal(r) == clash
+    assert not job.exists()
+    # The JSON form, and the base's name when --served-model-name is left out (echo's: "echo").
+    as_json = json.dumps({"name": "echo", "path": str(adapters["a1"])})
+    r = _submit(src, job, "--lora-modules", as_json)
+    assert r.returncode == 1, r.stderr
+    assert _refusal(r) == clash.replace("'smol'", "'echo'")
+    assert not job.exists()
+    # resume: the adapter given again under a job's base name (here the base renamed onto it).
+    r = _submit(src, job, "--served-model-name", "smol", "--lora-modules", f"a1={adapters['a1']}")
+    assert r.returncode == 0, r.stderr
+    before = (job / "manifest.json").read_text()
+    r = cli(
+        "resume", "--job-dir", str(job), "--no-progress", "--served-model-name", "a1",
+        "--lora-modules", f"a1={adapters['a1']}", env=WIDE,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert _refusal(r) == clash.replace("'smol'", "'a1'")
+    assert (job / "manifest.json").read_text() == before
+    root = tmp_path / "root"
+    r = cli(
+        "serve", "--root", str(root), "--engine", "echo", "--served-model-name", "smol",
+        "--lora-modules", f"smol={adapters['a1']}", env=WIDE,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert _refusal(r) == clash
+    assert not root.exists()

@@ -238,12 +238,14 @@ WAV_URL = "data:audio/wav;base64," + base64.b64encode(wav_bytes(0.1, 440)).decod
             {"file": "a.wav"},
             "invalid_request",
             "body.file is not supported in batch requests (there is no multipart upload); pass "
-            "the audio as body.file_url: a data:audio/...;base64, URL or an http(s) URL",
+            "the audio as body.file_url: a data:audio/...;base64, URL, an http(s) URL or a file:// "
+            "URL",
         ),
         (
             {},
             "invalid_request",
-            "body.file_url is missing; a transcription needs the audio as a data: or http(s) URL",
+            "body.file_url is missing; a transcription needs the audio as a data:audio/...;base64, "
+            "URL, an http(s) URL or a file:// URL",
         ),
         (
             {"file_url": PNG_URL},

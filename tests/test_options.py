@@ -334,6 +334,21 @@ def test_failed_requests_advise_retry_failed(tmp_path: Path) -> None:
     )
 
 
+def test_a_file_of_invalid_lines_only_claims_no_success(tmp_path: Path) -> None:
+    """No valid line: nothing succeeded, and the advice must not say every request did."""
+    src = write_jsonl(tmp_path / "in.jsonl", ["{not json", {"custom_id": "x"}])
+    job = tmp_path / "my job"
+    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, env=WIDE)
+    assert r.returncode == 1, r.stderr
+    assert "succeeded" not in advice(r)
+    assert advice(r) == (
+        "No line is valid; 2 invalid input lines cannot run as written: "
+        f"`batchrun export --job-dir '{job}'` writes the results (errors.jsonl names each invalid "
+        f"line by its number); fix them in the input file, then "
+        f"`batchrun resume --job-dir '{job}' --force` runs them."
+    )
+
+
 def test_invalid_lines_only_advise_fixing_the_input(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line("r0", "hi"), "{not json"])
     job = tmp_path / "my job"

@@ -1,4 +1,5 @@
-"""Start-up failures answered by their cause, not by halving the batch size (issue 27, item 5).
+"""Start-up failures answered by their cause, not by halving the batch size (issue 27, item 5),
+each with its own advice and retry decision read from vLLM's figures (issue 36, item 2).
 
 vLLM 0.32's own wordings (from its source: v1/worker/utils.py, v1/core/kv_cache_utils.py,
 v1/executor/multiproc_executor.py) are raised by the echo engine at start
@@ -19,10 +20,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from conftest import chat_line, cli, journal_records, write_jsonl
+from conftest import chat_line, cli, journal_records, read_jsonl, write_jsonl
 
 from batchrun.config import EngineSettings
 from batchrun.engines.startup import (
+    MemoryFigures,
     StartKind,
     classify,
     classify_message,
@@ -83,6 +85,74 @@ def test_vllm_wordings_are_classified() -> None:
         StartKind.TRANSIENT
     )
     assert classify_message("ValueError: no such model").kind is StartKind.OTHER
+
+
+# vLLM 0.32's memory messages, CPU build (vllm/v1/worker/cpu_worker.py) and CUDA build
+# (vllm/v1/worker/utils.py request_memory), as they read with their figures.
+CPU_NEGATIVE_KV = (
+    "Available memory on node 0 (5.85/11.96 GiB) on kv cache allocation is less than requested "
+    "memory for kv (-0.32/1.17 GiB). Reduce CPU memory used by other processes."
+)
+CPU_KV_OVER_FREE = (
+    "Available memory on node 0 (0.85/11.96 GiB) on kv cache allocation is less than requested "
+    "memory for kv (1.2/4.79 GiB). Reduce CPU memory used by other processes."
+)
+CPU_KV_BYTES = (
+    "Available memory on node 0 ({free}/11.96 GiB) on kv cache allocation is less than requested "
+    "memory for kv ({kv} GiB). Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or "
+    "reduce CPU memory used by other processes."
+)
+CUDA_BUDGET = (
+    "Free memory on device cuda:0 (10.5/79.19 GiB) on startup is less than the engine's budget "
+    "after excluding external process's weights (0.9, 41.27 GiB). Decrease GPU memory "
+    "utilization or reduce GPU memory used by other processes."
+)
+CUDA_EXTERNAL = (
+    "Externally held weights on device cuda:0 (70.0/79.19 GiB) exceed the desired GPU memory "
+    "utilization (0.5, 39.6 GiB). Increase GPU memory utilization or reduce GPU memory used by "
+    "other processes."
+)
+LOAD_OOM_LOG = """\
+=== worker 0, pid 7, 2026-11-28 10:00:00 ===
+ERROR 11-28 10:00:09 [gpu_model_runner.py:5146] Failed to load model - not enough GPU memory. \
+Try lowering --gpu-memory-utilization to free memory for weights, increasing \
+--tensor-parallel-size, or using --quantization. (original error: CUDA out of memory.)
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total \
+capacity of 79.19 GiB of which 1.02 GiB is free.
+"""
+
+
+def test_memory_failures_are_told_apart_by_vllms_figures_and_only_curable_ones_retried() -> None:
+    negative = classify_message(CPU_NEGATIVE_KV, oom=True)
+    assert negative.kind is StartKind.NO_KV_CACHE and not negative.retried
+    assert negative.memory == MemoryFigures(5.85, 11.96, 1.17, -0.32, on_cpu=True)
+    assert negative.memory.engine_gib == pytest.approx(1.49)
+    # The KV share is positive but more than is free now: held by others, waiting may help.
+    over = classify_message(CPU_KV_OVER_FREE, oom=True)
+    assert (over.kind, over.retried) == (StartKind.KV_OVER_FREE, True)
+    # --kv-cache-memory-bytes more than free (retried), more than the whole memory (not).
+    bytes_over = classify_message(CPU_KV_BYTES.format(free="0.5", kv="2.0"), oom=True)
+    assert (bytes_over.kind, bytes_over.retried) == (StartKind.KV_OVER_FREE, True)
+    whole = classify_message(CPU_KV_BYTES.format(free="10.5", kv="20.0"), oom=True)
+    assert (whole.kind, whole.retried) == (StartKind.KV_OVER_FREE, False)
+    # The model and the engine alone past the machine's memory: no fraction would do.
+    huge = CPU_NEGATIVE_KV.replace("(-0.32/1.17 GiB)", "(-1.5/11.96 GiB)")
+    assert classify_message(huge, oom=True).kind is StartKind.MODEL_TOO_LARGE
+    # Memory held by other processes at start-up, on either build: retried.
+    for held in (FREE_MEMORY, CUDA_BUDGET):
+        found = classify_message(held, oom=True)
+        assert (found.kind, found.retried) == (StartKind.FREE_MEMORY, True)
+        assert found.memory is not None and not found.memory.on_cpu
+    external = classify_message(CUDA_EXTERNAL, oom=True)
+    assert (external.kind, external.retried) == (StartKind.NO_KV_CACHE, False)
+    # PyTorch's out-of-memory error while vLLM loads the weights (its log says so): the model
+    # is larger than the GPU; the same error elsewhere (profiling, warm-up) backs off.
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB."
+    too_large = classify(oom, True, LOAD_OOM_LOG)
+    assert (too_large.kind, too_large.retried) == (StartKind.MODEL_TOO_LARGE, False)
+    assert classify(oom, True, RANK_OOM_LOG).kind is StartKind.OOM
+    found = classify(f"RuntimeError: {WORKER_PROC}", False, LOAD_OOM_LOG)
+    assert (found.kind, found.from_log) == (StartKind.MODEL_TOO_LARGE, True)
 
 
 def test_a_rank_error_is_read_from_the_log_when_the_message_only_points_there() -> None:
@@ -213,6 +283,53 @@ def test_max_seq_len_too_large_stops_at_once_naming_max_model_len_and_the_estima
     )
 
 
+def test_a_fraction_below_the_models_own_need_stops_at_once_saying_to_raise_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM-cpu's negative KV share: the fix is a larger fraction, never a smaller one, and no
+    wait or second start changes it."""
+    monkeypatch.delenv("BATCHRUN_KV_CACHE_MEMORY_BYTES", raising=False)
+    env = {"BATCHRUN_ECHO_START_ERROR": CPU_NEGATIVE_KV}
+    r, _ = submit(tmp_path, env, 5, "--gpu-memory-utilization", "0.1")
+    assert r.returncode == 1, r.stderr
+    assert starts(r.stderr) == 1, r.stderr
+    assert error_line(r.stderr) == (
+        "error: --gpu-memory-utilization (now 0.1) is below what the model and the engine take "
+        "(1.49 of 11.96 GiB), which leaves the KV cache nothing (RuntimeError: Available memory "
+        "on node 0 (5.85/11.96 GiB) on kv cache allocation is less than requested memory for kv "
+        "(-0.32/1.17 GiB)); raise --gpu-memory-utilization above 0.13. Everything finished so "
+        "far is saved"
+    )
+
+
+def test_a_kv_cache_over_free_memory_is_retried_then_names_the_kv_option(tmp_path: Path) -> None:
+    env = {"BATCHRUN_ECHO_START_ERROR": CPU_KV_BYTES.format(free="0.5", kv="2.0")}
+    r, _ = submit(tmp_path, env, 5, "--kv-cache-memory-bytes", "2147483648")
+    assert r.returncode == 1, r.stderr
+    assert starts(r.stderr) == 3, r.stderr
+    assert "(not enough free memory for the KV cache: RuntimeError:" in r.stderr
+    assert error_line(r.stderr) == (
+        "error: not enough free memory for the KV cache, 3 starts in a row (RuntimeError: "
+        "Available memory on node 0 (0.5/11.96 GiB) on kv cache allocation is less than "
+        "requested memory for kv (2.0 GiB)); other processes on this machine hold its memory. "
+        "Free that memory, or lower --kv-cache-memory-bytes (now 2,147,483,648). Everything "
+        "finished so far is saved"
+    )
+    # More than the whole memory: no wait can help, one start.
+    env = {"BATCHRUN_ECHO_START_ERROR": CPU_KV_BYTES.format(free="10.5", kv="20.0")}
+    (tmp_path / "whole").mkdir()
+    r, _ = submit(tmp_path / "whole", env, 5, "--kv-cache-memory-bytes", str(20 * 2**30))
+    assert r.returncode == 1, r.stderr
+    assert starts(r.stderr) == 1, r.stderr
+    assert error_line(r.stderr).startswith(
+        "error: the KV cache asked for is more than the whole memory (11.96 GiB) (RuntimeError: "
+    )
+    assert error_line(r.stderr).endswith(
+        "; give --kv-cache-memory-bytes less (now 21,474,836,480). Everything finished so far "
+        "is saved"
+    )
+
+
 def test_an_nccl_system_error_once_is_retried_and_the_job_completes(tmp_path: Path) -> None:
     env = {"BATCHRUN_ECHO_START_ERROR": NCCL, "BATCHRUN_ECHO_START_ERROR_TIMES": "1"}
     r, job = submit(tmp_path, env, 20)
@@ -288,3 +405,47 @@ def test_messages_are_one_line_and_keep_vllms_facts_not_its_advice() -> None:
     assert first_sentence("NCCL error:\n  unhandled system error. Retry.") == (
         "NCCL error: unhandled system error"
     )
+
+
+# -- the real engine ------------------------------------------------------------------------------
+
+
+@pytest.mark.vllm
+def test_the_real_engine_below_the_models_own_memory_starts_once_and_says_raise_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM-cpu with a fraction under what the packaged model and the engine take (about 1.2 GiB
+    of the memory node; 0.01 of a 24 GiB machine is 0.24 GiB) refuses its KV cache
+    with a negative share. Seen before the fix: three starts, 30 s of waits, then advice to
+    lower the fraction. The tests' fixed KV budget (conftest.py) is dropped so that the fraction
+    applies."""
+    monkeypatch.delenv("BATCHRUN_KV_CACHE_MEMORY_BYTES", raising=False)
+    # At most 0.3 GiB of the machine's memory (a memory node has no more than the machine).
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    fraction = max(0.001, min(0.01, round(0.3 * 2**30 / total, 3)))
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "Say hi.", max_tokens=4)])
+    job = tmp_path / "job"
+    r = cli(
+        "submit", str(src), "--job-dir", str(job), "--gpu-memory-utilization", f"{fraction:g}",
+        "--batch-size", "4", "--no-progress", timeout=400,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert len(re.findall(r"^\[batchrun\] worker 0 starting vllm engine", r.stderr, re.M)) == 1
+    line = error_line(r.stderr)
+    assert re.fullmatch(
+        rf"error: --gpu-memory-utilization \(now {re.escape(f'{fraction:g}')}\) is below what "
+        r"the model and the engine "
+        r"take \(\d+\.\d\d of [\d.]+ GiB\), which leaves the KV cache nothing \(ValueError: "
+        r"Available memory on node \S+ \([\d.]+/[\d.]+ GiB\) on kv cache allocation is less than "
+        r"requested memory for kv \(-[\d.]+/[\d.]+ GiB\)\); raise --gpu-memory-utilization "
+        r"above 0\.\d+\. Everything finished so far is saved",
+        line,
+    ), line
+    found = re.search(r"take \((\d+\.\d\d) of ([\d.]+) GiB\).*above (0\.\d+)\.", line)
+    assert found is not None
+    engine, node, floor = (float(g) for g in found.groups())
+    assert fraction < floor < 1 and floor == pytest.approx(engine / node, abs=0.011)
+    assert "could not start" not in r.stderr and "Traceback" not in r.stderr
+    # Nothing ran: the request is still pending for a resume with a larger fraction.
+    assert [rec for rec in journal_records(job) if rec.get("custom_id") == "a"] == []
+    assert read_jsonl(src)[0]["custom_id"] == "a"

@@ -145,8 +145,10 @@ def next_step(summary: JobSummary) -> str:
         )
     if st.invalid:
         them = "it" if st.invalid == 1 else "them"
+        # "Every valid request succeeded" would claim a success of none at all.
+        valid = "Every valid request succeeded" if summary.manifest.requests else "No line is valid"
         return (
-            f"Every valid request succeeded; {plural(st.invalid, 'invalid input line')} cannot "
+            f"{valid}; {plural(st.invalid, 'invalid input line')} cannot "
             f"run as written: `{command('export', job)}` writes the results (errors.jsonl names "
             f"each invalid line by its number); fix {them} in the input file, then "
             f"`{command('resume', job, '--force')}` runs {them}."

@@ -22,6 +22,9 @@ from batchrun.openai.media import check_media_url, media_policy
 # timestamps, such as Whisper; the worker refuses it for another). vLLM refuses srt and vtt;
 # diarized_json needs a diarizing model, which batchrun does not run yet.
 RESPONSE_FORMATS = ("json", "text", "verbose_json")
+# The forms body.file_url takes (check_media_url reads each; a file:// URL under
+# --allowed-local-media-path), named the same way in every message that asks for one.
+FILE_URL_FORMS = "a data:audio/...;base64, URL, an http(s) URL or a file:// URL"
 
 
 def check_audio_body(body: dict[str, Any]) -> None:
@@ -29,10 +32,10 @@ def check_audio_body(body: dict[str, Any]) -> None:
     if "file" in body:
         bad(
             "body.file is not supported in batch requests (there is no multipart upload); "
-            "pass the audio as body.file_url: a data:audio/...;base64, URL or an http(s) URL"
+            f"pass the audio as body.file_url: {FILE_URL_FORMS}"
         )
     if "file_url" not in body:
-        bad("body.file_url is missing; a transcription needs the audio as a data: or http(s) URL")
+        bad(f"body.file_url is missing; a transcription needs the audio as {FILE_URL_FORMS}")
     url = body["file_url"]
     if not isinstance(url, str):
         bad(f"body.file_url must be a string URL, got {describe(url)}")

@@ -10,8 +10,9 @@ write leaves a journaled answer and no entry (a later job misses and runs it); a
 the journal write leaves nothing journaled, and resume looks the request up again.
 
 Entries are single files, written atomically (a temp file renamed over the name), so jobs that
-share a cache never see half an entry; one that cannot be read, is torn, or was written by
-another batchrun version or format is a miss, and the next answer replaces it.
+share a cache never see half an entry; one that cannot be read, is torn, was written by
+another batchrun version or format, or whose body is no well-formed answer of its endpoint (an
+entry edited by hand: `"choices": []`) is a miss, and the next answer replaces it.
 
 Layout: `DIR/answers-v1/<2 hex>/<32 hex>.json`, each `{"batchrun", "key", "time", "status_code",
 "body", "prompt_tokens", "completion_tokens"}`.
@@ -35,6 +36,7 @@ import msgspec
 from batchrun import __version__
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
+from batchrun.openai.answers import answer_problem
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.dedup import copy_outcome, dedup_key
 
@@ -115,7 +117,7 @@ class AnswerCache:
         hits: list[Outcome] = []
         for request in requests:
             key = self.key(request)
-            entry = self._read(key) if key is not None else None
+            entry = self._read(key, request.url) if key is not None else None
             if entry is None:
                 run.append(request)
                 if key is not None:
@@ -135,8 +137,10 @@ class AnswerCache:
             self.counts.hits += 1
         return run, hits
 
-    def _read(self, key: str) -> dict[str, Any] | None:
-        """The entry of `key`; None (a miss) when absent, unreadable, torn or of another format."""
+    def _read(self, key: str, url: str) -> dict[str, Any] | None:
+        """The entry of `key`; None (a miss) when absent, unreadable, torn, of another format, or
+        when its body is no successful answer of endpoint `url` (openai/answers.py): a cached
+        answer must be what the engine's would be, or the request runs."""
         try:
             data = self._path(key).read_bytes()
             entry = _DECODE.decode(data)
@@ -150,6 +154,8 @@ class AnswerCache:
             or type(entry.get("status_code")) is not int
             or type(entry.get("prompt_tokens")) is not int
             or type(entry.get("completion_tokens")) is not int
+            or not 200 <= entry["status_code"] < 300
+            or answer_problem(url, entry["body"]) is not None
         ):
             return None
         return entry

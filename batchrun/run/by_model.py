@@ -35,15 +35,12 @@ def prepare_models(settings: EngineSettings, notify: Notify) -> KnownModels | No
     """Find each model and check each adapter before a run (run/model.py, models/adapters.py);
     returns the names lines may give (None: one model, no adapters, any one name)."""
     if not settings.models:
-        prepare_model(settings, notify)
+        prepare_model(settings, notify)  # the base's served name is known from here on
+        check_served_names(settings)
         return prepare_adapters(settings)
     names = model_names(settings)
+    check_served_names(settings)
     for adapter in settings.lora_modules:
-        if adapter["name"] in names:
-            raise BatchrunError(
-                f"adapter {adapter['name']!r} has the name of one of the job's models; give it "
-                "another name"
-            )
         base = adapter.get("base_model_name")
         if base is not None and base not in names:
             raise BatchrunError(
@@ -59,6 +56,19 @@ def prepare_models(settings: EngineSettings, notify: Notify) -> KnownModels | No
     settings.model, settings.model_commit = first["model"], first["commit"]
     settings.model_name = first["name"]
     return known_models(settings)
+
+
+def check_served_names(settings: EngineSettings) -> None:
+    """Refuse an adapter named like a base model: served names (base models and adapters) are
+    one namespace, since a line's body.model picks one of them, and a name meaning two things
+    would be answered by whichever the router tries first (BatchrunError, before a job exists)."""
+    names = model_names(settings)
+    which = "the job's base model" if len(names) == 1 else "one of the job's models"
+    for adapter in settings.lora_modules:
+        if adapter["name"] in names:
+            raise BatchrunError(
+                f"adapter {adapter['name']!r} has the name of {which}; give it another name"
+            )
 
 
 def known_models(settings: EngineSettings) -> KnownModels | None:

@@ -3,13 +3,15 @@
 An object the Scheduler (run/scheduler.py) holds and calls; it works on the scheduler's state
 (its workers, pending requests, suspects, journal), which `PolicyHost` names.
 
-- A death during start-up is answered by its cause (engines/startup.py): too little free memory
-  waits and starts again at the same batch size (at most `MAX_STARTS` starts), then gives up
-  naming --gpu-memory-utilization and what holds the memory; a max model length whose one sequence
-  does not fit the KV cache, or no room for the KV cache at all, gives up at once naming the option
-  that fixes it; an out-of-memory error while the engine profiles (sized by the batch) backs off;
-  anything else (NCCL, a port race, unknown) is tried again after a wait, `MAX_STARTS` starts in
-  all. A tensor-parallel rank's error reaches the worker only as "WorkerProc initialization
+- A death during start-up is answered by its cause (engines/startup.py), with the line its cause
+  calls for (run/start_advice.py): too little free memory (held by other processes, at start or
+  for the KV cache) waits and starts again at the same batch size (at most `MAX_STARTS` starts),
+  then gives up naming what holds the memory and the option to lower; a setting that cannot work
+  gives up at once, on its first start, naming the option that fixes it: a max model length whose
+  one sequence does not fit the KV cache, a memory fraction that leaves the KV cache nothing
+  (raise it), a KV cache larger than the whole memory, a model larger than the device; an
+  out-of-memory error while the engine profiles (sized by the batch) backs off; anything else
+  (NCCL, a port race, unknown) is tried again after a wait, `MAX_STARTS` starts in all. A tensor-parallel rank's error reaches the worker only as "WorkerProc initialization
   failed": its cause is read from the worker's log.
 - An out-of-memory death while running backs off (half the batch size, the requests back to
   pending, not an attempt), unless it looks like one request's doing (the same requests ran out
@@ -45,7 +47,7 @@ from batchrun.run.poison import (
     restarts_bound,
 )
 from batchrun.run.sizing import back_off
-from batchrun.workers.holders import memory_holders
+from batchrun.run.start_advice import free_memory_advice, give_up_advice
 from batchrun.workers.process import Worker, WorkerDeath
 
 if TYPE_CHECKING:
@@ -155,11 +157,8 @@ class RestartPolicy:
         self.requeue(w)
         w.stop(timeout=5)
         said = startup.first_sentence(cause.message)
-        if kind is StartKind.MAX_MODEL_LEN:
-            self.give_up(w, _max_model_len_advice(w, cause, said))
-            return
-        if kind is StartKind.NO_KV_CACHE:
-            self.give_up(w, _no_kv_cache_advice(w, said))
+        if not cause.retried:  # a setting that cannot work: starting again would only fail
+            self.give_up(w, give_up_advice(w.settings, cause, said))
             return
         w.start_failures += 1
         if w.start_failures < MAX_STARTS:
@@ -167,6 +166,7 @@ class RestartPolicy:
             w.start_not_before = time.monotonic() + wait
             why = {
                 StartKind.FREE_MEMORY: "not enough free memory",
+                StartKind.KV_OVER_FREE: "not enough free memory for the KV cache",
                 StartKind.TRANSIENT: "a failure that usually passes",
             }.get(kind, "the engine failed to start")
             self.host.reporter.event(
@@ -174,8 +174,8 @@ class RestartPolicy:
                 f"batch size {w.settings.window} (start {w.start_failures + 1} of {MAX_STARTS})"
             )
             return
-        if kind is StartKind.FREE_MEMORY:
-            self.give_up(w, _free_memory_advice(w, said))
+        if kind in (StartKind.FREE_MEMORY, StartKind.KV_OVER_FREE):
+            self.give_up(w, free_memory_advice(w.settings, cause, said, MAX_STARTS))
             return
         rank = " (read from its log)" if cause.from_log else ""
         self.give_up(
@@ -327,57 +327,6 @@ def _start_wait(kind: StartKind, failures: int) -> float:
     if given:
         with contextlib.suppress(ValueError):
             return max(0.0, float(given))
-    waits = FREE_MEMORY_WAITS_S if kind is StartKind.FREE_MEMORY else START_RETRY_WAITS_S
+    memory = kind in (StartKind.FREE_MEMORY, StartKind.KV_OVER_FREE)
+    waits = FREE_MEMORY_WAITS_S if memory else START_RETRY_WAITS_S
     return waits[min(failures, len(waits)) - 1]
-
-
-def _free_memory_advice(w: Worker, said: str) -> str:
-    """The one line for an engine that found too little free memory on every start."""
-    fraction = w.settings.gpu_memory_utilization
-    now = f" (now {fraction:g})" if fraction is not None else " (vLLM's default: 0.9 on a GPU)"
-    if "available memory on node" in said.lower():
-        held = "other processes on this machine hold its memory"
-    else:
-        held = memory_holders()
-    return (
-        f"not enough free memory to start the engine, {MAX_STARTS} starts in a row ({said}); "
-        f"{held}. Free that memory, or lower --gpu-memory-utilization{now}"
-    )
-
-
-def _max_model_len_advice(w: Worker, cause: StartFailure, said: str) -> str:
-    """The one line for a max model length whose one sequence does not fit the KV cache."""
-    given = w.settings.max_model_len
-    what = f"--max-model-len {given}" if given is not None else "the model's own max seq len"
-    more = (
-        "give --kv-cache-memory-bytes more"
-        if w.settings.kv_cache_memory_bytes is not None
-        else "raise --gpu-memory-utilization"
-    )
-    if cause.estimate:
-        fix = f"set --max-model-len {cause.estimate} or lower, or {more}"
-        estimate = f"; vLLM estimates the longest that fits at {cause.estimate} tokens"
-    else:
-        fix, estimate = f"set a smaller --max-model-len, or {more}", ""
-    return f"{what} does not fit in the KV cache ({said}){estimate}: {fix}"
-
-
-def _no_kv_cache_advice(w: Worker, said: str) -> str:
-    """The one line for an engine that has no room for a single KV cache block."""
-    budget = w.settings.kv_cache_memory_bytes
-    if budget is not None:
-        # The KV cache's size is fixed in bytes: backing off would only start it again and again.
-        return (
-            f"--kv-cache-memory-bytes {budget:,} is too small for this model and "
-            f"--max-model-len ({said}); give it more, or leave it out to size the KV "
-            "cache from --gpu-memory-utilization"
-        )
-    fraction = w.settings.gpu_memory_utilization
-    now = f" (now {fraction:g})" if fraction is not None else ""
-    # vLLM sizes the KV cache from what the fraction leaves after the weights and its profiling
-    # pass; the batch size does not enter into it, so no back-off can help.
-    return (
-        f"the model leaves no memory for the KV cache ({said}); raise "
-        f"--gpu-memory-utilization{now}, or spread the model over more GPUs with "
-        "--tensor-parallel-size"
-    )

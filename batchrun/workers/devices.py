@@ -20,11 +20,9 @@ from batchrun.engines.registry import EngineSpec, engine_spec
 from batchrun.errors import BatchrunError
 from batchrun.workers import nvidia
 from batchrun.workers.cpu_layout import cpu_worker_envs
+from batchrun.workers.cuda_visible import EntryProblem, read_entries, visible_entries
 from batchrun.workers.platform_env import DEFAULT_MAX_NUM_SEQS, default_max_num_seqs
 
-# CUDA_VISIBLE_DEVICES values that mean "no GPU": Slurm sets NoDevFiles for a job given none;
-# "-1" and "" are the usual ways to hide every GPU (CUDA stops at the first id it cannot use).
-NO_GPU_VALUES = frozenset({"", "-1", "nodevfiles", "none", "void"})
 DEVICES = ("auto", "cpu", "cuda")
 # nvidia-smi's numbering is PCI bus order; CUDA's default is "fastest first". Workers are given
 # ids read against nvidia-smi's list, so they must number GPUs the same way.
@@ -78,20 +76,8 @@ class Visible:
     # CUDA_VISIBLE_DEVICES as set (None: unset).
     cuda_visible_devices: str | None
     inventory: nvidia.Inventory | None
-
-
-def visible_entries(value: str | None) -> list[str] | None:
-    """CUDA_VISIBLE_DEVICES's entries: None for every GPU (unset, or "all"), [] for none."""
-    if value is None or value.strip().lower() == "all":
-        return None
-    if value.strip().lower() in NO_GPU_VALUES:
-        return []
-    entries: list[str] = []
-    for entry in (e.strip() for e in value.split(",")):
-        if not entry or entry.lower() in NO_GPU_VALUES:
-            break  # CUDA stops at the first id that names no GPU
-        entries.append(entry)
-    return entries
+    # Its entries that make the GPUs other than it says (workers/cuda_visible.py).
+    problems: tuple[EntryProblem, ...] = ()
 
 
 _CACHE: dict[tuple[str, str], tuple[float, nvidia.Inventory | None]] = {}
@@ -120,20 +106,34 @@ def visible_devices(environ: Mapping[str, str] | None = None) -> Visible:
     if entries == []:
         return Visible([], value, None)
     found = gpu_inventory()
-    return Visible(resolve_entries(entries, found), value, found)
+    gpus, problems = read_visible(entries, found)
+    return Visible(gpus, value, found, tuple(problems))
 
 
 def resolve_entries(entries: list[str] | None, found: nvidia.Inventory | None) -> list[Gpu]:
-    """The GPUs that CUDA_VISIBLE_DEVICES's `entries` (None: all) name, in their order.
+    """The GPUs that CUDA_VISIBLE_DEVICES's `entries` (None: all) name, in their order (see
+    `read_visible`)."""
+    return read_visible(entries, found)[0]
+
+
+def read_visible(
+    entries: list[str] | None, found: nvidia.Inventory | None
+) -> tuple[list[Gpu], list[EntryProblem]]:
+    """The GPUs that CUDA_VISIBLE_DEVICES's `entries` (None: all) name, in their order, each
+    once, and the entries' problems (workers/cuda_visible.py).
 
     Without nvidia-smi the entries are taken as they are (name and memory unknown). With it, an
-    entry it does not list ends the list, as it ends CUDA's.
+    entry it does not list ends the list, as it ends CUDA's; so does one with any other problem
+    (a repeat, an empty entry, the other form of id).
     """
+    reading = read_entries(entries, found) if entries is not None else None
     if found is None:
-        return [
-            Gpu(i, e, e if e.startswith(("GPU-", "MIG-")) else None, None, None)
-            for i, e in enumerate(entries or [])
+        named = reading.named if reading is not None else []
+        gpus = [
+            Gpu(i, n.entry, n.entry if n.entry.startswith(("GPU-", "MIG-")) else None, None, None)
+            for i, n in enumerate(named)
         ]
+        return gpus, reading.problems if reading is not None else []
     units: list[Gpu] = []
 
     def add(gpu: nvidia.PhysicalGpu, entry: str | None) -> None:
@@ -155,44 +155,27 @@ def resolve_entries(entries: list[str] | None, found: nvidia.Inventory | None) -
                 )
             )
 
-    if entries is None:
+    if reading is None:
         for gpu in found.gpus:
             add(gpu, None)
-        return units
-    for entry in entries:
-        match = _find(entry, found)
-        if match is None:
-            break
-        gpu, mig = match
+        return units, []
+    for item in reading.named:
+        physical, mig = item.gpu, item.mig
+        assert physical is not None  # nvidia-smi listed it
         if mig is not None:
             units.append(
                 Gpu(
                     len(units),
-                    entry,
+                    item.entry,
                     mig.uuid,
-                    gpu.name,
+                    physical.name,
                     nvidia.mig_memory_mib(mig.profile),
                     mig.profile,
                 )
             )
         else:
-            add(gpu, entry)
-    return units
-
-
-def _find(
-    entry: str, found: nvidia.Inventory
-) -> tuple[nvidia.PhysicalGpu, nvidia.MigSlice | None] | None:
-    """The GPU (or MIG slice) a CUDA_VISIBLE_DEVICES entry names: an index, or a UUID (or a
-    unique start of one, as CUDA takes it)."""
-    if entry.isdigit():
-        return next(((g, None) for g in found.gpus if g.index == int(entry)), None)
-    hits: list[tuple[nvidia.PhysicalGpu, nvidia.MigSlice | None]] = []
-    for gpu in found.gpus:
-        if gpu.uuid.startswith(entry):
-            hits.append((gpu, None))
-        hits.extend((gpu, s) for s in gpu.migs if s.uuid.startswith(entry))
-    return hits[0] if len(hits) == 1 else None
+            add(physical, item.entry)
+    return units, reading.problems
 
 
 def select_gpus(visible: Visible, requested: list[str] | None) -> list[Gpu]:
@@ -231,24 +214,12 @@ def describe_visible(visible: Visible) -> str:
         return f"no GPU is visible (CUDA_VISIBLE_DEVICES={visible.cuda_visible_devices!r})"
     if visible.inventory is None:
         return "no GPU is visible (no nvidia-smi on PATH)"
-    if visible.inventory.gpus and unmatched_entry(visible) is not None:
+    if visible.inventory.gpus and visible.problems:
         return (
             f"no GPU is visible (CUDA_VISIBLE_DEVICES={visible.cuda_visible_devices!r} names none "
             f"of the GPUs nvidia-smi lists: {listed(visible.inventory)})"
         )
     return "no GPU is visible (nvidia-smi lists none)"
-
-
-def unmatched_entry(visible: Visible) -> tuple[str, list[str]] | None:
-    """The first CUDA_VISIBLE_DEVICES entry that names no GPU nvidia-smi lists, and the entries
-    after it (CUDA ignores them all); None when every entry names one, or nothing can tell."""
-    entries = visible_entries(visible.cuda_visible_devices)
-    if not entries or visible.inventory is None or not visible.inventory.gpus:
-        return None
-    for i, entry in enumerate(entries):
-        if _find(entry, visible.inventory) is None:
-            return entry, entries[i + 1 :]
-    return None
 
 
 def listed(found: nvidia.Inventory) -> str:

@@ -14,14 +14,13 @@ from typing import Any
 from batchrun.errors import BatchrunError
 from batchrun.workers import nvidia
 from batchrun.workers.builds import Builds, installed_builds
+from batchrun.workers.cuda_visible import EMPTY, MIXED, REPEATED, EntryProblem, visible_entries
 from batchrun.workers.devices import (
     Gpu,
     Visible,
     describe_visible,
     group_gpus,
-    listed,
     select_gpus,
-    unmatched_entry,
     visible_devices,
 )
 
@@ -125,22 +124,43 @@ def diagnose(
     if visible is None:
         return diagnosis
     diagnosis.no_gpu_reason = "" if visible.gpus else describe_visible(visible)
-    unmatched = unmatched_entry(visible)
-    if unmatched is not None and visible.inventory is not None:
-        entry, ignored = unmatched
-        after = f" and every entry after it ({','.join(ignored)})" if ignored else ""
-        problems.append(
-            Problem(
-                "cuda_visible_devices_unmatched",
-                f"CUDA_VISIBLE_DEVICES={raw!r}: {entry} names no GPU nvidia-smi lists "
-                f"({listed(visible.inventory)}), so CUDA ignores it{after}",
-                "set CUDA_VISIBLE_DEVICES to indices or UUIDs that `nvidia-smi -L` lists, or "
-                "unset it",
-                fatal=False,
-            )
-        )
+    if device != "cpu":  # on the CPU the workers are shown no GPU, whatever the list says
+        problems.extend(_entry_problem(raw, p) for p in visible.problems)
     _layout(diagnosis, visible, gpus, tensor_parallel_size, workers, device)
     return diagnosis
+
+
+# The way out of each kind of CUDA_VISIBLE_DEVICES entry problem (workers/cuda_visible.py).
+_ENTRY_FIXES = {
+    EMPTY: "remove the empty entry (two commas in a row, or one at either end), or unset "
+    "CUDA_VISIBLE_DEVICES",
+    REPEATED: "name each GPU once in CUDA_VISIBLE_DEVICES, or unset it",
+    MIXED: "write every entry of CUDA_VISIBLE_DEVICES the same way, all indices or all UUIDs, or "
+    "unset it",
+}
+
+
+def _entry_problem(raw: str | None, problem: EntryProblem) -> Problem:
+    """The doctor's problem for one CUDA_VISIBLE_DEVICES entry: a run refuses it, since the GPUs
+    it would get are not the ones the list says (fewer, or one GPU twice, or none)."""
+    entries = visible_entries(raw) or []
+    what = f"entry {problem.position}" + (f" ({problem.entry})" if problem.entry else "")
+    if problem.code == REPEATED:
+        then = (
+            ": PyTorch sees no GPU at all when one is named twice, and two engines on one GPU "
+            "would fight for its memory"
+        )
+    elif problem.code == MIXED:
+        then = ""
+    else:
+        rest = entries[problem.position :]
+        after = f" and every entry after it ({','.join(rest)})" if rest else ""
+        then = f", so CUDA ignores it{after}"
+    fix = _ENTRY_FIXES.get(
+        problem.code,
+        "set CUDA_VISIBLE_DEVICES to indices or UUIDs that `nvidia-smi -L` lists, or unset it",
+    )
+    return Problem(problem.code, f"CUDA_VISIBLE_DEVICES={raw!r}: {what} {problem.why}{then}", fix)
 
 
 def _build_problems(builds: Builds) -> list[Problem]:
