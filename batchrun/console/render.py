@@ -199,7 +199,11 @@ def print_status(console: Console, s: dict[str, Any]) -> None:
 def print_probes(console: Console, probes: list[dict[str, Any]], chosen: int | None) -> None:
     """The batch-size probe table."""
     table = Table(title="batch-size probes", title_justify="left")
-    for col in ("size", "status", "requests", "time", "tok/s", "peak memory"):
+    # The measure's unit (run/sizing.Probe): prompt tokens for a pooling job; probes of an
+    # older job have none, and measured generated tokens.
+    units = {p.get("unit") or "generated tok/s" for p in probes}
+    measure = units.pop() if len(units) == 1 else "tok/s"
+    for col in ("size", "status", "requests", "time", measure, "peak memory"):
         table.add_column(col, justify="right")
     for p in probes:
         mark = " *" if p["size"] == chosen and p["ok"] else ""

@@ -26,7 +26,7 @@ from batchrun.job.run_clock import RunClock, settle_runs
 from batchrun.job.state import JobState
 from batchrun.job.summary import keep_summary
 from batchrun.models.named import settings_for
-from batchrun.openai.records import Request
+from batchrun.openai.records import POOLING_ENDPOINTS, Request
 from batchrun.run.answer_cache import AnswerCache
 from batchrun.run.by_model import ModelRoute
 from batchrun.run.dedup import Duplicates
@@ -397,7 +397,8 @@ def _choose_size(
         f"searching for the batch size between {options.min_batch} and {top} "
         "(the probes run this job's own requests)"
     )
-    result = search_batch_size(scheduler, source, reporter, options.min_batch, top)
+    pooling = settings.endpoint in POOLING_ENDPOINTS
+    result = search_batch_size(scheduler, source, reporter, options.min_batch, top, pooling)
     reporter.event(f"batch size {result.size} chosen")
     manifest.batch_size, manifest.batch_size_source = result.size, "search"
     manifest.probes = [p.to_dict() for p in result.probes]

@@ -40,3 +40,9 @@ class RunStats:
     def tokens_per_s(self) -> float:
         """Generated tokens per second of this run."""
         return self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def prompt_tokens_per_s(self) -> float:
+        """Prompt tokens per second of this run: the work of a pooling job, which generates
+        none."""
+        return self.prompt_tokens / self.seconds if self.seconds > 0 else 0.0

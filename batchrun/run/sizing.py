@@ -24,9 +24,13 @@ class Probe:
     ok: bool
     requests: int = 0
     seconds: float = 0.0
+    # The measure the search compares: tokens per second of what the endpoint's work is made of,
+    # `unit` says which (generated tokens for generation; prompt tokens for a pooling job, which
+    # generates none: embeddings, score, rerank).
     tokens_per_s: float = 0.0
     peak_memory_mb: float | None = None
     note: str = ""
+    unit: str = "generated tok/s"
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy."""

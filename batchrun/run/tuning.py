@@ -41,9 +41,15 @@ def search_batch_size(
     reporter: Reporter,
     lo: int = DEFAULT_MIN_BATCH,
     hi: int = DEFAULT_MAX_BATCH,
+    pooling: bool = False,
 ) -> TuneResult:
-    """Binary-search the batch size on the job's own requests; what the probes finish is kept."""
+    """Binary-search the batch size on the job's own requests; what the probes finish is kept.
+
+    Each probe is measured by the endpoint's work: generated tokens per second, or, for a
+    `pooling` job (embeddings, score, rerank: no token generated), prompt tokens per second.
+    """
     search = BatchSizeSearch(lo, hi)
+    unit = "prompt tok/s" if pooling else "generated tok/s"
     while (size := search.next_size()) is not None:
         scheduler.resize(size)
         limit = max(PROBE_BATCHES * size, MIN_PROBE_REQUESTS)
@@ -54,9 +60,10 @@ def search_batch_size(
             ok=not stats.oom,
             requests=stats.outcomes,
             seconds=round(stats.seconds, 3),
-            tokens_per_s=round(stats.tokens_per_s, 2),
+            tokens_per_s=round(stats.prompt_tokens_per_s if pooling else stats.tokens_per_s, 2),
             peak_memory_mb=scheduler.peak_memory_mb(),
             note="out of memory" if stats.oom else "",
+            unit=unit,
         )
         search.report(probe)
         reporter.event(
@@ -64,7 +71,7 @@ def search_batch_size(
             + (
                 "out of memory"
                 if stats.oom
-                else f"{probe.tokens_per_s:.1f} tok/s on {plural(stats.outcomes, 'request')}"
+                else f"{probe.tokens_per_s:.1f} {unit} on {plural(stats.outcomes, 'request')}"
             )
         )
         if not stats.oom and stats.outcomes < limit:
