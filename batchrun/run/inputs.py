@@ -51,11 +51,17 @@ def discard_unfinished_validation(paths: JobPaths) -> None:
 
 
 def validate_into_job(
-    input_path: Path, paths: JobPaths, options: RunOptions, index: InputIndex
+    input_path: Path,
+    paths: JobPaths,
+    options: RunOptions,
+    index: InputIndex,
+    *,
+    input_url: str | None = None,
 ) -> Manifest:
     """Stream-validate the input; invalid lines go to the journal as error records.
 
     `index` records what the pass finds, so that the run pass after it reads the file cheaply.
+    `input_url`: where the input was fetched from (`input_path` is then the job's own copy).
     """
     valid = invalid = json_errors = 0
     # Per model (several models or adapters: status counts per model, run/by_model.py).
@@ -95,6 +101,7 @@ def validate_into_job(
         created_at=now,
         input_path=input_abs,
         input_relpath=input_rel,
+        input_url=input_url,
         input_sha256=hash_file(input_path),
         input_bytes=input_path.stat().st_size,
         requests=valid,
