@@ -28,7 +28,7 @@ from conftest import (
     wait_until,
     write_jsonl,
 )
-from s3_store import Proxy, S3Store, free_ports
+from s3_store import ACCESS_KEY, SECRET_KEY, Proxy, S3Store, free_ports
 
 from batchrun.errors import BatchrunError
 from batchrun.storage.upload import upload_files
@@ -140,6 +140,54 @@ def test_a_job_from_a_bucket_resumes_with_the_store_stopped_and_exports_to_a_buc
     with fs.open(f"{bucket}/results/results.parquet", "rb") as f:
         frame = pd.read_parquet(f)
     assert sorted(frame["custom_id"]) == sorted(ids)
+
+
+@pytest.mark.ray
+def test_on_ray_the_driver_fetches_the_input_and_the_actors_only_run_engines(
+    tmp_path: Path, s3: S3Store, bucket: str
+) -> None:
+    """submit --ray with an s3:// input: the driver brings the input into the job directory and
+    the actors are fed from it as from a local input; export --to from the driver."""
+    ids = [f"r{i}" for i in range(200)]
+    put(s3, make_input(tmp_path / "in.jsonl", len(ids)), f"{bucket}/in.jsonl")
+    job = tmp_path / "job"
+    r = cli(
+        "submit", f"s3://{bucket}/in.jsonl", "--job-dir", str(job), "--ray", "local",
+        "--workers", "2", "--batch-size", "16", *ECHO, env=s3.env(),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "[batchrun] ray worker 0 starting echo engine (batch size 16)" in r.stderr.splitlines()
+    r = cli("export", "--job-dir", str(job), "--to", f"s3://{bucket}/out/", env=s3.env())
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in s3.fs().cat(f"{bucket}/out/output.jsonl").splitlines()]
+    assert sorted(line["custom_id"] for line in lines) == sorted(ids)
+
+
+def test_credentials_from_a_profile_and_the_s3_endpoint_variable(
+    tmp_path: Path, s3: S3Store, bucket: str
+) -> None:
+    """As the AWS tools take them: keys from AWS_PROFILE's credentials file, and
+    AWS_ENDPOINT_URL_S3 before AWS_ENDPOINT_URL (which points at nothing here)."""
+    put(s3, make_input(tmp_path / "in.jsonl", 5), f"{bucket}/in.jsonl")
+    credentials = tmp_path / "credentials"
+    credentials.write_text(
+        f"[batch]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"
+    )
+    (dead,) = free_ports(1)
+    env = s3.env(
+        f"http://127.0.0.1:{dead}",
+        AWS_ENDPOINT_URL_S3=s3.endpoint,
+        AWS_SHARED_CREDENTIALS_FILE=str(credentials),
+        AWS_PROFILE="batch",
+        AWS_ACCESS_KEY_ID="",  # no keys but the profile's
+        AWS_SECRET_ACCESS_KEY="",
+    )
+    job = tmp_path / "job"
+    r = cli("submit", f"s3://{bucket}/in.jsonl", "--job-dir", str(job), *ECHO, env=env)
+    assert r.returncode == 0, r.stderr
+    r = cli("export", "--job-dir", str(job), "--to", f"s3://{bucket}/out/", env=env)
+    assert r.returncode == 0, r.stderr
+    assert s3.fs().cat(f"{bucket}/out/output.jsonl") == (job / "output.jsonl").read_bytes()
 
 
 def test_an_input_over_https_is_read_too(tmp_path: Path) -> None:
@@ -380,3 +428,30 @@ def test_an_export_killed_mid_upload_leaves_no_object(
     lines: list[dict[str, Any]] = [json.loads(x) for x in s3.fs().cat(key).splitlines()]
     assert sorted(line["custom_id"] for line in lines) == sorted(ids)
     assert read_jsonl(job / "output.jsonl") == lines
+
+
+# --- what is a URL ---------------------------------------------------------------------------
+
+
+def test_what_is_fetched_and_what_is_read_where_it_is() -> None:
+    from batchrun.storage.fetch import local_path, remote_input
+    from batchrun.storage.upload import MAX_PARTS, PART_SIZE, part_size
+
+    assert remote_input("s3://bucket/dir/in.jsonl") == "s3://bucket/dir/in.jsonl"
+    assert remote_input("https://example.com/in.jsonl") == "https://example.com/in.jsonl"
+    for local in ("in.jsonl", "/data/in.jsonl", "C:\\data\\in.jsonl", "file:///data/in.jsonl"):
+        assert remote_input(local) is None, local
+    assert local_path("file:///data/in.jsonl") == Path("/data/in.jsonl")
+    assert part_size(1) == PART_SIZE
+    huge = 200 << 30  # 200 GiB: 8 MiB parts would be 25,600 of them
+    assert part_size(huge) > PART_SIZE and -(-huge // part_size(huge)) <= MAX_PARTS
+
+
+def test_a_file_url_is_read_where_it_is_not_copied(tmp_path: Path) -> None:
+    src = make_input(tmp_path / "in.jsonl", 3)
+    job = tmp_path / "job"
+    r = cli("submit", src.as_uri(), "--job-dir", str(job), *ECHO)
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((job / "manifest.json").read_text())
+    assert (manifest["input_path"], manifest["input_url"]) == (str(src), None)
+    assert not (job / "input.jsonl").exists()

@@ -9,7 +9,6 @@ AWS_ENDPOINT_URL, ~/.aws/config ...): batchrun adds no flag for what the AWS too
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 from typing import TYPE_CHECKING, Any
@@ -89,15 +88,6 @@ def _options(scheme: str) -> dict[str, Any]:
     if endpoint and not ignore:
         options["endpoint_url"] = endpoint
     return options
-
-
-def installed(module: str) -> bool:
-    """Whether `module` can be imported (an optional filesystem package)."""
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return False
-    return True
 
 
 def cause(error: BaseException) -> str:
