@@ -238,6 +238,27 @@ def test_an_input_that_cannot_be_read_is_one_line_and_no_job(
     no_job(job)
 
 
+@pytest.mark.parametrize(
+    ("content", "cause"),
+    [
+        (b"", "input file is empty: {url}"),
+        (b"  \n\n", "input file is empty: {url}"),
+        (b"id,text\n1,hello\n", "{url} is not a JSONL file of requests (line 1: line is not valid JSON: Expecting value at column 1)"),
+    ],
+    ids=["empty", "blank", "csv"],
+)  # fmt: skip
+def test_an_object_that_is_not_an_input_is_refused_by_its_url_and_no_job(
+    tmp_path: Path, s3: S3Store, bucket: str, content: bytes, cause: str
+) -> None:
+    s3.fs().pipe(f"{bucket}/in.jsonl", content)
+    url = f"s3://{bucket}/in.jsonl"
+    job = tmp_path / "job"
+    r = cli("submit", url, "--job-dir", str(job), *ECHO, env=s3.env())
+    assert (r.returncode, r.stdout) == (1, ""), r.stderr
+    assert r.stderr.splitlines()[-1] == "error: " + cause.format(url=url)
+    no_job(job)
+
+
 def test_an_endpoint_that_does_not_answer_is_one_line_and_no_job(
     tmp_path: Path, s3: S3Store
 ) -> None:

@@ -98,10 +98,13 @@ def submit(
         # What the validating pass finds, so that the run pass reads the file cheaply.
         index = InputIndex(known)
         try:
+            digest = None
             if url is not None:
-                input_path = _fetch(url, paths)
+                input_path, digest = _fetch(url, paths)
                 (notify or _to_stderr)(f"job dir: {job_dir}")
-            manifest = validate_into_job(input_path, paths, options, index, input_url=url)
+            manifest = validate_into_job(
+                input_path, paths, options, index, input_url=url, input_sha256=digest
+            )
         except (BatchrunError, KeyboardInterrupt):
             # No manifest yet, so nothing has run: leave the directory as it was, and running
             # the same submit again starts clean.
@@ -117,15 +120,16 @@ def submit(
         return run_job(paths, manifest, options, mode=mode, index=index, metrics=metrics)
 
 
-def _fetch(url: str, paths: JobPaths) -> Path:
+def _fetch(url: str, paths: JobPaths) -> tuple[Path, str]:
     """Bring the input at `url` into the job directory and check it as a local input is
-    checked (said with its URL: the copy is removed again when it is refused)."""
+    checked (said with its URL: the copy is removed again when it is refused); returns the
+    copy and its sha256, taken as it came."""
     fetched = fetch_input(url, paths.root)
     try:
         check_input_file(fetched.path)
     except BatchrunError as e:
         raise BatchrunError(str(e).replace(str(fetched.path), url)) from None
-    return fetched.path
+    return fetched.path, fetched.sha256
 
 
 def check_submit(job_dir: Path, options: RunOptions) -> list[str]:

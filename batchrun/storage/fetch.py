@@ -13,7 +13,6 @@ import contextlib
 import hashlib
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -71,7 +70,7 @@ def check_remote_input(url: str) -> int:
     return int(size) if size is not None else -1
 
 
-def fetch_input(url: str, job_dir: Path, *, sleep: Callable[[float], None] = time.sleep) -> Fetched:
+def fetch_input(url: str, job_dir: Path) -> Fetched:
     """Stream `url` into the job directory (as FETCHED_NAME), hashing it as it comes.
 
     Raises BatchrunError when it cannot be read whole; then nothing is left in `job_dir`.
@@ -82,7 +81,7 @@ def fetch_input(url: str, job_dir: Path, *, sleep: Callable[[float], None] = tim
     digest = hashlib.sha256()
     try:
         with partial.open("wb") as out:
-            done = _stream(url, out, digest, sleep)
+            done = _stream(url, out, digest)
             if size >= 0 and done != size:
                 raise BatchrunError(
                     f"cannot read {url}: the download ended after {done:,} of {size:,} bytes; "
@@ -99,7 +98,7 @@ def fetch_input(url: str, job_dir: Path, *, sleep: Callable[[float], None] = tim
     return Fetched(dest, done, digest.hexdigest())
 
 
-def _stream(url: str, out: BinaryIO, digest: hashlib._Hash, sleep: Callable[[float], None]) -> int:
+def _stream(url: str, out: BinaryIO, digest: hashlib._Hash) -> int:
     """Copy `url` into `out` block by block; returns the bytes copied.
 
     A read that fails opens the object again at the offset reached, up to RETRIES times in all;
@@ -124,7 +123,7 @@ def _stream(url: str, out: BinaryIO, digest: hashlib._Hash, sleep: Callable[[flo
                     raise BatchrunError(
                         f"cannot read {url}: {cause(e)}{tried}; no job was made"
                     ) from None
-                sleep(FIRST_PAUSE_S * 2**failures)
+                time.sleep(FIRST_PAUSE_S * 2**failures)
                 failures += 1
                 continue
             if not block:

@@ -51,11 +51,10 @@ def open_filesystem(url: str) -> tuple[AbstractFileSystem, str]:
         raise BatchrunError(f"{url}: no installed filesystem reads {scheme}:// URLs") from None
     except ImportError:
         raise BatchrunError(f"{url}: {scheme}:// URLs need {_install_hint(scheme)}") from None
+    # A backend's own set-up may fail too: a bad profile name, a config file it cannot read.
     try:
         fs = cls(skip_instance_cache=True, **_options(scheme))
-    except (
-        Exception
-    ) as e:  # a backend's own set-up: a bad profile name, a config file it cannot read
+    except Exception as e:
         raise BatchrunError(f"{url}: {cause(e)}") from None
     return fs, cls._strip_protocol(url)
 
