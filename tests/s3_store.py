@@ -100,6 +100,10 @@ class S3Store:
             "-s3.port.lance=0",
             "-master.telemetry=false",
             "-master.volumeSizeLimitMB=64",
+            # Its Unix sockets in the store's folder: by default /tmp/seaweedfs-<kind>-<port>.sock,
+            # and the S3 one is left behind when it stops.
+            f"-s3.localSocket={self.root / 's3.sock'}",
+            f"-filer.localSocket={self.root / 'filer.sock'}",
             *(f"-{option}={port}" for option, port in self.ports.items()),
         ]
         log = (self.root / "weed.log").open("ab")
