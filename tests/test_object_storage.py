@@ -12,7 +12,9 @@ import http.server
 import json
 import os
 import signal
+import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -271,6 +273,31 @@ def test_an_endpoint_that_does_not_answer_is_one_line_and_no_job(
         "error: cannot read s3://inputs/in.jsonl: the endpoint does not answer (Could not "
         f'connect to the endpoint URL: "{endpoint}/inputs/in.jsonl")\n'
     )
+    no_job(job)
+
+
+def test_an_endpoint_that_takes_connections_and_never_answers_is_given_up_on(
+    tmp_path: Path, s3: S3Store
+) -> None:
+    """A connection is made (the kernel's backlog takes it) and no answer ever comes: one try
+    (AWS_MAX_ATTEMPTS=1) ends at batchrun's 30 s read time-out, not botocore's 60 s times 25."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # never accepted, never answered
+    endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    job = tmp_path / "job"
+    started = time.monotonic()
+    try:
+        r = cli("submit", "s3://inputs/in.jsonl", "--job-dir", str(job), *ECHO, env=s3.env(endpoint, AWS_MAX_ATTEMPTS="1"))  # fmt: skip
+    finally:
+        silent.close()
+    took = time.monotonic() - started
+    assert (r.returncode, r.stderr) == (
+        1,
+        "error: cannot read s3://inputs/in.jsonl: the endpoint does not answer (Read timeout "
+        f'on endpoint URL: "{endpoint}/inputs/in.jsonl")\n',
+    )
+    assert 30 <= took < 55, took
     no_job(job)
 
 

@@ -56,6 +56,12 @@ def open_filesystem(url: str) -> tuple[AbstractFileSystem, str]:
         fs = cls(skip_instance_cache=True, **_options(scheme))
     except Exception as e:
         raise BatchrunError(f"{url}: {cause(e)}") from None
+    if scheme in S3_SCHEMES:
+        # One set of retries, botocore's (AWS_MAX_ATTEMPTS, AWS_RETRY_MODE), as the AWS tools
+        # have: s3fs's own (5) around each of botocore's (5 by default) made 25 tries, 25 read
+        # time-outs before an endpoint that stopped answering was given up on. A download cut
+        # off mid-body is read again by storage/fetch.py.
+        fs.retries = 1
     return fs, cls._strip_protocol(url)
 
 
@@ -76,9 +82,10 @@ def _options(scheme: str) -> dict[str, Any]:
     if scheme not in S3_SCHEMES:
         return {}
     options: dict[str, Any] = {
-        # botocore's defaults (60 s to connect) would leave a dead endpoint unnoticed for minutes
-        # through its retries; reading a slow answer keeps botocore's own 60 s.
-        "config_kwargs": {"connect_timeout": 10, "read_timeout": 60},
+        # botocore's defaults (60 s each) leave an endpoint that does not answer unnoticed for
+        # 5 minutes through its 5 tries; with these, 50 s (no connection) or 2.5 minutes (a
+        # connection, and no answer). S3 sends at least a keep-alive byte well within 30 s.
+        "config_kwargs": {"connect_timeout": 10, "read_timeout": 30},
     }
     # botocore 1.31 and later read these itself; older ones do not, so pass them on (the same
     # precedence: the S3-specific one first, and none when configured endpoints are ignored).
@@ -105,7 +112,7 @@ def cause(error: BaseException) -> str:
     if names & {"ClientPayloadError", "IncompleteRead", "ServerDisconnectedError", "ClientOSError"}:
         return f"the connection was lost ({text})"
     if names & {"ReadTimeoutError", "TimeoutError", "FSTimeoutError"}:
-        return f"the endpoint stopped answering ({text})"
+        return f"the endpoint does not answer ({text})"
     if isinstance(error, PermissionError):
         return f"access denied ({text}); check the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE)"
     if isinstance(error, FileNotFoundError):
