@@ -172,8 +172,10 @@ class Proxy:
 
     `cut_down_after`: a connection is closed once it carried that many bytes from the server
     (a download broken mid-body); `cut_up_after`: the same towards the server (an upload
-    broken); `cuts` such breaks are made (-1: every time). `up_rate`: bytes a second towards the
-    server (a slow upload, to be killed mid-way). `up_bytes` counts what went up.
+    broken); `cuts` such breaks are made (-1: every time), each `cut_pause` seconds after the
+    last bytes went through (so that the client has taken them in before the break). `up_rate`:
+    bytes a second towards the server (a slow upload, to be killed mid-way). `up_bytes` and
+    `down_bytes` count what went each way.
     """
 
     def __init__(self, port: int) -> None:
@@ -182,8 +184,10 @@ class Proxy:
         self.cut_up_after: int | None = None
         self.cuts = -1
         self.cuts_made = 0
+        self.cut_pause = 0.0
         self.up_rate: float | None = None
         self.up_bytes = 0
+        self.down_bytes = 0
         self._lock = threading.Lock()
         self._server = socket.socket()
         self._server.bind(("127.0.0.1", 0))
@@ -227,12 +231,15 @@ class Proxy:
             while data := src.recv(65536 if self.up_rate is None or not up else 16384):
                 carried += len(data)
                 if self._should_cut(carried, up):
+                    time.sleep(self.cut_pause)
                     break
-                if up:
-                    with self._lock:
+                with self._lock:
+                    if up:
                         self.up_bytes += len(data)
-                    if self.up_rate:
-                        time.sleep(len(data) / self.up_rate)
+                    else:
+                        self.down_bytes += len(data)
+                if up and self.up_rate:
+                    time.sleep(len(data) / self.up_rate)
                 dst.sendall(data)
         except OSError:
             pass

@@ -192,23 +192,33 @@ def test_credentials_from_a_profile_and_the_s3_endpoint_variable(
     assert s3.fs().cat(f"{bucket}/out/output.jsonl") == (job / "output.jsonl").read_bytes()
 
 
-def test_an_input_over_https_is_read_too(tmp_path: Path) -> None:
-    """Any fsspec URL: an https/http input (read-only) is fetched into the job the same way."""
+def test_an_input_over_http_is_read_too_and_read_again_from_the_start_when_cut(
+    tmp_path: Path,
+) -> None:
+    """Any fsspec URL: an http(s) input (read-only) is fetched into the job the same way. Python's
+    own server serves no ranges, so a download cut off starts over, to an exact copy."""
     served = tmp_path / "site"
     served.mkdir()
-    make_input(served / "in.jsonl", 5)
+    src = make_input(served / "in.jsonl", 3000, text="x" * 400)  # about 1.5 MB
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy = Proxy(server.server_address[1])
+    # The break comes after the first 300 kB were taken in: the copy has begun.
+    proxy.cut_down_after, proxy.cuts, proxy.cut_pause = 300_000, 1, 0.5
+    url = f"{proxy.endpoint}/in.jsonl"
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/in.jsonl"
         job = tmp_path / "job"
         r = cli("submit", url, "--job-dir", str(job), *ECHO)
         assert r.returncode == 0, r.stderr
     finally:
+        proxy.close()
         server.shutdown()
-    assert (job / "input.jsonl").read_bytes() == (served / "in.jsonl").read_bytes()
-    assert json.loads((job / "manifest.json").read_text())["input_url"] == url
+    assert proxy.cuts_made == 1
+    assert (job / "input.jsonl").read_bytes() == src.read_bytes()
+    manifest = json.loads((job / "manifest.json").read_text())
+    assert manifest["input_url"] == url
+    assert manifest["input_sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
 
 
 # --- bad input: one line, exit 1, no job directory -----------------------------------------
@@ -356,6 +366,33 @@ def test_a_download_broken_once_is_read_again_to_an_exact_copy(
     assert (job / "input.jsonl").read_bytes() == src.read_bytes()
     manifest = json.loads((job / "manifest.json").read_text())
     assert manifest["input_sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
+
+
+def test_a_large_object_broken_mid_way_is_read_on_from_where_it_broke(
+    tmp_path: Path, s3: S3Store, bucket: str
+) -> None:
+    """An object of more than one block (8 MiB) cut off in its second: the copy goes on from the
+    offset reached (a ranged GET), not from the start, and is exact."""
+    from batchrun.storage.fetch import BLOCK, fetch_input
+
+    data = os.urandom(BLOCK + (3 << 20))  # 11 MiB
+    s3.fs().pipe(f"{bucket}/big.jsonl", data)
+    proxy = Proxy(int(s3.endpoint.rsplit(":", 1)[1]))
+    proxy.cut_down_after, proxy.cuts = BLOCK + (1 << 20), 1  # 1 MiB into the second block
+    saved = os.environ.copy()
+    os.environ.update(s3.env(proxy.endpoint))
+    try:
+        fetched = fetch_input(f"s3://{bucket}/big.jsonl", tmp_path)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        proxy.close()
+    assert proxy.cuts_made == 1
+    assert fetched.path.read_bytes() == data
+    assert (fetched.size, fetched.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["input.jsonl"]
+    # The second block was asked for again, not the whole object: 11 MiB + the 1 MiB lost.
+    assert proxy.down_bytes < len(data) + (2 << 20), proxy.down_bytes
 
 
 def test_a_download_that_keeps_breaking_is_an_error_and_no_job(

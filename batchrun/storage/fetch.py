@@ -15,10 +15,10 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from batchrun.errors import BatchrunError
-from batchrun.storage.filesystems import cause, open_filesystem, url_scheme
+from batchrun.storage.filesystems import READ_ONLY_SCHEMES, cause, open_filesystem, url_scheme
 
 # The job's copy of an input fetched from a URL, in the job directory.
 FETCHED_NAME = "input.jsonl"
@@ -78,10 +78,9 @@ def fetch_input(url: str, job_dir: Path) -> Fetched:
     size = check_remote_input(url)
     dest = job_dir / FETCHED_NAME
     partial = job_dir / f".{FETCHED_NAME}.part"
-    digest = hashlib.sha256()
     try:
         with partial.open("wb") as out:
-            done = _stream(url, out, digest)
+            done, digest = _stream(url, out)
             if size >= 0 and done != size:
                 raise BatchrunError(
                     f"cannot read {url}: the download ended after {done:,} of {size:,} bytes; "
@@ -95,23 +94,34 @@ def fetch_input(url: str, job_dir: Path) -> Fetched:
     finally:
         with contextlib.suppress(OSError):
             partial.unlink()
-    return Fetched(dest, done, digest.hexdigest())
+    return Fetched(dest, done, digest)
 
 
-def _stream(url: str, out: BinaryIO, digest: hashlib._Hash) -> int:
-    """Copy `url` into `out` block by block; returns the bytes copied.
+def _stream(url: str, out: BinaryIO) -> tuple[int, str]:
+    """Copy `url` into `out` block by block; returns the bytes copied and their sha256.
 
-    A read that fails opens the object again at the offset reached, up to RETRIES times in all;
-    an error writing `out` (the local disk) is not the store's and is raised as it is.
+    A read that fails opens the object again, up to RETRIES times in all: at the offset reached
+    where the store serves ranges (object stores), from the start where it need not (an HTTP
+    server). An error writing `out` (the local disk) is not the store's and is raised as it is.
     """
     fs, path = open_filesystem(url)
+    ranged = url_scheme(url) not in READ_ONLY_SCHEMES
+    # An HTTP server need not serve ranges (Python's own does not): read it as one stream.
+    options: dict[str, Any] = (
+        {"block_size": BLOCK, "cache_type": "none"} if ranged else {"block_size": 0}
+    )
+    digest = hashlib.sha256()
     src: BinaryIO | None = None
     done = failures = 0
     try:
         while True:
+            if src is None and done and not ranged:  # starting over
+                out.seek(0)
+                out.truncate()
+                digest, done = hashlib.sha256(), 0
             try:
                 if src is None:
-                    src = fs.open(path, "rb", block_size=BLOCK, cache_type="none")
+                    src = fs.open(path, "rb", **options)
                     if done:
                         src.seek(done)
                 block = src.read(BLOCK)
@@ -127,7 +137,7 @@ def _stream(url: str, out: BinaryIO, digest: hashlib._Hash) -> int:
                 failures += 1
                 continue
             if not block:
-                return done
+                return done, digest.hexdigest()
             out.write(block)
             digest.update(block)
             done += len(block)
