@@ -438,6 +438,39 @@ def test_export_to_a_missing_bucket_refuses_before_writing(finished_job: Path, s
     assert not (finished_job / "output.jsonl").exists()
 
 
+def test_export_to_an_endpoint_that_does_not_answer_refuses_before_writing(
+    finished_job: Path, s3: S3Store
+) -> None:
+    (port,) = free_ports(1)
+    endpoint = f"http://127.0.0.1:{port}"
+    r = cli("export", "--job-dir", str(finished_job), "--to", "s3://out/x/", env=s3.env(endpoint, AWS_MAX_ATTEMPTS="1"))  # fmt: skip
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1,
+        "",
+        "error: cannot write to s3://out/x/: the endpoint does not answer (Could not connect "
+        f'to the endpoint URL: "{endpoint}/out")\n',
+    )
+    assert not (finished_job / "output.jsonl").exists()
+
+
+def test_export_with_denied_credentials_says_so_and_keeps_the_files(
+    finished_job: Path, s3: S3Store, bucket: str
+) -> None:
+    """Credentials that may not look at the bucket are not refused up front (they may still
+    write objects); the upload's refusal is the one line, and the files stay on disk."""
+    env = s3.env(AWS_SECRET_ACCESS_KEY="wrong")
+    r = cli("export", "--job-dir", str(finished_job), "--to", f"s3://{bucket}/out/", env=env)
+    output = finished_job / "output.jsonl"
+    assert r.returncode == 1
+    assert r.stderr == (
+        f"error: cannot upload {output} to s3://{bucket}/out/output.jsonl: access denied (The "
+        "request signature we calculated does not match the signature you provided. Check your "
+        "key and signing method.); check the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE); the "
+        f"file is still at {output}, export again with --to to retry\n"
+    )
+    assert output.exists() and s3.fs().ls(bucket) == []
+
+
 @pytest.mark.parametrize(
     ("to", "message"),
     [
