@@ -132,6 +132,16 @@ def test_a_job_from_a_bucket_resumes_with_the_store_stopped_and_exports_to_a_buc
     assert fs.cat(f"{bucket}/results/errors.jsonl") == b""
     assert fs.cat(f"{bucket}/results/output.jsonl") == (job / "output.jsonl").read_bytes()
 
+    # The job's copy is its input: gone, resume says where it came from.
+    copy = job / "input.jsonl"
+    copy.rename(tmp_path / "elsewhere.jsonl")
+    r = cli("resume", "--job-dir", str(job), "--no-progress", env=own.env())
+    assert r.returncode == 1
+    assert r.stderr.startswith(
+        f"error: the job's input file {copy} (fetched from s3://inputs/batch.jsonl) is gone; "
+    ), r.stderr
+    (tmp_path / "elsewhere.jsonl").rename(copy)
+
     # --parquet, to a prefix without its trailing slash; a rerun overwrites.
     for _ in range(2):
         r = cli("export", "--job-dir", str(job), "--parquet", "--to", f"s3://{bucket}/results", env=s3.env())  # fmt: skip

@@ -148,8 +148,10 @@ def check_input_unchanged(
         found = find_input(paths, manifest)
         if found is None:
             job = shlex.quote(str(paths.root))
+            # The job's copy of an input fetched from a URL: the URL is where to get it again.
+            fetched = f" (fetched from {manifest.input_url})" if manifest.input_url else ""
             raise BatchrunError(
-                f"the job's input file {manifest.input_path} is gone; put it back, or point "
+                f"the job's input file {manifest.input_path}{fetched} is gone; put it back, or point "
                 f"the job at its new place with: batchrun resume --job-dir {job} --input PATH "
                 "(finished results can still be exported)"
             )
