@@ -38,8 +38,21 @@ from batchrun.storage.upload import upload_files
 ECHO = ("--engine", "echo", "--no-progress")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_aws_settings_of_the_machine() -> Iterator[None]:
+    """The developer's or CI's own AWS_* settings (a profile, a session token, an endpoint) must
+    not reach the store's client or the commands these tests run: each test gives its own."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("AWS_") and k != "AWS_CA_BUNDLE"}
+    for key in saved:
+        del os.environ[key]
+    yield
+    os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Store]:
+def s3(
+    tmp_path_factory: pytest.TempPathFactory, no_aws_settings_of_the_machine: None
+) -> Iterator[S3Store]:
     """One store for the session's tests (each test makes its own bucket)."""
     store = S3Store(tmp_path_factory.mktemp("s3-store"))
     store.start()
