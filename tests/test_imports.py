@@ -140,3 +140,26 @@ def test_nothing_imports_the_cli() -> None:
         if package_of(target) == "cli"
     )
     assert wrong == []
+
+
+def test_object_storage_stays_at_the_edge() -> None:
+    """Only submit's core (run/commands.py) and the CLI know of buckets (storage/), and
+    storage/ imports nothing of batchrun but errors: a job never depends on the store."""
+    edges = graph()
+    users = sorted(
+        module
+        for module, targets in edges.items()
+        if package_of(module) not in ("storage", "cli")
+        and any(package_of(t) == "storage" for t in targets)
+    )
+    assert users == ["batchrun.run.commands"]
+    uses = sorted(
+        {
+            package_of(target)
+            for module, targets in edges.items()
+            if package_of(module) == "storage"
+            for target in targets
+        }
+        - {"storage"}
+    )
+    assert uses == ["errors"]

@@ -37,9 +37,10 @@ if TYPE_CHECKING:
     from batchrun.run.commands import JobSummary
 
 
-def default_job_dir(input_file: Path) -> Path:
-    """jobs/<input name>: a name made only of dots ("..", ".") must not climb out of jobs/."""
-    stem = input_file.stem.strip()
+def default_job_dir(input_file: Path | str) -> Path:
+    """jobs/<input name> (of a URL, its last part): a name made only of dots ("..", ".") must
+    not climb out of jobs/."""
+    stem = Path(input_file).stem.strip()
     if not stem or set(stem) == {"."}:
         stem = "job"
     return Path("jobs") / stem
@@ -47,7 +48,7 @@ def default_job_dir(input_file: Path) -> Path:
 
 def _start(
     ctx: typer.Context,
-    input_file: Path,
+    input_file: str,
     job_dir: Path | None,
     given: GivenOptions,
     *,

@@ -73,10 +73,13 @@ NoProgress = Annotated[
     bool,
     typer.Option("--no-progress", envvar="BATCHRUN_NO_PROGRESS", help="Hide the progress bar."),
 ]
+# A str, not a Path: a Path would fold the "//" of s3://BUCKET/KEY into one slash.
 InputFile = Annotated[
-    Path,
+    str,
     typer.Argument(
-        help="OpenAI batch input file (JSONL).", metavar="INPUT_FILE", show_default=False
+        help="OpenAI batch input file (JSONL): a path, or a URL (s3://BUCKET/KEY.jsonl, or any fsspec URL whose package is installed) fetched once into the job directory.",
+        metavar="INPUT_FILE",
+        show_default=False,
     ),
 ]
 NewJobDir = Annotated[

@@ -40,17 +40,42 @@ def export(
             help="Export what is finished even though requests are still pending (they are not in the output).",
         ),
     ] = False,
+    to: Annotated[
+        str | None,
+        typer.Option(
+            "--to",
+            metavar="URL",
+            help="Also upload the files written to this URL prefix (s3://BUCKET/PREFIX/, or any fsspec URL whose package is installed), overwriting what is there. Credentials and endpoint as the AWS tools take them (AWS_PROFILE, AWS_ENDPOINT_URL, ...).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Write the results: output.jsonl + errors.jsonl (OpenAI batch output format), or results.parquet."""
     from batchrun.export.job import export_job
 
     try:
+        prefix = _destination(to) if to is not None else None  # before anything is written
         summary = export_job(job_dir, output_dir or job_dir, parquet=parquet, partial=partial)
     except BatchrunError as e:
         fail(str(e), e.exit_code)
     out.print(summary.describe(), highlight=False, soft_wrap=True)
     for path in summary.paths:
         out.print(f"wrote {path}", highlight=False, soft_wrap=True)
+    if prefix is not None:
+        from batchrun.storage.upload import upload_files
+
+        try:
+            for url in upload_files(summary.paths, prefix):
+                out.print(f"uploaded {url}", highlight=False, soft_wrap=True)
+        except BatchrunError as e:
+            fail(str(e), e.exit_code)
+
+
+def _destination(url: str) -> str:
+    """export --to: the URL prefix the files go under, checked before any is written."""
+    from batchrun.storage.upload import check_destination
+
+    return check_destination(url)
 
 
 def status(

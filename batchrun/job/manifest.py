@@ -67,6 +67,8 @@ class Manifest(msgspec.Struct, kw_only=True):
     updated_at: float | None = None
     input_path: str
     input_relpath: str | None = None
+    # The URL the input was fetched from (s3://...); input_path is then the job's own copy.
+    input_url: str | None = None
     input_sha256: str
     input_bytes: int
     requests: int

@@ -30,13 +30,20 @@ from batchrun.run.passes import JobSummary, run_job
 from batchrun.run.preflight import preflight
 from batchrun.run.sizing import Probe
 from batchrun.run.source import InputIndex
+from batchrun.storage.fetch import (
+    FETCHED_NAME,
+    check_remote_input,
+    fetch_input,
+    local_path,
+    remote_input,
+)
 
 if TYPE_CHECKING:
     from batchrun.metrics import RunMetrics
 
 
 def submit(
-    input_path: Path,
+    input_file: Path | str,
     job_dir: Path,
     options: RunOptions,
     *,
@@ -46,12 +53,19 @@ def submit(
 ) -> JobSummary:
     """Validate the input, create the job directory, and run the job to the end.
 
+    `input_file` is a local path, or a URL (s3://, https:// ...) whose object is first brought
+    into the job directory (storage/fetch.py), so that the job never needs the store again.
     With `tune_only`, stop after the batch-size search: the probes' results are kept in the
     journal and `resume` continues the job at the size found. Every option is checked before
     the job directory is made: a value no engine takes must never be saved into a job.
     """
     warnings = check_submit(job_dir, options)
-    check_input_file(input_path)
+    url = remote_input(str(input_file))
+    if url is None:
+        input_path = local_path(str(input_file))
+        check_input_file(input_path)
+    else:
+        check_remote_input(url)  # a missing object or a store out of reach: before anything
     paths = JobPaths(job_dir)
     if paths.manifest.exists():
         try:
@@ -75,25 +89,47 @@ def submit(
         job_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise BatchrunError(f"cannot create the job directory {job_dir}: {e.strerror or e}") from e
-    # Said only once the job exists: a refusal before this point leaves no job to name.
-    (notify or _to_stderr)(f"job dir: {job_dir}")
+    # Said only once the job exists: a refusal before this point leaves no job to name (an
+    # input from a URL: once it is in the job directory).
+    if url is None:
+        (notify or _to_stderr)(f"job dir: {job_dir}")
     with job_lock(paths):
         discard_unfinished_validation(paths)
         # What the validating pass finds, so that the run pass reads the file cheaply.
         index = InputIndex(known)
         try:
-            manifest = validate_into_job(input_path, paths, options, index)
+            digest = None
+            if url is not None:
+                input_path, digest = _fetch(url, paths)
+                (notify or _to_stderr)(f"job dir: {job_dir}")
+            manifest = validate_into_job(
+                input_path, paths, options, index, input_url=url, input_sha256=digest
+            )
         except (BatchrunError, KeyboardInterrupt):
             # No manifest yet, so nothing has run: leave the directory as it was, and running
             # the same submit again starts clean.
             if created:
                 shutil.rmtree(job_dir, ignore_errors=True)
             else:
-                for p in (paths.journal, paths.lock):
+                # (The fetched copy only: a local input may well lie in the job directory.)
+                fetched = [paths.root / FETCHED_NAME] if url is not None else []
+                for p in (paths.journal, paths.lock, *fetched):
                     p.unlink(missing_ok=True)
             raise
         mode = "tune" if tune_only else "submit"
         return run_job(paths, manifest, options, mode=mode, index=index, metrics=metrics)
+
+
+def _fetch(url: str, paths: JobPaths) -> tuple[Path, str]:
+    """Bring the input at `url` into the job directory and check it as a local input is
+    checked (said with its URL: the copy is removed again when it is refused); returns the
+    copy and its sha256, taken as it came."""
+    fetched = fetch_input(url, paths.root)
+    try:
+        check_input_file(fetched.path)
+    except BatchrunError as e:
+        raise BatchrunError(str(e).replace(str(fetched.path), url)) from None
+    return fetched.path, fetched.sha256
 
 
 def check_submit(job_dir: Path, options: RunOptions) -> list[str]:

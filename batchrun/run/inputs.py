@@ -51,11 +51,19 @@ def discard_unfinished_validation(paths: JobPaths) -> None:
 
 
 def validate_into_job(
-    input_path: Path, paths: JobPaths, options: RunOptions, index: InputIndex
+    input_path: Path,
+    paths: JobPaths,
+    options: RunOptions,
+    index: InputIndex,
+    *,
+    input_url: str | None = None,
+    input_sha256: str | None = None,
 ) -> Manifest:
     """Stream-validate the input; invalid lines go to the journal as error records.
 
     `index` records what the pass finds, so that the run pass after it reads the file cheaply.
+    `input_url`: where the input was fetched from (`input_path` is then the job's own copy,
+    whose sha256 the download took as `input_sha256`: the file is not read again for it).
     """
     valid = invalid = json_errors = 0
     # Per model (several models or adapters: status counts per model, run/by_model.py).
@@ -83,7 +91,7 @@ def validate_into_job(
     if valid == 0 and invalid > 0 and json_errors == invalid:
         assert first_error is not None
         raise BatchrunError(
-            f"{input_path} is not a JSONL file of requests (line {first_error.line}: "
+            f"{input_url or input_path} is not a JSONL file of requests (line {first_error.line}: "
             f"{first_error.message})"
         )
     # The engine needs the endpoint: embeddings, score and rerank run vLLM as a pooling model.
@@ -95,7 +103,8 @@ def validate_into_job(
         created_at=now,
         input_path=input_abs,
         input_relpath=input_rel,
-        input_sha256=hash_file(input_path),
+        input_url=input_url,
+        input_sha256=input_sha256 or hash_file(input_path),
         input_bytes=input_path.stat().st_size,
         requests=valid,
         invalid=invalid,
@@ -139,8 +148,10 @@ def check_input_unchanged(
         found = find_input(paths, manifest)
         if found is None:
             job = shlex.quote(str(paths.root))
+            # The job's copy of an input fetched from a URL: the URL is where to get it again.
+            fetched = f" (fetched from {manifest.input_url})" if manifest.input_url else ""
             raise BatchrunError(
-                f"the job's input file {manifest.input_path} is gone; put it back, or point "
+                f"the job's input file {manifest.input_path}{fetched} is gone; put it back, or point "
                 f"the job at its new place with: batchrun resume --job-dir {job} --input PATH "
                 "(finished results can still be exported)"
             )
