@@ -27,7 +27,14 @@ import msgspec
 from batchrun.errors import BatchrunError
 from batchrun.export.embeddings import embedding, raw_embedding_size
 from batchrun.job.inputmap import InputMap
-from batchrun.job.state import FAILED_FINAL, FAILED_RETRYABLE, INVALID, OK, PENDING
+from batchrun.job.state import (
+    FAILED_FINAL,
+    FAILED_RETRYABLE,
+    INVALID,
+    OK,
+    PENDING,
+    attempt_status,
+)
 
 # A request's status in the index is job/state.py's RequestStatus: PENDING is a request of a
 # forced resume's input map with no finished attempt, never written out.
@@ -232,7 +239,7 @@ def latest_by_request(
                 if kind == "result":
                     if rec.custom_id is msgspec.UNSET or rec.ok is msgspec.UNSET:
                         raise KeyError("custom_id or ok")
-                    status = OK if rec.ok else FAILED_RETRYABLE if rec.retryable else FAILED_FINAL
+                    status = attempt_status(rec.ok, rec.retryable)
                 elif kind == "invalid":
                     status = INVALID
                 else:

@@ -28,6 +28,16 @@ class RequestStatus(IntEnum):
 
 OK, FAILED_RETRYABLE, FAILED_FINAL, INVALID, PENDING = RequestStatus
 
+
+def attempt_status(ok: object, retryable: object) -> int:
+    """The status an attempt leaves its request in, from its record's (or outcome's) `ok` and
+    `retryable`: the one rule every reader of the journal applies (the run's state, the summary,
+    export's index)."""
+    if ok:
+        return OK
+    return FAILED_RETRYABLE if retryable else FAILED_FINAL
+
+
 # A request's key in the state: its input line (a state with a journal to name lines from), or
 # its custom_id (a state built in memory, or a record that names no line).
 Key = int | str
@@ -325,11 +335,9 @@ class JobState:
         table = self.table
         self.tried += 1
         self.ok -= table.get(key) == OK
-        if rec.get("ok"):
-            table.set(key, cid, OK)
-            self.ok += 1
-        else:
-            table.set(key, cid, FAILED_RETRYABLE if rec.get("retryable") else FAILED_FINAL)
+        status = attempt_status(rec.get("ok"), rec.get("retryable"))
+        table.set(key, cid, status)
+        self.ok += status == OK
         tokens = int(rec.get("completion_tokens") or 0)
         if "copy_of" in rec:
             self.deduplicated += 1
@@ -395,13 +403,12 @@ class JobState:
                 ok -= old == OK
             numbers.append(attempt)
             cid = outcome.custom_id
-            if outcome.ok:
-                status = OK
+            status = attempt_status(outcome.ok, outcome.retryable)
+            if status == OK:
                 ok += 1
                 if old is not None and old != OK:
                     del failed[cid]
             else:
-                status = FAILED_RETRYABLE if outcome.retryable else FAILED_FINAL
                 failed[cid] = key
             if type(key) is int:
                 codes[key] = status + 1
