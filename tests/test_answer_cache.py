@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import chat_line, cli, journal_records, start_cli, wait_until, write_jsonl
-from test_serve import start_server, stop_server, wait_done
+from serving import start_server, stop_server, wait_done
 
 IDS = [f"r{i}" for i in range(8)]
 

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import pytest
 from conftest import chat_line, cli, journal_records, read_jsonl, wait_until, write_jsonl
-from test_serve import create_batch, lines_of, requests_file, start_server, stop_server
+from serving import create_batch, lines_of, requests_file, start_server, stop_server
 
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError

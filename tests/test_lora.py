@@ -289,7 +289,7 @@ def test_prefix_groups_still_form_within_an_adapter() -> None:
 def test_serve_routes_a_batchs_lines_to_the_base_or_its_adapter(
     tmp_path: Path, adapters: dict[str, Path]
 ) -> None:
-    from test_serve import create_batch, lines_of, start_server, stop_server, wait_done
+    from serving import create_batch, lines_of, start_server, stop_server, wait_done
 
     server = start_server(tmp_path / "root", *_lora(adapters, "a1", "a2"))
     try:

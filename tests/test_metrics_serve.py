@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 from conftest import chat_line, write_jsonl
 from prometheus_client.parser import text_string_to_metric_families
-from test_serve import API_KEY, create_batch, start_server, stop_server, wait_done
+from serving import API_KEY, create_batch, start_server, stop_server, wait_done
 
 from batchrun.metrics import names
 

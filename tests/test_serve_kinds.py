@@ -16,7 +16,7 @@ import pytest
 from conftest import chat_line, cli, journal_records, results_at_least, wait_until, write_jsonl
 from openai import OpenAI
 from openai.types import Batch
-from test_serve import API_KEY, Server, start_server, stop_server, wait_done
+from serving import API_KEY, Server, start_server, stop_server, wait_done
 
 from batchrun.errors import BatchrunError
 from batchrun.serve.kinds import kind_switch_after

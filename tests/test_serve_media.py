@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 from conftest import write_jsonl
 from mm_models import png_bytes, wav_bytes
-from test_serve import create_batch, lines_of, start_server, stop_server, wait_done
+from serving import create_batch, lines_of, start_server, stop_server, wait_done
 
 PNG_URL = "data:image/png;base64," + base64.b64encode(png_bytes(8, 8, (200, 30, 30))).decode()
 WAV = base64.b64encode(wav_bytes(0.1, 440)).decode()

@@ -19,8 +19,7 @@ from conftest import (
     wait_until,
     write_jsonl,
 )
-from test_serve import Server, create_batch, lines_of, start_server, stop_server, wait_done
-from test_serve_models import SLOW, TWO
+from serving import SLOW, TWO, Server, create_batch, lines_of, start_server, stop_server, wait_done
 
 # With SLOW's 2 at a time: about 50 requests a second, slow enough to kill mid-batch.
 ENV = {"BATCHRUN_ECHO_DELAY_MS": "40"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import chat_line, write_jsonl
-from test_serve import API_KEY, create_batch, lines_of, start_server, stop_server, wait_done
+from serving import API_KEY, create_batch, lines_of, start_server, stop_server, wait_done
 
 
 def test_a_poison_line_under_serve_fails_alone(tmp_path: Path) -> None:

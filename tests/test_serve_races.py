@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 from conftest import chat_line, journal_records, wait_until, write_jsonl
-from test_serve import (
+from serving import (
     API_KEY,
     Server,
     create_batch,

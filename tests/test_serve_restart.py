@@ -13,7 +13,7 @@ import httpx
 import openai
 from conftest import chat_line, cli, group_alive, journal_records, wait_until, write_jsonl
 from openai.types import Batch
-from test_serve import (
+from serving import (
     SLOW_ENGINE,
     SLOW_ENV,
     create_batch,

@@ -328,7 +328,7 @@ def test_known_models_route_adapters_to_their_base() -> None:
 
 def test_serve_lists_the_base_model_and_each_adapter_with_its_parent(tmp_path: Path) -> None:
     import httpx
-    from test_serve import API_KEY, start_server, stop_server
+    from serving import API_KEY, start_server, stop_server
 
     adapter = make_adapter(tmp_path / "a1", seed=1)
     server = start_server(
