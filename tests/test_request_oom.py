@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import pytest
 from conftest import chat_line, cli, journal_records, read_jsonl, write_jsonl
-from test_scheduler import Events, FakeWorker, requests, results
+from fakes.workers import Events, FakeWorker, requests, results
 
 from batchrun.config import EngineSettings
 from batchrun.job.journal import JournalWriter

@@ -258,7 +258,7 @@ class RankFailingWorker(Worker):
 
 
 def test_a_rank_oom_behind_workerproc_initialization_failed_is_recognised(tmp_path: Path) -> None:
-    from test_scheduler import Events, requests
+    from fakes.workers import Events, requests
 
     RankFailingWorker.starts, RankFailingWorker.windows = 0, []
     settings = EngineSettings(engine="echo", max_num_seqs=4, window=4)
