@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
+
 DATA = Path(__file__).resolve().parent / "data"
 CORPUS = DATA / "hostile.jsonl"
 EXPECTED = DATA / "hostile.expected.jsonl"

@@ -23,6 +23,7 @@ from batchrun.openai.records import Outcome, Request
 from batchrun.run.scheduler import Scheduler
 
 
+@pytest.mark.slow
 def test_one_request_that_runs_out_of_memory_fails_alone_and_the_job_goes_on(
     tmp_path: Path,
 ) -> None:

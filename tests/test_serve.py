@@ -43,6 +43,8 @@ from serving import (  # noqa: F401 (named here too, for the tests that import t
 
 from batchrun.serve.batches import RECORD_NAME, BatchRecord, BatchStore, new_batch
 
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:

@@ -21,6 +21,8 @@ from serving import API_KEY, Server, create_batch, start_server, stop_server, wa
 
 from batchrun.serve.guard import MAX_BODY_BYTES, MAX_DEPTH
 
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
+
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 BAD_KEY = {
     "error": {

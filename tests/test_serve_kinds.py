@@ -21,6 +21,8 @@ from serving import API_KEY, Server, start_server, stop_server, wait_done
 from batchrun.errors import BatchrunError
 from batchrun.serve.kinds import kind_switch_after
 
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
+
 SLOW = {"BATCHRUN_ECHO_DELAY_MS": "20"}  # 4 at a time: about 200 requests a second
 NAMES = ["g0", "e0", "g1", "e1", "g2", "e2"]
 

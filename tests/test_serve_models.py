@@ -25,6 +25,8 @@ from conftest import (
 from lora_models import make_adapter
 from serving import DONE, SLOW, TWO, create_batch, lines_of, start_server, stop_server, wait_done
 
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
+
 WIDE = {"COLUMNS": "1000"}
 
 

@@ -182,6 +182,7 @@ def test_free_memory_at_start_three_starts_then_one_line_naming_the_option_and_t
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_free_memory_twice_then_the_job_runs_at_the_same_batch_size(tmp_path: Path) -> None:
     env = {"BATCHRUN_ECHO_START_ERROR": FREE_MEMORY, "BATCHRUN_ECHO_START_ERROR_TIMES": "2"}
     r, job = submit(tmp_path, env, 30)
