@@ -93,7 +93,7 @@ def cli(
     """Run `batchrun ARGS` in this process (run_cli): for every test where the process itself is
     not what is tested. `cli_process` runs a real one (signals, exits, process trees, the entry
     point's own set-up, variables a library reads at import), as does every call of a vllm or
-    ray test; BATCHRUN_TEST_CLI=process sends every call there."""
+    ray test; BATCHRUN_TEST_CLI=process sends every call there. `timeout` bounds a process only."""
     if _REAL_PROCESSES or os.environ.get("BATCHRUN_TEST_CLI") == "process":
         return cli_process(*args, env=env, timeout=timeout)
     return run_cli(*args, env=env)
