@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
-from batchrun.engines.registry import DEFAULT_ENGINE, EngineSpec, engine_spec
+from batchrun.engine_registry import DEFAULT_ENGINE, EngineSpec, engine_spec
 from batchrun.errors import OptionError as OptionError  # the options modules import it from here
 from batchrun.openai.media import DEFAULT_MAX_MEDIA_BYTES
 
@@ -137,7 +137,7 @@ def _check_choice(option: str, value: object, choices: tuple[str, ...]) -> None:
 class EngineSettings:
     """What a worker needs to start an engine. Stored in the job manifest, so `resume` reuses it."""
 
-    # A name in batchrun/engines/registry.py.
+    # A name in batchrun/engine_registry.py.
     engine: str = DEFAULT_ENGINE
     # As --model gave it (batchrun/models/ says what it may be): a local Hugging Face model
     # directory or .gguf file (made absolute), or a hub id; None: the embedded default model.

@@ -44,7 +44,7 @@ class OutOfMemoryError(RuntimeError):
 
 def register() -> None:
     """Add this engine to batchrun's registry in this process."""
-    from batchrun.engines import registry
+    from batchrun import engine_registry as registry
 
     if ENGINE not in registry.ENGINES:
         registry.ENGINES[ENGINE] = registry.EngineSpec(

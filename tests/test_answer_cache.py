@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from conftest import chat_line, cli, journal_records, start_cli, wait_until, write_jsonl
 from mm_models import wav_bytes
-from test_serve import start_server, stop_server, wait_done
+from serving import start_server, stop_server, wait_done
 
 from batchrun.config import EngineSettings
 from batchrun.engines.echo import EchoEngine
@@ -211,6 +211,7 @@ def test_cache_stats_and_prune(tmp_path: Path) -> None:
     assert r.returncode == 2
 
 
+@pytest.mark.slow
 def test_serve_answers_a_later_batch_from_the_cache(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     server = start_server(tmp_path / "root", "--cache-dir", str(cache))
@@ -237,6 +238,7 @@ def test_serve_answers_a_later_batch_from_the_cache(tmp_path: Path) -> None:
         stop_server(server)
 
 
+@pytest.mark.slow
 def test_two_jobs_at_once_share_one_cache(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     src = write_jsonl(

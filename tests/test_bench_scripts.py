@@ -31,6 +31,7 @@ def test_each_benchmark_runs_alone_with_help(script: str) -> None:
     assert "--work-dir" in r.stdout and "--no-docs" in r.stdout
 
 
+@pytest.mark.slow
 def test_the_overhead_benchmark_runs_on_its_own_and_through_bench_py(tmp_path: Path) -> None:
     """A tiny run of part B (echo engine, no model), both ways: the phases all exit 0."""
     for script, extra in (("bench_overhead.py", ()), ("bench.py", ("--overhead",))):
@@ -50,6 +51,7 @@ def test_the_overhead_benchmark_runs_on_its_own_and_through_bench_py(tmp_path: P
         assert len(phases) == 4 and all("(exit 0)" in line for line in phases), r.stdout
 
 
+@pytest.mark.slow
 def test_the_lora_benchmark_runs_dry_through_bench_py(tmp_path: Path) -> None:
     """bench.py --lora --lora-echo: 4 adapters made, every line answered by batchrun (echo)."""
     r = run(
@@ -72,6 +74,7 @@ def test_the_lora_benchmark_runs_dry_through_bench_py(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_the_two_models_benchmark_runs_dry_on_its_own(tmp_path: Path) -> None:
     """bench_models.py --models-echo: the one job starts an engine per model, the two jobs one
     each, every line answered in both, and the ratio line is printed."""

@@ -53,6 +53,7 @@ def test_the_env_variable_turns_the_answer_cache_on(tmp_path: Path, src: Path) -
     assert status(second)["cache_hits"] == len(IDS)
 
 
+@pytest.mark.slow
 def test_a_job_keeps_the_cache_dir_it_was_submitted_with(tmp_path: Path, src: Path) -> None:
     cache = tmp_path / "answers"
     job = tmp_path / "job"

@@ -38,6 +38,8 @@ from conftest import (
     write_jsonl,
 )
 
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
+
 CHAOS = ROOT / "scripts" / "chaos.py"
 
 

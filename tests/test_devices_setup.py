@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import ROOT
 from fakes.gpus import fake_packages, gpu, install_nvidia_smi
 
@@ -95,6 +96,7 @@ def test_the_driver_s_cuda_version_against_the_wheel_s(tmp_path: Path) -> None:
         assert (done.returncode == 0) is fits, (wheel, driver)
 
 
+@pytest.mark.slow
 def test_torch_s_build_is_read_from_its_label(tmp_path: Path) -> None:
     # Fake torch packages first on the path: the machine's own torch (CPU here, CUDA on a GPU
     # machine) does not decide the answer.

@@ -91,6 +91,7 @@ def test_a_cpu_machine_reads_cpu_no_gpu_ok(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.slow
 def test_the_cpu_build_with_gpus_listed_is_a_problem_and_refuses_a_gpu_job(
     tmp_path: Path,
 ) -> None:
@@ -150,6 +151,7 @@ def test_gpu_ids_that_name_no_visible_gpu_are_refused_naming_the_visible_ones(
     assert not job.exists()
 
 
+@pytest.mark.slow
 def test_serve_is_refused_before_its_root_is_made(tmp_path: Path) -> None:
     env = install_nvidia_smi(tmp_path, {"gpus": EIGHT[:2]})
     root = tmp_path / "root"

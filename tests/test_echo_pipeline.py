@@ -177,6 +177,7 @@ def test_simulated_oom_backs_off_and_finishes(tmp_path: Path) -> None:
     assert len(journal_records(job)) == 400
 
 
+@pytest.mark.slow
 def test_batch_size_search_finds_the_largest_size_that_fits(tmp_path: Path) -> None:
     src = make_input(tmp_path, 2000)
     job = tmp_path / "job"
@@ -190,6 +191,7 @@ def test_batch_size_search_finds_the_largest_size_that_fits(tmp_path: Path) -> N
     assert status["requests"]["succeeded"] == 2000
 
 
+@pytest.mark.slow
 def test_kill_9_of_submit_then_resume_runs_only_what_is_left(tmp_path: Path) -> None:
     src = make_input(tmp_path, 600)
     job = tmp_path / "job"
@@ -305,6 +307,7 @@ def test_resume_refuses_a_changed_input_file(tmp_path: Path) -> None:
     assert "changed since the job was submitted" in r.stderr
 
 
+@pytest.mark.slow
 def test_several_workers_share_one_queue_and_one_journal(tmp_path: Path) -> None:
     # Enough work (about 6 s for one worker alone) that each worker is ready before the
     # others could finish it all, even on a loaded machine.
@@ -454,6 +457,7 @@ def test_resume_force_runs_the_changed_file_without_rerunning_finished_work(tmp_
     assert status["requests"]["valid"] == 6 and status["requests"]["succeeded"] == 6
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_worker_alone_loses_nothing(tmp_path: Path) -> None:
     from conftest import worker_pids
 

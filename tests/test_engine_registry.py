@@ -12,14 +12,14 @@ from conftest import ROOT, chat_line, cli, write_jsonl
 from fakes.gpus import gpu, install_nvidia_smi
 
 from batchrun.config import EngineSettings, OptionError
-from batchrun.engines.base import create_engine
-from batchrun.engines.registry import (
+from batchrun.engine_registry import (
     DEFAULT_ENGINE,
     ENGINE_NAMES,
     ENGINES,
     engine_help,
     engine_spec,
 )
+from batchrun.engines.base import create_engine
 from batchrun.workers.devices import cache_device, worker_envs
 
 
@@ -50,7 +50,7 @@ def test_every_entry_resolves_without_importing_vllm() -> None:
     before starting the engine) loads the engine's module, but neither vLLM nor torch."""
     code = (
         "import sys, inspect\n"
-        "from batchrun.engines.registry import ENGINES\n"
+        "from batchrun.engine_registry import ENGINES\n"
         "from batchrun.workers.devices import cache_device\n"
         "for spec in ENGINES.values():\n"
         "    factory = spec.factory()\n"

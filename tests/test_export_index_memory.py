@@ -33,6 +33,7 @@ def write_journal(path: Path, n: int) -> None:
         f.writelines(line % (i, i + 1, "false", "null") for i in range(0, n, 1000))
 
 
+@pytest.mark.slow
 def test_the_journal_index_of_200k_requests_peaks_at_most_40_bytes_a_request(
     tmp_path: Path,
 ) -> None:

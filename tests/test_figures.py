@@ -66,6 +66,7 @@ def journal_counts(job: Path, valid: int) -> dict[str, int]:
     }
 
 
+@pytest.mark.slow
 def test_a_killed_job_s_status_page_and_journal_agree_and_its_wall_time_is_kept(
     tmp_path: Path,
 ) -> None:

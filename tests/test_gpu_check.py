@@ -9,7 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from fakes.gpus import path_without_nvidia_smi
+
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 
 ROOT = Path(__file__).resolve().parent.parent
 

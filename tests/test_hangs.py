@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import pytest
 from conftest import chat_line, cli, journal_records, read_jsonl, wait_until, write_jsonl
-from test_serve import create_batch, lines_of, requests_file, start_server, stop_server
+from serving import create_batch, lines_of, requests_file, start_server, stop_server
 
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
@@ -59,6 +59,7 @@ def submit(src: Path, job: Path, *args: str, env: dict[str, str]) -> Any:
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])
+@pytest.mark.slow
 def test_a_hung_engine_is_killed_and_replaced_and_every_request_succeeds(
     tmp_path: Path, how: str
 ) -> None:
@@ -88,6 +89,7 @@ def test_a_hung_engine_is_killed_and_replaced_and_every_request_succeeds(
     assert "worker 0 hung: no result for 2 s with 8 requests in flight; killed" in logs
 
 
+@pytest.mark.slow
 def test_a_request_slower_than_the_stall_timeout_is_not_a_hang(tmp_path: Path) -> None:
     # Every request takes 3.5 s and none finishes before the stall limit of 2 s: the worker's
     # heartbeats between engine steps keep it alive.
@@ -100,6 +102,7 @@ def test_a_request_slower_than_the_stall_timeout_is_not_a_hang(tmp_path: Path) -
     assert len(journal_records(job)) == 4
 
 
+@pytest.mark.slow
 def test_a_request_past_its_timeout_fails_with_code_timeout_and_retry_failed_runs_it_again(
     tmp_path: Path,
 ) -> None:
@@ -152,6 +155,7 @@ def test_a_request_past_its_timeout_fails_with_code_timeout_and_retry_failed_run
     assert last["ok"] is True and last["attempt"] == 3
 
 
+@pytest.mark.slow
 def test_under_serve_a_request_past_its_timeout_fails_alone_and_the_batch_completes(
     tmp_path: Path,
 ) -> None:
@@ -567,6 +571,7 @@ def test_the_vllm_engine_aborts_a_request_by_its_id_and_a_pooling_request_by_its
     assert engine.has_unfinished()  # r2 still runs
 
 
+@pytest.mark.slow
 def test_a_start_that_never_finishes_is_killed_and_started_again(tmp_path: Path) -> None:
     """BATCHRUN_ECHO_START_HANG=1: the first engine start never returns (an NCCL set-up stuck);
     past --start-timeout it is killed with its group, counted as a failed start, and the next

@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
+
 DATA = Path(__file__).resolve().parent / "data"
 CORPUS = DATA / "hostile.jsonl"
 EXPECTED = DATA / "hostile.expected.jsonl"
@@ -265,7 +267,7 @@ def test_ids_are_data_not_paths(hostile: dict[str, Any]) -> None:
         "sandbox/jobs/hostile",
         *(f"sandbox/jobs/hostile/{n}" for n in
           ("manifest.json", "journal.jsonl", "lock", "output.jsonl", "errors.jsonl", "logs",
-           "logs/worker-0.log", "summary.json", "events.jsonl")),
+           "logs/worker-0.log", "summary.json", "events.jsonl", "run_clock.json")),
         "peak_kb",
     }  # fmt: skip
     assert created <= allowed, sorted(created - allowed)

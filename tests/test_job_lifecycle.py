@@ -334,6 +334,7 @@ def cli_read_only(
     return r
 
 
+@pytest.mark.slow
 def test_commands_on_a_read_only_job_directory_say_so_in_one_line(tmp_path: Path) -> None:
     src = make_input(tmp_path / "in.jsonl", [f"r{i}" for i in range(50)])
     job = tmp_path / "job"

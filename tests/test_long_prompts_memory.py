@@ -14,10 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_scale import write_long_prompts  # the benchmark's own file of long prompts
+
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 
 LINES = 800
 PROMPT_CHARS = 250_000

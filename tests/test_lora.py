@@ -49,6 +49,7 @@ def _lora(adapters: dict[str, Path], *names: str) -> list[str]:
     return [a for n in names for a in ("--lora-modules", f"{n}={adapters[n]}")]
 
 
+@pytest.mark.slow
 def test_lines_pick_the_base_or_an_adapter_and_an_unknown_name_is_an_error_record(
     tmp_path: Path, adapters: dict[str, Path]
 ) -> None:
@@ -136,6 +137,7 @@ def test_a_malformed_lora_module_is_a_usage_error(tmp_path: Path, value: str, me
     assert not (tmp_path / "job").exists()
 
 
+@pytest.mark.slow
 def test_an_adapter_named_twice_is_a_usage_error(tmp_path: Path, adapters: dict[str, Path]) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [model_line("a", None)])
     r = _submit(
@@ -286,10 +288,11 @@ def test_prefix_groups_still_form_within_an_adapter() -> None:
     assert planned == ["d0", "d1", "x0", "x1", "y0"]
 
 
+@pytest.mark.slow
 def test_serve_routes_a_batchs_lines_to_the_base_or_its_adapter(
     tmp_path: Path, adapters: dict[str, Path]
 ) -> None:
-    from test_serve import create_batch, lines_of, start_server, stop_server, wait_done
+    from serving import create_batch, lines_of, start_server, stop_server, wait_done
 
     server = start_server(tmp_path / "root", *_lora(adapters, "a1", "a2"))
     try:
@@ -331,6 +334,7 @@ def test_serve_refuses_a_missing_adapter_in_one_line(tmp_path: Path) -> None:
     assert _refusal(r) == f"error: adapter 'x': {missing} does not exist"
 
 
+@pytest.mark.slow
 def test_kill_9_mid_job_then_resume_runs_each_adapter_line_exactly_once(
     tmp_path: Path, adapters: dict[str, Path]
 ) -> None:

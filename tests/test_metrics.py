@@ -60,6 +60,7 @@ def scrape(url: str) -> dict[str, Any]:
     return samples
 
 
+@pytest.mark.slow
 def test_a_running_submit_is_scraped_and_its_counters_agree_with_the_job(tmp_path: Path) -> None:
     """`submit --metrics-port` serves /metrics while it runs (queue depth and in flight seen
     mid-run), and a scrape near the end agrees with `status` on every count."""

@@ -6,11 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 from conftest import chat_line, write_jsonl
 from prometheus_client.parser import text_string_to_metric_families
-from test_serve import API_KEY, create_batch, start_server, stop_server, wait_done
+from serving import API_KEY, create_batch, start_server, stop_server, wait_done
 
 from batchrun.metrics import names
+
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 

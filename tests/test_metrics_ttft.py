@@ -7,6 +7,7 @@ import pickle
 from types import SimpleNamespace
 
 import msgspec
+import pytest
 
 from batchrun.engines.vllm.ttft import first_token_s
 from batchrun.metrics import names
@@ -14,6 +15,7 @@ from batchrun.metrics.recorder import RunMetrics
 from batchrun.openai.records import Outcome, Request
 
 
+@pytest.mark.slow
 def test_first_token_comes_from_vllms_request_stats() -> None:
     """vLLM's own RequestOutput and RequestStateStats: the latency it measured, else None."""
     from vllm.outputs import RequestOutput

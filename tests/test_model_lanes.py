@@ -14,6 +14,7 @@ import signal
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from conftest import cli, journal_records, model_line, results_at_least, start_cli, wait_until
 
 from batchrun.run.lanes import MOVE_BATCHES, next_lane, share_out
@@ -51,6 +52,7 @@ def _results(job: Path) -> list[dict[str, object]]:
     return [r for r in journal_records(job) if r["kind"] == "result"]
 
 
+@pytest.mark.slow
 def test_workers_are_shared_out_by_each_models_work_and_run_only_its_lines(
     tmp_path: Path,
 ) -> None:
@@ -134,6 +136,7 @@ def test_a_poison_line_is_isolated_on_its_own_models_workers(tmp_path: Path) -> 
     assert final["r6"]["error"]["code"] == "engine_crash"  # type: ignore[index]
 
 
+@pytest.mark.slow
 def test_kill_9_mid_run_then_resume_answers_every_line_once(tmp_path: Path) -> None:
     models = ["large", "small", "large"] * 100
     src, model_of = _input(tmp_path, models)

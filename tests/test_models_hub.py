@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import chat_line, cli, read_jsonl, write_jsonl
+from conftest import chat_line, cli, cli_process, read_jsonl, write_jsonl
 from hub_cache import COMMIT, HUB_ID, make_hub_cache
 
 from batchrun import models
@@ -234,7 +234,7 @@ def test_offline_and_not_cached_is_one_line_and_no_job(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi")])
     job = tmp_path / "j"
     empty = tmp_path / "empty-hf"
-    r = cli(
+    r = cli_process(  # a process: huggingface_hub reads HF_HOME and HF_HUB_OFFLINE at import
         "submit", str(src), "--job-dir", str(job), "--model", "Org/Missing", env=offline_env(empty)
     )
     assert r.returncode == 1
@@ -258,7 +258,8 @@ def test_revision_is_for_hub_ids_only(tmp_path: Path, model_dir: Path) -> None:
 
 def test_a_job_keeps_the_hub_id_and_resume_resolves_it_again(tmp_path: Path, hf_home: Path) -> None:
     job = tmp_path / "j"
-    r = cli(
+    # Processes: huggingface_hub reads HF_HOME and HF_HUB_OFFLINE when it is imported.
+    r = cli_process(
         "submit", str(invalid_only(tmp_path)), "--job-dir", str(job), "--model", HUB_ID,
         "--no-progress", env=offline_env(hf_home),
     )  # fmt: skip
@@ -281,7 +282,7 @@ def test_a_job_keeps_the_hub_id_and_resume_resolves_it_again(tmp_path: Path, hf_
 
     # The cache gone (another machine, a cleaned cache): resume looks again, and says so.
     empty = tmp_path / "empty-hf"
-    r = cli("resume", "--job-dir", str(job), "--no-progress", env=offline_env(empty))
+    r = cli_process("resume", "--job-dir", str(job), "--no-progress", env=offline_env(empty))
     assert r.returncode == 1
     assert r.stderr.splitlines() == [
         f"error: --model {HUB_ID}: not in the Hugging Face cache at {empty / 'hub'} (set by "
@@ -291,7 +292,7 @@ def test_a_job_keeps_the_hub_id_and_resume_resolves_it_again(tmp_path: Path, hf_
 
     # Back in the cache: found again. Every line of this job is invalid, so nothing runs and a
     # name given to report is not saved (the job keeps the options its results came from).
-    r = cli(
+    r = cli_process(
         "resume", "--job-dir", str(job), "--no-progress", "--served-model-name", "smol",
         env=offline_env(hf_home),
     )  # fmt: skip

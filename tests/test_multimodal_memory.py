@@ -12,7 +12,10 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from conftest import ROOT, read_jsonl
+
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 
 LINES = 1200
 IMAGE_CHARS = 250_000  # a 250 KB base64 image per line: a 300 MB file

@@ -99,6 +99,7 @@ def test_the_build_key_follows_the_package_on_disk(
     assert build_key("fakepkg", "no_such_folder", "x") is None
 
 
+@pytest.mark.slow
 def test_a_bad_reasoning_parser_after_the_first_is_refused_without_importing_vllm(
     tmp_path: Path,
 ) -> None:

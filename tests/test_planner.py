@@ -212,6 +212,7 @@ def test_order_input_runs_every_line_itself(tmp_path: Path) -> None:
     assert json.loads((job / "manifest.json").read_text())["order"] == "input"
 
 
+@pytest.mark.slow
 def test_deduplicated_groups_broken_by_a_kill_resume_exactly_once(tmp_path: Path) -> None:
     """kill -9 mid-run, then the journal's last records cut as a torn group would leave them
     (a representative's record kept, some of its copies' lost): resume answers every custom_id

@@ -219,6 +219,7 @@ def test_no_torch_cuda_probe_in_the_worker_or_the_engine_set_up(
 
 
 @pytest.mark.parametrize("cuda", [True, False])
+@pytest.mark.slow
 def test_vllms_own_engine_process_is_kept_on_a_gpu(
     cuda: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:

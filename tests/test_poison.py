@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import chat_line, cli, journal_records, read_jsonl, write_jsonl
 
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
+
 
 def make_input(tmp_path: Path, n: int) -> Path:
     return write_jsonl(

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, chat_line, cli, start_cli, wait_until, worker_pids, write_jsonl
+from conftest import ROOT, chat_line, cli_process, start_cli, wait_until, worker_pids, write_jsonl
 
 from batchrun.config import EngineSettings
 from batchrun.workers import gpu_release, process_group
@@ -65,7 +65,8 @@ def _kill_all(pids: list[int]) -> None:
 
 def test_ranks_die_with_a_finished_job(tmp_path: Path) -> None:
     pids = tmp_path / "ranks"
-    r = cli(*_submit(tmp_path, 6, "--batch-size", "2"), env=_rank_env(pids))
+    # A process of its own: what is tested is that it waits for its workers' groups to be gone.
+    r = cli_process(*_submit(tmp_path, 6, "--batch-size", "2"), env=_rank_env(pids))
     ranks = _pids(pids)
     try:
         assert r.returncode == 0, r.stderr
@@ -76,6 +77,7 @@ def test_ranks_die_with_a_finished_job(tmp_path: Path) -> None:
         _kill_all(ranks)
 
 
+@pytest.mark.slow
 def test_ranks_die_when_the_worker_crashes(tmp_path: Path) -> None:
     """The crashed worker's ranks are killed while the job runs on with a fresh worker."""
     pids = tmp_path / "ranks"

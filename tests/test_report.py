@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from conftest import cli, write_jsonl
 
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
+
 CHECK_PAGE = Path(__file__).parent / "browser" / "check_page.js"
 # The browser the check drives: a Chromium build npm ships (no system browser is needed).
 BROWSER_PACKAGES = ("@sparticuz/chromium@147.0.0", "puppeteer-core@24.43.1")

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import pytest
 from conftest import chat_line, cli, journal_records, read_jsonl, write_jsonl
-from test_scheduler import Events, FakeWorker, requests, results
+from fakes.workers import Events, FakeWorker, requests, results
 
 from batchrun.config import EngineSettings
 from batchrun.job.journal import JournalWriter
@@ -23,6 +23,7 @@ from batchrun.openai.records import Outcome, Request
 from batchrun.run.scheduler import Scheduler
 
 
+@pytest.mark.slow
 def test_one_request_that_runs_out_of_memory_fails_alone_and_the_job_goes_on(
     tmp_path: Path,
 ) -> None:

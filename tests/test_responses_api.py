@@ -128,6 +128,7 @@ def test_the_sampling_fields_are_typed() -> None:
 
 
 @pytest.mark.parametrize("custom_id", ["plain", "items", "history"])
+@pytest.mark.slow
 def test_the_input_becomes_the_chat_messages_vllms_server_builds(custom_id: str) -> None:
     from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
     from vllm.entrypoints.openai.responses.utils import construct_input_messages
@@ -182,6 +183,7 @@ def test_cached_prompt_tokens_are_reported_where_openai_reports_them() -> None:
     assert response.usage is not None and response.usage.input_tokens_details.cached_tokens == 16
 
 
+@pytest.mark.slow
 def test_chat_reasoning_comes_from_vllms_parser_and_parses_as_a_chat_completion() -> None:
     from transformers import AutoTokenizer
 

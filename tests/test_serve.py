@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import random
-import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,93 +25,25 @@ from conftest import (
     wait_until,
     write_jsonl,
 )
-from openai import OpenAI
 from openai.types import Batch
+from serving import (  # noqa: F401 (named here too, for the tests that import them from here)
+    API_KEY,
+    DONE,
+    SLOW_ENGINE,
+    SLOW_ENV,
+    Server,
+    create_batch,
+    free_port,
+    lines_of,
+    requests_file,
+    start_server,
+    stop_server,
+    wait_done,
+)
 
 from batchrun.serve.batches import RECORD_NAME, BatchRecord, BatchStore, new_batch
 
-API_KEY = "test-key-123"
-DONE = ("completed", "failed", "expired", "cancelled")
-# Slow enough that a batch of a few hundred requests takes seconds (the echo engine's requests
-# overlap: 4 at a time of 20 ms each, about 200 requests a second).
-SLOW_ENGINE = ("--batch-size", "4")
-SLOW_ENV = {"BATCHRUN_ECHO_DELAY_MS": "20"}
-
-
-@dataclass
-class Server:
-    """A running `batchrun serve` and how to reach it."""
-
-    process: subprocess.Popen[bytes]
-    root: Path
-    url: str
-    log: Path
-
-    def client(self, api_key: str = API_KEY) -> OpenAI:
-        """An openai client for this server (no retries: every answer is seen as it is)."""
-        return OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=30)
-
-    def batch_dir(self, batch_id: str) -> Path:
-        """The batch's job directory."""
-        return self.root / "batches" / batch_id
-
-
-def free_port() -> int:
-    """A port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_server(
-    root: Path,
-    *args: str,
-    env: dict[str, str] | None = None,
-    engine: str | None = "echo",
-    timeout: float = 30,
-) -> Server:
-    """Start `batchrun serve` (on the echo engine unless `engine` is None: the default, vLLM) in
-    its own process group; wait for /health."""
-    port = free_port()
-    log = root.parent / f"{root.name}-serve-{port}.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "batchrun",
-                "serve",
-                "--root",
-                str(root),
-                "--port",
-                str(port),
-                *(("--engine", engine) if engine else ()),
-                *args,
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            cwd=ROOT,
-            start_new_session=True,
-        )
-    server = Server(process, root, f"http://127.0.0.1:{port}", log)
-
-    def healthy() -> bool:
-        assert process.poll() is None, f"the server exited: {log.read_text()}"
-        try:
-            return httpx.get(f"{server.url}/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(healthy, "the server answers /health", timeout=timeout)
-    return server
-
-
-def stop_server(server: Server, sig: int = signal.SIGTERM) -> None:
-    """Signal the server's whole process group and wait for it."""
-    if server.process.poll() is None:
-        os.killpg(server.process.pid, sig)
-    server.process.wait(timeout=30)
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 
 
 @pytest.fixture(scope="module")
@@ -127,41 +55,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     )
     yield s
     stop_server(s)
-
-
-def requests_file(path: Path, n: int, prefix: str = "req") -> Path:
-    """A chat batch input file of `n` requests."""
-    return write_jsonl(path, [chat_line(f"{prefix}-{i:04d}", f"hello {i}") for i in range(n)])
-
-
-def create_batch(client: OpenAI, path: Path, window: str = "24h", **extra: Any) -> Batch:
-    """Upload `path` and create a chat batch of it."""
-    with path.open("rb") as f:
-        uploaded = client.files.create(file=f, purpose="batch")
-    return client.batches.create(
-        input_file_id=uploaded.id,
-        endpoint="/v1/chat/completions",
-        completion_window=window,  # type: ignore[arg-type]
-        **extra,
-    )
-
-
-def wait_done(client: OpenAI, batch_id: str, timeout: float = 30) -> Batch:
-    """Poll a batch until it ends, as a client would."""
-    seen: list[Batch] = []
-
-    def ended() -> bool:
-        seen.append(client.batches.retrieve(batch_id))
-        return seen[-1].status in DONE
-
-    wait_until(ended, f"batch {batch_id} ends", timeout=timeout, every=0.1)
-    return seen[-1]
-
-
-def lines_of(client: OpenAI, file_id: str | None) -> list[dict[str, Any]]:
-    """A file's JSONL lines, read through the API."""
-    assert file_id is not None
-    return [json.loads(x) for x in client.files.content(file_id).text.splitlines() if x.strip()]
 
 
 def test_the_flow_of_the_issue_runs_and_status_agrees(server: Server, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import openai
 import pytest
 from conftest import chat_line, journal_records, results_at_least, wait_until
 from openai import AsyncOpenAI, OpenAI
-from test_serve import (
+from serving import (
     API_KEY,
     SLOW_ENGINE,
     SLOW_ENV,

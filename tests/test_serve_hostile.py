@@ -17,9 +17,11 @@ import httpx
 import openai
 import pytest
 from conftest import chat_line, wait_until, write_jsonl
-from test_serve import API_KEY, Server, create_batch, start_server, stop_server, wait_done
+from serving import API_KEY, Server, create_batch, start_server, stop_server, wait_done
 
 from batchrun.serve.guard import MAX_BODY_BYTES, MAX_DEPTH
+
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 BAD_KEY = {

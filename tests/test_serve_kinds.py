@@ -16,10 +16,12 @@ import pytest
 from conftest import chat_line, cli, journal_records, results_at_least, wait_until, write_jsonl
 from openai import OpenAI
 from openai.types import Batch
-from test_serve import API_KEY, Server, start_server, stop_server, wait_done
+from serving import API_KEY, Server, start_server, stop_server, wait_done
 
 from batchrun.errors import BatchrunError
 from batchrun.serve.kinds import kind_switch_after
+
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 
 SLOW = {"BATCHRUN_ECHO_DELAY_MS": "20"}  # 4 at a time: about 200 requests a second
 NAMES = ["g0", "e0", "g1", "e1", "g2", "e2"]

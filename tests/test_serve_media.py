@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from conftest import write_jsonl
 from mm_models import png_bytes, wav_bytes
-from test_serve import create_batch, lines_of, start_server, stop_server, wait_done
+from serving import create_batch, lines_of, start_server, stop_server, wait_done
+
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 
 PNG_URL = "data:image/png;base64," + base64.b64encode(png_bytes(8, 8, (200, 30, 30))).decode()
 WAV = base64.b64encode(wav_bytes(0.1, 440)).decode()

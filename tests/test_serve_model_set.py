@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import (
     group_alive,
     journal_records,
@@ -19,8 +20,9 @@ from conftest import (
     wait_until,
     write_jsonl,
 )
-from test_serve import Server, create_batch, lines_of, start_server, stop_server, wait_done
-from test_serve_models import SLOW, TWO
+from serving import SLOW, TWO, Server, create_batch, lines_of, start_server, stop_server, wait_done
+
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 
 # With SLOW's 2 at a time: about 50 requests a second, slow enough to kill mid-batch.
 ENV = {"BATCHRUN_ECHO_DELAY_MS": "40"}

@@ -23,12 +23,10 @@ from conftest import (
     write_jsonl,
 )
 from lora_models import make_adapter
-from test_serve import DONE, create_batch, lines_of, start_server, stop_server, wait_done
+from serving import DONE, SLOW, TWO, create_batch, lines_of, start_server, stop_server, wait_done
 
-TWO = ("--model", "a=org/a-model", "--model", "b=org/b-model")
-# Slow enough that the first batch still runs when the second one comes (2 requests of 40 ms
-# at a time: about 50 requests a second).
-SLOW = ("--batch-size", "2")
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
+
 WIDE = {"COLUMNS": "1000"}
 
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import chat_line, write_jsonl
-from test_serve import API_KEY, create_batch, lines_of, start_server, stop_server, wait_done
+from serving import API_KEY, create_batch, lines_of, start_server, stop_server, wait_done
+
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 
 
 def test_a_poison_line_under_serve_fails_alone(tmp_path: Path) -> None:

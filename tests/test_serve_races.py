@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from conftest import chat_line, journal_records, wait_until, write_jsonl
-from test_serve import (
+from serving import (
     API_KEY,
     Server,
     create_batch,
@@ -25,6 +26,8 @@ from test_serve import (
 )
 
 from batchrun.serve.batches import RECORD_NAME
+
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 TERMINAL = ("completed", "failed", "expired", "cancelled")

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 from conftest import chat_line, cli, group_alive, journal_records, wait_until, write_jsonl
 from openai.types import Batch
-from test_serve import (
+from serving import (
     SLOW_ENGINE,
     SLOW_ENV,
     create_batch,
@@ -25,6 +26,8 @@ from test_serve import (
 )
 
 from batchrun.serve.batches import RECORD_NAME
+
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 
 
 def test_kill_9_mid_batch_then_restart_answers_each_request_once(tmp_path: Path) -> None:

@@ -215,6 +215,7 @@ def test_a_one_model_status_has_one_entry_and_no_table(tmp_path: Path) -> None:
     assert "models" not in cli("status", "--job-dir", str(job), env=WIDE).stdout
 
 
+@pytest.mark.slow
 def test_retry_failed_runs_each_models_failures_on_that_model(tmp_path: Path) -> None:
     job = tmp_path / "job"
     models = ["small", "large", "small", "large"]
@@ -232,6 +233,7 @@ def test_retry_failed_runs_each_models_failures_on_that_model(tmp_path: Path) ->
     ]
 
 
+@pytest.mark.slow
 def test_an_adapter_runs_on_the_base_its_json_form_names(tmp_path: Path) -> None:
     adapter = make_adapter(tmp_path / "a1", seed=1)
     spec = json.dumps({"name": "a1", "path": str(adapter), "base_model_name": "large"})
@@ -280,6 +282,7 @@ def test_resume_keeps_the_models_and_refuses_other_names(tmp_path: Path) -> None
     ) in r.stderr
 
 
+@pytest.mark.slow
 def test_kill_9_mid_job_then_resume_answers_every_line_once_across_the_switch(
     tmp_path: Path,
 ) -> None:
@@ -326,9 +329,10 @@ def test_known_models_route_adapters_to_their_base() -> None:
     assert known.adapter("a2") == "a2" and known.adapter("large") is None
 
 
+@pytest.mark.slow
 def test_serve_lists_the_base_model_and_each_adapter_with_its_parent(tmp_path: Path) -> None:
     import httpx
-    from test_serve import API_KEY, start_server, stop_server
+    from serving import API_KEY, start_server, stop_server
 
     adapter = make_adapter(tmp_path / "a1", seed=1)
     server = start_server(

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import chat_line, cli, write_jsonl
+
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 
 
 def make_input(tmp_path: Path, name: str, n: int) -> Path:

@@ -252,6 +252,7 @@ def test_free_memory_at_start_three_starts_then_one_line_naming_the_option_and_t
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_free_memory_twice_then_the_job_runs_at_the_same_batch_size(tmp_path: Path) -> None:
     env = {"BATCHRUN_ECHO_START_ERROR": FREE_MEMORY, "BATCHRUN_ECHO_START_ERROR_TIMES": "2"}
     r, job = submit(tmp_path, env, 30)
@@ -375,7 +376,7 @@ class RankFailingWorker(Worker):
 
 
 def test_a_rank_oom_behind_workerproc_initialization_failed_is_recognised(tmp_path: Path) -> None:
-    from test_scheduler import Events, requests
+    from fakes.workers import Events, requests
 
     RankFailingWorker.starts, RankFailingWorker.windows = 0, []
     settings = EngineSettings(engine="echo", max_num_seqs=4, window=4)

@@ -6,12 +6,16 @@ from __future__ import annotations
 import tracemalloc
 from pathlib import Path
 
+import pytest
+
 from batchrun.job.journal import JournalWriter
 from batchrun.job.paths import JobPaths
 from batchrun.job.records import result_record
 from batchrun.job.replay import replay
 from batchrun.job.state import FAILED_FINAL, FAILED_RETRYABLE, OK, JobState
 from batchrun.openai.records import Outcome
+
+pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 
 N = 200_000
 REPLAYED = 20_000  # json.loads under tracemalloc is slow: the per-request cost is the same

@@ -362,6 +362,7 @@ def test_status_of_a_job_copied_elsewhere_with_its_summary(tmp_path: Path) -> No
     assert status_json(Path(moved))["requests"]["succeeded"] == 5
 
 
+@pytest.mark.slow
 def test_status_while_the_job_runs_is_the_journal_up_to_where_it_read(tmp_path: Path) -> None:
     src = write_jsonl(
         tmp_path / "in.jsonl", [chat_line(f"r{i}", f"p {i}", temperature=0) for i in range(400)]
@@ -406,6 +407,7 @@ def test_the_fold_reads_in_blocks_any_size_of_line(
     assert whole.offset == len(encode_records(records))
 
 
+@pytest.mark.slow
 def test_bench_scale_runs_every_command_and_prints_the_table() -> None:
     script = str(ROOT / "scripts" / "bench_scale.py")
     r = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, chat_line, cli, journal_records, write_jsonl
+from conftest import ROOT, chat_line, cli, cli_process, journal_records, write_jsonl
 from hub_cache import HUB_ID, make_hub_cache
 
 SAMPLES = ROOT / "sample_data"
@@ -191,7 +191,7 @@ def run_chat_job(tmp: Path) -> dict[str, Any]:
     assert converted.returncode == 0, converted.stderr[-3000:]
     hf_home = tmp / "hf-home"
     make_hub_cache(hf_home, Path(converted.stdout.strip()))
-    run = cli(
+    run = cli_process(  # a process: huggingface_hub reads HF_HOME and HF_HUB_OFFLINE at import
         "submit", str(src), "--job-dir", str(job), "--max-model-len", "1024", "--no-progress",
         "--model", HUB_ID, env={"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"},
     )  # fmt: skip

@@ -32,7 +32,7 @@ from typing import Any
 from conftest import wait_until, write_jsonl
 from openai import OpenAI
 from openai.types import Batch
-from test_serve import Server, lines_of, start_server, stop_server, wait_done
+from serving import Server, lines_of, start_server, stop_server, wait_done
 from vllm_jobs import (
     RESPONSES_REASONING,
     RESPONSES_SAMPLE,

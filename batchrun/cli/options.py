@@ -33,7 +33,7 @@ from batchrun.config import (
     check_timeouts,
     parse_gpus,
 )
-from batchrun.engines.registry import DEFAULT_ENGINE, engine_choice, engine_help
+from batchrun.engine_registry import DEFAULT_ENGINE, engine_choice, engine_help
 from batchrun.models.adapters import parse_lora_modules
 from batchrun.models.named import parse_models, split_model_values
 from batchrun.openai.media import DEFAULT_MAX_MEDIA_BYTES
@@ -205,7 +205,7 @@ ENGINE_OPTIONS = (
         default="the hub id, else the directory or file name",
         callback=_checked(lambda v: check_name("--served-model-name", v)),
     ),
-    # Its choices and help come from the engine registry (engines/registry.py).
+    # Its choices and help come from the engine registry (engine_registry.py).
     EngineOption("engine", engine_choice(), engine_help(), default=DEFAULT_ENGINE),
     EngineOption(
         "max_model_len",

@@ -1,8 +1,11 @@
-"""Tables for people: the end-of-run summary, `status`, and the batch-size probes."""
+"""Tables for people: the end-of-run summary (and `JobSummary`, what a command did: run/ builds
+it, and is above console/), `status`, and the batch-size probes."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -10,14 +13,45 @@ from rich.table import Table
 from batchrun.console.models import print_models
 from batchrun.console.text import command, plural
 from batchrun.job.figures import job_figures
+from batchrun.job.manifest import Manifest
 from batchrun.job.model_counts import model_counts, several
 from batchrun.job.paths import JobPaths
+from batchrun.job.state import JobState
 from batchrun.job.status import cache_rate, kv_cache_tokens
 
-if TYPE_CHECKING:
-    # A type only: importing the run commands (and the engines behind them) at load time costs
-    # every plain `status` about 140 ms.
-    from batchrun.run.commands import JobSummary
+
+@dataclass
+class JobSummary:
+    """What a command did, for the summary table and the exit code."""
+
+    job_dir: Path
+    manifest: Manifest
+    state: JobState
+    wall_s: float
+    run_completion_tokens: int = 0
+    run_outcomes: int = 0
+    # This run's prefix-cache counters (vLLM's: prompt tokens looked up, found cached) and the
+    # results it copied from identical requests.
+    run_cache_queries: int = 0
+    run_cache_hits: int = 0
+    run_deduplicated: int = 0
+    # This run's answers from the answer cache (--cache-dir), and generated tokens of the
+    # attempts its engine ran (neither copies nor cache hits).
+    run_cached: int = 0
+    run_engine_tokens: int = 0
+    # The options resume or retry-failed replaced, as `--dtype bfloat16 (was banana)`.
+    overrides: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        """Valid requests plus invalid lines."""
+        return self.manifest.requests + self.manifest.invalid
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every request succeeded, 1 otherwise."""
+        ok = self.state.succeeded == self.manifest.requests and self.state.invalid == 0
+        return 0 if ok else 1
 
 
 def _fmt_rate(value: float | None, unit: str) -> str:

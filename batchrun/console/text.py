@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import shlex
-from pathlib import Path
+# Defined beside the job's paths (job/ is below console/, and its messages name commands too).
+from batchrun.job.paths import command as command
 
 
 def plural(count: int, word: str, many: str | None = None) -> str:
     """`1 request`, `0 requests`, `1,204 requests`; `many` is an irregular plural."""
     return f"{count:,} {word if count == 1 else (many or word + 's')}"
-
-
-def command(name: str, job_dir: Path | str, *extra: str) -> str:
-    """`batchrun NAME --job-dir DIR ...`, shell-quoted: a directory with spaces pastes back whole."""
-    return shlex.join(["batchrun", name, "--job-dir", str(job_dir), *extra])

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from batchrun.config import EngineSettings
-from batchrun.engines.registry import engine_spec
+from batchrun.engine_registry import engine_spec
 from batchrun.openai.records import Outcome, Request
 
 
@@ -67,7 +67,7 @@ class Abortable(Protocol):
 
 
 def create_engine(settings: EngineSettings) -> Engine:
-    """Start the engine that `settings.engine` names (see engines/registry.py); this imports the
+    """Start the engine that `settings.engine` names (see engine_registry.py); this imports the
     engine's module (vLLM's only for the vllm engine). An unknown name is an OptionError."""
     engine: Engine = engine_spec(settings.engine).factory()(settings)
     return engine

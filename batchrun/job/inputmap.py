@@ -7,11 +7,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import IO
 
-from batchrun.console.text import command
 from batchrun.errors import BatchrunError
 from batchrun.job.files import atomic_write
 from batchrun.job.manifest import Manifest
-from batchrun.job.paths import INPUT_MAP_PREFIX, JobPaths
+from batchrun.job.paths import INPUT_MAP_PREFIX, JobPaths, command
 
 
 @dataclass(frozen=True)

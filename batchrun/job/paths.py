@@ -1,7 +1,8 @@
-"""Where a job keeps its files."""
+"""Where a job keeps its files, and the command line that names a job's directory."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,3 +43,8 @@ class JobPaths:
     def lock(self) -> Path:
         """The lock file (holds the running process's id)."""
         return self.root / LOCK_NAME
+
+
+def command(name: str, job_dir: Path | str, *extra: str) -> str:
+    """`batchrun NAME --job-dir DIR ...`, shell-quoted: a directory with spaces pastes back whole."""
+    return shlex.join(["batchrun", name, "--job-dir", str(job_dir), *extra])

@@ -280,11 +280,6 @@ class JobState:
         for key in self.table.finished():
             yield (names[key] if type(key) is int else key), key  # type: ignore[misc]
 
-    def is_done(self, custom_id: str) -> bool:
-        """Whether the request has any finished attempt."""
-        key = self.key_of(custom_id)
-        return key is not None and self.table.get(key) is not None
-
     def is_not_done(self, request: Request) -> bool:
         """Whether the request still waits for its first finished attempt."""
         key = self._key(request.custom_id, request.line)

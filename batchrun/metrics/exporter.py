@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import errno
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
@@ -63,13 +61,3 @@ def start_exporter(metrics: RunMetrics, port: int, host: str | None = None) -> E
             f"cannot serve metrics on {host}:{port}: {e.strerror or e}",
         ) from None
     return Exporter(metrics, host, int(server.server_port), server, thread)
-
-
-@contextmanager
-def exporting(exporter: Exporter | None) -> Iterator[Exporter | None]:
-    """Close `exporter` (if any) when the block ends, however it ends."""
-    try:
-        yield exporter
-    finally:
-        if exporter is not None:
-            exporter.close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -273,8 +272,3 @@ def known_models(base: str, adapters: list[Adapter]) -> KnownModels | None:
     if not adapters:
         return None
     return KnownModels(base, tuple(a["name"] for a in adapters))
-
-
-def lora_ids(adapters: list[Adapter]) -> dict[str, tuple[int, str]]:
-    """Each adapter's name -> (vLLM's lora_int_id, its path): ids from 1 in the order given."""
-    return {a["name"]: (i, os.fspath(a["path"])) for i, a in enumerate(adapters, start=1)}

@@ -43,11 +43,6 @@ class SeenIds:
         self.offsets = array("q")  # the byte offset of line 1, 1 + OFFSET_EVERY, ...
         self._file: BinaryIO | None = None
 
-    def line_at(self, lineno: int, offset: int) -> None:
-        """Say that line `lineno` (lines count from 1, blank ones too) starts at byte `offset`."""
-        if (lineno - 1) % OFFSET_EVERY == 0:
-            self.offsets.append(offset)
-
     def first(self, custom_id: str, lineno: int) -> int | None:
         """The line where `custom_id` first appeared, or None (and it is registered at `lineno`)."""
         h = _hash(custom_id) or EMPTY_STANDIN

@@ -8,12 +8,13 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchrun.config import EngineSettings
 from batchrun.console.progress import ProgressReporter
+from batchrun.console.render import JobSummary as JobSummary  # what run_job returns
 from batchrun.console.text import plural
 from batchrun.errors import BatchrunError
 from batchrun.job.cost import gpu_units
@@ -41,40 +42,6 @@ from batchrun.workers.plan import plan_workers
 
 if TYPE_CHECKING:
     from batchrun.metrics import RunMetrics
-
-
-@dataclass
-class JobSummary:
-    """What a command did, for the summary table and the exit code."""
-
-    job_dir: Path
-    manifest: Manifest
-    state: JobState
-    wall_s: float
-    run_completion_tokens: int = 0
-    run_outcomes: int = 0
-    # This run's prefix-cache counters (vLLM's: prompt tokens looked up, found cached) and the
-    # results it copied from identical requests.
-    run_cache_queries: int = 0
-    run_cache_hits: int = 0
-    run_deduplicated: int = 0
-    # This run's answers from the answer cache (--cache-dir), and generated tokens of the
-    # attempts its engine ran (neither copies nor cache hits).
-    run_cached: int = 0
-    run_engine_tokens: int = 0
-    # The options resume or retry-failed replaced, as `--dtype bfloat16 (was banana)`.
-    overrides: list[str] = field(default_factory=list)
-
-    @property
-    def total(self) -> int:
-        """Valid requests plus invalid lines."""
-        return self.manifest.requests + self.manifest.invalid
-
-    @property
-    def exit_code(self) -> int:
-        """0 when every request succeeded, 1 otherwise."""
-        ok = self.state.succeeded == self.manifest.requests and self.state.invalid == 0
-        return 0 if ok else 1
 
 
 def run_job(

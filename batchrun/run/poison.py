@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 from batchrun.openai.records import Outcome, Request
 from batchrun.openai.responses import failure
 
+# Defined beside the worker that holds a group of them (workers/ is below run/); named here too.
+from batchrun.workers.process import Suspects as Suspects
+
 # The error code of a request that crashed the engine worker on its own.
 ENGINE_CRASH = "engine_crash"
 # The error code of a request that ran the engine out of memory on its own.
@@ -66,14 +69,6 @@ def oom_outcome(request: Request, message: str) -> Outcome:
         # It would run the next worker out of memory too; `retry-failed` sends it on demand.
         retryable=False,
     )
-
-
-@dataclass
-class Suspects:
-    """Requests to run alone on a worker, and the deaths that led to them."""
-
-    requests: list[Request]
-    deaths: int
 
 
 @dataclass

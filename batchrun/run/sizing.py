@@ -117,10 +117,6 @@ class BatchSizeSearch:
                 best = p
         return best
 
-    def largest_ok(self) -> int | None:
-        """The largest size that ran without running out of memory."""
-        return self.sizes[self._ok_max] if self._ok_max is not None else None
-
 
 def back_off(size: int) -> int | None:
     """The size to retry with after an out-of-memory failure at `size`; None below 1."""

@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from batchrun.engines.registry import EngineSpec, engine_spec
+from batchrun.engine_registry import EngineSpec, engine_spec
 from batchrun.errors import BatchrunError
 from batchrun.workers import nvidia
 from batchrun.workers.cpu_layout import cpu_worker_envs
@@ -274,7 +274,7 @@ def worker_envs(
 ) -> list[dict[str, str]]:
     """The environment of each worker: one per group of `tensor_parallel_size` GPUs.
 
-    An engine that uses no GPU (echo; see engines/registry.py) starts `workers` workers (default
+    An engine that uses no GPU (echo; see engine_registry.py) starts `workers` workers (default
     1). One that does (vLLM), on a machine with no GPU or with `device` "cpu", starts `workers`
     workers (default 1) on the CPU, sharing its cores (`job` names the run in its claim on them).
     """

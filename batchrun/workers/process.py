@@ -19,7 +19,6 @@ from typing import Any
 
 from batchrun.config import EngineSettings
 from batchrun.openai.records import Outcome, Request
-from batchrun.run.poison import Suspects
 from batchrun.workers.child import worker_main
 from batchrun.workers.gpu_release import wait_for_gpus
 from batchrun.workers.process_group import kill_group, wait_group_gone
@@ -39,6 +38,14 @@ class WorkerDeath:
     message: str
     during_start: bool
     traceback: str | None = None
+
+
+@dataclass
+class Suspects:
+    """Requests to run alone on a worker, and the deaths that led to them (run/poison.py)."""
+
+    requests: list[Request]
+    deaths: int
 
 
 @dataclass

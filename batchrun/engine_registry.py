@@ -6,7 +6,9 @@ import paths, never classes: the command line reads this module (for `--engine`'
 help), and must never import vLLM or torch. Only `EngineSpec.factory()`, called in a worker
 process, imports the engine's module.
 
-Adding an engine is one entry here (and its module under `batchrun/engines/`).
+Adding an engine is one entry here (and its module under `batchrun/engines/`). It lives outside
+engines/, beside config.py, because the settings (`EngineSettings.engine`, `.spec`) read it and
+the engines import the settings.
 """
 
 from __future__ import annotations
