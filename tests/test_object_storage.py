@@ -24,6 +24,7 @@ import pytest
 from conftest import (
     chat_line,
     cli,
+    cli_process,
     journal_records,
     read_jsonl,
     start_cli,
@@ -360,13 +361,16 @@ def test_without_s3fs_an_s3_url_names_the_extra(tmp_path: Path, s3: S3Store) -> 
     (blocker / "__init__.py").write_text("raise ImportError('No module named s3fs')\n")
     path = os.pathsep.join([str(tmp_path / "blocker"), os.environ.get("PYTHONPATH", "")])
     job = tmp_path / "job"
-    r = cli("submit", "s3://b/in.jsonl", "--job-dir", str(job), *ECHO, env=s3.env(PYTHONPATH=path))  # fmt: skip
+    # A real process: what it can import is the subject (PYTHONPATH puts the blocker first).
+    r = cli_process("submit", "s3://b/in.jsonl", "--job-dir", str(job), *ECHO, env=s3.env(PYTHONPATH=path))  # fmt: skip
     assert (r.returncode, r.stderr) == (
         1,
         "error: s3://b/in.jsonl: s3:// URLs need s3fs: install it with pip install 'batchrun[s3]'\n",
     )
     no_job(job)
-    r = cli("export", "--job-dir", str(job), "--to", "s3://b/out/", env=s3.env(PYTHONPATH=path))
+    r = cli_process(
+        "export", "--job-dir", str(job), "--to", "s3://b/out/", env=s3.env(PYTHONPATH=path)
+    )
     assert r.stderr == (
         "error: s3://b/out/: s3:// URLs need s3fs: install it with pip install 'batchrun[s3]'\n"
     )
