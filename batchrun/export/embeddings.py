@@ -1,5 +1,12 @@
 """An embedding as a body holds it (a float list, or OpenAI's base64 of little-endian float32):
-its size read from the raw JSON, and its floats."""
+its size read from the raw JSON, its floats; and an embeddings body as its request asked for it.
+
+The journal keeps every vector as base64 float32 (openai/vectors.py); a body that begins with
+`"export_encoding": "float"` was asked for floats, and `float_body` writes it so: each value the
+float64 of the engine's float32 (its shortest round-trip text), NaN and the infinities as null
+(JSON has neither; OpenAI's API and vLLM's server write null too). A base64 request's body, and a
+float list journaled by an earlier version, are written as they are.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +15,14 @@ import binascii
 import json
 import sys
 from array import array
+from typing import Any
 
 import msgspec
+
+from batchrun.openai.vectors import FLOAT_MARK, FLOAT_MARK_PREFIX, float32_values, json_floats
+
+_DECODER = msgspec.json.Decoder()
+_ENCODER = msgspec.json.Encoder()
 
 
 def raw_embedding_size(raw: msgspec.Raw) -> int | None:
@@ -43,3 +56,38 @@ def embedding(vector: object) -> list[float] | None:
             values.byteswap()
         return values.tolist()
     return None
+
+
+def float_body(raw: bytes) -> bytes | None:
+    """The body an embeddings request that asked for floats gets, as JSON, from its journaled
+    form; None when `raw` (a journaled body's JSON) is not one, to be written as it is."""
+    if not raw.startswith(FLOAT_MARK_PREFIX):
+        return None
+    try:
+        body = _DECODER.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    return _ENCODER.encode(as_requested(body))
+
+
+def as_requested(body: dict[str, Any]) -> dict[str, Any]:
+    """A journaled embeddings body as its request asked for it: with `"export_encoding":
+    "float"`, that key dropped and each base64 vector a float list; any other body as it is."""
+    if body.get(FLOAT_MARK) != "float" or not isinstance(body.get("data"), list):
+        return body
+    out = {k: v for k, v in body.items() if k != FLOAT_MARK}
+    out["data"] = [_float_item(item) for item in body["data"]]
+    return out
+
+
+def _float_item(item: Any) -> Any:
+    """One embedding of a journaled body, its base64 vector as floats."""
+    if not isinstance(item, dict) or type(item.get("embedding")) is not str:
+        return item
+    try:
+        data = base64.b64decode(item["embedding"], validate=True)
+    except (binascii.Error, ValueError):
+        return item
+    return {**item, "embedding": json_floats(float32_values(data))}
