@@ -14,11 +14,17 @@ tests/test_vllm_score.py reads, and the references their scores are checked agai
 The references are computed with transformers alone, never with vLLM: MiniLM's sentence
 embedding is the mean of its last hidden states over the prompt's tokens (its
 sentence-transformers pooling), and the cross-encoder's score the sigmoid of its one logit.
+Except `raw-embed` (run as a script: `python tests/vllm_pooling.py raw-embed MODEL IN OUT`):
+raw vLLM's own `LLM.embed` of the inputs, the reference that embeddings are compared with bit
+for bit (tests/test_vllm_fidelity.py).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import struct
+import sys
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
@@ -147,3 +153,34 @@ def cross_encoder_tokens(model: Path, query: str, document: str, **kwargs: Any) 
     """How many tokens the cross-encoder's prompt of a pair has."""
     tokenizer, _ = _loaded(model, "classify")
     return len(tokenizer(query, document, **kwargs)["input_ids"])
+
+
+# --- raw vLLM, for the bit-for-bit reference --------------------------------------------------
+
+
+def raw_embed(model: Path, inputs: Path, out: Path) -> None:
+    """Raw vLLM's `LLM.embed` of `inputs` (a JSON list of strings and token id lists), loaded as
+    batchrun loads a pooling model on this machine (its dtype choice): each vector's float32
+    bytes, as hex, in order, into `out` (a JSON list)."""
+    from vllm import LLM
+    from vllm.inputs import TokensPrompt
+
+    from batchrun.engines.vllm.dtype import resolve_dtype
+
+    items = json.loads(inputs.read_text())
+    prompts = [x if isinstance(x, str) else TokensPrompt(prompt_token_ids=x) for x in items]
+    llm = LLM(
+        model=str(model),
+        runner="pooling",
+        dtype=resolve_dtype("auto", cuda=False),
+        enforce_eager=True,
+        gpu_memory_utilization=0.3,
+    )
+    vectors = [o.outputs.embedding for o in llm.embed(prompts)]
+    out.write_text(json.dumps([struct.pack(f"<{len(v)}f", *v).hex() for v in vectors]))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["raw-embed"] or len(sys.argv) != 5:
+        sys.exit("usage: vllm_pooling.py raw-embed MODEL IN.json OUT.json")
+    raw_embed(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]))
