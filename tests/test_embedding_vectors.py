@@ -92,11 +92,12 @@ def export_all(job: Path) -> tuple[dict[str, dict[str, Any]], pd.DataFrame]:
 def test_the_journal_holds_float32_bytes_and_export_writes_what_each_request_asked(
     tmp_path: Path,
 ) -> None:
-    src = write_jsonl(tmp_path / "in.jsonl", lines(40))
+    refused = embedding_line("refused", "x", dimensions=ECHO_MAX_DIMENSIONS + 1)
+    src = write_jsonl(tmp_path / "in.jsonl", [*lines(20), refused, *lines(40)[20:]])
     job = tmp_path / "job"
     run = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
-    assert run.returncode == 0, run.stderr
-    records = [r for r in journal_records(job) if r["kind"] == "result"]
+    assert run.returncode == 1, run.stderr  # the refused line failed
+    records = [r for r in journal_records(job) if r["kind"] == "result" and r["ok"]]
     assert len(records) == 40
     for rec in records:
         (item,) = rec["body"]["data"]
@@ -123,6 +124,7 @@ def test_the_journal_holds_float32_bytes_and_export_writes_what_each_request_ask
             # The float64 of each float32 value: float32(parsed) is the value, bit for bit.
             assert embedding == echo_vector(f"passage {i}", 1024)
         assert df.loc[f"e{i}", "embeddings"][0].tobytes() == expected
+    assert df.loc["refused", "embeddings"] is None and df.loc["refused", "status"] == "failed"
     schema = pq.read_schema(job / "results.parquet")
     assert str(schema.field("embeddings").type) == (
         "list<element: fixed_size_list<element: float>[1024]>"

@@ -64,6 +64,20 @@ def embedding(vector: object) -> list[float] | None:
     return None
 
 
+def embedding_value(vector: object) -> bytes | list[float] | None:
+    """An embedding for a column: a base64 vector as its float32 bytes (not decoded into
+    floats: results.parquet takes them as they are), a float list as it is; None otherwise."""
+    if isinstance(vector, list):
+        return vector
+    if isinstance(vector, str) and len(vector) % 4 == 0:
+        try:
+            data = binascii.a2b_base64(vector)
+        except (binascii.Error, ValueError):
+            return None
+        return data[: len(data) // 4 * 4]
+    return None
+
+
 def float_body(raw: bytes) -> bytes | None:
     """The body an embeddings request that asked for floats gets, as JSON, from its journaled
     form; None when `raw` (a journaled body's JSON) is not one, to be written as it is."""
