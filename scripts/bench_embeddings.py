@@ -74,6 +74,15 @@ def write_inputs(work: Path, n: int, dimensions: int) -> dict[str, Path]:
     return paths
 
 
+def float_text_bytes(dimensions: int, sample: int = 200) -> float:
+    """The mean size of the echo engine's vectors as a JSON float list (as an earlier version
+    journaled them): what the journal's base64 replaces."""
+    from batchrun.engines.echo import echo_vector
+
+    lists = [json.dumps(echo_vector(f"v{i}", dimensions)) for i in range(sample)]
+    return sum(len(x) for x in lists) / sample
+
+
 def check_output(path: Path, n: int, kind: str, dimensions: int) -> str | None:
     """What is wrong with an export's output.jsonl (None: N lines, vectors of D values)."""
     lines = 0
@@ -162,10 +171,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         journal = statistics.median(m["embeddings"]["journal"][0] for m in rounds) / n
         vector = 4 * dims
         ratio = statistics.median(ratios)
+        text = float_text_bytes(dims)
         lines = [
             f"embeddings journal: {journal:,.0f} bytes a result for {vector:,} bytes of float32 "
             f"({journal / vector:.2f}x; target at most 1.5x): "
-            + ("met" if journal <= 1.5 * vector else "NOT met"),
+            + ("met" if journal <= 1.5 * vector else "NOT met")
+            + f"; the same vectors as JSON float text, as journaled before: {text:,.0f} bytes "
+            f"each ({text / vector:.1f}x)",
             "embeddings submit requests/s over chat's, by round: "
             + ", ".join(f"{x:.2f}" for x in ratios)
             + f"; median {ratio:.2f} (target at least 0.5): "
