@@ -171,13 +171,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         journal = statistics.median(m["embeddings"]["journal"][0] for m in rounds) / n
         vector = 4 * dims
         ratio = statistics.median(ratios)
-        text = float_text_bytes(dims)
+        as_text = float_text_bytes(dims)
         lines = [
             f"embeddings journal: {journal:,.0f} bytes a result for {vector:,} bytes of float32 "
             f"({journal / vector:.2f}x; target at most 1.5x): "
             + ("met" if journal <= 1.5 * vector else "NOT met")
-            + f"; the same vectors as JSON float text, as journaled before: {text:,.0f} bytes "
-            f"each ({text / vector:.1f}x)",
+            + f"; the same vectors as JSON float text, as journaled before: {as_text:,.0f} bytes "
+            f"each ({as_text / vector:.1f}x)",
             "embeddings submit requests/s over chat's, by round: "
             + ", ".join(f"{x:.2f}" for x in ratios)
             + f"; median {ratio:.2f} (target at least 0.5): "
