@@ -79,7 +79,9 @@ def float_text_bytes(dimensions: int, sample: int = 200) -> float:
     journaled them): what the journal's base64 replaces."""
     from batchrun.engines.echo import echo_vector
 
-    lists = [json.dumps(echo_vector(f"v{i}", dimensions)) for i in range(sample)]
+    lists = [
+        json.dumps(echo_vector(f"v{i}", dimensions), separators=(",", ":")) for i in range(sample)
+    ]
     return sum(len(x) for x in lists) / sample
 
 

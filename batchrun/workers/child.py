@@ -2,7 +2,8 @@
 
 Messages, parent -> worker: ``("add", [Request, ...])``, ``("window", int)``, ``("stop", None)``.
 Worker -> parent: ``("ready", info)``, ``("results", [Outcome, ...])`` (each body pre-encoded,
-a ``msgspec.Raw`` of its journal JSON: see journal.encode_body),
+a ``msgspec.Raw`` of its journal JSON: see journal.encode_body; a step's outcomes in messages of
+at most MESSAGE_BYTES of bodies),
 ``("cache", (queries, hits))`` (an engine's prefix-cache counters since it started, sent before
 the results of a step that changed them, so the parent has them with the last result),
 ``("stats", {...})`` (every HEARTBEAT_S while the engine runs: the heartbeat),
