@@ -4,7 +4,9 @@ Bodies are exactly what the `openai` package's types describe: `ChatCompletion` 
 /v1/chat/completions, `Completion` for /v1/completions, `CreateEmbeddingResponse` for
 /v1/embeddings and `Response` for /v1/responses (shaped in responses_api_body), logprobs included (`ChoiceLogprobs` for chat, the legacy `Logprobs` for
 completions). Engines hand over plain values (`Choice`, `TokenLogprob`, vectors); the shaping is
-here, once, for every engine (vLLM's score and rerank bodies: in scoring_body).
+here, once, for every engine (vLLM's score and rerank bodies: in scoring_body). An embeddings
+body is built in the form the journal keeps (vectors as float32 bytes: openai/vectors.py), and
+becomes the OpenAI object when export writes it.
 """
 
 from __future__ import annotations
