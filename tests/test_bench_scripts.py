@@ -22,7 +22,15 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize(
     "script",
-    ["bench", "bench_vllm", "bench_overhead", "bench_dispatch", "bench_lora", "bench_models"],
+    [
+        "bench",
+        "bench_vllm",
+        "bench_overhead",
+        "bench_dispatch",
+        "bench_lora",
+        "bench_models",
+        "bench_embeddings",
+    ],
 )
 def test_each_benchmark_runs_alone_with_help(script: str) -> None:
     r = run(str(SCRIPTS / f"{script}.py"), "--help")
@@ -49,6 +57,27 @@ def test_the_overhead_benchmark_runs_on_its_own_and_through_bench_py(tmp_path: P
         assert r.returncode == 0, r.stderr + r.stdout
         phases = [line for line in r.stdout.splitlines() if "(exit " in line]
         assert len(phases) == 4 and all("(exit 0)" in line for line in phases), r.stdout
+
+
+@pytest.mark.slow
+def test_the_embeddings_benchmark_runs_small(tmp_path: Path) -> None:
+    """bench_embeddings.py on 300 requests of 1,024 dimensions and their chat twin: every phase
+    of both jobs is in the table and exited 0, and both targets' lines are printed (the
+    journal's bytes a result do not depend on the count: that target holds at any size)."""
+    r = run(
+        str(SCRIPTS / "bench_embeddings.py"),
+        "--requests", "300", "--no-docs", "--work-dir", str(tmp_path),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr + r.stdout
+    for job in ("embeddings", "chat"):
+        for phase in ("submit", "export", "export --parquet"):
+            row = re.compile(rf"^\s*1\s+{job}\s+{phase}\s+[\d.]+\s", re.MULTILINE)
+            assert row.search(r.stdout), (job, phase, r.stdout)
+    journal = re.search(r"embeddings journal: ([\d,]+) bytes a result for 4,096 bytes", r.stdout)
+    assert journal is not None, r.stdout
+    assert int(journal.group(1).replace(",", "")) <= 1.5 * 4096
+    assert "; target at most 1.5x): met" in r.stdout
+    assert "embeddings submit requests/s over chat's, by round: " in r.stdout
 
 
 @pytest.mark.slow

@@ -306,3 +306,35 @@ def test_a_failed_background_fsync_stops_the_next_append(
         j.append([result_record(outcome("b"), 2, 1)])
     monkeypatch.setattr(journal_module.os, "fsync", spy.real)
     j.close()
+
+
+def test_a_large_append_is_written_in_order_in_writes_of_bounded_size(tmp_path: Path) -> None:
+    """Records of large pre-encoded bodies (embeddings) go in several writes of about
+    WRITE_BYTES each, whole records in each, in order; small ones in one."""
+    path = tmp_path / "journal.jsonl"
+    writes: list[bytes] = []
+
+    class Watcher:
+        def written(self, offset: int, data: bytes) -> None:
+            writes.append(data)
+
+        def closed(self, offset: int) -> None:
+            pass
+
+    big = [
+        {"kind": "result", "custom_id": f"b{i}", "body": msgspec.Raw(b'"' + b"A" * 6000 + b'"')}
+        for i in range(100)
+    ]
+    small = [{"kind": "result", "custom_id": f"s{i}", "body": None} for i in range(100)]
+    with JournalWriter(path) as w:
+        w.watcher = Watcher()
+        w.append(big, plain=True)
+        assert len(writes) > 1
+        assert all(x.endswith(b"\n") and len(x) <= journal_module.WRITE_BYTES for x in writes)
+        writes.clear()
+        w.append(small)
+        assert len(writes) == 1
+    assert [r["custom_id"] for r in read_records(path)] == [
+        *(f"b{i}" for i in range(100)),
+        *(f"s{i}" for i in range(100)),
+    ]

@@ -22,6 +22,7 @@ from batchrun.engines.echo import ECHO_DIMENSIONS, echo_vector
 from batchrun.engines.vllm.prompts import template_takes
 from batchrun.engines.vllm.tokens import TokenText, byte_decoder
 from batchrun.engines.vllm.tools import parse_tool_calls
+from batchrun.export.embeddings import as_requested
 from batchrun.export.job import export_parquet
 from batchrun.job.journal import JournalWriter, result_record
 from batchrun.openai.reader import read_input
@@ -388,12 +389,16 @@ def test_embeddings_parse_as_a_create_embedding_response(encoding: str) -> None:
     vectors = [echo_vector("x"), echo_vector([1, 2, 3])]
     request = _req(EMBEDDINGS, input=["x", "y"], encoding_format=encoding)
     outcome = embedding_success(request, vectors, model="m", prompt_tokens=4, latency_s=0)
-    assert outcome.body is not None and outcome.completion_tokens == 0
-    parsed = parse_body(EMBEDDINGS, outcome.body)
+    assert isinstance(outcome.body, dict) and outcome.completion_tokens == 0
+    # Journaled as base64 float32 whatever was asked; a float request's body says so, first.
+    assert all(isinstance(d["embedding"], str) for d in outcome.body["data"])
+    assert next(iter(outcome.body)) == ("object" if encoding == "base64" else "export_encoding")
+    exported = as_requested(outcome.body)
+    parsed = parse_body(EMBEDDINGS, exported)
     check_against_request(EMBEDDINGS, request.body, parsed)
     assert [d.embedding for d in parsed.data] == vectors  # float32 values: base64 is exact
     assert parsed.usage.prompt_tokens == parsed.usage.total_tokens == 4
-    raw = outcome.body["data"][0]["embedding"]
+    raw = exported["data"][0]["embedding"]
     assert isinstance(raw, str if encoding == "base64" else list)
 
 
@@ -535,10 +540,12 @@ def test_every_sample_line_parses_with_the_openai_types_on_the_echo_engine(
 def test_echo_embeddings_flow_to_a_fixed_size_list_column(tmp_path: Path) -> None:
     job = _run_echo(tmp_path, "embeddings.jsonl")
     schema = pq.read_schema(job / "results.parquet")
-    assert str(schema.field("embeddings").type) == (
-        f"list<element: fixed_size_list<element: float>[{ECHO_DIMENSIONS}]>"
-    )
+    # The echo engine honours "dimensions-native"'s 384 too: two sizes, so a list of lists of
+    # float32 (one size: tests/test_embedding_vectors.py).
+    assert str(schema.field("embeddings").type) == "list<element: list<element: float>>"
     df = pd.read_parquet(job / "results.parquet").set_index("custom_id")
+    assert len(df.loc["dimensions-native", "embeddings"][0]) == 384
+    assert len(df.loc["string", "embeddings"][0]) == ECHO_DIMENSIONS
     assert df.loc["list-of-strings", "n_choices"] == 3
     assert len(df.loc["list-of-strings", "embeddings"]) == 3
     # base64 in output.jsonl, floats in Parquet: the same vector as the float line's.

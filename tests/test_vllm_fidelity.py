@@ -11,8 +11,11 @@ with the openai package's types in strict mode, and compared with the request th
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import struct
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +23,20 @@ import jsonschema
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from conftest import ROOT, journal_records, reference_run
 from hub_cache import HUB_ID
 from openai_checks import check_against_request, parse_body, requests_of
-from vllm_jobs import CHAT_SAMPLE, COMPLETIONS_SAMPLE, EMBEDDINGS_SAMPLE, line_numbers, part
+from vllm_jobs import (
+    CHAT_SAMPLE,
+    COMPLETIONS_SAMPLE,
+    EMBEDDINGS_SAMPLE,
+    embedding_model_dir,
+    line_numbers,
+    part,
+)
 from vllm_served import finished_with
 
+from batchrun.openai.embeddings import embedding_inputs
 from batchrun.openai.records import CHAT, COMPLETIONS, EMBEDDINGS
 
 pytestmark = pytest.mark.vllm
@@ -291,6 +303,47 @@ def test_embeddings_inputs_as_lists_and_token_ids(embeddings: dict[str, Any]) ->
     # `dimensions` equal to the model's own size is honoured as it is.
     (native,) = vectors(embeddings, "dimensions-native")
     assert cosine(native, by_text) > 0.9999
+
+
+def test_embeddings_are_vllms_float32_values_bit_for_bit(
+    embeddings: dict[str, Any], vllm_embeddings_job: dict[str, Any], tmp_path: Path
+) -> None:
+    """Every value of every vector, in output.jsonl (export's, and serve's output file read
+    through the API), float and base64 requests alike, is raw vLLM's pooled float32 value."""
+    order = sorted(embeddings["outputs"])
+    items = [
+        (cid, i, item)
+        for cid in order
+        for i, item in enumerate(embedding_inputs(embeddings["requests"][cid]["input"]))
+    ]
+    src = tmp_path / "inputs.json"
+    src.write_text(json.dumps([item for _, _, item in items]))
+    out = tmp_path / "raw.json"
+    command = [sys.executable, str(ROOT / "tests" / "vllm_pooling.py"), "raw-embed",
+               str(embedding_model_dir()), str(src), str(out)]  # fmt: skip
+    with reference_run(command, tmp_path / "raw.log") as finish:
+        finish()
+    raw = [bytes.fromhex(x) for x in json.loads(out.read_text())]
+    served = {line["custom_id"]: line for line in vllm_embeddings_job["files"]["output"]}
+    asked = {cid: embeddings["requests"][cid].get("encoding_format", "float") for cid in order}
+    assert set(asked.values()) == {"float", "base64"}
+    for (cid, i, _), reference in zip(items, raw, strict=True):
+        for line in (embeddings["outputs"][cid], served[cid]):
+            embedding = line["response"]["body"]["data"][i]["embedding"]
+            if asked[cid] == "base64":
+                assert isinstance(embedding, str)
+                got = base64.b64decode(embedding, validate=True)
+            else:
+                assert isinstance(embedding, list)
+                got = struct.pack(f"<{len(embedding)}f", *embedding)
+                # Each float is the float64 of a float32: nothing lost or rounded on the way.
+                assert list(struct.unpack(f"<{len(embedding)}f", got)) == embedding
+            assert len(got) == 4 * 384
+            assert got == reference, (cid, i)
+    # The journal held them as float32 bytes (base64), never as float text.
+    for rec in journal_records(embeddings["job"]):
+        if rec["kind"] == "result" and rec["ok"]:
+            assert all(isinstance(d["embedding"], str) for d in rec["body"]["data"])
 
 
 def test_embeddings_parquet_is_a_fixed_size_list_column(embeddings: dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ from batchrun.job.journal import encode_body
 from batchrun.openai import responses
 from batchrun.openai.params import Sampling
 from batchrun.openai.records import CHAT, COMPLETIONS, Outcome, Request
+from batchrun.workers import child
 
 
 def roundtrip(obj: object) -> object:
@@ -124,4 +125,27 @@ def test_bodies_with_logprobs_tools_or_metadata_may_hold_floats() -> None:
         Request(custom_id="e", line=1, url="/v1/embeddings", body={"input": "x"}), 0.0
     )
     assert embedding.body is not None and not isinstance(embedding.body, msgspec.Raw)
-    assert not responses.holds_no_float(embedding.body)
+    # Its vectors travel as base64 float32 (openai/vectors.py): no float text to check.
+    assert responses.holds_no_float(embedding.body)
+    score = {"object": "list", "data": [{"index": 0, "score": 0.5}], "usage": {}}
+    assert not responses.holds_no_float(score)
+
+
+def test_results_go_in_messages_of_bounded_size_in_order() -> None:
+    """A step's outcomes, bodies pre-encoded, split so that no message holds more than
+    MESSAGE_BYTES of bodies (one larger body alone), in their order."""
+    engine = echo.EchoEngine(EngineSettings(engine="echo"))
+    out = [
+        engine._finish(
+            Request(f"e{i}", i + 1, "/v1/embeddings", {"input": f"t{i}", "dimensions": 1024}), 0.0
+        )
+        for i in range(100)
+    ]
+    messages = child._messages(out)
+    assert [o.custom_id for m in messages for o in m] == [f"e{i}" for i in range(100)]
+    sizes = [sum(len(o.body) for o in m) for m in messages]  # type: ignore[arg-type]
+    assert len(messages) > 1 and max(sizes) <= child.MESSAGE_BYTES
+    assert all(type(o.body) is msgspec.Raw for m in messages for o in m)
+    huge = Outcome("h", True, 200, body={"text": "x" * (2 * child.MESSAGE_BYTES)})
+    assert [len(m) for m in child._messages([huge, *out[:2]])] == [1, 2]
+    assert child._messages([]) == [[]]

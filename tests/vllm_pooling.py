@@ -14,18 +14,40 @@ tests/test_vllm_score.py reads, and the references their scores are checked agai
 The references are computed with transformers alone, never with vLLM: MiniLM's sentence
 embedding is the mean of its last hidden states over the prompt's tokens (its
 sentence-transformers pooling), and the cross-encoder's score the sigmoid of its one logit.
+Except `raw-embed` (run as a script: `python tests/vllm_pooling.py raw-embed MODEL IN OUT`):
+raw vLLM's own `LLM.embed` of the inputs, the reference that embeddings are compared with bit
+for bit (tests/test_vllm_fidelity.py, tests/test_vllm_embeddings.py).
+
+- The embeddings kill job, 2 starts (and raw vLLM's reference beside it, 1): KILL_EMBEDDINGS
+  lines on all-MiniLM-L6-v2, the submit killed with SIGKILL (its whole process group) once 150
+  results are journaled, then resumed and exported (tests/test_vllm_embeddings.py).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import signal
+import struct
+import sys
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from conftest import cli, write_jsonl
+from conftest import (
+    ROOT,
+    cli,
+    journal_records,
+    reference_run,
+    start_cli,
+    wait_until,
+    write_jsonl,
+)
 from vllm_jobs import SAMPLES, embedding_model_dir, exports
+
+from batchrun.openai.embeddings import embedding_inputs
 
 SCORE_SAMPLE = SAMPLES / "score.jsonl"
 RERANK_SAMPLE = SAMPLES / "rerank.jsonl"
@@ -147,3 +169,100 @@ def cross_encoder_tokens(model: Path, query: str, document: str, **kwargs: Any) 
     """How many tokens the cross-encoder's prompt of a pair has."""
     tokenizer, _ = _loaded(model, "classify")
     return len(tokenizer(query, document, **kwargs)["input_ids"])
+
+
+# --- the embeddings kill job ------------------------------------------------------------------
+
+
+def _embedding_line(i: int) -> dict[str, Any]:
+    """Line i of the kill job: float and base64 alternating; some token ids, some two texts."""
+    text = f"Passage {i}: the {['cat', 'dog', 'market', 'river', 'train'][i % 5]} is {i % 13}."
+    item: Any = text
+    if i % 7 == 3:
+        item = [101, 7592 + i % 50, 2088, 102]  # [CLS] hello-ish world [SEP], as token ids
+    elif i % 11 == 5:
+        item = [text, f"Another sentence, number {i}."]
+    body: dict[str, Any] = {"model": "text-embedding-3-small", "input": item}
+    if i % 2:
+        body["encoding_format"] = "base64"
+    return {"custom_id": f"k{i}", "method": "POST", "url": "/v1/embeddings", "body": body}
+
+
+KILL_EMBEDDINGS = [_embedding_line(i) for i in range(1200)]
+
+
+def results(job: Path) -> int:
+    """How many result records a job's journal holds."""
+    if not (job / "journal.jsonl").exists():
+        return 0
+    return sum(r["kind"] == "result" for r in journal_records(job))
+
+
+def run_embedding_kill_job(tmp: Path) -> dict[str, Any]:
+    """KILL_EMBEDDINGS on all-MiniLM-L6-v2: killed with SIGKILL after 150 results, resumed,
+    exported; raw vLLM's `LLM.embed` of every input, run beside it, as `raw` (float32 bytes, in
+    the order of `items`: (custom_id, input index))."""
+    model = embedding_model_dir()
+    src = write_jsonl(tmp / "embeddings.jsonl", KILL_EMBEDDINGS)
+    items = [
+        (line["custom_id"], i, item)
+        for line in KILL_EMBEDDINGS
+        for i, item in enumerate(embedding_inputs(line["body"]["input"]))
+    ]
+    raw_in, raw_out = tmp / "raw-in.json", tmp / "raw-out.json"
+    raw_in.write_text(json.dumps([item for _, _, item in items]))
+    job = tmp / "job"
+    # Raw vLLM runs beside the job: an engine start is mostly one process loading.
+    reference = reference_run(
+        [sys.executable, str(ROOT / "tests" / "vllm_pooling.py"), "raw-embed", str(model),
+         str(raw_in), str(raw_out)],
+        tmp / "raw.log",
+    )  # fmt: skip
+    with reference as finish:
+        proc = start_cli(
+            "submit", str(src), "--job-dir", str(job), "--model", str(model),
+            "--batch-size", "8", "--no-progress",
+        )  # fmt: skip
+        try:
+            wait_until(lambda: results(job) >= 150, "150 embeddings are journaled", timeout=600)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        killed_at = results(job)
+        resumed = cli("resume", "--job-dir", str(job), "--no-progress", timeout=900)
+        exported = exports(job)
+        finish()
+    raw = [bytes.fromhex(x) for x in json.loads(raw_out.read_text())]
+    return {"job": job, "killed_at": killed_at, "resume": resumed, "items": items, "raw": raw,
+            **exported}  # fmt: skip
+
+
+# --- raw vLLM, for the bit-for-bit reference --------------------------------------------------
+
+
+def raw_embed(model: Path, inputs: Path, out: Path) -> None:
+    """Raw vLLM's `LLM.embed` of `inputs` (a JSON list of strings and token id lists), loaded as
+    batchrun loads a pooling model on this machine (its dtype choice): each vector's float32
+    bytes, as hex, in order, into `out` (a JSON list)."""
+    from vllm import LLM
+    from vllm.inputs import TokensPrompt
+
+    from batchrun.engines.vllm.dtype import resolve_dtype
+
+    items = json.loads(inputs.read_text())
+    prompts = [x if isinstance(x, str) else TokensPrompt(prompt_token_ids=x) for x in items]
+    llm = LLM(
+        model=str(model),
+        runner="pooling",
+        dtype=resolve_dtype("auto", cuda=False),
+        enforce_eager=True,
+        gpu_memory_utilization=0.3,
+    )
+    vectors = [o.outputs.embedding for o in llm.embed(prompts)]
+    out.write_text(json.dumps([struct.pack(f"<{len(v)}f", *v).hex() for v in vectors]))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["raw-embed"] or len(sys.argv) != 5:
+        sys.exit("usage: vllm_pooling.py raw-embed MODEL IN.json OUT.json")
+    raw_embed(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]))

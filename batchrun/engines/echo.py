@@ -5,8 +5,11 @@ The reply honours ``stop`` (it ends before the first stop sequence) and ``max_to
 ``max_completion_tokens`` (counting whitespace-separated words as tokens; finish_reason "length").
 A prompt whose words plus ``max_tokens`` exceed ``--max-model-len`` is refused as the vLLM engine
 refuses it (context_length_exceeded, 400), so a dry run shows those lines.
-Embeddings requests get a deterministic unit vector of `ECHO_DIMENSIONS` floats per input, derived
-from a hash of the input (``dimensions`` up to that size keeps the first values, renormalised).
+Embeddings requests get a deterministic unit vector per input, derived from a hash of the input:
+`ECHO_DIMENSIONS` (8) float32 values by default, ``dimensions`` up to `ECHO_MAX_DIMENSIONS` (4096).
+Up to 8 they are the hash's first bytes, renormalised (a shorter vector keeps the first values);
+above, one of a few fixed random unit vectors of that size, rotated by the hash (cheap enough to
+measure batchrun's own cost of large vectors: scripts/bench_embeddings.py).
 Score and rerank requests get the cosine similarity of the two texts' word counts (runs of
 letters and digits, lowercased, each word a token; the truncation fields cut words), so identical texts score 1 and
 texts with no word in common 0. Audio lines (transcriptions, translations) get OpenAI's
@@ -28,6 +31,8 @@ environment, so failures are testable from the command line:
   (SIGKILL to itself) the moment the engine receives one of them: a poison request.
 - ``BATCHRUN_ECHO_OOM_ABOVE``: starting with more than that many sequences (``max_num_seqs``), or
   running more than that many at once, raises an out-of-memory error shaped like PyTorch's.
+- ``BATCHRUN_ECHO_NAN_ON``: comma-separated custom_ids whose embeddings begin with NaN, +infinity
+  and -infinity (an engine's overflow), the rest of each vector as usual.
 - ``BATCHRUN_ECHO_RECORD``: a file to which every custom_id the engine receives is appended, so
   that tests can assert what the engine was (and was not) asked to run; with
   ``BATCHRUN_ECHO_RECORD_MODEL`` set, each line is the custom_id, a tab and the engine's model
@@ -40,10 +45,12 @@ tied to one request): see engines/echo_faults.py. Every id list matches the cust
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
 import os
+import random
 import re
 import signal
 import struct
@@ -83,9 +90,13 @@ from batchrun.openai.responses import (
 from batchrun.openai.responses_api import last_user_text
 from batchrun.openai.scoring_body import scoring_success
 from batchrun.openai.toolchoice import ForcedCall, forced_answer
+from batchrun.openai.vectors import float32_bytes, float32_values
 
-# The size of the echo engine's embeddings.
+# The size of the echo engine's embeddings, and the largest `dimensions` it takes.
 ECHO_DIMENSIONS = 8
+ECHO_MAX_DIMENSIONS = 4096
+# Above ECHO_DIMENSIONS: how many fixed unit vectors of each size the hash chooses from.
+_TABLES = 8
 _WORDS = re.compile(r"\s*\S+")
 # A word of a text to score: letters and digits, so "mat." and "mat" are one word.
 _TEXT_WORD = re.compile(r"\w+")
@@ -140,6 +151,7 @@ class EchoEngine:
         self.hang_after = env_int("BATCHRUN_ECHO_HANG_AFTER")
         self.hang_on = id_set("BATCHRUN_ECHO_HANG_ON")
         self.oom_on = id_set("BATCHRUN_ECHO_OOM_ON")
+        self.nan_on = id_set("BATCHRUN_ECHO_NAN_ON")
         self.produced = 0
         record = os.environ.get("BATCHRUN_ECHO_RECORD")
         # Line-buffered: the record must survive the abrupt deaths this engine simulates.
@@ -304,17 +316,19 @@ class EchoEngine:
         inputs = fields.inputs
         dimensions = fields.dimensions
         size = dimensions if dimensions is not None else ECHO_DIMENSIONS
-        if not 1 <= size <= ECHO_DIMENSIONS:
+        if not 1 <= size <= ECHO_MAX_DIMENSIONS:
             return failure(
                 request,
                 "invalid_request",
-                f"body.dimensions must be between 1 and {ECHO_DIMENSIONS} for the echo engine's "
-                f"embeddings, got {dimensions}",
+                f"body.dimensions must be between 1 and {ECHO_MAX_DIMENSIONS} for the echo "
+                f"engine's embeddings, got {dimensions}",
                 status_code=400,
                 retryable=False,
                 latency_s=latency_s,
             )
-        vectors = [echo_vector(item, size) for item in inputs]
+        vectors = [echo_vector_bytes(item, size) for item in inputs]
+        if self.nan_on and plain_id(request.custom_id) in self.nan_on:
+            vectors = [_NON_FINITE[: len(v)] + v[len(_NON_FINITE) :] for v in vectors]
         prompt_tokens = sum(len(i) if isinstance(i, list) else len(i.split()) for i in inputs)
         return embedding_success(
             request,
@@ -370,13 +384,40 @@ def _speech(request: Request, latency_s: float) -> Outcome:
 
 
 def echo_vector(item: str | list[int], size: int = ECHO_DIMENSIONS) -> list[float]:
-    """A deterministic unit vector for an input: from the sha256 of its text or token ids."""
+    """A deterministic unit vector for an input: from the sha256 of its text or token ids; each
+    value a float32 one, as a model's output is, so that base64 and float agree exactly."""
+    return float32_values(echo_vector_bytes(item, size))
+
+
+def echo_vector_bytes(item: str | list[int], size: int = ECHO_DIMENSIONS) -> bytes:
+    """`echo_vector` as little-endian float32 bytes, as an engine hands a vector on."""
     key = item if isinstance(item, str) else ",".join(map(str, item))
     digest = hashlib.sha256(key.encode("utf-8")).digest()
-    raw = [(b - 127.5) / 127.5 for b in digest[:size]]
-    norm = math.sqrt(sum(x * x for x in raw)) or 1.0
-    # Rounded through float32, as a model's output is, so base64 and float agree exactly.
-    return [struct.unpack("<f", struct.pack("<f", x / norm))[0] for x in raw]
+    if size <= ECHO_DIMENSIONS:
+        raw = [(b - 127.5) / 127.5 for b in digest[:size]]
+        norm = math.sqrt(sum(x * x for x in raw)) or 1.0
+        return float32_bytes([x / norm for x in raw])
+    # A rotation keeps a unit vector's norm: one slice of a table written out twice.
+    table = _unit_tables(size)[digest[0] % _TABLES]
+    start = int.from_bytes(digest[1:5], "little") % size * 4
+    return table[start : start + size * 4]
+
+
+@functools.lru_cache(maxsize=16)
+def _unit_tables(size: int) -> tuple[bytes, ...]:
+    """`_TABLES` fixed random unit vectors of `size` float32 values, each written twice over."""
+    tables = []
+    for j in range(_TABLES):
+        rng = random.Random(f"batchrun-echo-{size}-{j}")  # a str seed: the same on every run
+        values = [rng.gauss(0.0, 1.0) for _ in range(size)]
+        norm = math.sqrt(sum(x * x for x in values))
+        once = float32_bytes([x / norm for x in values])
+        tables.append(once + once)
+    return tuple(tables)
+
+
+# NaN, +infinity and -infinity as little-endian float32 (BATCHRUN_ECHO_NAN_ON).
+_NON_FINITE = struct.pack("<3f", math.nan, math.inf, -math.inf)
 
 
 def _words(fields: ScoreParams, text: str, limit: int) -> list[str]:

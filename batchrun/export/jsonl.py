@@ -5,7 +5,8 @@ wrote it with the encoder export would use (`journal.encode_record`: compact, fl
 writes them), so decoding and encoding it again would give the same bytes, only slower. A record
 not written that way (not compact), or one msgspec refuses (NaN; a lone surrogate, which the
 journal writes as a \\u escape, all its non-ASCII text with it) is decoded and encoded again, as
-it always was.
+it always was. An embeddings body journaled with its vectors as base64 for a request that asked
+for floats is the exception: its vectors are written as floats (export/embeddings.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import IO, Any
 
 import msgspec
 
+from batchrun.export.embeddings import as_requested, float_body
 from batchrun.export.index import (
     FAILED,
     Entry,
@@ -25,11 +27,13 @@ from batchrun.export.index import (
 )
 from batchrun.job.journal import encode_record
 from batchrun.job.state import INVALID, OK
+from batchrun.openai.vectors import FLOAT_MARK_PREFIX
 
 OUTPUT_NAME = "output.jsonl"
 ERRORS_NAME = "errors.jsonl"
 
 _CHUNK = 4096  # output lines encoded (and written) at a time
+_MARK_LEN = len(FLOAT_MARK_PREFIX)
 
 
 class _Result(msgspec.Struct):
@@ -121,7 +125,12 @@ def _fast_output_line(ids: _Ids, raw: bytes) -> _OutputLine | None:
     if type(rec.custom_id) is not str:
         return None
     line_id, request_id = ids.of_result(rec.custom_id)
-    return _OutputLine(line_id, rec.custom_id, _Response(200, request_id, rec.body))
+    body = rec.body
+    if memoryview(body)[:_MARK_LEN] == FLOAT_MARK_PREFIX:
+        floats = float_body(bytes(body))
+        if floats is not None:
+            body = msgspec.Raw(floats)
+    return _OutputLine(line_id, rec.custom_id, _Response(200, request_id, body))
 
 
 def _record(index: JournalIndex, raw: bytes) -> dict[str, Any]:
@@ -143,9 +152,15 @@ def _output_line(ids: _Ids, rec: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": line_id,
         "custom_id": rec["custom_id"],
-        "response": {"status_code": 200, "request_id": request_id, "body": rec["body"]},
+        "response": {"status_code": 200, "request_id": request_id, "body": _as_requested(rec)},
         "error": None,
     }
+
+
+def _as_requested(rec: dict[str, Any]) -> Any:
+    """A decoded record's body as its request asked for it (export/embeddings.py)."""
+    body = rec["body"]
+    return as_requested(body) if isinstance(body, dict) else body
 
 
 def _error_line(ids: _Ids, rec: dict[str, Any], entry: Entry) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from typing import IO, Any
 
 import msgspec
 
-from batchrun.export.embeddings import embedding
+from batchrun.export.embeddings import embedding_value
 from batchrun.export.index import (
     REPORTED,
     STATUS_NAMES,
@@ -318,7 +318,9 @@ def _row(index: JournalIndex, entry: Entry, raw: bytes, extras: Sequence[str]) -
             values.append(_tool_calls(message) if isinstance(message, _Message) else None)
         elif name == "embeddings":
             data = body.data
-            values.append(None if data is None else [embedding(item.embedding) for item in data])
+            values.append(
+                None if data is None else [embedding_value(item.embedding) for item in data]
+            )
         elif name == "duration_s":
             values.append(_duration(body))
         else:  # scores, score_indices
@@ -380,11 +382,56 @@ def _table(rows: list[tuple[Any, ...]], schema: Any) -> Any:
     strings must be UTF-8."""
     import pyarrow as pa
 
-    columns = dict(zip(schema.names, zip(*rows, strict=True), strict=True))
+    columns: dict[str, Any] = dict(zip(schema.names, zip(*rows, strict=True), strict=True))
+    if "embeddings" in columns:
+        columns["embeddings"] = _embeddings(columns["embeddings"], schema.field("embeddings").type)
     try:
         return pa.table(columns, schema=schema)
     except (UnicodeEncodeError, pa.ArrowException):
-        return pa.table({n: [_valid_text(v) for v in c] for n, c in columns.items()}, schema=schema)
+        return pa.table(
+            {
+                n: c if n == "embeddings" else [_valid_text(v) for v in c]
+                for n, c in columns.items()
+            },
+            schema=schema,
+        )
+
+
+def _embeddings(cells: Sequence[Any], kind: Any) -> Any:
+    """A row group's embeddings column (each cell None or its request's vectors: float32 bytes
+    or float lists) as an Arrow array of `kind`. When every vector is float32 bytes of the one
+    size, the array is made from one buffer of them: pyarrow converts a fixed-size list from
+    Python objects a value at a time (70 us a 1,024-value vector here)."""
+    import numpy as np
+    import pyarrow as pa
+
+    vector = kind.value_type
+    size = vector.list_size if pa.types.is_fixed_size_list(vector) else -1
+    offsets, nulls, chunks = [0], [], []
+    for cell in cells:
+        nulls.append(cell is None)
+        for v in cell or ():
+            if type(v) is not bytes or len(v) != 4 * size:
+                return pa.array([_as_arrays(c) for c in cells], type=kind)
+            chunks.append(v)
+        offsets.append(len(chunks))
+    flat = np.frombuffer(b"".join(chunks), dtype="<f4").astype(np.float32, copy=False)
+    return pa.ListArray.from_arrays(
+        pa.array(offsets, type=pa.int32()),
+        pa.FixedSizeListArray.from_arrays(pa.array(flat, type=pa.float32()), size),
+        type=kind,
+        mask=pa.array(nulls, type=pa.bool_()),
+    )
+
+
+def _as_arrays(cell: list[Any] | None) -> list[Any] | None:
+    """A cell's vectors as pyarrow converts them: float32 bytes as numpy arrays, floats as they
+    are."""
+    import numpy as np
+
+    if cell is None:
+        return None
+    return [np.frombuffer(v, dtype="<f4") if type(v) is bytes else v for v in cell]
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -36,6 +36,10 @@ from batchrun.job.records import result_record as result_record
 from batchrun.openai.records import Outcome
 
 JOURNAL_NAME = "journal.jsonl"
+# About the most bytes of records one write of `JournalWriter.append` takes (see there), and what
+# a record holds besides a pre-encoded body, as that estimate counts it.
+WRITE_BYTES = 96 * 1024
+_RECORD_BYTES = 400
 
 # The fast encoder: msgspec writes compact JSON in UTF-8, with the same bytes as the json encoders
 # below for everything but some floats (see `_may_differ`) and NaN/Infinity (null, where json
@@ -278,8 +282,13 @@ class JournalWriter:
         return self
 
     def append(self, records: Iterable[Mapping[str, Any]], *, plain: bool = False) -> None:
-        """Write records in one system call; the background thread fsyncs them soon.
+        """Write records, in order, in one system call for each WRITE_BYTES of them or so; the
+        background thread fsyncs them soon.
 
+        Why not one call for all: the parent's malloc gives every block past 128 KiB fresh pages
+        (run/memory.py), faulted in and zeroed by the kernel, and an append of a thousand
+        embeddings is 6 MB. A kill between two writes leaves whole records: a request's record,
+        or none (a deduplicated copy follows its representative, so at worst the copy runs again).
         `plain`: see `encode_records`.
         """
         assert self._f is not None, "journal not open"
@@ -287,10 +296,19 @@ class JournalWriter:
             records = list(records)
         if not records:
             return
-        self._write(encode_records(records, plain=plain), len(records))
+        start, size = 0, 0
+        for i, rec in enumerate(records):
+            body = rec.get("body")
+            # A pre-encoded body is most of a large record; the rest is a few hundred bytes.
+            n = (len(body) if type(body) is msgspec.Raw else 0) + _RECORD_BYTES
+            if size + n > WRITE_BYTES and i > start:
+                self._write(encode_records(records[start:i], plain=plain), i - start)
+                start, size = i, 0
+            size += n
+        self._write(encode_records(records[start:], plain=plain), len(records) - start)
 
     def _write(self, data: bytes, count: int) -> None:
-        """Write `count` encoded journal lines in one system call (see `append`)."""
+        """Write `count` encoded journal lines in one system call."""
         assert self._f is not None, "journal not open"
         self._raise_sync_error()
         try:

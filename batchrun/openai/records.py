@@ -61,7 +61,9 @@ class Outcome:
 
     `body` is the response object (ChatCompletion, Completion, CreateEmbeddingResponse, or vLLM's
     ScoreResponse / RerankResponse, as a dict) when `ok`; a worker process sends it on as its JSON (a `msgspec.Raw`, see
-    journal.encode_body), which the journal writes as it is;
+    journal.encode_body), which the journal writes as it is. An embeddings body holds its
+    vectors as base64 float32, marked when its request asked for floats (openai/vectors.py);
+    export writes it as asked;
     `error` is `{"code": ..., "message": ...}` when not. `retryable` is False for failures that
     would fail the same way again (a bad request), True for engine failures.
     """

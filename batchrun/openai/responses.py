@@ -4,7 +4,9 @@ Bodies are exactly what the `openai` package's types describe: `ChatCompletion` 
 /v1/chat/completions, `Completion` for /v1/completions, `CreateEmbeddingResponse` for
 /v1/embeddings and `Response` for /v1/responses (shaped in responses_api_body), logprobs included (`ChoiceLogprobs` for chat, the legacy `Logprobs` for
 completions). Engines hand over plain values (`Choice`, `TokenLogprob`, vectors); the shaping is
-here, once, for every engine (vLLM's score and rerank bodies: in scoring_body).
+here, once, for every engine (vLLM's score and rerank bodies: in scoring_body). An embeddings
+body is built in the form the journal keeps (vectors as float32 bytes: openai/vectors.py), and
+becomes the OpenAI object when export writes it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from batchrun.openai.records import CHAT, RESPONSES, Outcome, Request
 from batchrun.openai.responses_api_body import response_object
+from batchrun.openai.vectors import FLOAT_MARK, base64_of, float32_bytes
 
 # OpenAI's stand-in for a logprob too small to show (and JSON has no -Infinity).
 MIN_LOGPROB = -9999.0
@@ -179,9 +182,15 @@ _TEXT_OBJECTS = frozenset(("chat.completion", "text_completion"))
 
 
 def holds_no_float(body: dict[str, Any]) -> bool:
-    """Whether a body `success` built holds no float at all: no logprobs, tool calls or request
-    metadata. (Its JSON then needs no check for floats that encoders write differently; see
-    journal.encode_body.)"""
+    """Whether a body `success` or `embedding_success` built holds no float at all: no logprobs,
+    tool calls or request metadata; embeddings as base64. (Its JSON then needs no check for
+    floats that encoders write differently; see journal.encode_body.)"""
+    if body.get("object") == "list" and "usage" in body:
+        # An embeddings body: its vectors are base64 text (embedding_success), its usage counts.
+        data = body.get("data")
+        return isinstance(data, list) and all(
+            isinstance(item, dict) and type(item.get("embedding")) is str for item in data
+        )
     if body.get("object") not in _TEXT_OBJECTS or "metadata" in body:
         return False
     for choice in body["choices"]:
@@ -195,31 +204,32 @@ def holds_no_float(body: dict[str, Any]) -> bool:
 
 def embedding_success(
     request: Request,
-    vectors: Sequence[Sequence[float]],
+    vectors: Sequence[Sequence[float] | bytes],
     *,
     model: str,
     prompt_tokens: int,
     latency_s: float,
 ) -> Outcome:
-    """A successful outcome whose body is a CreateEmbeddingResponse, one vector per input.
+    """A successful outcome whose body is a CreateEmbeddingResponse, one vector per input, in
+    the form the journal keeps (openai/vectors.py): each embedding the base64 of its
+    little-endian float32 values, as OpenAI sends it for `encoding_format: "base64"`; for a
+    request that asked for floats, the body begins with `"export_encoding": "float"`, and export
+    writes its vectors as float lists.
 
-    With `encoding_format: "base64"` each embedding is the base64 of its little-endian float32
-    values, as OpenAI sends it (the openai package decodes that client-side).
+    `vectors`: each little-endian float32 bytes (an engine's pooled values, as they are), or
+    floats (rounded to float32).
     """
-    as_base64 = request.body.get("encoding_format") == "base64"
-    body = {
-        "object": "list",
-        "data": [
-            {
-                "object": "embedding",
-                "index": i,
-                "embedding": encode_base64(v) if as_base64 else [float(x) for x in v],
-            }
-            for i, v in enumerate(vectors)
-        ],
-        "model": model,
-        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-    }
+    data = [
+        {"object": "embedding", "index": i, "embedding": base64_of(float32_bytes(v))}
+        for i, v in enumerate(vectors)
+    ]
+    body: dict[str, Any] = {}
+    if request.body.get("encoding_format") != "base64":
+        body[FLOAT_MARK] = "float"  # first: export finds it at the body's start
+    body["object"] = "list"
+    body["data"] = data
+    body["model"] = model
+    body["usage"] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
     return Outcome(
         custom_id=request.custom_id,
         ok=True,

@@ -2,7 +2,8 @@
 
 Messages, parent -> worker: ``("add", [Request, ...])``, ``("window", int)``, ``("stop", None)``.
 Worker -> parent: ``("ready", info)``, ``("results", [Outcome, ...])`` (each body pre-encoded,
-a ``msgspec.Raw`` of its journal JSON: see journal.encode_body),
+a ``msgspec.Raw`` of its journal JSON: see journal.encode_body; a step's outcomes in messages of
+at most MESSAGE_BYTES of bodies),
 ``("cache", (queries, hits))`` (an engine's prefix-cache counters since it started, sent before
 the results of a step that changed them, so the parent has them with the last result),
 ``("stats", {...})`` (every HEARTBEAT_S while the engine runs: the heartbeat),
@@ -29,6 +30,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+import msgspec
+
 from batchrun.config import EngineSettings
 from batchrun.engines.base import Abortable, CacheCounting, KvCacheSized
 from batchrun.job.journal import encode_body
@@ -43,6 +46,8 @@ from batchrun.workers.process_group import die_with_parent, lead_own_group
 # thousands of collections, each going over the young requests and results in flight again: a
 # tenth of either process's time. Here they die by reference count, not in cycles.
 GC_THRESHOLD = 20_000
+# The most bytes of pre-encoded bodies in one "results" message (see `_messages`).
+MESSAGE_BYTES = 96 * 1024
 # Seconds between a busy worker's heartbeats ("stats"); config.MIN_STALL_TIMEOUT is two of them.
 HEARTBEAT_S = 1.0
 
@@ -271,6 +276,30 @@ class Feeder:
         return out
 
 
+def _messages(out: list[Outcome]) -> list[list[Outcome]]:
+    """`out` with each body pre-encoded, in messages of about MESSAGE_BYTES of bodies at most.
+
+    A body goes as its journal JSON (cheaper to pickle; the parent writes the bytes as they
+    are). The parent's malloc gives every block past 128 KiB fresh pages from the system
+    (run/memory.py), which the kernel must fault in and zero: a step's worth of large bodies
+    (1,024 embeddings of 1,024 dimensions: 6 MB) in one message cost it more in page faults
+    than in anything else; messages under that size reuse its heap.
+    """
+    messages: list[list[Outcome]] = [[]]
+    size = 0
+    for outcome in out:
+        body = outcome.body
+        if type(body) is dict:
+            body = outcome.body = encode_body(body, floats=not holds_no_float(body))
+        n = len(body) if type(body) is msgspec.Raw else 0
+        if size + n > MESSAGE_BYTES and messages[-1]:
+            messages.append([])
+            size = 0
+        messages[-1].append(outcome)
+        size += n
+    return messages
+
+
 def _loop(conn: Connection, engine: Any, window: int, request_timeout: float | None = None) -> None:
     feeder = Feeder(engine, window, request_timeout)
     # The parent watches a worker that beats (run/watchdog.py): say so before the first step,
@@ -295,12 +324,8 @@ def _loop(conn: Connection, engine: Any, window: int, request_timeout: float | N
             if counters is not None and (cache := counters()) != cache_sent:
                 conn.send(("cache", cache))
                 cache_sent = cache
-            for outcome in out:
-                body = outcome.body
-                if type(body) is dict:
-                    # As JSON bytes: cheaper to pickle, and the parent writes them as they are.
-                    outcome.body = encode_body(body, floats=not holds_no_float(body))
-            conn.send(("results", out))
+            for part in _messages(out):
+                conn.send(("results", part))
             if feeder.restart is not None:
                 conn.send(("restart", feeder.restart))
                 feeder.restart = None

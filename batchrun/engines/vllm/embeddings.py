@@ -3,6 +3,7 @@ its outcome from the vectors vLLM pools."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,10 +25,20 @@ class EmbeddingWork:
         self, request: Request, outputs: list[Any], *, model: str, latency_s: float
     ) -> Outcome:
         """The request's answer, from its inputs' pooled vectors in order."""
-        vectors = [[float(x) for x in data.float().tolist()] for data in outputs]
+        # As float32 bytes, never Python floats: a float16 or bfloat16 model's values widen
+        # exactly, and the bytes go to the journal as they are (openai/vectors.py).
+        vectors = [float32_le(data) for data in outputs]
         return embedding_success(
             request, vectors, model=model, prompt_tokens=self.prompt_tokens, latency_s=latency_s
         )
+
+
+def float32_le(data: Any) -> bytes:
+    """A pooled tensor's values as little-endian float32 bytes."""
+    values = data.detach().to("cpu").float().contiguous().numpy()
+    if sys.byteorder == "big":
+        values = values.byteswap()
+    return bytes(values.tobytes())
 
 
 def embedding_work(
