@@ -160,20 +160,17 @@ def _fold_block(
             except (msgspec.DecodeError, msgspec.ValidationError):
                 rec, timed = _lenient(raw, path, pos), False
             pos += len(raw)
-            counted = summary.fold(rec, current)
-            if counted is False:
+            one = summary.fold(rec, current)
+            if one is False:
                 summary.offset = pos
                 raise _Inconsistent from None
-            if timed and counted:
-                timing.add(rec)  # as job_timing: a record of odd types is not timed
+            if timed and one:
+                timing.add(rec)  # a record of odd types is counted, not timed
         return
-    fold, add = summary.fold, timing.add
-    for rec in records:
-        counted = fold(rec, current)
-        if counted:
-            add(rec)  # the same records as the counts: one definition of an attempt
-        elif counted is False:
-            raise _Inconsistent
+    counted = summary.fold_many(records, current)
+    if counted is None:
+        raise _Inconsistent
+    timing.add_many(counted)  # the same records as the counts: one definition of an attempt
 
 
 def _lenient(raw: bytes, path: Path, offset: int) -> SummaryRecord:

@@ -5,7 +5,7 @@ against the journal is job/summary.py's (its docstring gives the fold's rules)."
 from __future__ import annotations
 
 import json
-from collections.abc import Container, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,74 +90,112 @@ class Summary:
         return summary
 
     def fold(self, rec: SummaryRecord, current: Container[str] | None = None) -> bool | None:
-        """Fold one journal record in, as `JobState.record` would (only requests in `current`,
-        when given). True: counted; None: not part of the job as it is now (another input
-        generation's, or of a line that left the input), so not counted anywhere; False: the
-        record cannot follow what the summary says."""
-        invalid = rec.kind == "invalid"
-        if invalid:
-            if rec.generation != self.generation:
-                return None  # another input generation's invalid line
-        elif rec.kind != "result":
-            return None  # a kind this version does not count
-        elif current is not None and rec.custom_id not in current:
-            return None  # its line left the input file: no longer part of the job
-        t = rec.time
-        timed = t > 0  # 0: the record has no time (the journal's are seconds since the epoch)
-        if timed:  # comparisons, not min()/max(): this runs for every record journaled
-            first, last = self.first_time, self.last_time
-            if first is None or t < first:
-                self.first_time = t
-            if last is None or t > last:
-                self.last_time = t
-        if invalid:
-            self.invalid += 1
-            return True
-        attempt = rec.attempt
-        if attempt < 1 or rec.custom_id is None:
+        """Fold one journal record in (see `fold_many`). True: counted; None: not part of the
+        job as it is now, so not counted anywhere; False: the record cannot follow what the
+        summary says."""
+        counted = self.fold_many((rec,), current)
+        if counted is None:
             return False
-        self.attempts += 1
-        if attempt == 1:
-            self.done += 1
-        elif self.succeeded >= self.done:
-            return False  # a retry with no failed request before it to replace
-        if rec.ok:
-            self.succeeded += 1
-        tokens = rec.completion_tokens
-        if rec.copy_of is not None:
-            self.deduplicated += 1
-        elif rec.cached:
-            self.cache_hits += 1
-        else:
-            self.engine_attempts += 1
-            self.engine_completion_tokens += tokens
-        self.prompt_tokens += rec.prompt_tokens
-        self.completion_tokens += tokens
-        if rec.model is not None:
-            counts = self.per_model.get(rec.model)
-            if counts is None:
-                counts = self.per_model[rec.model] = [0, 0, 0, 0, t, t]
-            counts[0] += attempt == 1
-            counts[1] += rec.ok
-            counts[2] += rec.prompt_tokens
-            counts[3] += tokens
-            if timed:
-                if t < counts[4] or not counts[4]:
-                    counts[4] = t
-                if t > counts[5]:
-                    counts[5] = t
-        if rec.worker is not None and timed:
-            stats = self.per_worker.get(str(rec.worker))
-            if stats is None:
-                self.per_worker[str(rec.worker)] = [1, tokens, t, t]
+        return True if counted else None
+
+    def fold_many(
+        self, records: Iterable[SummaryRecord], current: Container[str] | None = None
+    ) -> list[SummaryRecord] | None:
+        """Fold journal records in, in order, as `JobState.record` would (only requests in
+        `current`, when given); return those counted (the timing folds the same ones), or None
+        when one cannot follow what the summary says (the summary is then not to be used: the
+        counts come from a replay).
+
+        Not counted: another input generation's invalid lines, records of requests whose line
+        left the input file, kinds this version does not know. One loop with the counts in
+        locals: a running job's summary folds every record it journals.
+        """
+        counted: list[SummaryRecord] = []
+        keep = counted.append
+        generation = self.generation
+        first, last = self.first_time, self.last_time
+        done, succeeded = self.done, self.succeeded
+        invalid = attempts = deduplicated = cache_hits = engine = engine_tokens = 0
+        prompt_tokens = completion_tokens = 0
+        per_model, per_worker = self.per_model, self.per_worker
+        for rec in records:
+            kind = rec.kind
+            if kind == "invalid":
+                if rec.generation != generation:
+                    continue  # another input generation's invalid line
+            elif kind != "result":
+                continue  # a kind this version does not count
+            elif current is not None and rec.custom_id not in current:
+                continue  # its line left the input file: no longer part of the job
+            keep(rec)
+            t = rec.time
+            timed = t > 0  # 0: no time (the journal's are seconds since the epoch)
+            if timed:  # comparisons, not min()/max(): this runs for every record journaled
+                if first is None or t < first:
+                    first = t
+                if last is None or t > last:
+                    last = t
+            if kind == "invalid":
+                invalid += 1
+                continue
+            attempt = rec.attempt
+            if attempt < 1 or rec.custom_id is None:
+                return None
+            attempts += 1
+            if attempt == 1:
+                done += 1
+            elif succeeded >= done:
+                return None  # a retry with no failed request before it to replace
+            ok = rec.ok
+            if ok:
+                succeeded += 1
+            tokens = rec.completion_tokens
+            if rec.copy_of is not None:
+                deduplicated += 1
+            elif rec.cached:
+                cache_hits += 1
             else:
-                stats[0] += 1
-                stats[1] += tokens
-                if t < stats[2]:
-                    stats[2] = t
-                if t > stats[3]:
-                    stats[3] = t
-        return True
+                engine += 1
+                engine_tokens += tokens
+            prompt_tokens += rec.prompt_tokens
+            completion_tokens += tokens
+            model = rec.model
+            if model is not None:
+                counts = per_model.get(model)
+                if counts is None:
+                    counts = per_model[model] = [0, 0, 0, 0, t, t]
+                counts[0] += attempt == 1
+                counts[1] += ok
+                counts[2] += rec.prompt_tokens
+                counts[3] += tokens
+                if timed:
+                    if t < counts[4] or not counts[4]:
+                        counts[4] = t
+                    if t > counts[5]:
+                        counts[5] = t
+            worker = rec.worker
+            if worker is not None and timed:
+                stats = per_worker.get(str(worker))
+                if stats is None:
+                    per_worker[str(worker)] = [1, tokens, t, t]
+                else:
+                    stats[0] += 1
+                    stats[1] += tokens
+                    if t < stats[2]:
+                        stats[2] = t
+                    if t > stats[3]:
+                        stats[3] = t
+        self.first_time, self.last_time = first, last
+        self.done, self.succeeded = done, succeeded
+        self.invalid += invalid
+        self.attempts += attempts
+        self.deduplicated += deduplicated
+        self.cache_hits += cache_hits
+        self.engine_attempts += engine
+        self.engine_completion_tokens += engine_tokens
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        return counted
 
     def timing_of(self, run_starts: Sequence[float]) -> Timing:
         """The summary's timing figures, to fold more records into."""

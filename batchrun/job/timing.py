@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +32,24 @@ class LogHistogram:
 
     def add(self, value: float) -> None:
         """Count one value (seconds; negative ones count as zero)."""
-        key = -1 if value <= _FLOOR else int(math.log(value / _FLOOR) / _STEP)
-        self.buckets[key] = self.buckets.get(key, 0) + 1
-        self.count += 1
-        self.total += value if value > 0.0 else 0.0  # as max(0.0, value), without the call
+        self.add_many([value])
+
+    def add_many(self, values: list[float]) -> None:
+        """Count each of `values` (a list comprehension, not a call a value: the summary of a
+        running job folds every result it journals)."""
+        if not values:
+            return
+        log, floor, step = math.log, _FLOOR, _STEP
+        buckets = self.buckets
+        get = buckets.get
+        for key in [-1 if v <= floor else int(log(v / floor) / step) for v in values]:
+            buckets[key] = get(key, 0) + 1
+        self.count += len(values)
+        total = self.total
+        for v in values:  # one at a time, in order: the same total however records are batched
+            if v > 0.0:
+                total += v
+        self.total = total
 
     def quantile(self, q: float) -> float | None:
         """The value below which a fraction `q` of those counted lie; None when none were."""
@@ -123,26 +137,39 @@ class Timing:
 
     def add(self, rec: LightRecord) -> None:
         """Fold in one journal record."""
-        kind = rec.kind
-        if kind != "result":
-            if kind == "invalid":
-                self.invalid += 1
+        self.add_many((rec,))
+
+    def add_many(self, records: Iterable[LightRecord]) -> None:
+        """Fold in journal records, in one loop (this runs for every record a job journals)."""
+        latencies: list[float] = []
+        waits: list[float] = []
+        starts = self.runs.starts
+        attempts = failed = 0
+        for rec in records:
+            kind = rec.kind
+            if kind != "result":
+                if kind == "invalid":
+                    self.invalid += 1
+                    self._code(rec)
+                continue
+            # Every result counts as an attempt (docs/metrics.md): a duplicate's copy and an
+            # answer from the cache too, as the summary's `attempts` counts them; only the
+            # engine's own attempts have a latency and a queue wait.
+            attempts += 1
+            if not rec.ok:
+                failed += 1
                 self._code(rec)
-            return
-        # Every result counts as an attempt (docs/metrics.md): a duplicate's copy and an answer
-        # from the cache too, as the summary's `attempts` counts them; only the engine's own
-        # attempts have a latency and a queue wait.
-        self.attempts += 1
-        if not rec.ok:
-            self.failed += 1
-            self._code(rec)
-        latency = rec.latency_s
-        if latency is not None and rec.copy_of is None and not rec.cached:
-            self.latency.add(latency)
-            entered = rec.time - latency
-            start = self.runs.of(entered)
-            if start is not None:
-                self.queue.add(entered - start)
+            latency = rec.latency_s
+            if latency is not None and rec.copy_of is None and not rec.cached:
+                latencies.append(latency)
+                entered = rec.time - latency
+                i = bisect.bisect_right(starts, entered)  # the run that was running then
+                if i:
+                    waits.append(entered - starts[i - 1])
+        self.attempts += attempts
+        self.failed += failed
+        self.latency.add_many(latencies)
+        self.queue.add_many(waits)
 
     def _code(self, rec: LightRecord) -> None:
         code = str((rec.error or {}).get("code") or "unknown")
