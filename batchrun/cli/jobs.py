@@ -28,7 +28,7 @@ from batchrun.cli.options import (
     RayAddress,
     engine_options,
 )
-from batchrun.cli.report import fail, finish, guarded, out, plain, say
+from batchrun.cli.exits import fail, finish, guarded, out, plain, say
 from batchrun.config import GivenOptions
 from batchrun.console.text import command
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from batchrun.cli.options import JobDir
-from batchrun.cli.report import fail, out
+from batchrun.cli.exits import fail, out
 from batchrun.errors import BatchrunError
 
 
