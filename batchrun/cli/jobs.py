@@ -1,5 +1,5 @@
 """The commands that run a job: submit, tune, resume and retry-failed. Each parses its options,
-calls its core function in batchrun.run.commands, and prints the summary; `report.guarded` maps
+calls its core function in batchrun.run.jobs, and prints the summary; `report.guarded` maps
 the errors to exit codes."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from batchrun.console.text import command
 
 if TYPE_CHECKING:
     from batchrun.metrics.recorder import RunMetrics
-    from batchrun.run.commands import JobSummary
+    from batchrun.run.jobs import JobSummary
 
 
 def default_job_dir(input_file: Path | str) -> Path:
@@ -59,8 +59,8 @@ def _start(
     cache_dir: Path | None = None,
 ) -> NoReturn:
     """submit and tune: check every option, create the job, run it (or only its search)."""
-    from batchrun.run.commands import RunOptions, check_submit
-    from batchrun.run.commands import submit as run_submit
+    from batchrun.run.jobs import RunOptions, check_submit
+    from batchrun.run.jobs import submit as run_submit
 
     job = job_dir or default_job_dir(input_file)
     stopping.set_job(job, again=shlex.join(["batchrun", *sys.argv[1:]]))
@@ -165,7 +165,7 @@ def resume(
 ) -> None:
     """Continue a job after a crash, a kill or Ctrl-C: runs only what is not done. Engine
     options given replace the job's own (and are saved into it)."""
-    from batchrun.run.commands import resume as run_resume
+    from batchrun.run.jobs import resume as run_resume
 
     stopping.set_job(job_dir)
     monitoring = Monitoring(metrics_port, metrics_host, gpu_hour_cost, metrics_pushgateway)
@@ -205,7 +205,7 @@ def retry_failed(
 ) -> None:
     """Run one more pass over the requests whose last attempt failed. Engine options given
     replace the job's own (and are saved into it)."""
-    from batchrun.run.commands import retry_failed as run_retry
+    from batchrun.run.jobs import retry_failed as run_retry
 
     stopping.set_job(job_dir)
     monitoring = Monitoring(metrics_port, metrics_host, gpu_hour_cost, metrics_pushgateway)
