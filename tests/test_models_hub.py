@@ -412,7 +412,7 @@ def test_other_unknown_urls_keep_the_plain_message() -> None:
 
 
 def test_the_echo_engine_reports_the_served_name_else_the_model_as_named(tmp_path: Path) -> None:
-    from batchrun.run.model import prepare_model
+    from batchrun.run.model_prep import prepare_model
 
     def named(**fields: Any) -> str:
         settings = EngineSettings(engine="echo", **fields)

@@ -24,7 +24,7 @@ from batchrun.run.inputs import (
     discard_unfinished_validation,
     validate_into_job,
 )
-from batchrun.run.model import prepare_model
+from batchrun.run.model_prep import prepare_model
 from batchrun.run.options import Notify, RunOptions, merge_options, options_from, save_overrides
 from batchrun.run.passes import JobSummary, run_job
 from batchrun.run.preflight import preflight
