@@ -66,7 +66,7 @@ def validate_into_job(
     whose sha256 the download took as `input_sha256`: the file is not read again for it).
     """
     valid = invalid = json_errors = 0
-    # Per model (several models or adapters: status counts per model, run/by_model.py).
+    # Per model (several models or adapters: status counts per model, run/model_routes.py).
     model_requests: dict[str, int] = {}
     url: str | None = None
     first_error: LineError | None = None

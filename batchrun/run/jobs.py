@@ -18,7 +18,7 @@ from batchrun.job.served import served_batch
 from batchrun.job.state import JobState
 from batchrun.openai.reader import check_input_file
 from batchrun.run.answer_cache import check_cache_dir
-from batchrun.run.by_model import prepare_models
+from batchrun.run.model_routes import prepare_models
 from batchrun.run.inputs import (
     check_input_unchanged,
     discard_unfinished_validation,
@@ -82,7 +82,7 @@ def submit(
         )
     for line in warnings:
         (notify or _to_stderr)(line)
-    # Each model (several: run/by_model.py) and adapter, found and checked.
+    # Each model (several: run/model_routes.py) and adapter, found and checked.
     known = prepare_models(options.settings, notify or _to_stderr)
     created = not job_dir.exists()
     try:

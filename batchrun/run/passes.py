@@ -29,7 +29,7 @@ from batchrun.job.summary import keep_summary
 from batchrun.models.named import settings_for
 from batchrun.openai.records import POOLING_ENDPOINTS, Request
 from batchrun.run.answer_cache import AnswerCache
-from batchrun.run.by_model import ModelRoute
+from batchrun.run.model_routes import ModelRoute
 from batchrun.run.dedup import Duplicates
 from batchrun.run.lanes import Lane, RoutedAnswers
 from batchrun.run.options import RunOptions
@@ -188,7 +188,7 @@ class _Passes:
         planned: Callable[[Iterator[Request]], Iterator[Request]],
         failed_ids: set[str],
     ) -> None:
-        """The passes of `mode`, model by model (one model: one pass, run/by_model.py): the
+        """The passes of `mode`, model by model (one model: one pass, run/model_routes.py): the
         run and its retry passes, or retry-failed's pass."""
         input_path = Path(self.manifest.input_path)
         route = ModelRoute(self.options.settings, self.options.cache_dir)

@@ -43,7 +43,7 @@ class ResultRecording:
     metrics: RunMetrics | None
     admission: Admission | None
     # The name a request's record gives as its model (a job of several models, or adapters:
-    # status counts per model, run/by_model.py); None: records name none.
+    # status counts per model, run/model_routes.py); None: records name none.
     record_model: Callable[[Request], str] | None = None
 
     def _records(

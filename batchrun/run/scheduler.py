@@ -154,7 +154,7 @@ class Scheduler(ResultRecording):
             w.settings.window = size
 
     def switch_model(self, settings: EngineSettings) -> None:
-        """Run what comes next on `settings`' model (several models in a job, run/by_model.py):
+        """Run what comes next on `settings`' model (several models in a job, run/model_routes.py):
         each worker stops (it holds nothing between passes) and starts with it when next
         needed, keeping its batch size."""
         for w in self.workers:

@@ -23,7 +23,7 @@ from batchrun.job.paths import JobPaths
 from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.replay import replay
 from batchrun.openai.records import Outcome
-from batchrun.run.by_model import known_models
+from batchrun.run.model_routes import known_models
 from batchrun.run.inputs import discard_unfinished_validation, validate_into_job
 from batchrun.run.options import RunOptions
 from batchrun.run.source import InputIndex, requests

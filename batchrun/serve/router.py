@@ -8,7 +8,7 @@ journaled, whatever the custom_id itself holds. The pool is the
 job runner's Scheduler (back-off, poison isolation, restarts), with its journaling routed.
 
 With several base models (`--model NAME=PATH`, repeated) a pool runs one model: a batch runs
-model by model, as a submitted job does (run/by_model.py): its passes for its first model (the
+model by model, as a submitted job does (run/model_routes.py): its passes for its first model (the
 run pass, then the retries), then those for the next, each pass reading only the lines that
 model answers. A batch's `kind` names its current model, so the runner switches the pool between
 models as it switches between engine kinds (serve/kinds.py).

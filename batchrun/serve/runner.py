@@ -20,7 +20,7 @@ from pathlib import Path
 
 from batchrun.errors import BatchrunError
 from batchrun.openai.records import Outcome, Request
-from batchrun.run.by_model import ModelRoute
+from batchrun.run.model_routes import ModelRoute
 from batchrun.run.options import RunOptions
 from batchrun.serve import lifecycle, model_set
 from batchrun.serve.batches import CANCELLABLE, BatchRecord, BatchStore
@@ -80,7 +80,7 @@ class Runner(JobEnding):
         self._stopping = False
         self._last_sweep = 0.0
         self.pool: SharedScheduler | None = None
-        # Which base model answers each line (several models: run/by_model.py).
+        # Which base model answers each line (several models: run/model_routes.py).
         self.route = ModelRoute(options.settings)
         self._pool_kind: str | None = None
         self._switch_after = kind_switch_after()
