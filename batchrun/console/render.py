@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from batchrun.console.models import print_models
+from batchrun.console.model_table import print_models
 from batchrun.console.text import command, plural
 from batchrun.job.figures import job_figures
 from batchrun.job.manifest import Manifest
