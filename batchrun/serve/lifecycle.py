@@ -32,7 +32,7 @@ from batchrun.serve.checks import expiry_seconds
 from batchrun.serve.files import FileStore
 from batchrun.serve.ids import output_file_id
 from batchrun.serve.jobview import claim_job, job_facts, stamp_job
-from batchrun.serve.model_set import served_models
+from batchrun.serve.unserved_models import served_models
 from batchrun.serve.router import ActiveJob
 from batchrun.serve.usage import token_details
 
@@ -82,7 +82,7 @@ def validate(
         known = known_models(options.settings)
         if paths.manifest.exists():
             manifest = load_manifest(paths)
-            # A restart with other models: read by this server's names (serve/model_set.py).
+            # A restart with other models: read by this server's names (serve/unserved_models.py).
             served = served_models(options.settings, manifest)
             index = InputIndex(served) if served is not None else None
         else:

@@ -22,7 +22,7 @@ from batchrun.errors import BatchrunError
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.model_routes import ModelRoute
 from batchrun.run.options import RunOptions
-from batchrun.serve import lifecycle, model_set
+from batchrun.serve import lifecycle, unserved_models
 from batchrun.serve.batches import CANCELLABLE, BatchRecord, BatchStore
 from batchrun.serve.ending import SWEEP_EVERY_S, JobEnding
 from batchrun.serve.files import FileStore
@@ -202,8 +202,8 @@ class Runner(JobEnding):
         job.index = done.index
         if self.route.known is not None:  # several models: the batch runs model by model
             job.models = job_models(job.manifest, self.route.names, self.route.known.base_of)
-        # Restarted with other models: its lines of models this server lacks end (model_set.py).
-        unserved = model_set.unserved(job, self.options.settings)
+        # Restarted with other models: its lines of models this server lacks end (unserved_models.py).
+        unserved = unserved_models.unserved(job, self.options.settings)
         stamp_job(job.paths, job.manifest, "running", job.state, ray=self.options.ray)
         with self.lock:
             # Decided against the record as it is now (a cancel may have come since it was read).
