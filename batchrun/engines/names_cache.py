@@ -18,7 +18,7 @@ from pathlib import Path
 
 from batchrun.errors import BatchrunError
 from batchrun.job.files import atomic_write
-from batchrun.models.convert import cache_root
+from batchrun.cache_home import cache_root
 
 FILE = "engine_names.json"
 
