@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from batchrun.cli.options import JobDir
 from batchrun.cli.exits import fail, plain
+from batchrun.cli.options import JobDir
 from batchrun.errors import BatchrunError
 
 

@@ -17,9 +17,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from batchrun.cache_home import cache_root
 from batchrun.config import LORA_RANKS, EngineSettings, OptionError
 from batchrun.errors import BatchrunError
-from batchrun.cache_home import cache_root
 from batchrun.models.convert import DEFAULT_MODEL_NAME
 from batchrun.openai.routing import KnownModels
 
