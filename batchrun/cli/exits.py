@@ -16,7 +16,7 @@ from batchrun.errors import BatchrunError
 from batchrun.stopping import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated
 
 if TYPE_CHECKING:
-    from batchrun.run.jobs import JobSummary
+    from batchrun.console.render import JobSummary
 
 T = TypeVar("T")
 

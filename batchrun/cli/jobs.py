@@ -13,6 +13,7 @@ import typer
 
 from batchrun import stopping
 from batchrun.cli.cache import CacheDir
+from batchrun.cli.exits import fail, finish, guarded, out, plain, say
 from batchrun.cli.metrics_options import (
     GpuHourCost,
     MetricsHost,
@@ -28,13 +29,12 @@ from batchrun.cli.options import (
     RayAddress,
     engine_options,
 )
-from batchrun.cli.exits import fail, finish, guarded, out, plain, say
 from batchrun.config import GivenOptions
-from batchrun.console.text import command
+from batchrun.job.paths import command
 
 if TYPE_CHECKING:
+    from batchrun.console.render import JobSummary
     from batchrun.metrics.recorder import RunMetrics
-    from batchrun.run.jobs import JobSummary
 
 
 def default_job_dir(input_file: Path | str) -> Path:

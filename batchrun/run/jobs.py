@@ -8,25 +8,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchrun.config import GivenOptions, OptionError
-from batchrun.console.text import command
 from batchrun.errors import BatchrunError
 from batchrun.job.lock import job_lock
 from batchrun.job.manifest import Manifest, load_manifest
-from batchrun.job.paths import JobPaths
+from batchrun.job.paths import JobPaths, command
 from batchrun.job.replay import replay
 from batchrun.job.served import served_batch
 from batchrun.job.state import JobState
 from batchrun.openai.reader import check_input_file
 from batchrun.run.answer_cache import check_cache_dir
-from batchrun.run.model_routes import prepare_models
 from batchrun.run.inputs import (
     check_input_unchanged,
     discard_unfinished_validation,
     validate_into_job,
 )
 from batchrun.run.model_prep import prepare_model
+from batchrun.run.model_routes import prepare_models
 from batchrun.run.options import Notify, RunOptions, merge_options, options_from, save_overrides
-from batchrun.run.passes import JobSummary, run_job
+from batchrun.run.passes import run_job
 from batchrun.run.preflight import preflight
 from batchrun.run.sizing import Probe
 from batchrun.run.source import InputIndex
@@ -39,6 +38,7 @@ from batchrun.storage.fetch import (
 )
 
 if TYPE_CHECKING:
+    from batchrun.console.render import JobSummary
     from batchrun.metrics import RunMetrics
 
 
@@ -274,7 +274,6 @@ def _to_stderr(line: str) -> None:
 
 
 __all__ = [
-    "JobSummary",
     "Probe",
     "RunOptions",
     "check_submit",

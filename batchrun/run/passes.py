@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from batchrun.config import EngineSettings
 from batchrun.console.progress import ProgressReporter
-from batchrun.console.render import JobSummary as JobSummary  # what run_job returns
+from batchrun.console.render import JobSummary
 from batchrun.console.text import plural
 from batchrun.errors import BatchrunError
 from batchrun.job.cost import gpu_units
@@ -29,9 +29,9 @@ from batchrun.job.summary import keep_summary
 from batchrun.models.named import settings_for
 from batchrun.openai.records import POOLING_ENDPOINTS, Request
 from batchrun.run.answer_cache import AnswerCache
-from batchrun.run.model_routes import ModelRoute
 from batchrun.run.dedup import Duplicates
 from batchrun.run.lanes import Lane, RoutedAnswers
+from batchrun.run.model_routes import ModelRoute
 from batchrun.run.options import RunOptions
 from batchrun.run.planner import plan
 from batchrun.run.scheduler import Scheduler

@@ -32,10 +32,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from batchrun.console.text import command, plural
+from batchrun.console.text import plural
 from batchrun.engines import startup
 from batchrun.engines.startup import StartFailure, StartKind
 from batchrun.errors import BatchrunError
+from batchrun.job.paths import command
 from batchrun.job.records import ResultRecord
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.poison import (
