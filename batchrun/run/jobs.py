@@ -12,9 +12,8 @@ from batchrun.errors import BatchrunError
 from batchrun.job.lock import job_lock
 from batchrun.job.manifest import Manifest, load_manifest
 from batchrun.job.paths import JobPaths, command
-from batchrun.job.replay import replay
 from batchrun.job.served import served_batch
-from batchrun.job.state import JobState
+from batchrun.job.state import JobState, replay
 from batchrun.openai.reader import check_input_file
 from batchrun.run.answer_cache import check_cache_dir
 from batchrun.run.inputs import (

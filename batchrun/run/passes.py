@@ -22,9 +22,8 @@ from batchrun.job.events import EventLog
 from batchrun.job.journal import JournalWriter
 from batchrun.job.manifest import Manifest, Run, save_manifest
 from batchrun.job.paths import JobPaths
-from batchrun.job.replay import replay
 from batchrun.job.run_clock import RunClock, settle_runs
-from batchrun.job.state import JobState
+from batchrun.job.state import JobState, replay
 from batchrun.job.summary import keep_summary
 from batchrun.models.named import settings_for
 from batchrun.openai.records import POOLING_ENDPOINTS, Request

@@ -21,7 +21,7 @@ from batchrun.job.lock import job_lock
 from batchrun.job.manifest import load_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.records import ResultRecord, result_record
-from batchrun.job.replay import replay
+from batchrun.job.state import replay
 from batchrun.openai.records import Outcome
 from batchrun.run.inputs import discard_unfinished_validation, validate_into_job
 from batchrun.run.model_routes import known_models

@@ -29,8 +29,7 @@ from batchrun.job.journal import JournalWriter, plain_result
 from batchrun.job.manifest import Manifest, load_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.records import ResultRecord, result_record
-from batchrun.job.replay import replay
-from batchrun.job.state import JobState
+from batchrun.job.state import JobState, replay
 from batchrun.job.summary import keep_summary
 from batchrun.models.named import settings_for
 from batchrun.openai.records import POOLING_ENDPOINTS, Outcome, Request
