@@ -14,8 +14,7 @@ from batchrun.job.journal import JournalWriter
 from batchrun.job.state import JobState
 from batchrun.openai.records import CHAT, Request
 from batchrun.run.planner import prompt_chars
-from batchrun.run.prefetch import MAX_PREFETCH_CHARS
-from batchrun.run.scheduler import Scheduler
+from batchrun.run.scheduler import MAX_PREFETCH_CHARS, Scheduler
 
 LONG = "x" * 1_000_000  # one string shared by every long request: 1 MB, not 200
 WINDOW = 64

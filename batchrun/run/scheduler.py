@@ -1,9 +1,9 @@
 """Pending work -> engine workers -> journal, with no batch barriers.
 
 Each worker is kept topped up with its window of requests plus as many again queued (bounded:
-run/prefetch.py); every outcome is journaled the moment it arrives. When a worker dies, a fresh one
-starts and nothing finished is lost. What happens to the requests the dead worker held depends on
-why it died:
+`held_at_most`); every outcome is journaled the moment it arrives. When a worker dies, a fresh
+one starts and nothing finished is lost. What happens to the requests the dead worker held
+depends on why it died:
 
 - out of memory: they go back to the front of the pending queue (not counted as an attempt) and
   the fresh worker runs half the batch size;
@@ -46,7 +46,6 @@ from batchrun.run.lanes import Lane, Lanes
 from batchrun.run.memory import fewer_collections, return_large_blocks
 from batchrun.run.planner import prompt_chars
 from batchrun.run.poison import Isolator
-from batchrun.run.prefetch import held_at_most
 from batchrun.run.recording import ResultRecording
 from batchrun.run.reporting import Reporter, RunStats
 from batchrun.run.restarts import RestartPolicy
@@ -61,6 +60,23 @@ if TYPE_CHECKING:
 _model_of = operator.attrgetter("model", "model_name", "model_commit", "lora_modules")
 # Why a worker starts again when a job of several models moves on to the next (the event log's).
 MODEL_SWITCH = "model_switch"
+
+# Requests a worker holds beyond its window, queued in the worker for the moment one finishes:
+# as many again (at most this many), so that a worker whose results the parent is still
+# journaling always has work in hand. Isolating a poison request costs log2 of what it held.
+MAX_PREFETCH = 2048
+# ... and at most about this many prompt characters of them: 256 prefetched prompts of 250 KB
+# each would hold 64 MB more in the parent (issue 28: a file of long prompts in bounded memory).
+MAX_PREFETCH_CHARS = 16 * 2**20
+
+
+def held_at_most(window: int, request_chars: int = 0) -> int:
+    """The most requests a worker with this window holds at once: the window plus prefetch,
+    fewer prefetched when requests are long (`request_chars`: a recent request's prompt)."""
+    prefetch = min(MAX_PREFETCH, max(4, window))
+    if request_chars > 0:
+        prefetch = min(prefetch, max(4, MAX_PREFETCH_CHARS // request_chars))
+    return window + prefetch
 
 
 class Scheduler(ResultRecording):
