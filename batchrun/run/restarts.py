@@ -1,4 +1,5 @@
-"""The restart policy: what happens to a dead worker and to the requests it held.
+"""The restart policy: what happens to a dead worker and to the requests it held; and what a
+worker's start says, and why one started before starts again (`start_events`, `restart_reason`).
 
 An object the Scheduler (run/scheduler.py) holds and calls; it works on the scheduler's state
 (its workers, pending requests, suspects, journal), which `PolicyHost` names.
@@ -28,7 +29,7 @@ import dataclasses
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -331,3 +332,33 @@ def _start_wait(kind: StartKind, failures: int) -> float:
     memory = kind in (StartKind.FREE_MEMORY, StartKind.KV_OVER_FREE)
     waits = FREE_MEMORY_WAITS_S if memory else START_RETRY_WAITS_S
     return waits[min(failures, len(waits)) - 1]
+
+
+def start_events(w: Worker, model: str | None = None) -> list[str]:
+    """The lines the run's log gets as `w` starts (`model`: the one it runs, when a job runs
+    several at once)."""
+    where = f"pid {w.pid}, " if w.pid else ""
+    if w.env.get("BATCHRUN_CPU_AFFINITY"):
+        where += f"CPU cores {w.env['BATCHRUN_CPU_AFFINITY']}, "
+    of = f" for model {model}" if model else ""
+    lines = [
+        f"{w.label} starting {w.settings.engine} engine{of} ({where}batch size {w.settings.window})"
+    ]
+    if w.env.get("BATCHRUN_CPU_SHARED_WITH"):
+        lines.append(
+            f"{w.label}: every CPU core already runs the model of another batchrun job "
+            f"({w.env['BATCHRUN_CPU_SHARED_WITH']}); both run slowly while they share them. "
+            "Give each job its own cores with OMP_NUM_THREADS (half each, say)"
+        )
+    return lines
+
+
+def restart_reason(w: Worker, stopped_for: Mapping[int, str]) -> str:
+    """Why `w`, started before, starts again: its death's kind, or why it was stopped
+    (`stopped_for`, by index; a worker killed by the watchdog, hung, leaves no death of its own)."""
+    death = w.death
+    if death is None:
+        return stopped_for.get(w.index, "hang")
+    if death.oom:
+        return "oom"
+    return "start_failure" if death.during_start else "crash"

@@ -48,8 +48,7 @@ from batchrun.run.planner import prompt_chars
 from batchrun.run.poison import Isolator
 from batchrun.run.recording import ResultRecording
 from batchrun.run.reporting import Reporter, RunStats
-from batchrun.run.restarts import RestartPolicy
-from batchrun.run.starting import restart_reason, start_events
+from batchrun.run.restarts import RestartPolicy, restart_reason, start_events
 from batchrun.run.watchdog import HangPolicy, Watchdog
 from batchrun.workers.process import Worker
 
