@@ -215,8 +215,8 @@ def test_idle_gpus_are_a_problem_for_the_doctor_and_a_warning_for_a_run(
         }
     ]
     from batchrun.config import GivenOptions
+    from batchrun.run.jobs import preflight
     from batchrun.run.options import RunOptions
-    from batchrun.run.preflight import preflight
 
     options = RunOptions.from_given(GivenOptions(tensor_parallel_size=2), progress=False, ray=None)
     assert preflight(options) == [

@@ -25,7 +25,6 @@ from batchrun.run.model_prep import prepare_model
 from batchrun.run.model_routes import prepare_models
 from batchrun.run.options import Notify, RunOptions, merge_options, options_from, save_overrides
 from batchrun.run.passes import run_job
-from batchrun.run.preflight import preflight
 from batchrun.run.sizing import Probe
 from batchrun.run.source import InputIndex
 from batchrun.storage.fetch import (
@@ -133,7 +132,7 @@ def _fetch(url: str, paths: JobPaths) -> tuple[Path, str]:
 
 def check_submit(job_dir: Path, options: RunOptions) -> list[str]:
     """Refuse, before anything is made, options no run could take, a job dir that is a file,
-    and a machine the job would not run as expected on (run/preflight.py); returns the
+    and a machine the job would not run as expected on (`preflight`); returns the
     pre-flight check's warnings."""
     options.check()
     if options.cache_dir is not None:
@@ -281,3 +280,31 @@ __all__ = [
     "retry_failed",
     "submit",
 ]
+
+
+def preflight(options: RunOptions) -> list[str]:
+    """Refuse (BatchrunError) a run that would not run as expected; returns its warnings.
+
+    The doctor's checks (workers/diagnosis.py), made before anything is created: a job of an
+    engine that uses GPUs refuses to start, in one line with the way out, on a problem that
+    would stop or cripple it (the CPU build of vLLM with GPUs listed, nvidia-smi failing, GPU
+    ids that name no visible GPU, ...); one that only wastes GPUs (left idle by the
+    tensor-parallel grouping) starts, and the warning is returned for the caller to say.
+    Engines that use no GPU (echo) are never refused. On Ray the GPUs are the cluster's, not
+    this machine's: the actors' own start says what they find.
+    """
+    settings = options.settings
+    if not settings.spec.uses_gpus or options.ray:
+        return []
+    from batchrun.workers.diagnosis import diagnose
+
+    found = diagnose(
+        gpus=options.gpus,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        workers=options.workers,
+        device=settings.device,
+    )
+    for problem in found.problems:
+        if problem.fatal:
+            raise BatchrunError(problem.line())
+    return [f"warning: {p.line()}" for p in found.problems]

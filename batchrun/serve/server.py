@@ -15,9 +15,9 @@ from pathlib import Path
 from batchrun import stopping
 from batchrun.errors import BatchrunError
 from batchrun.models.named import model_names
+from batchrun.run.jobs import preflight
 from batchrun.run.model_routes import prepare_models
 from batchrun.run.options import RunOptions
-from batchrun.run.preflight import preflight
 
 DEFAULT_MAX_FILE_BYTES = 200 * 1000 * 1000  # OpenAI's limit for a batch input file
 ROOT_LOCK = "server.lock"
