@@ -143,7 +143,6 @@ class ModelRoute:
         settings = settings_for(self.settings, name)
         if self.current is not None:
             scheduler.reporter.event(f"switching to model {name}")
-        scheduler.switch_model(settings)
-        if self.cache_dir is not None:
-            scheduler.answers = AnswerCache.open(self.cache_dir, settings)
+        answers = None if self.cache_dir is None else AnswerCache.open(self.cache_dir, settings)
+        scheduler.switch_model(settings, answers)
         self.current = name
