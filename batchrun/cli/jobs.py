@@ -68,10 +68,16 @@ def _start(
     def run() -> JobSummary:
         options = RunOptions.from_given(given, progress=not no_progress, ray=ray)
         options.cache_dir = cache_dir
-        check_submit(job, options)  # (submit checks too) a usage error comes before anything
+        warnings = check_submit(job, options)  # a usage error comes before anything
         metrics = _monitor(monitoring)  # its port bound before the job is made
         return run_submit(
-            input_file, job, options, tune_only=tune_only, notify=say, metrics=metrics
+            input_file,
+            job,
+            options,
+            tune_only=tune_only,
+            notify=say,
+            metrics=metrics,
+            checked=warnings,
         )
 
     try:

@@ -48,6 +48,7 @@ def submit(
     tune_only: bool = False,
     notify: Notify | None = None,
     metrics: RunMetrics | None = None,
+    checked: list[str] | None = None,
 ) -> JobSummary:
     """Validate the input, create the job directory, and run the job to the end.
 
@@ -56,8 +57,10 @@ def submit(
     With `tune_only`, stop after the batch-size search: the probes' results are kept in the
     journal and `resume` continues the job at the size found. Every option is checked before
     the job directory is made: a value no engine takes must never be saved into a job.
+    `checked`: `check_submit`'s warnings, when the caller made that check already (the CLI does,
+    before it binds its metrics port): the options are checked once (nvidia-smi runs once).
     """
-    warnings = check_submit(job_dir, options)
+    warnings = check_submit(job_dir, options) if checked is None else checked
     url = remote_input(str(input_file))
     if url is None:
         input_path = local_path(str(input_file))
