@@ -98,8 +98,8 @@ class Scheduler:
         back-off (the job and the size cache keep it); `answers`: answers reused across jobs
         (run/answer_cache.py, --cache-dir); `metrics`: told of every dispatch, result and
         restart, for /metrics (batchrun/metrics); `events`: the job's event log, for `report`;
-        `live`: see below; `model`: the base model a worker's start names (serve's pools of
-        several models)."""
+        `live`: whether a live source that ran dry may fill again (serve's queue, below);
+        `model`: the base model a worker's start names (serve's pools of several models)."""
         self.sink = sink
         self.reporter = reporter
         self.inbox: queue.Queue[tuple[int, int, str, Any]] = queue.Queue()
