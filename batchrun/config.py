@@ -150,7 +150,7 @@ class EngineSettings:
     # --served-model-name: the name responses report; None: the hub id, else the directory's
     # (or .gguf file's) name.
     served_model_name: str | None = None
-    # Set by prepare_model before each run (batchrun/run/model.py), never by the user:
+    # Set by prepare_model before each run (batchrun/run/model_prep.py), never by the user:
     # The name reported in responses' `model` field when the request's body does not name one.
     model_name: str = "SmolLM2-135M-Instruct"
     # The commit a hub id's revision resolved to, so that every worker of a run (each Ray node

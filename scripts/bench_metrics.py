@@ -55,7 +55,7 @@ def child_run(inp: str, job: str, metrics: bool) -> None:
     from batchrun.job.status import job_status
     from batchrun.metrics.exporter import start_exporter
     from batchrun.metrics.recorder import RunMetrics
-    from batchrun.run.commands import RunOptions, submit
+    from batchrun.run.jobs import RunOptions, submit
 
     options = RunOptions(batch_size=1024, progress=False)
     options.settings.engine = "echo"

@@ -50,6 +50,7 @@ from batchrun.errors import BatchrunError
 from batchrun.job.journal import JournalWriter, read_records
 from batchrun.job.state import JobState
 from batchrun.openai.records import CHAT, Outcome, Request
+from batchrun.run.recording import JournalSink
 from batchrun.run.scheduler import Scheduler
 from batchrun.run.tuning import search_batch_size
 from batchrun.workers import process as worker_process
@@ -138,7 +139,10 @@ def scheduler(
     events = Events()
     journal = JournalWriter(path).open()
     sched = Scheduler(
-        settings, [{**env, "BATCHRUN_WORKER_LOG": str(log)}], journal, JobState(), events
+        settings,
+        [{**env, "BATCHRUN_WORKER_LOG": str(log)}],
+        JournalSink(journal, JobState()),
+        events,
     )
     try:
         yield sched, events, log

@@ -26,6 +26,7 @@ from batchrun.run.admission import Admission, KvCache
 from batchrun.run.dedup import Duplicates
 from batchrun.run.planner import order_window, plan, prompt_text
 from batchrun.run.prefixes import CHARS_PER_TOKEN, prefix_tree
+from batchrun.run.recording import JournalSink
 from batchrun.run.scheduler import Scheduler
 from batchrun.workers.process import Worker
 
@@ -383,9 +384,10 @@ def run_kv_workers(tmp_path: Path, requests: list[Request]) -> Scheduler:
     """Run `requests` planned (--order auto) through the scheduler and one KvWorker."""
     settings = EngineSettings(engine="vllm", max_num_seqs=64, window=64)
     with JournalWriter(tmp_path / "journal.jsonl") as journal:
-        scheduler = Scheduler(settings, [{}], journal, JobState(), Events(), KvWorker)
-        scheduler.duplicates = Duplicates()  # --order auto
-        scheduler.run(plan(iter(requests), "auto", scheduler.duplicates))
+        duplicates = Duplicates()  # --order auto
+        sink = JournalSink(journal, JobState(), duplicates)
+        scheduler = Scheduler(settings, [{}], sink, Events(), KvWorker)
+        scheduler.run(plan(iter(requests), "auto", duplicates))
         scheduler.close()
     ids = [r["custom_id"] for r in read_records(tmp_path / "journal.jsonl")]
     assert sorted(ids) == sorted(r.custom_id for r in requests)  # each answered once
@@ -418,9 +420,11 @@ def test_the_echo_engine_gets_the_plan_order_with_no_limit_said_once(tmp_path: P
     duplicates = Duplicates()
     with JournalWriter(tmp_path / "journal.jsonl") as journal:
         scheduler = Scheduler(
-            settings, [{"BATCHRUN_ECHO_RECORD": str(record)}], journal, JobState(), events
+            settings,
+            [{"BATCHRUN_ECHO_RECORD": str(record)}],
+            JournalSink(journal, JobState(), duplicates),
+            events,
         )
-        scheduler.duplicates = duplicates
         try:
             scheduler.run(plan(iter(requests), "auto", duplicates))
             scheduler.run(plan(iter(requests[:3]), "auto", duplicates))  # a retry pass, say

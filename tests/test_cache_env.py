@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from conftest import chat_line, cli, journal_records, write_jsonl
 
-from batchrun.models.convert import cache_root
+from batchrun.cache_home import cache_root
 
 IDS = [f"r{i}" for i in range(6)]
 ALL = ",".join(IDS)

@@ -328,7 +328,7 @@ SIGTERM_IN_START_UP = """
 import os, signal, sys, types
 
 if __name__ == "__main__":
-    import batchrun.run.commands as real
+    import batchrun.run.jobs as real
 
     def __getattr__(name):
         if name == "resume":
@@ -336,9 +336,9 @@ if __name__ == "__main__":
             os.kill(os.getpid(), signal.SIGTERM)
         return getattr(real, name)
 
-    proxy = types.ModuleType("batchrun.run.commands")
+    proxy = types.ModuleType("batchrun.run.jobs")
     proxy.__getattr__ = __getattr__
-    sys.modules["batchrun.run.commands"] = proxy
+    sys.modules["batchrun.run.jobs"] = proxy
     from batchrun.cli import main
 
     sys.argv = ["batchrun", *sys.argv[1:]]

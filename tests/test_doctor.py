@@ -215,8 +215,8 @@ def test_idle_gpus_are_a_problem_for_the_doctor_and_a_warning_for_a_run(
         }
     ]
     from batchrun.config import GivenOptions
+    from batchrun.run.jobs import preflight
     from batchrun.run.options import RunOptions
-    from batchrun.run.preflight import preflight
 
     options = RunOptions.from_given(GivenOptions(tensor_parallel_size=2), progress=False, ray=None)
     assert preflight(options) == [
@@ -488,3 +488,26 @@ def builds_at(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **versions: str) 
     folder = tmp_path / "-".join(f"{k}{v}" for k, v in versions.items())
     monkeypatch.setattr(builds, "SEARCH_PATH", fake_packages(folder, **versions))
     return builds.installed_builds()
+
+
+def test_submit_makes_its_checks_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI checks submit's options before it binds its metrics port, and the core does not
+    check them again: the pre-flight check (nvidia-smi, on a GPU engine) runs once."""
+    from batchrun.run import jobs
+
+    calls: list[object] = []
+    real = jobs.preflight
+
+    def counted(options: Any) -> list[str]:
+        calls.append(options)
+        return real(options)
+
+    monkeypatch.setattr(jobs, "preflight", counted)
+    inp = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi"), chat_line("b", "yo")])
+    done = CliRunner().invoke(
+        app,
+        ["submit", str(inp), "--job-dir", str(tmp_path / "job"), "--engine", "echo"],
+        env={"BATCHRUN_NO_PROGRESS": "1"},
+    )
+    assert done.exit_code == 0, done.output
+    assert len(calls) == 1

@@ -26,6 +26,7 @@ from batchrun.errors import BatchrunError
 from batchrun.job.journal import JournalWriter
 from batchrun.job.state import JobState
 from batchrun.openai.records import CHAT, Outcome, Request
+from batchrun.run.recording import JournalSink
 from batchrun.run.scheduler import Scheduler
 from batchrun.run.watchdog import Watchdog, stall_limit, start_limit
 from batchrun.workers.child import Feeder
@@ -345,7 +346,7 @@ def scheduler(tmp_path: Path, **settings: Any) -> tuple[Scheduler, Events, Journ
     engine = EngineSettings(engine="echo", max_num_seqs=4, window=4, **settings)
     journal = JournalWriter(tmp_path / "journal.jsonl").open()
     events = Events()
-    s = Scheduler(engine, [{}], journal, JobState(), events, SilentWorker)
+    s = Scheduler(engine, [{}], JournalSink(journal, JobState()), events, SilentWorker)
     return s, events, journal
 
 
@@ -362,7 +363,7 @@ def test_hung_workers_are_replaced_and_their_requests_run_again_not_as_attempts(
     assert hung == ["worker 0 hung: no result for 0.3 s with 8 requests in flight; restarting"] * 2
     assert SilentWorker.kills == 2
     assert SilentWorker.starts == 3
-    assert s.state.attempts == {f"r{i}": 1 for i in range(30)}
+    assert s.sink.state.attempts == {f"r{i}": 1 for i in range(30)}
 
 
 def test_a_worker_that_hangs_three_times_finishing_nothing_is_given_up(tmp_path: Path) -> None:
@@ -412,7 +413,7 @@ def test_a_worker_that_asks_to_be_replaced_is_and_its_requests_run_again(tmp_pat
     assert (
         events.lines.count("worker 0 restarting: it cannot abort; 1 request back to pending") == 1
     )
-    assert s.state.attempts == {"r0": 1, "r1": 1, "r2": 1}
+    assert s.sink.state.attempts == {"r0": 1, "r1": 1, "r2": 1}
 
 
 class Clock:

@@ -179,17 +179,17 @@ def test_the_walk_sees_function_local_and_relative_imports(tmp_path: Path) -> No
     source = tmp_path / "m.py"
     source.write_text(
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from batchrun.run.commands import JobSummary\n"
+        "if TYPE_CHECKING:\n    from batchrun.run.jobs import JobSummary\n"
         "def f():\n    from batchrun.serve import jobview\n    from . import records\n"
     )
     known = {
         "batchrun.openai.m": source,
         "batchrun.serve.jobview": source,
         "batchrun.openai.records": source,
-        "batchrun.run.commands": source,
+        "batchrun.run.jobs": source,
     }
     assert set(imported("batchrun.openai.m", source, known)) == {
-        "batchrun.run.commands",
+        "batchrun.run.jobs",
         "batchrun.serve.jobview",
         "batchrun.openai.records",
     }
@@ -225,7 +225,7 @@ def test_nothing_imports_the_cli() -> None:
 
 
 def test_object_storage_stays_at_the_edge() -> None:
-    """Only submit's core (run/commands.py) and the CLI know of buckets (storage/), and
+    """Only submit's core (run/jobs.py) and the CLI know of buckets (storage/), and
     storage/ imports nothing of batchrun but errors: a job never depends on the store."""
     edges = graph()
     users = sorted(
@@ -234,7 +234,7 @@ def test_object_storage_stays_at_the_edge() -> None:
         if package_of(module) not in ("storage", "cli")
         and any(package_of(t) == "storage" for t in targets)
     )
-    assert users == ["batchrun.run.commands"]
+    assert users == ["batchrun.run.jobs"]
     uses = sorted(
         {
             package_of(target)

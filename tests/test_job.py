@@ -18,7 +18,7 @@ from batchrun.job.journal import JournalWriter
 from batchrun.job.lock import job_lock, lock_holder
 from batchrun.job.manifest import InputMapRef, Manifest, Run, load_manifest, save_manifest
 from batchrun.job.paths import JobPaths
-from batchrun.job.replay import replay
+from batchrun.job.state import replay
 
 
 def test_manifest_is_replaced_atomically_and_leaves_no_temp_file(tmp_path: Path) -> None:

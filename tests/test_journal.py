@@ -27,8 +27,7 @@ from batchrun.job.journal import (
     result_record,
 )
 from batchrun.job.paths import JobPaths
-from batchrun.job.replay import replay
-from batchrun.job.state import JobState
+from batchrun.job.state import JobState, replay
 from batchrun.openai.records import LineError, Outcome
 
 

@@ -132,7 +132,7 @@ def test_counters_equal_the_job_at_the_end(tmp_path: Path, monkeypatch: pytest.M
     """Run in process: after the run, the exporter's counters are the job's own, including a
     retried request counted once, by its final outcome; tokens equal the journal's."""
     from batchrun.job.status import job_status
-    from batchrun.run.commands import RunOptions, submit
+    from batchrun.run.jobs import RunOptions, submit
 
     inp = write_jsonl(
         tmp_path / "in.jsonl", [completion(f"r{i}", 3) for i in range(40)] + ["nope", "{}"]
@@ -164,7 +164,7 @@ def test_an_out_of_memory_back_off_is_counted_with_its_restart(
 ) -> None:
     """An engine that runs out of memory above 4 sequences: the run backs off 16 -> 8 -> 4, each
     a back-off and a restart with reason oom."""
-    from batchrun.run.commands import RunOptions, submit
+    from batchrun.run.jobs import RunOptions, submit
 
     inp = write_jsonl(tmp_path / "in.jsonl", [completion(f"r{i}") for i in range(30)])
     monkeypatch.setenv("BATCHRUN_ECHO_OOM_ABOVE", "4")
@@ -364,7 +364,7 @@ def test_answers_from_the_cache_are_counted(tmp_path: Path) -> None:
     """A second job over the same greedy lines with the same --cache-dir: every answer comes
     from the cache, and batchrun_cache_hits_total says how many, as status does."""
     from batchrun.job.status import job_status
-    from batchrun.run.commands import RunOptions, submit
+    from batchrun.run.jobs import RunOptions, submit
 
     lines = [completion(f"r{i}") for i in range(12)]
     for line in lines:

@@ -15,7 +15,7 @@ import pytest
 from conftest import chat_line, cli, cli_process, read_jsonl, write_jsonl
 from hub_cache import COMMIT, HUB_ID, make_hub_cache
 
-from batchrun import models
+from batchrun import cache_home, models
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
 from batchrun.openai.invalid import InvalidLine
@@ -190,7 +190,7 @@ def test_a_gguf_file_is_converted_once_and_again_when_it_changes(
     assert not models.gguf_model_ready(gguf)
     got = models.engine_model(str(gguf))
     target = Path(got.model)
-    assert target.parent == models.cache_root() / "models" / "gguf"
+    assert target.parent == cache_home.cache_root() / "models" / "gguf"
     assert target.name.startswith("My-Model.Q4_K_M-")
     assert got.tokenizer == got.model  # the GGUF's own tokenizer, converted with it
     assert (target / "config.json").is_file() and models.gguf_model_ready(gguf)
@@ -412,7 +412,7 @@ def test_other_unknown_urls_keep_the_plain_message() -> None:
 
 
 def test_the_echo_engine_reports_the_served_name_else_the_model_as_named(tmp_path: Path) -> None:
-    from batchrun.run.model import prepare_model
+    from batchrun.run.model_prep import prepare_model
 
     def named(**fields: Any) -> str:
         settings = EngineSettings(engine="echo", **fields)

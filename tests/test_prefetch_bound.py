@@ -14,8 +14,8 @@ from batchrun.job.journal import JournalWriter
 from batchrun.job.state import JobState
 from batchrun.openai.records import CHAT, Request
 from batchrun.run.planner import prompt_chars
-from batchrun.run.prefetch import MAX_PREFETCH_CHARS
-from batchrun.run.scheduler import Scheduler
+from batchrun.run.recording import JournalSink
+from batchrun.run.scheduler import MAX_PREFETCH_CHARS, Scheduler
 
 LONG = "x" * 1_000_000  # one string shared by every long request: 1 MB, not 200
 WINDOW = 64
@@ -42,7 +42,9 @@ def test_long_requests_after_a_short_one_are_prefetched_by_characters(tmp_path: 
     reqs = [request(0, "short")] + [request(i, LONG) for i in range(1, 300)]
     settings = EngineSettings(engine="echo", max_num_seqs=WINDOW, window=WINDOW)
     journal = JournalWriter(tmp_path / "journal.jsonl").open()
-    scheduler = Scheduler(settings, [{}], journal, JobState(), ts.Events(), HoldingWorker)
+    scheduler = Scheduler(
+        settings, [{}], JournalSink(journal, JobState()), ts.Events(), HoldingWorker
+    )
     scheduler.run(iter(reqs))
     journal.close()
     # Each request sent once, in the file's order (those held back went first the next time).

@@ -81,7 +81,7 @@ def busy_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A finished echo job with a bit of everything: failures of two codes, invalid lines,
     out-of-memory back-offs (16 -> 8 -> 4) and the restarts they cost, a cost."""
     from batchrun.metrics.recorder import CostMeter, RunMetrics
-    from batchrun.run.commands import RunOptions, submit
+    from batchrun.run.jobs import RunOptions, submit
 
     tmp = tmp_path_factory.mktemp("report")
     lines: list[Any] = [completion(f"r{i}") for i in range(120)]

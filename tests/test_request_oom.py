@@ -20,6 +20,7 @@ from batchrun.config import EngineSettings
 from batchrun.job.journal import JournalWriter
 from batchrun.job.state import JobState
 from batchrun.openai.records import Outcome, Request
+from batchrun.run.recording import JournalSink
 from batchrun.run.scheduler import Scheduler
 
 
@@ -101,7 +102,11 @@ def make(tmp_path: Path, window: int) -> tuple[Scheduler, Events, JournalWriter]
     settings = EngineSettings(engine="echo", max_num_seqs=window, window=window)
     journal = JournalWriter(tmp_path / "journal.jsonl").open()
     events = Events()
-    return Scheduler(settings, [{}], journal, JobState(), events, OomOnWorker), events, journal
+    return (
+        Scheduler(settings, [{}], JournalSink(journal, JobState()), events, OomOnWorker),
+        events,
+        journal,
+    )
 
 
 def test_the_same_requests_running_out_twice_are_isolated_not_halved_to_nothing(
@@ -145,7 +150,9 @@ def test_a_batch_too_big_still_backs_off_as_before(tmp_path: Path) -> None:
     try:
         settings = EngineSettings(engine="echo", max_num_seqs=16, window=16)
         journal = JournalWriter(tmp_path / "journal.jsonl").open()
-        scheduler = Scheduler(settings, [{}], journal, JobState(), Events(), FakeWorker)
+        scheduler = Scheduler(
+            settings, [{}], JournalSink(journal, JobState()), Events(), FakeWorker
+        )
         stats = scheduler.run(iter(requests(40)))
         journal.close()
     finally:
@@ -163,7 +170,7 @@ def test_a_search_probe_after_an_oom_while_running_ends(tmp_path: Path) -> None:
         settings = EngineSettings(engine="echo", max_num_seqs=1, window=1)
         journal = JournalWriter(tmp_path / "journal.jsonl").open()
         events = Events()
-        scheduler = Scheduler(settings, [{}], journal, JobState(), events, FakeWorker)
+        scheduler = Scheduler(settings, [{}], JournalSink(journal, JobState()), events, FakeWorker)
         result = search_batch_size(scheduler, iter(requests(400)), events, lo=1, hi=32)
         journal.close()
     finally:

@@ -206,7 +206,7 @@ def test_submit_runs_its_passes_without_validating_again(
 ) -> None:
     """submit reads the input for validating, the run and each retry pass; the full reader
     only once."""
-    from batchrun.run.commands import RunOptions, submit
+    from batchrun.run.jobs import RunOptions, submit
 
     path = write(tmp_path / "in.jsonl", LINES)
     calls: list[Path] = []

@@ -12,7 +12,7 @@ import gc
 import json
 import math
 import pickle
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from batchrun.job.state import JobState
 from batchrun.openai.records import Outcome, Request
 from batchrun.openai.responses import failure
 from batchrun.run.memory import fewer_collections
+from batchrun.run.recording import JournalSink
 from batchrun.run.scheduler import Scheduler
 from batchrun.workers.child import GC_THRESHOLD
 
@@ -42,13 +43,22 @@ def reset_fake() -> Iterator[None]:
 
 
 def make(
-    tmp_path: Path, *, workers: int = 1, window: int = 16
+    tmp_path: Path,
+    *,
+    workers: int = 1,
+    window: int = 16,
+    on_back_off: Callable[[int], None] | None = None,
 ) -> tuple[Scheduler, Events, JournalWriter]:
     settings = EngineSettings(engine="echo", max_num_seqs=window, window=window)
     journal = JournalWriter(tmp_path / "journal.jsonl").open()
     events = Events()
     scheduler = Scheduler(
-        settings, [{} for _ in range(workers)], journal, JobState(), events, FakeWorker
+        settings,
+        [{} for _ in range(workers)],
+        JournalSink(journal, JobState()),
+        events,
+        FakeWorker,
+        on_back_off=on_back_off,
     )
     return scheduler, events, journal
 
@@ -165,7 +175,7 @@ def test_a_kv_budget_too_small_to_start_is_one_clear_error_not_a_back_off(
     FakeWorker.fail_start_oom = NO_CACHE_BLOCKS
     settings = EngineSettings(engine="echo", max_num_seqs=16, window=16, kv_cache_memory_bytes=1024)
     journal = JournalWriter(tmp_path / "journal.jsonl").open()
-    scheduler = Scheduler(settings, [{}], journal, JobState(), Events(), FakeWorker)
+    scheduler = Scheduler(settings, [{}], JournalSink(journal, JobState()), Events(), FakeWorker)
     with pytest.raises(BatchrunError) as info:
         scheduler.run(iter(requests(5)))
     journal.close()
@@ -200,7 +210,9 @@ def test_a_worker_on_cores_another_job_runs_on_says_so(tmp_path: Path) -> None:
     env = {"BATCHRUN_CPU_AFFINITY": "0,1", "BATCHRUN_CPU_SHARED_WITH": "pid 42, /jobs/a"}
     journal = JournalWriter(tmp_path / "journal.jsonl").open()
     events = Events()
-    Scheduler(settings, [env], journal, JobState(), events, FakeWorker).run(iter(requests(3)))
+    Scheduler(settings, [env], JournalSink(journal, JobState()), events, FakeWorker).run(
+        iter(requests(3))
+    )
     journal.close()
     assert events.lines[:2] == [
         "worker 0 starting echo engine (CPU cores 0,1, batch size 4)",
@@ -212,9 +224,8 @@ def test_a_worker_on_cores_another_job_runs_on_says_so(tmp_path: Path) -> None:
 
 def test_out_of_memory_backs_off_and_requeues_without_suspicion(tmp_path: Path) -> None:
     FakeWorker.oom_above = 5
-    scheduler, events, journal = make(tmp_path, window=16)
     told: list[int] = []
-    scheduler.on_back_off = told.append
+    scheduler, events, journal = make(tmp_path, window=16, on_back_off=told.append)
     stats = scheduler.run(iter(requests(30)))
     journal.close()
     by_id = results(tmp_path)
@@ -293,7 +304,7 @@ def test_results_sent_as_json_are_journaled_byte_for_byte_as_json_writes_them(
     settings = EngineSettings(engine="echo", max_num_seqs=8, window=8)
     journal = JournalWriter(tmp_path / "journal.jsonl").open()
     state = JobState()
-    scheduler = Scheduler(settings, [{}], journal, state, Events(), WireWorker)
+    scheduler = Scheduler(settings, [{}], JournalSink(journal, state), Events(), WireWorker)
     stats = scheduler.run(iter(requests(50)))
     journal.close()
     lines = (tmp_path / "journal.jsonl").read_bytes().splitlines(keepends=True)
@@ -317,7 +328,9 @@ def test_the_collector_runs_less_often_while_the_scheduler_runs(tmp_path: Path) 
 
     settings = EngineSettings(engine="echo", max_num_seqs=4, window=4)
     journal = JournalWriter(tmp_path / "journal.jsonl").open()
-    Scheduler(settings, [{}], journal, JobState(), Events(), Probe).run(iter(requests(10)))
+    Scheduler(settings, [{}], JournalSink(journal, JobState()), Events(), Probe).run(
+        iter(requests(10))
+    )
     journal.close()
     assert seen and set(seen) == {max(before[0], GC_THRESHOLD)}
     assert gc.get_threshold() == before  # restored

@@ -34,6 +34,7 @@ from batchrun.engines.startup import (
 from batchrun.errors import BatchrunError
 from batchrun.job.journal import JournalWriter
 from batchrun.job.state import JobState
+from batchrun.run.recording import JournalSink
 from batchrun.run.scheduler import Scheduler
 from batchrun.workers.holders import memory_holders, parse_compute_apps
 from batchrun.workers.process import Worker
@@ -383,7 +384,9 @@ def test_a_rank_oom_behind_workerproc_initialization_failed_is_recognised(tmp_pa
     journal = JournalWriter(tmp_path / "journal.jsonl").open()
     events = Events()
     env = {"BATCHRUN_WORKER_LOG": str(tmp_path / "worker-0.log")}
-    scheduler = Scheduler(settings, [env], journal, JobState(), events, RankFailingWorker)
+    scheduler = Scheduler(
+        settings, [env], JournalSink(journal, JobState()), events, RankFailingWorker
+    )
     with pytest.raises(BatchrunError, match="out of memory even at batch size 1"):
         scheduler.run(iter(requests(3)))
     journal.close()

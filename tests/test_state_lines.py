@@ -11,8 +11,7 @@ import pytest
 from batchrun.job.journal import JournalWriter
 from batchrun.job.paths import JobPaths
 from batchrun.job.records import result_record
-from batchrun.job.replay import replay
-from batchrun.job.state import FAILED_FINAL, FAILED_RETRYABLE, OK, JobState
+from batchrun.job.state import FAILED_FINAL, FAILED_RETRYABLE, OK, JobState, replay
 from batchrun.openai.records import Outcome
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md

@@ -22,8 +22,7 @@ from batchrun.job.inputmap import write_input_map
 from batchrun.job.journal import encode_records
 from batchrun.job.manifest import InputMapRef, Manifest, Run, load_manifest, save_manifest
 from batchrun.job.paths import JobPaths
-from batchrun.job.replay import replay
-from batchrun.job.state import JobState
+from batchrun.job.state import JobState, replay
 from batchrun.job.status import job_status
 from batchrun.job.summary import (
     SUMMARY_NAME,

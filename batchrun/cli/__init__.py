@@ -14,7 +14,7 @@ from batchrun.cli.cache import app as cache_app
 from batchrun.cli.doctor import doctor
 from batchrun.cli.helpformat import HelpCommand, HelpGroup
 from batchrun.cli.jobs import resume, retry_failed, submit, tune
-from batchrun.cli.pages import report
+from batchrun.cli.report import report
 from batchrun.cli.results import export, status
 from batchrun.cli.serve import serve
 from batchrun.stopping import EXIT_INTERRUPTED

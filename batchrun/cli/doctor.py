@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from batchrun.cli.report import plain
+from batchrun.cli.exits import plain
 from batchrun.config import Device, OptionError, parse_gpus
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """The commands that run a job: submit, tune, resume and retry-failed. Each parses its options,
-calls its core function in batchrun.run.commands, and prints the summary; `report.guarded` maps
+calls its core function in batchrun.run.jobs, and prints the summary; `report.guarded` maps
 the errors to exit codes."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import typer
 
 from batchrun import stopping
 from batchrun.cli.cache import CacheDir
+from batchrun.cli.exits import fail, finish, guarded, out, plain, say
 from batchrun.cli.metrics_options import (
     GpuHourCost,
     MetricsHost,
@@ -28,13 +29,12 @@ from batchrun.cli.options import (
     RayAddress,
     engine_options,
 )
-from batchrun.cli.report import fail, finish, guarded, out, plain, say
 from batchrun.config import GivenOptions
-from batchrun.console.text import command
+from batchrun.job.paths import command
 
 if TYPE_CHECKING:
+    from batchrun.console.render import JobSummary
     from batchrun.metrics.recorder import RunMetrics
-    from batchrun.run.commands import JobSummary
 
 
 def default_job_dir(input_file: Path | str) -> Path:
@@ -59,8 +59,8 @@ def _start(
     cache_dir: Path | None = None,
 ) -> NoReturn:
     """submit and tune: check every option, create the job, run it (or only its search)."""
-    from batchrun.run.commands import RunOptions, check_submit
-    from batchrun.run.commands import submit as run_submit
+    from batchrun.run.jobs import RunOptions, check_submit
+    from batchrun.run.jobs import submit as run_submit
 
     job = job_dir or default_job_dir(input_file)
     stopping.set_job(job, again=shlex.join(["batchrun", *sys.argv[1:]]))
@@ -68,10 +68,16 @@ def _start(
     def run() -> JobSummary:
         options = RunOptions.from_given(given, progress=not no_progress, ray=ray)
         options.cache_dir = cache_dir
-        check_submit(job, options)  # (submit checks too) a usage error comes before anything
+        warnings = check_submit(job, options)  # a usage error comes before anything
         metrics = _monitor(monitoring)  # its port bound before the job is made
         return run_submit(
-            input_file, job, options, tune_only=tune_only, notify=say, metrics=metrics
+            input_file,
+            job,
+            options,
+            tune_only=tune_only,
+            notify=say,
+            metrics=metrics,
+            checked=warnings,
         )
 
     try:
@@ -165,7 +171,7 @@ def resume(
 ) -> None:
     """Continue a job after a crash, a kill or Ctrl-C: runs only what is not done. Engine
     options given replace the job's own (and are saved into it)."""
-    from batchrun.run.commands import resume as run_resume
+    from batchrun.run.jobs import resume as run_resume
 
     stopping.set_job(job_dir)
     monitoring = Monitoring(metrics_port, metrics_host, gpu_hour_cost, metrics_pushgateway)
@@ -205,7 +211,7 @@ def retry_failed(
 ) -> None:
     """Run one more pass over the requests whose last attempt failed. Engine options given
     replace the job's own (and are saved into it)."""
-    from batchrun.run.commands import retry_failed as run_retry
+    from batchrun.run.jobs import retry_failed as run_retry
 
     stopping.set_job(job_dir)
     monitoring = Monitoring(metrics_port, metrics_host, gpu_hour_cost, metrics_pushgateway)

@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
+from batchrun.cli.exits import fail, out
 from batchrun.cli.options import JobDir
-from batchrun.cli.report import fail, out
 from batchrun.errors import BatchrunError
 
 

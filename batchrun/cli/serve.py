@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from batchrun.cli.cache import CacheDir
+from batchrun.cli.exits import guarded
 from batchrun.cli.options import RayAddress, engine_options
-from batchrun.cli.report import guarded
 from batchrun.config import GivenOptions
 
 

@@ -10,12 +10,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from batchrun.console.models import print_models
-from batchrun.console.text import command, plural
+from batchrun.console.model_table import print_models
+from batchrun.console.text import plural
 from batchrun.job.figures import job_figures
 from batchrun.job.manifest import Manifest
 from batchrun.job.model_counts import model_counts, several
-from batchrun.job.paths import JobPaths
+from batchrun.job.paths import JobPaths, command
 from batchrun.job.state import JobState
 from batchrun.job.status import cache_rate, kv_cache_tokens
 

@@ -1,9 +1,6 @@
-"""Words for people: counts with the right plural, and commands that paste back into a shell."""
+"""Words for people: counts with the right plural."""
 
 from __future__ import annotations
-
-# Defined beside the job's paths (job/ is below console/, and its messages name commands too).
-from batchrun.job.paths import command as command
 
 
 def plural(count: int, word: str, many: str | None = None) -> str:

@@ -16,9 +16,9 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from batchrun.cache_home import cache_root
 from batchrun.errors import BatchrunError
 from batchrun.job.files import atomic_write
-from batchrun.models.convert import cache_root
 
 FILE = "engine_names.json"
 

@@ -89,7 +89,7 @@ class Manifest(msgspec.Struct, kw_only=True):
     # --cache-dir (absolute) the job was submitted with: resume and retry-failed keep using it.
     cache_dir: str | None = None
     # Valid requests per model their lines name (a base model or an adapter), counted when the
-    # job has several models or adapters (run/by_model.py); empty otherwise.
+    # job has several models or adapters (run/model_routes.py); empty otherwise.
     model_requests: dict[str, int] = msgspec.field(default_factory=dict)
     # vLLM's prefix-cache counters summed over the job's runs that ended (a run killed with -9
     # loses its own): prompt tokens looked up, and found cached.

@@ -38,7 +38,7 @@ class ResultRecord(TypedDict):
     copy_of: NotRequired[str]
     # Answered from the cross-job answer cache (run/answer_cache.py): the engine did not run it.
     cached: NotRequired[bool]
-    # The model its line named (a base model or an adapter; run/by_model.py), in a job of
+    # The model its line named (a base model or an adapter; run/model_routes.py), in a job of
     # several models or with adapters: status counts per model.
     model: NotRequired[str]
 

@@ -43,7 +43,7 @@ from batchrun.job.inputmap import load_input_map
 from batchrun.job.journal import JournalWriter
 from batchrun.job.manifest import Manifest
 from batchrun.job.paths import JobPaths
-from batchrun.job.replay import replay
+from batchrun.job.state import replay
 from batchrun.job.summary_counts import Summary, SummaryRecord
 from batchrun.job.timing import Timing
 

@@ -45,7 +45,7 @@ class Summary:
     engine_completion_tokens: int = 0
     # Per worker index: [attempts, completion tokens, first time, last time].
     per_worker: dict[str, list[float]] = field(default_factory=dict)
-    # Per model a record names (several models, or adapters: run/by_model.py): [requests done,
+    # Per model a record names (several models, or adapters: run/model_routes.py): [requests done,
     # succeeded, prompt tokens, completion tokens, first time, last time].
     per_model: dict[str, list[float]] = field(default_factory=dict)
     # job/timing.py's figures: latency and queue-wait histograms, errors by code.

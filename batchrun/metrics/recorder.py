@@ -313,11 +313,10 @@ def attach(
     invalid: int = 0,
     job_id: str | None = None,
 ) -> None:
-    """Point `metrics` at a run's scheduler (run/passes.py): its gauges read the scheduler's
-    state at scrape time, queue waits count from now, the cost meter starts; `job_id` names
-    the job to the Pushgateway."""
+    """Point the gauges of `metrics` (which the run's scheduler was made with, run/passes.py)
+    at that scheduler: they read its state at scrape time, queue waits count from now, the cost
+    meter starts; `job_id` names the job to the Pushgateway."""
     workers = scheduler.workers
-    scheduler.metrics = metrics
     if job_id is not None:
         metrics.job_id = job_id
     metrics.origin = time.monotonic()

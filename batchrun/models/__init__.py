@@ -28,7 +28,6 @@ from typing import Literal
 
 from batchrun.errors import BatchrunError
 from batchrun.models.convert import DEFAULT_MODEL_NAME as DEFAULT_MODEL_NAME
-from batchrun.models.convert import cache_root as cache_root
 from batchrun.models.convert import check_gguf as check_gguf
 from batchrun.models.convert import default_model_dir as default_model_dir
 from batchrun.models.convert import default_model_ready as default_model_ready

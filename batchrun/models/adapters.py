@@ -17,9 +17,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from batchrun.cache_home import cache_root
 from batchrun.config import LORA_RANKS, EngineSettings, OptionError
 from batchrun.errors import BatchrunError
-from batchrun.models.convert import DEFAULT_MODEL_NAME, cache_root
+from batchrun.models.convert import DEFAULT_MODEL_NAME
 from batchrun.openai.routing import KnownModels
 
 # vLLM 0.32's LoRAConfig.max_lora_rank default, and the ranks it takes (MaxLoRARanks).

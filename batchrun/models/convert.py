@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+from batchrun.cache_home import cache_root
 from batchrun.errors import BatchrunError
 from batchrun.job.files import fsync_dir, fsync_file
 
@@ -39,19 +40,6 @@ _MISSING_PACKAGE = (
 # What a --model value is: nothing (the embedded default), a local directory, a local .gguf file,
 # or a Hugging Face hub id.
 ModelKind = Literal["default", "directory", "gguf", "hub"]
-
-
-def cache_root() -> Path:
-    """Cache root: $BATCHRUN_HOME, else $XDG_CACHE_HOME/batchrun, else ~/.cache/batchrun.
-
-    (BATCHRUN_CACHE_DIR is --cache-dir's, the answers reused across jobs: another cache.)
-    """
-    explicit = os.environ.get("BATCHRUN_HOME")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "batchrun"
 
 
 # -- converted GGUF files --------------------------------------------------------------------------

@@ -9,7 +9,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from batchrun.console.text import command
 from batchrun.errors import BatchrunError
 from batchrun.job.inputmap import write_input_map
 from batchrun.job.journal import JournalWriter, read_records
@@ -21,7 +20,7 @@ from batchrun.job.manifest import (
     new_job_id,
     save_manifest,
 )
-from batchrun.job.paths import INPUT_MAP_PREFIX, JobPaths
+from batchrun.job.paths import INPUT_MAP_PREFIX, JobPaths, command
 from batchrun.job.records import InvalidRecord, invalid_record
 from batchrun.openai.reader import check_input_file, hash_file, read_input
 from batchrun.openai.records import LineError, Request
@@ -66,7 +65,7 @@ def validate_into_job(
     whose sha256 the download took as `input_sha256`: the file is not read again for it).
     """
     valid = invalid = json_errors = 0
-    # Per model (several models or adapters: status counts per model, run/by_model.py).
+    # Per model (several models or adapters: status counts per model, run/model_routes.py).
     model_requests: dict[str, int] = {}
     url: str | None = None
     first_error: LineError | None = None

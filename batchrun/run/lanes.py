@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from batchrun.config import EngineSettings
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.answer_cache import AnswerCache
-from batchrun.run.poison import Isolator, Suspects
+from batchrun.run.poison import Isolator
+from batchrun.workers.process import Suspects
 
 # A worker whose model has run out moves to another that already has workers only when that
 # one has at least this many of its worker's batches still to send: a move costs an engine start

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from batchrun.config import EngineSettings
 from batchrun.console.progress import ProgressReporter
-from batchrun.console.render import JobSummary as JobSummary  # what run_job returns
+from batchrun.console.render import JobSummary
 from batchrun.console.text import plural
 from batchrun.errors import BatchrunError
 from batchrun.job.cost import gpu_units
@@ -22,18 +22,18 @@ from batchrun.job.events import EventLog
 from batchrun.job.journal import JournalWriter
 from batchrun.job.manifest import Manifest, Run, save_manifest
 from batchrun.job.paths import JobPaths
-from batchrun.job.replay import replay
 from batchrun.job.run_clock import RunClock, settle_runs
-from batchrun.job.state import JobState
+from batchrun.job.state import JobState, replay
 from batchrun.job.summary import keep_summary
 from batchrun.models.named import settings_for
 from batchrun.openai.records import POOLING_ENDPOINTS, Request
 from batchrun.run.answer_cache import AnswerCache
-from batchrun.run.by_model import ModelRoute
 from batchrun.run.dedup import Duplicates
 from batchrun.run.lanes import Lane, RoutedAnswers
+from batchrun.run.model_routes import ModelRoute
 from batchrun.run.options import RunOptions
 from batchrun.run.planner import plan
+from batchrun.run.recording import JournalSink
 from batchrun.run.scheduler import Scheduler
 from batchrun.run.source import InputIndex, requests
 from batchrun.run.tuning import cached_size, lower_size, remember_size, search_batch_size
@@ -109,13 +109,26 @@ def run_job(
     try:
         with JournalWriter(paths.journal) as journal:
             keep_summary(paths, manifest, journal)  # status reads it: O(1) in the journal
-            scheduler = Scheduler(settings, envs, journal, state, reporter, worker_class)
-            if options.cache_dir is not None:
-                scheduler.answers = AnswerCache.open(options.cache_dir, settings)
-            scheduler.job_dir = paths.root
-            scheduler.duplicates = duplicates
-            scheduler.on_back_off = _keep_backed_off_size(paths, manifest, settings, device)
-            scheduler.events = EventLog(paths.root)
+            route = ModelRoute(settings, options.cache_dir)
+            # Several models or adapters: each record names its model (status counts per model).
+            named = route.known is not None or settings.lora_modules
+            sink = JournalSink(journal, state, duplicates, route.record_name if named else None)
+            scheduler = Scheduler(
+                settings,
+                envs,
+                sink,
+                reporter,
+                worker_class,
+                job_dir=paths.root,
+                on_back_off=_keep_backed_off_size(paths, manifest, settings, device),
+                answers=(
+                    AnswerCache.open(options.cache_dir, settings)
+                    if options.cache_dir is not None
+                    else None
+                ),
+                metrics=metrics,
+                events=EventLog(paths.root),
+            )
             if metrics is not None:
                 from batchrun.metrics.run import watch_run
 
@@ -126,7 +139,12 @@ def run_job(
             try:
                 passes = _Passes(manifest, options, paths, state, reporter, device, envs)
                 passes.run(
-                    scheduler, mode, index, planned, failed_ids if mode == "retry" else set()
+                    scheduler,
+                    route,
+                    mode,
+                    index,
+                    planned,
+                    failed_ids if mode == "retry" else set(),
                 )
             finally:
                 scheduler.close()
@@ -183,17 +201,15 @@ class _Passes:
     def run(
         self,
         scheduler: Scheduler,
+        route: ModelRoute,
         mode: str,
         index: InputIndex | None,
         planned: Callable[[Iterator[Request]], Iterator[Request]],
         failed_ids: set[str],
     ) -> None:
-        """The passes of `mode`, model by model (one model: one pass, run/by_model.py): the
+        """The passes of `mode`, model by model (one model: one pass, run/model_routes.py): the
         run and its retry passes, or retry-failed's pass."""
         input_path = Path(self.manifest.input_path)
-        route = ModelRoute(self.options.settings, self.options.cache_dir)
-        if route.known is not None or self.options.settings.lora_modules:
-            scheduler.record_model = route.record_name  # status counts per model and adapter
         if mode in ("submit", "resume") and self._run_lanes(scheduler, route, index, planned):
             return
         for name in route.names:
@@ -275,10 +291,11 @@ class _Passes:
             f"running {len(names)} models at once on {plural(len(live), 'worker')}: "
             + ", ".join(f"{n} ({plural(counts[n], 'request')})" for n in names)
         )
+        answers = None
         if self.options.cache_dir is not None:
             caches = {n: AnswerCache.open(self.options.cache_dir, settings[n]) for n in names}
-            scheduler.answers = RoutedAnswers(caches, route.name_of)
-        scheduler.run_lanes(lanes, route.name_of)
+            answers = RoutedAnswers(caches, route.name_of)
+        scheduler.run_lanes(lanes, route.name_of, answers)
         route.current = None  # the workers run one model each: the next use() switches them all
         for name in names:
             self._retries(scheduler, route, name, index, planned)

@@ -24,7 +24,7 @@ from batchrun.openai.records import Outcome, Request
 from batchrun.openai.responses import failure
 
 # Defined beside the worker that holds a group of them (workers/ is below run/); named here too.
-from batchrun.workers.process import Suspects as Suspects
+from batchrun.workers.process import Suspects
 
 # The error code of a request that crashed the engine worker on its own.
 ENGINE_CRASH = "engine_crash"

@@ -1,9 +1,11 @@
-"""A run's results -> the job's state and journal: the Scheduler's result recording.
+"""A run's results -> where they are kept: the scheduler's result recording.
 
-Each outcome a worker (or the answer cache) returns is counted in the job's state, turned into its
-journal record (with the copies answered for the duplicates held back, run/dedup.py), journaled,
-stored in the answer cache once journaled, and added to the run's figures. `Scheduler` takes this
-as its base; serve's `SharedScheduler` overrides `_records` and `journal_records`.
+Each outcome a worker (or the answer cache) returns goes to the scheduler's `ResultSink`: a job's
+run journals it into the job (`JournalSink`: counted in the job's state, turned into its journal
+record with the copies answered for the duplicates held back, run/dedup.py, and journaled);
+serve's engine pool journals each into its batch's job (serve/router.py `BatchJournals`).
+`Recording`, which the scheduler holds, does what is the same for both: the answer cache (looked
+up before a request runs, stored once journaled) and the run's figures.
 """
 
 from __future__ import annotations
@@ -11,55 +13,78 @@ from __future__ import annotations
 import itertools
 import operator
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Protocol
 
 from batchrun.job.journal import JournalWriter, plain_result
 from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.state import JobState
 from batchrun.openai.records import Outcome, Request
-from batchrun.run.admission import Admission
 from batchrun.run.answer_cache import AnswerCache
 from batchrun.run.dedup import Duplicates
+from batchrun.run.parts import RunFigures
 from batchrun.run.reporting import Reporter, RunStats
-
-if TYPE_CHECKING:
-    from batchrun.metrics.recorder import RunMetrics
 
 _OK = operator.attrgetter("ok")
 _PROMPT_TOKENS = operator.attrgetter("prompt_tokens")
 _COMPLETION_TOKENS = operator.attrgetter("completion_tokens")
 
 
-class ResultRecording:
-    """Counts outcomes in the job's state and journals their records (the Scheduler's base)."""
+class ResultSink(Protocol):
+    """Where a scheduler's outcomes are kept."""
 
-    journal: JournalWriter
-    state: JobState
-    reporter: Reporter
+    # The duplicates the dispatch plan holds back (run/dedup.py), each answered with its
+    # representative's outcome; None: every request runs itself (--order input, or per batch).
     duplicates: Duplicates | None
-    answers: AnswerCache | None
-    _unstored: list[tuple[Outcome, Request]]
-    metrics: RunMetrics | None
-    admission: Admission | None
-    # The name a request's record gives as its model (a job of several models, or adapters:
-    # status counts per model, run/by_model.py); None: records name none.
-    record_model: Callable[[Request], str] | None = None
 
-    def _records(
+    def record(
         self,
         pairs: Sequence[tuple[Outcome, Request]],
         index: int | None,
         records: list[ResultRecord],
         outcomes: list[Outcome],
     ) -> bool:
-        """Count worker `index`'s outcomes (None: the answer cache's) in the job's state; add them
-        and their journal records to `outcomes` and `records`. Return whether they are `plain`
-        (see journal.encode_records)."""
-        if not pairs:
-            return True
-        if self.answers is not None:
-            self._unstored += pairs  # stored once journaled (copies and hits are skipped)
+        """Count worker `index`'s outcomes (None: the answer cache's); add them and their
+        journal records to `outcomes` and `records`; return whether they are `plain`."""
+        ...
+
+    def write(self, records: list[ResultRecord], plain: bool) -> bool:
+        """Journal what `record` gave, unless it journaled them itself; False: nothing to
+        journal (nothing is stored in the answer cache or counted)."""
+        ...
+
+    def attempts(self) -> Mapping[str, int]:
+        """Each custom_id's attempts so far (for the metrics' final failures)."""
+        ...
+
+
+class JournalSink:
+    """A job's run: each outcome counted in the job's state and journaled into its journal."""
+
+    def __init__(
+        self,
+        journal: JournalWriter,
+        state: JobState,
+        duplicates: Duplicates | None = None,
+        record_model: Callable[[Request], str] | None = None,
+    ) -> None:
+        self.journal = journal
+        self.state = state
+        self.duplicates = duplicates
+        # The name a request's record gives as its model (a job of several models, or adapters:
+        # status counts per model, run/model_routes.py); None: records name none.
+        self.record_model = record_model
+
+    def record(
+        self,
+        pairs: Sequence[tuple[Outcome, Request]],
+        index: int | None,
+        records: list[ResultRecord],
+        outcomes: list[Outcome],
+    ) -> bool:
+        """Count the outcomes in the job's state; add them and their journal records (and the
+        duplicates' copies) to `outcomes` and `records`; return whether they are `plain` (see
+        journal.encode_records)."""
         now = round(time.time(), 3)
         done = [outcome for outcome, _ in pairs]
         lines = [request.line for _, request in pairs]
@@ -81,13 +106,62 @@ class ResultRecording:
             copies = self.duplicates.answer(pairs)
             if copies:
                 self.state.deduplicated += len(copies)
-                plain = self._records(copies, index, records, outcomes) and plain
+                plain = self.record(copies, index, records, outcomes) and plain
         return plain
+
+    def write(self, records: list[ResultRecord], plain: bool) -> bool:
+        """Append the records to the job's journal."""
+        if not records:
+            return False
+        self.journal.append(records, plain=plain)
+        return True
+
+    def attempts(self) -> Mapping[str, int]:
+        """The job's attempts so far."""
+        return self.state.attempts
+
+
+class Recording:
+    """The scheduler's result recording: its sink, the answer cache, and the run's figures."""
+
+    def __init__(
+        self,
+        sink: ResultSink,
+        reporter: Reporter,
+        metrics: RunFigures,
+        answers: AnswerCache | None,
+        on_counted: Callable[[list[Outcome]], None],
+    ) -> None:
+        self.sink = sink
+        self.reporter = reporter
+        self.metrics = metrics
+        # Answers reused across jobs (run/answer_cache.py, --cache-dir); None: none. Each model
+        # of a job of several has its own (Scheduler.switch_model).
+        self.answers = answers
+        self._unstored: list[tuple[Outcome, Request]] = []
+        # Told of what is journaled before it is counted (the admission's budget, run/admission.py).
+        self.on_counted = on_counted
+
+    def records(
+        self,
+        pairs: Sequence[tuple[Outcome, Request]],
+        index: int | None,
+        records: list[ResultRecord],
+        outcomes: list[Outcome],
+    ) -> bool:
+        """Count worker `index`'s outcomes (None: the answer cache's) through the sink; add them
+        and their journal records to `outcomes` and `records`. Return whether they are `plain`
+        (see journal.encode_records)."""
+        if not pairs:
+            return True
+        if self.answers is not None:
+            self._unstored += pairs  # stored once journaled (copies and hits are skipped)
+        return self.sink.record(pairs, index, records, outcomes)
 
     def record_outcome(self, outcome: Outcome, request: Request, index: int) -> ResultRecord:
         """The journal record of one outcome, counted in the job's state."""
         records: list[ResultRecord] = []
-        self._records([(outcome, request)], index, records, [])
+        self.records([(outcome, request)], index, records, [])
         return records[0]
 
     def journal_records(
@@ -97,17 +171,18 @@ class ResultRecording:
         stats: RunStats,
         plain: bool = False,
     ) -> None:
-        if not records:
+        """Journal the records (the sink's way), store the answers, count the outcomes."""
+        if not self.sink.write(records, plain):
             return
-        self.journal.append(records, plain=plain)
         if self._unstored:
             assert self.answers is not None
             # After the journal write: a kill in between leaves an answer journaled, not stored.
             self.answers.store(self._unstored)
             self._unstored = []
-        self._count(outcomes, stats)
+        if outcomes:
+            self._count(outcomes, stats)
 
-    def _take(
+    def take(
         self, source: Iterator[Request], want: int, stats: RunStats
     ) -> tuple[list[Request], bool]:
         """Up to `want` requests from `source` to run, and whether it ran short (its end): those
@@ -131,16 +206,14 @@ class ResultRecording:
             by_id = {r.custom_id: r for r in requests}
             records: list[ResultRecord] = []
             outcomes: list[Outcome] = []
-            plain = self._records([(h, by_id[h.custom_id]) for h in hits], None, records, outcomes)
+            plain = self.records([(h, by_id[h.custom_id]) for h in hits], None, records, outcomes)
             self.journal_records(records, outcomes, stats, plain)
-            if self.metrics is not None:
-                self.metrics.from_cache(len(hits))
+            self.metrics.from_cache(len(hits))
         return run
 
     def _count(self, outcomes: list[Outcome], stats: RunStats) -> None:
         """Add journaled outcomes to the run's figures, and tell the reporter."""
-        if self.admission is not None:
-            self.admission.finished(outcomes)
+        self.on_counted(outcomes)
         succeeded = sum(map(_OK, outcomes))
         prompt = sum(map(_PROMPT_TOKENS, outcomes))
         completion = sum(map(_COMPLETION_TOKENS, outcomes))
@@ -149,6 +222,5 @@ class ResultRecording:
         stats.failed += len(outcomes) - succeeded
         stats.prompt_tokens += prompt
         stats.completion_tokens += completion
-        if self.metrics is not None:
-            self.metrics.counted(outcomes, succeeded, prompt, completion, self.state.attempts)
+        self.metrics.counted(outcomes, succeeded, prompt, completion, self.sink.attempts())
         self.reporter.advance(outcomes)

@@ -1,7 +1,9 @@
-"""The restart policy: what happens to a dead worker and to the requests it held.
+"""The restart policy: what happens to a dead worker and to the requests it held; and what a
+worker's start says, and why one started before starts again (`start_events`, `restart_reason`).
 
-An object the Scheduler (run/scheduler.py) holds and calls; it works on the scheduler's state
-(its workers, pending requests, suspects, journal), which `PolicyHost` names.
+An object the Scheduler (run/scheduler.py) holds and calls, given what it works on when it is
+made: the workers, the suspects, where a worker's requests go back to, and how an outcome is
+journaled (`Journaling`).
 
 - A death during start-up is answered by its cause (engines/startup.py), with the line its cause
   calls for (run/start_advice.py): too little free memory (held by other processes, at start or
@@ -28,14 +30,15 @@ import dataclasses
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from batchrun.console.text import command, plural
+from batchrun.console.text import plural
 from batchrun.engines import startup
 from batchrun.engines.startup import StartFailure, StartKind
 from batchrun.errors import BatchrunError
+from batchrun.job.paths import command
 from batchrun.job.records import ResultRecord
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.poison import (
@@ -51,8 +54,7 @@ from batchrun.run.start_advice import free_memory_advice, give_up_advice
 from batchrun.workers.process import Worker, WorkerDeath
 
 if TYPE_CHECKING:
-    from batchrun.job.events import EventLog
-    from batchrun.metrics.recorder import RunMetrics
+    from batchrun.run.parts import Events, RunFigures
     from batchrun.run.reporting import Reporter, RunStats
 
 # A worker that dies this many times in a row holding no request and finishing none is given up on.
@@ -69,24 +71,11 @@ START_RETRY_WAITS_S = (3.0, 10.0)
 SMALL_OOM = 4
 
 
-class PolicyHost(Protocol):
-    """What the restart policy works on: the scheduler's state, and its journal."""
-
-    workers: list[Worker]
-    pending: deque[Request]
-    isolator: Isolator
-    reporter: Reporter
-    on_back_off: Callable[[int], None] | None
-    job_dir: Path | str
-    metrics: RunMetrics | None
-    events: EventLog | None
+class Journaling(Protocol):
+    """How the policies journal an outcome they decide (the scheduler's run/recording.py)."""
 
     def record_outcome(self, outcome: Outcome, request: Request, index: int) -> ResultRecord:
         """The journal record of one outcome, counted in the job's state."""
-        ...
-
-    def pending_for(self, w: Worker) -> deque[Request]:
-        """Where the requests `w` held go back to."""
         ...
 
     def journal_records(
@@ -103,17 +92,40 @@ class PolicyHost(Protocol):
 class RestartPolicy:
     """Dead workers: back off, isolate, or give up."""
 
-    def __init__(self, host: PolicyHost) -> None:
-        self.host = host
+    def __init__(
+        self,
+        workers: list[Worker],
+        isolator: Isolator,
+        reporter: Reporter,
+        journaling: Journaling,
+        pending_for: Callable[[Worker], deque[Request]],
+        *,
+        job_dir: Path | str,
+        on_back_off: Callable[[int], None] | None,
+        metrics: RunFigures,
+        events: Events,
+    ) -> None:
+        self.workers = workers
+        self.isolator = isolator
+        self.reporter = reporter
+        self.journaling = journaling
+        # Where the requests a worker held go back to (its lane's pending, run/lanes.py).
+        self.pending_for = pending_for
+        # The job's directory, for the commands a message suggests.
+        self.job_dir = job_dir
+        # Told the new size after an out-of-memory back-off (the job and the size cache keep it).
+        self.on_back_off = on_back_off
+        self.metrics = metrics
+        self.events = events
 
     def requeue(self, w: Worker) -> int:
         """Put back what `w` held, untested: suspects stay suspects, the rest go back to pending."""
         held = w.take_inflight()
         if w.isolating is not None:
-            self.host.isolator.put_back(dataclasses.replace(w.isolating, requests=held))
+            self.isolator.put_back(dataclasses.replace(w.isolating, requests=held))
             w.isolating = None
         else:
-            self.host.pending_for(w).extendleft(reversed(held))
+            self.pending_for(w).extendleft(reversed(held))
         return len(held)
 
     def on_death(
@@ -169,7 +181,7 @@ class RestartPolicy:
                 StartKind.KV_OVER_FREE: "not enough free memory for the KV cache",
                 StartKind.TRANSIENT: "a failure that usually passes",
             }.get(kind, "the engine failed to start")
-            self.host.reporter.event(
+            self.reporter.event(
                 f"{w.label} could not start ({why}: {said}); starting it again in {wait:g}s at "
                 f"batch size {w.settings.window} (start {w.start_failures + 1} of {MAX_STARTS})"
             )
@@ -208,9 +220,7 @@ class RestartPolicy:
             if start_cause is not None and start_cause.from_log
             else ""
         )
-        self.host.reporter.event(
-            f"{w.label} ran out of memory at batch size {size}{where}{rank}{back}"
-        )
+        self.reporter.event(f"{w.label} ran out of memory at batch size {size}{where}{rank}{back}")
         if stop_on_oom:
             stats.oom = True
             return
@@ -218,15 +228,13 @@ class RestartPolicy:
         if smaller is None:
             self.give_up(w, f"out of memory even at batch size 1 ({death.message})")
             return
-        self.host.reporter.event(f"{w.label}: backing off, batch size {size} -> {smaller}")
+        self.reporter.event(f"{w.label}: backing off, batch size {size} -> {smaller}")
         w.settings.window = smaller
         w.settings.max_num_seqs = smaller
-        if self.host.metrics is not None:
-            self.host.metrics.backed_off()
-        if self.host.events is not None:
-            self.host.events.write("oom_backoff", worker=w.index, batch_size=smaller)
-        if self.host.on_back_off is not None:
-            self.host.on_back_off(smaller)
+        self.metrics.backed_off()
+        self.events.write("oom_backoff", worker=w.index, batch_size=smaller)
+        if self.on_back_off is not None:
+            self.on_back_off(smaller)
 
     def _isolate(
         self, w: Worker, death: WorkerDeath, stats: RunStats
@@ -240,7 +248,7 @@ class RestartPolicy:
         _log_death(w, death, held)
         if not held:
             w.deaths_without_progress = 0 if progressed else w.deaths_without_progress + 1
-            self.host.reporter.event(f"{w.label} died: {death.message}; starting a fresh one")
+            self.reporter.event(f"{w.label} died: {death.message}; starting a fresh one")
             if w.deaths_without_progress >= MAX_DEATHS_WITHOUT_PROGRESS:
                 self.give_up(
                     w,
@@ -249,7 +257,7 @@ class RestartPolicy:
                 )
             return []
         w.deaths_without_progress = 0
-        iso = self.host.isolator
+        iso = self.isolator
         code = REQUEST_OOM if death.oom else ENGINE_CRASH
         if len(held) == 1:
             request = held[0]
@@ -261,15 +269,15 @@ class RestartPolicy:
                 how = "died"
             iso.on_found()
             cost = f"; finding it took {deaths} restart{'s' if deaths != 1 else ''}"
-            self.host.reporter.event(
+            self.reporter.event(
                 f"{w.label} {how} running request {request.custom_id!r} (line {request.line}) "
                 f"on its own: {death.message}. It is recorded as failed ({code}) "
                 f"and not retried{cost}; the job goes on"
             )
             if iso.engine_looks_broken():
                 # Journaled before giving up, which raises when no other worker is left.
-                self.host.journal_records(
-                    [self.host.record_outcome(outcome, request, w.index)], [outcome], stats
+                self.journaling.journal_records(
+                    [self.journaling.record_outcome(outcome, request, w.index)], [outcome], stats
                 )
                 stats.crashed += 1
                 self.give_up(
@@ -277,8 +285,8 @@ class RestartPolicy:
                     f"{iso.streak} requests in a row crashed the engine worker on their own with "
                     f"none finishing in between, so the engine itself looks broken (last: "
                     f"{death.message}); they are recorded as failed ({code}). Once the "
-                    f"engine is fixed, `{command('resume', self.host.job_dir)}` runs the rest and "
-                    f"`{command('retry-failed', self.host.job_dir)}` runs them again",
+                    f"engine is fixed, `{command('resume', self.job_dir)}` runs the rest and "
+                    f"`{command('retry-failed', self.job_dir)}` runs them again",
                 )
                 return []
             return [(outcome, request)]
@@ -287,7 +295,7 @@ class RestartPolicy:
         bound = restarts_bound(len(held))
         verb = "ran out of memory" if death.oom else "died"
         find = "needs more memory than the engine has" if death.oom else "crashes it"
-        self.host.reporter.event(
+        self.reporter.event(
             f"{w.label} {verb} {how.format(len(held))}: {death.message}. Running them again in "
             f"halves, each alone, to find the one that {find} (at most {bound} more "
             f"restart{'s' if bound != 1 else ''}); starting a fresh worker"
@@ -296,8 +304,8 @@ class RestartPolicy:
 
     def give_up(self, w: Worker, reason: str) -> None:
         w.retired = True
-        if any(not other.retired for other in self.host.workers):
-            self.host.reporter.event(f"{w.label} retired: {reason}; the other workers go on")
+        if any(not other.retired for other in self.workers):
+            self.reporter.event(f"{w.label} retired: {reason}; the other workers go on")
             return
         raise BatchrunError(f"{reason}. Everything finished so far is saved")
 
@@ -330,3 +338,33 @@ def _start_wait(kind: StartKind, failures: int) -> float:
     memory = kind in (StartKind.FREE_MEMORY, StartKind.KV_OVER_FREE)
     waits = FREE_MEMORY_WAITS_S if memory else START_RETRY_WAITS_S
     return waits[min(failures, len(waits)) - 1]
+
+
+def start_events(w: Worker, model: str | None = None) -> list[str]:
+    """The lines the run's log gets as `w` starts (`model`: the one it runs, when a job runs
+    several at once)."""
+    where = f"pid {w.pid}, " if w.pid else ""
+    if w.env.get("BATCHRUN_CPU_AFFINITY"):
+        where += f"CPU cores {w.env['BATCHRUN_CPU_AFFINITY']}, "
+    of = f" for model {model}" if model else ""
+    lines = [
+        f"{w.label} starting {w.settings.engine} engine{of} ({where}batch size {w.settings.window})"
+    ]
+    if w.env.get("BATCHRUN_CPU_SHARED_WITH"):
+        lines.append(
+            f"{w.label}: every CPU core already runs the model of another batchrun job "
+            f"({w.env['BATCHRUN_CPU_SHARED_WITH']}); both run slowly while they share them. "
+            "Give each job its own cores with OMP_NUM_THREADS (half each, say)"
+        )
+    return lines
+
+
+def restart_reason(w: Worker, stopped_for: Mapping[int, str]) -> str:
+    """Why `w`, started before, starts again: its death's kind, or why it was stopped
+    (`stopped_for`, by index; a worker killed by the watchdog, hung, leaves no death of its own)."""
+    death = w.death
+    if death is None:
+        return stopped_for.get(w.index, "hang")
+    if death.oom:
+        return "oom"
+    return "start_failure" if death.during_start else "crash"

@@ -1,9 +1,9 @@
 """Pending work -> engine workers -> journal, with no batch barriers.
 
 Each worker is kept topped up with its window of requests plus as many again queued (bounded:
-run/prefetch.py); every outcome is journaled the moment it arrives. When a worker dies, a fresh one
-starts and nothing finished is lost. What happens to the requests the dead worker held depends on
-why it died:
+`held_at_most`); every outcome is journaled the moment it arrives. When a worker dies, a fresh
+one starts and nothing finished is lost. What happens to the requests the dead worker held
+depends on why it died:
 
 - out of memory: they go back to the front of the pending queue (not counted as an attempt) and
   the fresh worker runs half the batch size;
@@ -15,8 +15,10 @@ A job is given up on only when its workers cannot start, die holding nothing, or
 after request with none finishing in between (the engine, not the input, is broken). That policy
 lives in `run/restarts.py`. A worker that goes silent holding requests (a hung engine) or never
 gets ready is killed and replaced by the watchdog's policy (`run/watchdog.py`).
-Counting each outcome in the job's state and journaling it is the base class's
-(`run/recording.py`).
+Where each outcome goes is the sink's the scheduler is given (`run/recording.py`: a job's journal,
+or serve's batches); metrics and the event log are parts it is given too, null ones when absent
+(`run/parts.py`). Nothing is set on a scheduler once made: what changes per pass (a job of several
+models: the model's answer cache) is given to `switch_model` and `run_lanes`.
 """
 
 from __future__ import annotations
@@ -29,54 +31,76 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
-from batchrun.job.events import EventLog
-from batchrun.job.journal import JournalWriter
 from batchrun.job.records import ResultRecord
-from batchrun.job.state import JobState
 from batchrun.openai.records import Outcome, Request
 from batchrun.run import admission as admission_rule
 from batchrun.run.admission import Admission, KvCache
 from batchrun.run.answer_cache import AnswerCache
-from batchrun.run.dedup import Duplicates
 from batchrun.run.lanes import Lane, Lanes
 from batchrun.run.memory import fewer_collections, return_large_blocks
+from batchrun.run.parts import Events, NullEvents, NullFigures, RunFigures
 from batchrun.run.planner import prompt_chars
 from batchrun.run.poison import Isolator
-from batchrun.run.prefetch import held_at_most
-from batchrun.run.recording import ResultRecording
+from batchrun.run.recording import Recording, ResultSink
 from batchrun.run.reporting import Reporter, RunStats
-from batchrun.run.restarts import RestartPolicy
-from batchrun.run.starting import restart_reason, start_events
+from batchrun.run.restarts import RestartPolicy, restart_reason, start_events
 from batchrun.run.watchdog import HangPolicy, Watchdog
 from batchrun.workers.process import Worker
-
-if TYPE_CHECKING:
-    from batchrun.metrics.recorder import RunMetrics
 
 # What makes two workers' engines the same model (a worker switched to its own stays up).
 _model_of = operator.attrgetter("model", "model_name", "model_commit", "lora_modules")
 # Why a worker starts again when a job of several models moves on to the next (the event log's).
 MODEL_SWITCH = "model_switch"
 
+# Requests a worker holds beyond its window, queued in the worker for the moment one finishes:
+# as many again (at most this many), so that a worker whose results the parent is still
+# journaling always has work in hand. Isolating a poison request costs log2 of what it held.
+MAX_PREFETCH = 2048
+# ... and at most about this many prompt characters of them: 256 prefetched prompts of 250 KB
+# each would hold 64 MB more in the parent (issue 28: a file of long prompts in bounded memory).
+MAX_PREFETCH_CHARS = 16 * 2**20
 
-class Scheduler(ResultRecording):
-    """Feeds requests to one or more engine workers and journals what comes back."""
+
+def held_at_most(window: int, request_chars: int = 0) -> int:
+    """The most requests a worker with this window holds at once: the window plus prefetch,
+    fewer prefetched when requests are long (`request_chars`: a recent request's prompt)."""
+    prefetch = min(MAX_PREFETCH, max(4, window))
+    if request_chars > 0:
+        prefetch = min(prefetch, max(4, MAX_PREFETCH_CHARS // request_chars))
+    return window + prefetch
+
+
+class Scheduler:
+    """Feeds requests to one or more engine workers and hands what comes back to its sink."""
 
     def __init__(
         self,
         settings: EngineSettings,
         worker_envs: Sequence[dict[str, str]],
-        journal: JournalWriter,
-        state: JobState,
+        sink: ResultSink,
         reporter: Reporter,
         worker_class: type[Worker] = Worker,
+        *,
+        job_dir: Path | str = ".",
+        on_back_off: Callable[[int], None] | None = None,
+        answers: AnswerCache | None = None,
+        metrics: RunFigures | None = None,
+        events: Events | None = None,
+        live: Callable[[], bool] | None = None,
+        model: str | None = None,
     ) -> None:
-        self.journal = journal
-        self.state = state
+        """`sink`: where outcomes go (run/recording.py); `job_dir`: the job's directory, for the
+        commands a message suggests; `on_back_off`: told the new size after an out-of-memory
+        back-off (the job and the size cache keep it); `answers`: answers reused across jobs
+        (run/answer_cache.py, --cache-dir); `metrics`: told of every dispatch, result and
+        restart, for /metrics (batchrun/metrics); `events`: the job's event log, for `report`;
+        `live`: whether a live source that ran dry may fill again (serve's queue, below);
+        `model`: the base model a worker's start names (serve's pools of several models)."""
+        self.sink = sink
         self.reporter = reporter
         self.inbox: queue.Queue[tuple[int, int, str, Any]] = queue.Queue()
         self.workers = [
@@ -87,31 +111,32 @@ class Scheduler(ResultRecording):
         # A recent request's prompt characters (planner.prompt_chars), which bounds prefetch.
         self.request_chars = 0
         self.isolator = Isolator()
-        # Told the new size after an out-of-memory back-off (the job and the size cache keep it).
-        self.on_back_off: Callable[[int], None] | None = None
-        # The job's directory, for the commands a message suggests.
-        self.job_dir: Path | str = "."
         self.worker_info: dict[str, dict[str, Any]] = {}
         # A live source (the server's queue of batches) runs dry and fills again: while this says
         # True, a short read from it is not its end, so the run goes on (engines stay loaded) and
         # new work is taken as it comes. None: the source ends when it first runs dry.
-        self.live: Callable[[], bool] | None = None
-        # The duplicates the dispatch plan holds back (run/dedup.py): each is answered, and
-        # journaled, with its representative's outcome. None: every request runs itself.
-        self.duplicates: Duplicates | None = None
-        # Answers reused across jobs (run/answer_cache.py, --cache-dir); None: none.
-        self.answers: AnswerCache | None = None
-        self._unstored: list[tuple[Outcome, Request]] = []
+        self.live = live
+        self.model = model
+        self.metrics: RunFigures = metrics if metrics is not None else NullFigures()
+        self.events: Events = events if events is not None else NullEvents()
+        self.recording = Recording(sink, reporter, self.metrics, answers, self._finished)
         # Notices workers gone silent: hung mid-run, or never ready (run/watchdog.py).
         self.watchdog = Watchdog()
-        # What happens to dead and silent workers (run/restarts.py, run/watchdog.py): objects
-        # working on this scheduler's state, which they reach through PolicyHost.
-        self.restarts = RestartPolicy(self)
-        self.hangs = HangPolicy(self, self.restarts, self.watchdog)
-        # Told of every dispatch, result and restart, for /metrics (batchrun/metrics); None: off.
-        self.metrics: RunMetrics | None = None
-        # The job's event log (starts, restarts, back-offs), for `report`; None: none kept.
-        self.events: EventLog | None = None
+        # What happens to dead and silent workers (run/restarts.py, run/watchdog.py).
+        self.restarts = RestartPolicy(
+            self.workers,
+            self.isolator,
+            reporter,
+            self.recording,
+            self.pending_for,
+            job_dir=job_dir,
+            on_back_off=on_back_off,
+            metrics=self.metrics,
+            events=self.events,
+        )
+        self.hangs = HangPolicy(self.restarts, self.watchdog)
+        # Worker starts so far, first starts included (serve counts its pools' restarts).
+        self.starts = 0
         # Why a worker stopped without dying (by index), for the restart's reason in /metrics.
         self._stopped_for: dict[int, str] = {}
         # The planner's admission (run/admission.py, on with BATCHRUN_KV_ADMISSION): a worker's
@@ -143,8 +168,7 @@ class Scheduler(ResultRecording):
                 continue
             if w.process is not None and size <= w.settings.max_num_seqs:
                 w.set_window(size)
-                if self.events is not None:
-                    self.events.write("batch_size", worker=w.index, batch_size=size)
+                self.events.write("batch_size", worker=w.index, batch_size=size)
                 continue
             if w.process is not None:
                 self.restarts.requeue(w)
@@ -153,13 +177,14 @@ class Scheduler(ResultRecording):
             w.settings.max_num_seqs = size
             w.settings.window = size
 
-    def switch_model(self, settings: EngineSettings) -> None:
-        """Run what comes next on `settings`' model (several models in a job, run/by_model.py):
-        each worker stops (it holds nothing between passes) and starts with it when next
-        needed, keeping its batch size."""
+    def switch_model(self, settings: EngineSettings, answers: AnswerCache | None) -> None:
+        """Run what comes next on `settings`' model (several models in a job,
+        run/model_routes.py), with its answer cache: each worker stops (it holds nothing between
+        passes) and starts with it when next needed, keeping its batch size."""
         for w in self.workers:
             self.switch_worker(w, settings)
         self.admission = None
+        self.recording.answers = answers
 
     def switch_worker(self, w: Worker, settings: EngineSettings) -> None:
         """Run what `w` takes next on `settings`' model: it stops (holding nothing) and starts
@@ -178,9 +203,16 @@ class Scheduler(ResultRecording):
         """Where the requests `w` held go back to: its lane's pending (run/lanes.py)."""
         return self.pending if self.lanes is None else self.lanes.of(w.index).pending
 
-    def run_lanes(self, lanes: dict[str, Lane], lane_of: Callable[[Request], str]) -> RunStats:
+    def run_lanes(
+        self,
+        lanes: dict[str, Lane],
+        lane_of: Callable[[Request], str],
+        answers: AnswerCache | None = None,
+    ) -> RunStats:
         """Run several models' lanes at once, each worker fed from its own (run/lanes.py);
-        `lane_of`: the lane of a request (those now pending are put in theirs)."""
+        `lane_of`: the lane of a request (those now pending are put in theirs); `answers`: the
+        answer cache of every lane's model (run/lanes.py RoutedAnswers), kept after."""
+        self.recording.answers = answers
         for request in self.pending:
             lanes[lane_of(request)].pending.append(request)
         self.pending.clear()
@@ -224,9 +256,9 @@ class Scheduler(ResultRecording):
         lanes = self.lanes or Lanes.single(source, self.pending)
         if self.lanes is None and not self.pending:  # (lanes were counted: each has work)
             # Nothing to do (a finished job resumed, say): do not start an engine for it.
-            if self.answers is not None:
+            if self.recording.answers is not None:
                 # What the cache answers is journaled here, a window at a time.
-                self.pending.extend(self._take(source, 256, stats)[0])
+                self.pending.extend(self.recording.take(source, 256, stats)[0])
                 if not self.pending:
                     return stats
             else:
@@ -277,7 +309,7 @@ class Scheduler(ResultRecording):
                         got = admission.take(w.index, want, kv, w.settings.window)
                         lane.exhausted = admission.exhausted
                     else:
-                        got, short = self._take(lane.source, want, stats)
+                        got, short = self.recording.take(lane.source, want, stats)
                         lane.exhausted = short and not (self.live is not None and self.live())
                     lane.left -= len(got)
                     batch += got
@@ -286,8 +318,7 @@ class Scheduler(ResultRecording):
                 if batch:
                     taken += len(batch)
                     w.send(batch)
-                    if self.metrics is not None:
-                        self.metrics.dispatched(batch)
+                    self.metrics.dispatched(batch)
             inflight = sum(len(w.inflight) for w in self.workers)
             # At its limit a run ends even with requests pending: those a worker held when it
             # ran out of memory went back there, for the next run (the search's next probe).
@@ -330,7 +361,7 @@ class Scheduler(ResultRecording):
         reports no KV cache: said once)."""
         if self.admission is not None and self.admission.source is source:
             return self.admission
-        if not self.kv_admission or self.duplicates is None or self.live is not None:
+        if not self.kv_admission or self.sink.duplicates is None or self.live is not None:
             return None  # --order input (no plan to keep to), or serve's live queue
         if w.kv_cache is None:
             if not self._no_kv_said:
@@ -362,8 +393,7 @@ class Scheduler(ResultRecording):
         assert group is not None
         w.isolating = group
         w.send(group.requests)
-        if self.metrics is not None:
-            self.metrics.dispatched(group.requests)
+        self.metrics.dispatched(group.requests)
         return True
 
     def _wait(self, stats: RunStats, stop_on_oom: bool) -> None:
@@ -382,27 +412,25 @@ class Scheduler(ResultRecording):
                 self.watchdog.heard(w, kind)
                 pairs = w.handle(kind, payload)
                 if pairs:
-                    if self.metrics is not None:
-                        self.metrics.results(pairs)
+                    self.metrics.results(pairs)
                     self.isolator.on_success(len(pairs))
-                    plain = self._records(pairs, index, records, outcomes) and plain
+                    plain = self.recording.records(pairs, index, records, outcomes) and plain
                 if kind == "ready":
                     w.start_failures = 0
                     self.on_ready(w)
-                    if self.events is not None:
-                        self.events.write("ready", worker=index, batch_size=w.settings.window)
+                    self.events.write("ready", worker=index, batch_size=w.settings.window)
                     self.reporter.event(
                         f"{w.label} ready (pid {w.pid}, batch size {w.settings.window}, "
                         f"started in {w.start_s:.1f}s)"
                     )
                 if kind == "eof":
                     # Journal what the worker finished before it died, then deal with the death.
-                    self.journal_records(records, outcomes, stats, plain)
+                    self.recording.journal_records(records, outcomes, stats, plain)
                     records, outcomes, plain = [], [], True
                     crashed = self.restarts.on_death(w, stats, stop_on_oom)
-                    if crashed and self.metrics is not None:
+                    if crashed:
                         self.metrics.results(crashed)
-                    plain = self._records(crashed, index, records, outcomes)
+                    plain = self.recording.records(crashed, index, records, outcomes)
                     stats.crashed += len(crashed)
                 if kind == "restart":
                     # Its engine cannot abort a timed-out request (workers/child.py): it holds
@@ -413,7 +441,12 @@ class Scheduler(ResultRecording):
                 item = self.inbox.get_nowait()
             except queue.Empty:
                 break
-        self.journal_records(records, outcomes, stats, plain)
+        self.recording.journal_records(records, outcomes, stats, plain)
+
+    def _finished(self, outcomes: list[Outcome]) -> None:
+        """Journaled outcomes leave the admission's budget (run/admission.py)."""
+        if self.admission is not None:
+            self.admission.finished(outcomes)
 
     def on_ready(self, w: Worker) -> None:
         """Remember where a worker runs, for `status`."""
@@ -429,18 +462,22 @@ class Scheduler(ResultRecording):
     # -- workers --------------------------------------------------------------------------------
 
     def _start(self, w: Worker) -> None:
+        self.starts += 1
         if w.generation > 0:
             reason = restart_reason(w, self._stopped_for)
-            if self.metrics is not None and reason != MODEL_SWITCH:  # not a restart of a failure
+            if reason != MODEL_SWITCH:  # not a restart of a failure
                 self.metrics.restarted(reason)
-            if self.events is not None:
-                self.events.write("restart", worker=w.index, reason=reason)
+            self.events.write("restart", worker=w.index, reason=reason)
         self._stopped_for.pop(w.index, None)
         w.start(self.inbox)
         self.watchdog.started(w)
         model = None if self.lanes is None else self.lanes.of(w.index).name
         for line in start_events(w, model):
             self.reporter.event(line)
+        if self.model is not None:  # serve's pool of one of several models: which one this runs
+            self.reporter.event(
+                f"{w.label} runs model {w.settings.model_name} ({w.settings.model})"
+            )
 
     def close(self) -> None:
         """Stop every worker (the requests they held stay pending in the journal's eyes)."""

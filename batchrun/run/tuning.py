@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batchrun.cache_home import cache_root
 from batchrun.config import EngineSettings
 from batchrun.console.text import plural
 from batchrun.errors import BatchrunError
 from batchrun.job.files import write_json_atomic
-from batchrun.models import cache_root
 from batchrun.openai.records import POOLING_ENDPOINTS, Request
 from batchrun.run.reporting import Reporter
 from batchrun.run.scheduler import Scheduler

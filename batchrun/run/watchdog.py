@@ -35,7 +35,7 @@ from batchrun.config import (
     EngineSettings,
 )
 from batchrun.console.text import plural
-from batchrun.run.restarts import MAX_DEATHS_WITHOUT_PROGRESS, PolicyHost, RestartPolicy
+from batchrun.run.restarts import MAX_DEATHS_WITHOUT_PROGRESS, RestartPolicy
 from batchrun.workers.process import Worker, WorkerDeath
 
 if TYPE_CHECKING:
@@ -136,14 +136,14 @@ class HangPolicy:
     """Silent workers: a hung one is replaced, its requests back to pending (not an attempt); one
     that never got ready is a start-up failure (the restart policy's to answer)."""
 
-    def __init__(self, host: PolicyHost, restarts: RestartPolicy, watchdog: Watchdog) -> None:
-        self.host = host
+    def __init__(self, restarts: RestartPolicy, watchdog: Watchdog) -> None:
+        # The restart policy's workers, reporter and journaling are this policy's too.
         self.restarts = restarts
         self.watchdog = watchdog
 
     def watch(self, stats: RunStats, stop_on_oom: bool) -> None:
         """Deal with every worker the watchdog finds silent past its limit."""
-        for stall in self.watchdog.overdue(self.host.workers):
+        for stall in self.watchdog.overdue(self.restarts.workers):
             if stall.starting:
                 self._on_start_timeout(stall, stats, stop_on_oom)
             else:
@@ -170,7 +170,7 @@ class HangPolicy:
                 "is only slow, give it longer with --stall-timeout",
             )
             return
-        self.host.reporter.event(f"{what}; restarting")
+        self.restarts.reporter.event(f"{what}; restarting")
 
     def _on_start_timeout(self, stall: Stall, stats: RunStats, stop_on_oom: bool) -> None:
         """A worker that never reported ready: killed, and dealt with as a failed start."""
@@ -188,15 +188,18 @@ class HangPolicy:
         crashed = self.restarts.on_death(w, stats, stop_on_oom)
         if crashed:  # none for a start-up failure; journaled all the same if a policy finds one
             records = [
-                self.host.record_outcome(outcome, request, w.index) for outcome, request in crashed
+                self.restarts.journaling.record_outcome(outcome, request, w.index)
+                for outcome, request in crashed
             ]
-            self.host.journal_records(records, [outcome for outcome, _ in crashed], stats)
+            self.restarts.journaling.journal_records(
+                records, [outcome for outcome, _ in crashed], stats
+            )
 
     def replace(self, w: Worker, reason: str) -> None:
         """Replace a worker that asked for it (its engine cannot abort a timed-out request)."""
         held = self.restarts.requeue(w)
         w.kill()
-        self.host.reporter.event(
+        self.restarts.reporter.event(
             f"{w.label} restarting: {reason}; {plural(held, 'request')} back to pending"
         )
 

@@ -32,7 +32,7 @@ from batchrun.serve.files import FileStore
 from batchrun.serve.guard import Guard, bad_key
 from batchrun.serve.ids import new_batch_id, new_error_id
 from batchrun.serve.metrics import Metrics
-from batchrun.serve.models import model_list, unknown_model
+from batchrun.serve.models_api import model_list, unknown_model
 from batchrun.serve.request_ids import (
     CLIENT_SCOPE_KEY,
     SCOPE_KEY,

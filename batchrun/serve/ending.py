@@ -9,13 +9,14 @@ import time
 from pathlib import Path
 
 from batchrun.errors import BatchrunError
+from batchrun.run.scheduler import Scheduler
 from batchrun.serve import lifecycle
 from batchrun.serve.batches import BatchStore
 from batchrun.serve.errors import without_paths
 from batchrun.serve.files import FileStore
 from batchrun.serve.ids import is_file_id
 from batchrun.serve.jobview import ENDED, stamp_job
-from batchrun.serve.router import ActiveJob, SharedScheduler
+from batchrun.serve.router import ActiveJob
 
 SWEEP_EVERY_S = 0.2
 
@@ -28,7 +29,7 @@ class JobEnding:
     files: FileStore
     batches: BatchStore
     active: dict[str, ActiveJob]
-    pool: SharedScheduler | None
+    pool: Scheduler | None
     _last_sweep: float
     _to_finalize: queue.Queue[str | None]
 

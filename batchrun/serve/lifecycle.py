@@ -21,10 +21,10 @@ from batchrun.job.lock import job_lock
 from batchrun.job.manifest import load_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.records import ResultRecord, result_record
-from batchrun.job.replay import replay
+from batchrun.job.state import replay
 from batchrun.openai.records import Outcome
-from batchrun.run.by_model import known_models
 from batchrun.run.inputs import discard_unfinished_validation, validate_into_job
+from batchrun.run.model_routes import known_models
 from batchrun.run.options import RunOptions
 from batchrun.run.source import InputIndex, requests
 from batchrun.serve.batches import BatchStore
@@ -32,8 +32,8 @@ from batchrun.serve.checks import expiry_seconds
 from batchrun.serve.files import FileStore
 from batchrun.serve.ids import output_file_id
 from batchrun.serve.jobview import claim_job, job_facts, stamp_job
-from batchrun.serve.model_set import served_models
 from batchrun.serve.router import ActiveJob
+from batchrun.serve.unserved_models import served_models
 from batchrun.serve.usage import token_details
 
 INPUT_NAME = "input.jsonl"
@@ -82,7 +82,7 @@ def validate(
         known = known_models(options.settings)
         if paths.manifest.exists():
             manifest = load_manifest(paths)
-            # A restart with other models: read by this server's names (serve/model_set.py).
+            # A restart with other models: read by this server's names (serve/unserved_models.py).
             served = served_models(options.settings, manifest)
             index = InputIndex(served) if served is not None else None
         else:

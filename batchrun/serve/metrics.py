@@ -45,14 +45,13 @@ class Metrics:
         self._pool: Any = None
 
     def watch(self, pool: Any, jobs: Mapping[str, Any] | None = None) -> None:
-        """Feed the metrics from this engine pool (a SharedScheduler) from now on; `jobs`: the
+        """Feed the metrics from this engine pool (a Scheduler made with them) from now on; `jobs`: the
         active batches by slot, whose creation starts their requests' queue wait."""
         run = self.run
         with self._lock:
             if self._pool is not None:  # a pool of another kind took over: keep its counts
                 run.cached_base += run.cached_tokens()
             self._pool = pool
-        pool.metrics = run
         workers = pool.workers
         run.in_flight = lambda: sum(len(w.inflight) for w in workers)
         run.batch_size = lambda: pool.batch_size

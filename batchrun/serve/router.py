@@ -5,10 +5,11 @@ A batch's requests enter the pool with their custom_id prefixed by the batch's s
 a separator, so that two batches may use the same custom_ids (the engine workers key what they
 hold by custom_id); the prefix, split off at the first separator, is taken off before anything is
 journaled, whatever the custom_id itself holds. The pool is the
-job runner's Scheduler (back-off, poison isolation, restarts), with its journaling routed.
+job runner's Scheduler (back-off, poison isolation, restarts), given serve's result sink
+(`BatchJournals`): each outcome is journaled into its batch's journal.
 
 With several base models (`--model NAME=PATH`, repeated) a pool runs one model: a batch runs
-model by model, as a submitted job does (run/by_model.py): its passes for its first model (the
+model by model, as a submitted job does (run/model_routes.py): its passes for its first model (the
 run pass, then the retries), then those for the next, each pass reading only the lines that
 model answers. A batch's `kind` names its current model, so the runner switches the pool between
 models as it switches between engine kinds (serve/kinds.py).
@@ -18,27 +19,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchrun.config import EngineSettings
 from batchrun.job.journal import JournalWriter, plain_result
 from batchrun.job.manifest import Manifest, load_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.records import ResultRecord, result_record
-from batchrun.job.replay import replay
-from batchrun.job.state import JobState
+from batchrun.job.state import JobState, replay
 from batchrun.job.summary import keep_summary
 from batchrun.models.named import settings_for
 from batchrun.openai.records import POOLING_ENDPOINTS, Outcome, Request
 from batchrun.run.answer_cache import AnswerCache
 from batchrun.run.dedup import Duplicates
 from batchrun.run.options import RunOptions
+from batchrun.run.parts import RunFigures
 from batchrun.run.planner import plan
-from batchrun.run.reporting import Reporter, RunStats
+from batchrun.run.reporting import Reporter
 from batchrun.run.scheduler import Scheduler
 from batchrun.run.source import InputIndex, requests
 from batchrun.run.tuning import cached_size, lower_size
@@ -46,7 +45,6 @@ from batchrun.serve.batches import QueueOrder
 from batchrun.serve.jobview import JobFacts, job_facts
 from batchrun.workers.devices import cache_device, search_ceiling
 from batchrun.workers.plan import plan_workers
-from batchrun.workers.process import Worker
 
 # Between a batch's slot and a request's custom_id inside the pool.
 SEP = "\x00"
@@ -196,28 +194,28 @@ def job_models(
     return tuple(n for n in names if n in named) or tuple(names)
 
 
-class SharedScheduler(Scheduler):
-    """The Scheduler over one set of engine workers, journaling each outcome into its batch's job."""
+class BatchJournals:
+    """The engine pool's result sink (run/recording.py): each outcome journaled into its batch's
+    job at once, grouped by batch."""
+
+    # Each batch holds back its own duplicates (ActiveJob.duplicates), answered here.
+    duplicates: Duplicates | None = None
 
     def __init__(
         self,
-        settings: EngineSettings,
-        envs: Sequence[dict[str, str]],
         jobs: dict[str, ActiveJob],
         reporter: Reporter,
-        worker_class: type[Worker] = Worker,
         on_results: Callable[[ActiveJob, Sequence[Outcome]], None] | None = None,
+        record_model: Callable[[Request], str] | None = None,
     ) -> None:
-        # The base class's own journal and state are never used: every job has its own.
-        super().__init__(
-            settings, envs, JournalWriter(Path(os.devnull)), JobState(), reporter, worker_class
-        )
         self.jobs = jobs
+        self.reporter = reporter
         self.on_results = on_results
-        self.starts = 0
-        self.model: str | None = None  # the base model it runs, with several
+        # What a request's record names as its model (several models, or adapters: status
+        # counts per model and adapter); None: records name none.
+        self.record_model = record_model
 
-    def _records(
+    def record(
         self,
         pairs: Sequence[tuple[Outcome, Request]],
         index: int | None,
@@ -226,10 +224,6 @@ class SharedScheduler(Scheduler):
     ) -> bool:
         """Journal each outcome into its batch's journal at once (grouped by batch; `index`
         None: answers from the cache, which no worker ran)."""
-        if not pairs:
-            return True
-        if self.answers is not None:
-            self._unstored += pairs  # stored once journaled (copies and hits are skipped)
         now = round(time.time(), 3)
         groups: dict[str, list[tuple[Outcome, Request]]] = {}
         for outcome, request in pairs:
@@ -280,29 +274,13 @@ class SharedScheduler(Scheduler):
                 self.on_results(job, done)
         return True
 
-    def journal_records(
-        self,
-        records: list[ResultRecord],
-        outcomes: list[Outcome],
-        stats: RunStats,
-        plain: bool = False,
-    ) -> None:
-        """Count what `_records` already journaled, and tell the reporter."""
-        if self._unstored:
-            assert self.answers is not None
-            # After the journal writes: a kill in between leaves an answer journaled, not stored.
-            self.answers.store(self._unstored)
-            self._unstored = []
-        if outcomes:
-            self._count(outcomes, stats)
+    def write(self, records: list[ResultRecord], plain: bool) -> bool:
+        """Nothing left to journal: `record` journaled each batch's records already."""
+        return True
 
-    def _start(self, w: Worker) -> None:
-        self.starts += 1
-        super()._start(w)
-        if self.model is not None:  # several models: which one this engine runs
-            self.reporter.event(
-                f"{w.label} runs model {w.settings.model_name} ({w.settings.model})"
-            )
+    def attempts(self) -> Mapping[str, int]:
+        """None counted here: each batch's attempts are its own job's."""
+        return {}
 
 
 def build_pool(
@@ -313,7 +291,11 @@ def build_pool(
     reporter: Reporter,
     on_results: Callable[[ActiveJob, Sequence[Outcome]], None],
     model: str | None = None,
-) -> SharedScheduler:
+    *,
+    metrics: RunFigures | None = None,
+    live: Callable[[], bool] | None = None,
+    record_model: Callable[[Request], str] | None = None,
+) -> Scheduler:
     """An engine pool for batches of `endpoint`'s kind (on the base model `model`, with several),
     as `run_job` sets up a job's workers: on Ray or local processes (their output in
     ROOT/logs), at the fixed, remembered or largest batch size (an out-of-memory death backs
@@ -323,17 +305,27 @@ def build_pool(
     worker_class, envs = plan_workers(
         settings, ray=options.ray, gpus=options.gpus, workers=options.workers, logs=root / "logs"
     )
-    pool = SharedScheduler(settings, envs, jobs, reporter, worker_class, on_results)
-    pool.model = model
-    pool.job_dir = root
     device = cache_device(settings.spec, envs)  # the workers' GPUs (or cpu)
+    pool = Scheduler(
+        settings,
+        envs,
+        BatchJournals(jobs, reporter, on_results, record_model),
+        reporter,
+        worker_class,
+        job_dir=root,
+        on_back_off=lambda size: lower_size(settings, device, size),
+        # Answers reused across batches and jobs (--cache-dir).
+        answers=(
+            AnswerCache.open(options.cache_dir, settings) if options.cache_dir is not None else None
+        ),
+        metrics=metrics,
+        live=live,
+        model=model,
+    )
     pool.resize(
         options.batch_size
         or cached_size(settings, device)
         or options.max_batch
         or search_ceiling(settings.spec, envs)
     )
-    pool.on_back_off = lambda size: lower_size(settings, device, size)
-    if options.cache_dir is not None:  # answers reused across batches and jobs (--cache-dir)
-        pool.answers = AnswerCache.open(options.cache_dir, settings)
     return pool

@@ -20,9 +20,10 @@ from pathlib import Path
 
 from batchrun.errors import BatchrunError
 from batchrun.openai.records import Outcome, Request
-from batchrun.run.by_model import ModelRoute
+from batchrun.run.model_routes import ModelRoute
 from batchrun.run.options import RunOptions
-from batchrun.serve import lifecycle, model_set
+from batchrun.run.scheduler import Scheduler
+from batchrun.serve import lifecycle, unserved_models
 from batchrun.serve.batches import CANCELLABLE, BatchRecord, BatchStore
 from batchrun.serve.ending import SWEEP_EVERY_S, JobEnding
 from batchrun.serve.files import FileStore
@@ -32,7 +33,6 @@ from batchrun.serve.metrics import Metrics
 from batchrun.serve.router import (
     SEP,
     ActiveJob,
-    SharedScheduler,
     build_pool,
     job_models,
     next_pass,
@@ -79,8 +79,8 @@ class Runner(JobEnding):
         self._top: dict[str, tuple[int, ActiveJob | None]] = {}
         self._stopping = False
         self._last_sweep = 0.0
-        self.pool: SharedScheduler | None = None
-        # Which base model answers each line (several models: run/by_model.py).
+        self.pool: Scheduler | None = None
+        # Which base model answers each line (several models: run/model_routes.py).
         self.route = ModelRoute(options.settings)
         self._pool_kind: str | None = None
         self._switch_after = kind_switch_after()
@@ -202,8 +202,8 @@ class Runner(JobEnding):
         job.index = done.index
         if self.route.known is not None:  # several models: the batch runs model by model
             job.models = job_models(job.manifest, self.route.names, self.route.known.base_of)
-        # Restarted with other models: its lines of models this server lacks end (model_set.py).
-        unserved = model_set.unserved(job, self.options.settings)
+        # Restarted with other models: its lines of models this server lacks end (unserved_models.py).
+        unserved = unserved_models.unserved(job, self.options.settings)
         stamp_job(job.paths, job.manifest, "running", job.state, ray=self.options.ray)
         with self.lock:
             # Decided against the record as it is now (a cancel may have come since it was read).
@@ -260,7 +260,7 @@ class Runner(JobEnding):
         finally:
             self._close_pool()
 
-    def _pool(self, kind: str, endpoint: str | None, model: str | None) -> SharedScheduler:
+    def _pool(self, kind: str, endpoint: str | None, model: str | None) -> Scheduler:
         """The engine pool for `kind` (on `model`), made (its engines load on the first request)
         if need be."""
         if self.pool is not None and self._pool_kind == kind:
@@ -269,19 +269,27 @@ class Runner(JobEnding):
         if model is not None and self.pool is not None:
             log.event(f"switching to model {model}")
         self._close_pool()
+        named = self.route.known is not None or self.options.settings.lora_modules
         pool = build_pool(
-            self.root, self.options, endpoint, self.active, log, self._on_results, model
+            self.root,
+            self.options,
+            endpoint,
+            self.active,
+            log,
+            self._on_results,
+            model,
+            metrics=self.metrics.run,  # latency, queue wait, restarts: /metrics
+            live=lambda: self._live(kind),
+            # Status counts per model and adapter.
+            record_model=self.route.record_name if named else None,
         )
-        if self.route.known is not None or self.options.settings.lora_modules:
-            pool.record_model = self.route.record_name  # status counts per model and adapter
-        pool.live = lambda: self._live(kind)
-        self.metrics.watch(pool, self.active)  # latency, queue wait, restarts: /metrics
+        self.metrics.watch(pool, self.active)
         self.pool, self._pool_kind = pool, kind
         self._other_first_since, self._yielding = None, False
         return pool
 
     @staticmethod
-    def _pool_restarts(pool: SharedScheduler) -> int:
+    def _pool_restarts(pool: Scheduler) -> int:
         return max(0, pool.starts - len(pool.workers))
 
     def _close_pool(self) -> None:

@@ -15,9 +15,9 @@ from pathlib import Path
 from batchrun import stopping
 from batchrun.errors import BatchrunError
 from batchrun.models.named import model_names
-from batchrun.run.by_model import prepare_models
+from batchrun.run.jobs import preflight
+from batchrun.run.model_routes import prepare_models
 from batchrun.run.options import RunOptions
-from batchrun.run.preflight import preflight
 
 DEFAULT_MAX_FILE_BYTES = 200 * 1000 * 1000  # OpenAI's limit for a batch input file
 ROOT_LOCK = "server.lock"
@@ -128,7 +128,7 @@ def serve(
         raise BatchrunError(f"--root {root} is a file, not a directory")
     for line in preflight(options):  # before the root is made: a refusal leaves nothing behind
         say(line)
-    # Each model found and each adapter checked (several models: run/by_model.py); a missing
+    # Each model found and each adapter checked (several models: run/model_routes.py); a missing
     # or bad one: one line, nothing served.
     prepare_models(options.settings, say)
     # After Ctrl-C or SIGTERM: the batches go on when the server starts again on this root.

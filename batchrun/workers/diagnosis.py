@@ -2,7 +2,7 @@
 workers a GPU job would start, and every problem that would stop or cripple one.
 
 `batchrun doctor` prints it; `submit`, `resume`, `retry-failed` and `serve` refuse to start on its
-first fatal problem (run/preflight.py). Nothing here imports vLLM or torch.
+first fatal problem (run/jobs.py `preflight`). Nothing here imports vLLM or torch.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchrun.config import EngineSettings
+from batchrun.engines.vllm.add_request import check_runner, submit
 from batchrun.engines.vllm.args import engine_args
 from batchrun.engines.vllm.audio import AudioWork, LanguageDetection, audio_work
 from batchrun.engines.vllm.cache import PrefixCacheCounter
@@ -52,7 +53,6 @@ from batchrun.engines.vllm.prompts import prompt_token_ids, request_template_kwa
 from batchrun.engines.vllm.reasoning import Reasoner
 from batchrun.engines.vllm.release import release_vllm_globals
 from batchrun.engines.vllm.scoring import Scorer, ScoreWork
-from batchrun.engines.vllm.submit import check_runner, submit
 from batchrun.engines.vllm.tokens import TokenText
 from batchrun.engines.vllm.ttft import first_token_s
 from batchrun.models import engine_model

@@ -24,7 +24,7 @@ from batchrun.job.manifest import Manifest
 from batchrun.job.records import ResultRecord, result_record
 from batchrun.openai.records import Outcome, Request
 from batchrun.openai.routing import MODEL_NOT_FOUND, KnownModels
-from batchrun.run.by_model import known_models
+from batchrun.run.model_routes import known_models
 from batchrun.run.source import InputIndex, requests
 from batchrun.serve.router import ActiveJob
 

@@ -23,7 +23,7 @@ from batchrun.models.named import adapters_of, model_names, settings_for
 from batchrun.openai.records import Request
 from batchrun.openai.routing import KnownModels, named_model
 from batchrun.run.answer_cache import AnswerCache
-from batchrun.run.model import prepare_model
+from batchrun.run.model_prep import prepare_model
 from batchrun.run.options import Notify
 from batchrun.run.source import InputIndex, requests
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 
 def prepare_models(settings: EngineSettings, notify: Notify) -> KnownModels | None:
-    """Find each model and check each adapter before a run (run/model.py, models/adapters.py);
+    """Find each model and check each adapter before a run (run/model_prep.py, models/adapters.py);
     returns the names lines may give (None: one model, no adapters, any one name)."""
     if not settings.models:
         prepare_model(settings, notify)  # the base's served name is known from here on
@@ -143,7 +143,6 @@ class ModelRoute:
         settings = settings_for(self.settings, name)
         if self.current is not None:
             scheduler.reporter.event(f"switching to model {name}")
-        scheduler.switch_model(settings)
-        if self.cache_dir is not None:
-            scheduler.answers = AnswerCache.open(self.cache_dir, settings)
+        answers = None if self.cache_dir is None else AnswerCache.open(self.cache_dir, settings)
+        scheduler.switch_model(settings, answers)
         self.current = name

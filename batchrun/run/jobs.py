@@ -8,26 +8,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchrun.config import GivenOptions, OptionError
-from batchrun.console.text import command
 from batchrun.errors import BatchrunError
 from batchrun.job.lock import job_lock
 from batchrun.job.manifest import Manifest, load_manifest
-from batchrun.job.paths import JobPaths
-from batchrun.job.replay import replay
+from batchrun.job.paths import JobPaths, command
 from batchrun.job.served import served_batch
-from batchrun.job.state import JobState
+from batchrun.job.state import JobState, replay
 from batchrun.openai.reader import check_input_file
 from batchrun.run.answer_cache import check_cache_dir
-from batchrun.run.by_model import prepare_models
 from batchrun.run.inputs import (
     check_input_unchanged,
     discard_unfinished_validation,
     validate_into_job,
 )
-from batchrun.run.model import prepare_model
+from batchrun.run.model_prep import prepare_model
+from batchrun.run.model_routes import prepare_models
 from batchrun.run.options import Notify, RunOptions, merge_options, options_from, save_overrides
-from batchrun.run.passes import JobSummary, run_job
-from batchrun.run.preflight import preflight
+from batchrun.run.passes import run_job
 from batchrun.run.sizing import Probe
 from batchrun.run.source import InputIndex
 from batchrun.storage.fetch import (
@@ -39,6 +36,7 @@ from batchrun.storage.fetch import (
 )
 
 if TYPE_CHECKING:
+    from batchrun.console.render import JobSummary
     from batchrun.metrics import RunMetrics
 
 
@@ -50,6 +48,7 @@ def submit(
     tune_only: bool = False,
     notify: Notify | None = None,
     metrics: RunMetrics | None = None,
+    checked: list[str] | None = None,
 ) -> JobSummary:
     """Validate the input, create the job directory, and run the job to the end.
 
@@ -58,8 +57,10 @@ def submit(
     With `tune_only`, stop after the batch-size search: the probes' results are kept in the
     journal and `resume` continues the job at the size found. Every option is checked before
     the job directory is made: a value no engine takes must never be saved into a job.
+    `checked`: `check_submit`'s warnings, when the caller made that check already (the CLI does,
+    before it binds its metrics port): the options are checked once (nvidia-smi runs once).
     """
-    warnings = check_submit(job_dir, options)
+    warnings = check_submit(job_dir, options) if checked is None else checked
     url = remote_input(str(input_file))
     if url is None:
         input_path = local_path(str(input_file))
@@ -82,7 +83,7 @@ def submit(
         )
     for line in warnings:
         (notify or _to_stderr)(line)
-    # Each model (several: run/by_model.py) and adapter, found and checked.
+    # Each model (several: run/model_routes.py) and adapter, found and checked.
     known = prepare_models(options.settings, notify or _to_stderr)
     created = not job_dir.exists()
     try:
@@ -134,7 +135,7 @@ def _fetch(url: str, paths: JobPaths) -> tuple[Path, str]:
 
 def check_submit(job_dir: Path, options: RunOptions) -> list[str]:
     """Refuse, before anything is made, options no run could take, a job dir that is a file,
-    and a machine the job would not run as expected on (run/preflight.py); returns the
+    and a machine the job would not run as expected on (`preflight`); returns the
     pre-flight check's warnings."""
     options.check()
     if options.cache_dir is not None:
@@ -274,7 +275,6 @@ def _to_stderr(line: str) -> None:
 
 
 __all__ = [
-    "JobSummary",
     "Probe",
     "RunOptions",
     "check_submit",
@@ -283,3 +283,31 @@ __all__ = [
     "retry_failed",
     "submit",
 ]
+
+
+def preflight(options: RunOptions) -> list[str]:
+    """Refuse (BatchrunError) a run that would not run as expected; returns its warnings.
+
+    The doctor's checks (workers/diagnosis.py), made before anything is created: a job of an
+    engine that uses GPUs refuses to start, in one line with the way out, on a problem that
+    would stop or cripple it (the CPU build of vLLM with GPUs listed, nvidia-smi failing, GPU
+    ids that name no visible GPU, ...); one that only wastes GPUs (left idle by the
+    tensor-parallel grouping) starts, and the warning is returned for the caller to say.
+    Engines that use no GPU (echo) are never refused. On Ray the GPUs are the cluster's, not
+    this machine's: the actors' own start says what they find.
+    """
+    settings = options.settings
+    if not settings.spec.uses_gpus or options.ray:
+        return []
+    from batchrun.workers.diagnosis import diagnose
+
+    found = diagnose(
+        gpus=options.gpus,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        workers=options.workers,
+        device=settings.device,
+    )
+    for problem in found.problems:
+        if problem.fatal:
+            raise BatchrunError(problem.line())
+    return [f"warning: {p.line()}" for p in found.problems]
