@@ -190,9 +190,17 @@ def test_a_kill_between_journal_and_cache_answers_each_request_once(tmp_path: Pa
     again = tmp_path / "again"
     r = cli("submit", str(src), "--job-dir", str(again), "--engine", "echo", "--no-progress",
             "--cache-dir", str(cache), env={"BATCHRUN_ECHO_FAIL": ",".join(ids)})  # fmt: skip
-    hits = sum(1 for rec in journal_records(again) if rec.get("cached"))
-    assert hits >= 60 - 4 * 3  # at most what the killed run held between its two writes
-    assert len(journal_records(again)) == 60
+    records = journal_records(again)
+    cached = [rec["custom_id"] for rec in records if rec.get("cached")]
+    assert len(cached) >= 60 - 4 * 3  # at most what the killed run held between its two writes
+    # Each cached answer once; a request the kill kept out of the cache ran on the engine and
+    # failed (BATCHRUN_ECHO_FAIL), attempt after attempt: it was never answered from the cache.
+    assert len(set(cached)) == len(cached)
+    assert {rec["custom_id"] for rec in records} == {f"k{i}" for i in range(60)}
+    missed = {rec["custom_id"] for rec in records if not rec.get("cached")}
+    assert not missed & set(cached) and all(
+        not rec["ok"] for rec in records if not rec.get("cached")
+    )
 
 
 def test_cache_stats_and_prune(tmp_path: Path) -> None:
