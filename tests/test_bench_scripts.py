@@ -30,6 +30,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
         "bench_lora",
         "bench_models",
         "bench_embeddings",
+        "bench_pooling",
     ],
 )
 def test_each_benchmark_runs_alone_with_help(script: str) -> None:
@@ -130,3 +131,18 @@ def test_the_two_models_benchmark_runs_dry_on_its_own(tmp_path: Path) -> None:
     }
     assert rows == {"one job, two models": ("24", "2"), "two jobs, one model each": ("24", "2")}
     assert "one job / two jobs, wall time: " in r.stdout
+
+
+@pytest.mark.vllm
+def test_the_pooling_benchmark_runs_small_against_raw_vllm(tmp_path: Path) -> None:
+    """bench_pooling.py on 40 passages: batchrun (submit + export) and raw vLLM's LLM.embed
+    each ran to exit 0 on the packaged embedding model, and the ratio line is printed."""
+    r = run(
+        str(SCRIPTS / "bench_pooling.py"),
+        "--passages", "40", "--rounds", "1", "--jobs", "embeddings", "--no-docs",
+        "--work-dir", str(tmp_path),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr + r.stdout
+    row = re.search(r"^\s*1\s+embeddings\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+([\d.]+)x\s", r.stdout, re.M)
+    assert row is not None and float(row.group(1)) > 0, r.stdout
+    assert "embeddings: raw vLLM's wall time over batchrun's, by round: " in r.stdout

