@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import pytest
 from conftest import chat_line, cli, journal_records, write_jsonl
+from fakes.workers import Events
 
 from batchrun.config import EngineSettings
 from batchrun.job.journal import JournalWriter, read_records
@@ -332,20 +333,6 @@ def test_a_retired_workers_groups_go_to_another() -> None:
 
 
 # -- through the scheduler ------------------------------------------------------------------------
-
-
-class Events:
-    """A reporter that keeps what it was told."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.done: list[str] = []
-
-    def event(self, message: str) -> None:
-        self.lines.append(message)
-
-    def advance(self, outcomes: Sequence[Outcome]) -> None:
-        self.done.extend(o.custom_id for o in outcomes)
 
 
 class KvWorker(Worker):

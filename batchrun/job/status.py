@@ -22,13 +22,7 @@ def job_status(job_dir: Path) -> dict[str, Any]:
     manifest = load_manifest(paths)
     # Where resume would find the input: a job moved together with its input finds it there.
     found = find_input(paths, manifest)
-    holder = lock_holder(paths)
-    status = manifest.status
-    if holder is not None:
-        status = "running"
-    elif status == "running":
-        status = "interrupted"  # the manifest says running but no process holds the lock
-    live = holder if holder is not None and holder > 0 else None
+    status, live = run_state(paths, manifest)
     # Of the input as it is now: after a forced resume, only the requests still in the file.
     figures, state = job_figures(paths, manifest, live)
     return {
@@ -66,6 +60,19 @@ def job_status(job_dir: Path) -> dict[str, Any]:
         # Per base model and adapter (job/model_counts.py).
         "models": model_counts(manifest, state),
     }
+
+
+def run_state(paths: JobPaths, manifest: Manifest) -> tuple[str, int | None]:
+    """The job's status as a reader sees it, and the pid of the process running it (None: none):
+    `running` while a process holds the lock, `interrupted` where the manifest says running but
+    no process holds it (a kill), else the manifest's."""
+    holder = lock_holder(paths)
+    status = manifest.status
+    if holder is not None:
+        status = "running"
+    elif status == "running":
+        status = "interrupted"
+    return status, holder if holder is not None and holder > 0 else None
 
 
 def cache_rate(queries: int, hits: int) -> dict[str, Any] | None:

@@ -15,10 +15,9 @@ from typing import Any
 
 from batchrun.job.events import read_events
 from batchrun.job.figures import JobFigures, job_figures
-from batchrun.job.lock import lock_holder
 from batchrun.job.manifest import load_manifest
 from batchrun.job.paths import JobPaths
-from batchrun.job.status import cache_rate
+from batchrun.job.status import cache_rate, run_state
 from batchrun.job.timing import LightRecord, Timing, light_records
 
 # Example lines kept per error code, and error codes kept (the rest are counted as "other").
@@ -119,13 +118,7 @@ def gather(job_dir: Path) -> ReportData:
     directory that is not a job is a BatchrunError (one line)."""
     paths = JobPaths(job_dir)
     manifest = load_manifest(paths)
-    status = manifest.status
-    holder = lock_holder(paths)
-    if holder is not None:
-        status = "running"
-    elif status == "running":
-        status = "interrupted"
-    live = holder if holder is not None and holder > 0 else None
+    status, live = run_state(paths, manifest)
     figures, summary = job_figures(paths, manifest, live, save=False)
     starts = [r.started_at for r in manifest.runs]
     data = ReportData(
