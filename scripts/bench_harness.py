@@ -542,3 +542,38 @@ def run_benchmark(
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+# -- the timeline of a batchrun run (batchrun/timeline.py, kept in the job's events.jsonl) -----------
+
+
+def job_timeline(
+    job: Path, launched: float, exited: float | None = None
+) -> list[tuple[float, str]]:
+    """A run's moments, in seconds after `launched` (the command's launch, wall clock): the
+    parent's ("timeline" event) and each worker's start ("ready" events), with the exit."""
+    points: list[tuple[float, str]] = []
+    events = job / "events.jsonl"
+    lines = events.read_text().splitlines() if events.exists() else []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("kind") == "ready" and isinstance(event.get("timeline"), dict):
+            who = f"worker {event.get('worker')}"
+            points += [(float(t) - launched, f"{who}: {k}") for k, t in event["timeline"].items()]
+        elif event.get("kind") == "timeline" and isinstance(event.get("marks"), dict):
+            points += [(float(t) - launched, f"parent: {k}") for k, t in event["marks"].items()]
+    if exited is not None:
+        points.append((exited - launched, "parent: exit (seen by the benchmark)"))
+    return sorted(points)
+
+
+def timeline_lines(points: Sequence[tuple[float, str]]) -> list[str]:
+    """The timeline as lines `  12.34 s  (+1.20)  what`, each with the step from the one before."""
+    out, last = [], 0.0
+    for t, what in points:
+        out.append(f"{t:8.2f} s  (+{max(t - last, 0.0):5.2f})  {what}")
+        last = t
+    return out

@@ -67,6 +67,7 @@ from bench_harness import (
     count_output_tokens,
     default_model_dir,
     effective_dtype,
+    job_timeline,
     machine_line,
     make_chat_requests,
     md_table,
@@ -76,6 +77,7 @@ from bench_harness import (
     run_benchmark,
     run_cmd,
     the_command,
+    timeline_lines,
     write_jsonl,
 )
 
@@ -222,6 +224,7 @@ def contender_run_batch(inp: Path, work: Path, model: str, on_cuda: bool, dtype:
 
 def child_llm(args: argparse.Namespace) -> None:
     """Raw vLLM in this process (a fresh one): engine start, then the timed chat call(s)."""
+    t0_wall = time.time()
     t0 = time.monotonic()
     import torch
     from vllm import LLM, SamplingParams
@@ -229,7 +232,7 @@ def child_llm(args: argparse.Namespace) -> None:
     requests = [json.loads(x) for x in Path(args.input).read_text().splitlines() if x.strip()]
     kwargs: dict[str, Any] = {
         "model": args.model,
-        "max_model_len": MAX_MODEL_LEN,
+        "max_model_len": args.max_model_len or MAX_MODEL_LEN,
         "enforce_eager": True,
         "dtype": args.dtype or "auto",
         "max_num_seqs": MAX_NUM_SEQS,
@@ -260,6 +263,7 @@ def child_llm(args: argparse.Namespace) -> None:
         )
         calls += 1
     t4 = time.monotonic()
+    end_wall = time.time()
     tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     Path(args.result).write_text(
         json.dumps(
@@ -268,6 +272,8 @@ def child_llm(args: argparse.Namespace) -> None:
                 "engine_start_s": t2 - t1,
                 "gen_s": t4 - t3,
                 "gen_start_wall": gen_start_wall,
+                "t0_wall": t0_wall,
+                "end_wall": end_wall,
                 "tokens": tokens,
                 "requests": len(outputs),
                 "calls": calls,
@@ -472,6 +478,204 @@ How the times are measured:
     print(f"  wrote {DOCS.relative_to(ROOT)} (section bench:vllm)")
 
 
+# -- the user's measure: submit launch to exit against raw vLLM from before its import --------------
+
+E2E_MAX_MODEL_LEN = 2048  # batchrun's default context; raw gets the same
+E2E_TARGET = 0.98
+
+
+def distinct_chat_requests(n: int, seed: int) -> list[dict[str, Any]]:
+    """`n` chat lines (make_chat_requests), each made distinct (its number in the prompt), so
+    that nothing is shared: no duplicate to answer once, no prefix beyond the chat template."""
+    lines = make_chat_requests(n, seed)
+    for i, line in enumerate(lines):
+        line["body"]["messages"][-1]["content"] = (
+            f"({i}) " + line["body"]["messages"][-1]["content"]
+        )
+    return lines
+
+
+def e2e_batchrun(inp: Path, work: Path, dtype: str, round_: int) -> dict[str, Any]:
+    """`batchrun submit`, one whole process, launch to exit; its run's timeline."""
+    job = work / f"job-e2e-{round_}"
+    shutil.rmtree(job, ignore_errors=True)
+    run = run_cmd(
+        [
+            *batchrun_cmd(),
+            "submit",
+            str(inp),
+            "--job-dir",
+            str(job),
+            "--batch-size",
+            str(MAX_NUM_SEQS),
+            "--max-model-len",
+            str(E2E_MAX_MODEL_LEN),
+            "--enforce-eager",
+            "--dtype",
+            dtype,
+            "--seed",
+            str(SEED),
+            "--no-progress",
+        ],
+        work / f"e2e-batchrun-{round_}.log",
+    )
+    exited = run.started_wall + run.wall_s
+    points = job_timeline(job, run.started_wall, exited)
+    at = {what: t for t, what in points}
+    return {
+        "rc": run.rc,
+        "wall_s": run.wall_s,
+        "load": run.load,
+        "timeline": points,
+        "ready_s": at.get("worker 0: ready"),
+        "first_s": at.get("parent: first_result"),
+        "last_s": at.get("parent: last_result"),
+        "tail": run.tail(5),
+    }
+
+
+def e2e_raw(inp: Path, work: Path, model: str, dtype: str, round_: int) -> dict[str, Any]:
+    """Raw vLLM in one process (engine core in it), one `LLM.chat` call: from before its import
+    to the call's end (the issue's measure), and the whole process."""
+    out = work / f"e2e-raw-{round_}.json"
+    out.unlink(missing_ok=True)
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--_child-llm",
+        "--input",
+        str(inp),
+        "--model",
+        model,
+        "--result",
+        str(out),
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        str(E2E_MAX_MODEL_LEN),
+    ]
+    run = run_cmd(argv, work / f"e2e-raw-{round_}.log", env={INPROC_ENV: "0"})
+    if run.rc != 0 or not out.exists():
+        return {"rc": run.rc or 1, "tail": run.tail(5)}
+    data = json.loads(out.read_text())
+    return {
+        "rc": 0,
+        "wall_s": run.wall_s,
+        "load": run.load,
+        "inside_s": data["end_wall"] - data["t0_wall"],
+        "import_s": data["import_s"],
+        "engine_start_s": data["engine_start_s"],
+        "gen_s": data["gen_s"],
+        "ready_s": data["gen_start_wall"] - run.started_wall,
+    }
+
+
+E2E_HEAD = [
+    "round",
+    "batchrun submit, launch to exit (s)",
+    "raw, import to chat end (s)",
+    "raw, launch to exit (s)",
+    "ratio (raw import-to-end / batchrun)",
+    "ratio (whole processes)",
+    "batchrun: worker ready / first / last result (s)",
+    "raw: import / engine / chat (s)",
+    "load at start",
+]
+
+
+def part_e2e(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
+    """The user's measure (issue 38): `batchrun submit` of distinct chat requests, its whole
+    process, against raw vLLM in one process timed from before `import vllm`; rounds
+    interleaved; each ratio is raw's time over batchrun's (1.0: level)."""
+    n = args.requests or 300
+    model = default_model_dir()
+    dtype, dtype_note = effective_dtype(args.dtype, on_cuda())
+    inp = work / "e2e-requests.jsonl"
+    write_jsonl(inp, distinct_chat_requests(n, args.seed))
+    print(
+        f"End to end: {n} distinct chat requests (seed {args.seed}), dtype {dtype} ({dtype_note})"
+    )
+    print("  warming the file cache (import vllm, untimed)...", flush=True)
+    subprocess.run([sys.executable, "-c", "import vllm, transformers"], capture_output=True)
+    rows: list[list[str]] = []
+    ratios: list[float] = []
+    timelines: list[str] = []
+    for round_ in range(1, args.rounds + 1):
+        print(f"  round {round_}: batchrun submit...", flush=True)
+        b = e2e_batchrun(inp, work, dtype, round_)
+        print(f"  round {round_}: raw vLLM...", flush=True)
+        r = e2e_raw(inp, work, model, dtype, round_)
+        if b["rc"] not in (0,) or r["rc"] != 0:
+            print(
+                f"    failed: batchrun rc {b['rc']} {b.get('tail', '')}; raw rc {r['rc']} "
+                f"{r.get('tail', '')}"
+            )
+            continue
+        ratio = r["inside_s"] / b["wall_s"]
+        ratios.append(ratio)
+        rows.append(
+            [
+                str(round_),
+                _f(b["wall_s"], "{:.2f}"),
+                _f(r["inside_s"], "{:.2f}"),
+                _f(r["wall_s"], "{:.2f}"),
+                f"{ratio:.3f}x",
+                f"{r['wall_s'] / b['wall_s']:.3f}x",
+                f"{_f(b['ready_s'])} / {_f(b['first_s'])} / {_f(b['last_s'])}",
+                f"{r['import_s']:.1f} / {r['engine_start_s']:.1f} / {r['gen_s']:.1f}",
+                f"{b['load']:.2f}, {r['load']:.2f}",
+            ]
+        )
+        lines = timeline_lines(b["timeline"])
+        timelines.append(
+            f"Round {round_}, batchrun submit (seconds after launch):\n\n```\n"
+            + "\n".join(lines)
+            + "\n```"
+        )
+        print(
+            f"    batchrun {b['wall_s']:.2f} s, raw {r['inside_s']:.2f} s inside "
+            f"({r['wall_s']:.2f} s whole): {ratio:.3f}x"
+        )
+        print("\n".join("      " + x for x in lines), flush=True)
+    print()
+    print_table(E2E_HEAD, rows)
+    verdict = (
+        "raw's time (import to chat end) over batchrun submit's (launch to exit): "
+        + ", ".join(f"{x:.3f}x" for x in ratios)
+        + (
+            f"; every round {'>=' if min(ratios) >= E2E_TARGET else 'NOT all >='} {E2E_TARGET}"
+            if ratios
+            else "not measured"
+        )
+    )
+    print("\n  " + verdict)
+    if args.no_docs:
+        return
+    body = f"""## End to end: `batchrun submit` against raw vLLM, the way a user times them
+
+- Measured: {machine_line(machine)}.
+- Command: `{command}`
+- Workload: {n} distinct chat requests (seed {args.seed}; each prompt numbered, so nothing is
+  shared), `max_tokens` {MAX_TOKENS_RANGE[0]}..{MAX_TOKENS_RANGE[1]}, temperature 0.
+- batchrun: `batchrun submit` (batch size {MAX_NUM_SEQS}, max_model_len {E2E_MAX_MODEL_LEN}, eager,
+  dtype {dtype}), one whole process timed from launch to exit.
+- raw: one Python process with the engine core in it (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, as
+  batchrun's worker runs it) that imports vLLM, builds `LLM(...)` with the same settings
+  (memory fraction {CPU_MEMORY_UTILIZATION} on a CPU, max_num_seqs {MAX_NUM_SEQS}) and calls
+  `LLM.chat` once, timed from before `import vllm` to the call's end (its process's start and its
+  exit are not counted); its whole process is shown beside it.
+- Rounds interleaved; the ratio is raw's time over batchrun's (target >= {E2E_TARGET}).
+
+{md_table(E2E_HEAD, rows)}
+
+{verdict}
+
+{chr(10).join(timelines)}
+"""
+    replace_section(DOCS, "vllm-e2e", body)
+    print(f"  wrote {DOCS.relative_to(ROOT)} (section bench:vllm-e2e)")
+
+
 # The targets of part B: submit + export (JSONL) within this many times the floor's wall time, and
 # the peak RSS of every phase's process tree under this many KiB (at 1M requests).
 
@@ -497,6 +701,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=1,
         help="run the contenders this many times, interleaved (median ratio reported)",
     )
+    p.add_argument(
+        "--end-to-end",
+        action="store_true",
+        help="the user's measure instead of part A: `batchrun submit` launch to exit against "
+        "raw vLLM in one process timed from before its import, 300 distinct requests, with "
+        "batchrun's timeline (issue 38)",
+    )
 
 
 def add_child_arguments(p: argparse.ArgumentParser) -> None:
@@ -506,6 +717,7 @@ def add_child_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--chunk", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--max-model-len", type=int, default=None, help=argparse.SUPPRESS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -518,10 +730,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.child_llm:
         child_llm(args)
         return 0
+    part = part_e2e if args.end_to_end else part_a
     run_benchmark(
         args.work_dir,
         the_command(__file__, argv),
-        lambda work, command, machine: part_a(args, work, command, machine),
+        lambda work, command, machine: part(args, work, command, machine),
     )
     return 0
 

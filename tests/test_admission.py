@@ -357,7 +357,7 @@ class KvWorker(Worker):
             outcome = Outcome(custom_id=r.custom_id, ok=True, status_code=200, body={"ok": 1})
             self._inbox.put((self.index, self.generation, "results", [outcome]))
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0, *, leave: bool = False) -> None:
         self.process = None
 
 

@@ -306,7 +306,7 @@ class SilentWorker(Worker):
     def set_window(self, window: int) -> None:
         self.settings.window = window
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0, *, leave: bool = False) -> None:
         self.process = None
 
     def kill(self) -> None:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batchrun import timeline
 from batchrun.config import GivenOptions, OptionError
 from batchrun.errors import BatchrunError
 from batchrun.job.lock import job_lock
@@ -16,6 +17,7 @@ from batchrun.job.served import served_batch
 from batchrun.job.state import JobState, replay
 from batchrun.openai.reader import check_input_file
 from batchrun.run.answer_cache import check_cache_dir
+from batchrun.run.early_start import StartedWorkers, start_early
 from batchrun.run.inputs import (
     check_input_unchanged,
     discard_unfinished_validation,
@@ -98,15 +100,25 @@ def submit(
         discard_unfinished_validation(paths)
         # What the validating pass finds, so that the run pass reads the file cheaply.
         index = InputIndex(known)
+        started: StartedWorkers | None = None
         try:
             digest = None
             if url is not None:
                 input_path, digest = _fetch(url, paths)
                 (notify or _to_stderr)(f"job dir: {job_dir}")
+            # The engine starts while the input is validated (run/early_start.py).
+            started = start_early(
+                input_path, paths, options, index, notify or _to_stderr, search=tune_only
+            )
             manifest = validate_into_job(
                 input_path, paths, options, index, input_url=url, input_sha256=digest
             )
-        except (BatchrunError, KeyboardInterrupt):
+            timeline.mark("validated")
+        except BaseException as e:
+            if started is not None:
+                started.stop()
+            if not isinstance(e, BatchrunError | KeyboardInterrupt):
+                raise
             # No manifest yet, so nothing has run: leave the directory as it was, and running
             # the same submit again starts clean.
             if created:
@@ -118,7 +130,9 @@ def submit(
                     p.unlink(missing_ok=True)
             raise
         mode = "tune" if tune_only else "submit"
-        return run_job(paths, manifest, options, mode=mode, index=index, metrics=metrics)
+        return run_job(
+            paths, manifest, options, mode=mode, index=index, metrics=metrics, started=started
+        )
 
 
 def _fetch(url: str, paths: JobPaths) -> tuple[Path, str]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batchrun import timeline
 from batchrun.config import EngineSettings
 from batchrun.console.progress import ProgressReporter
 from batchrun.console.render import JobSummary
@@ -29,6 +30,7 @@ from batchrun.models.named import settings_for
 from batchrun.openai.records import POOLING_ENDPOINTS, Request
 from batchrun.run.answer_cache import AnswerCache
 from batchrun.run.dedup import Duplicates
+from batchrun.run.early_start import StartedWorkers, search_top
 from batchrun.run.lanes import Lane, RoutedAnswers
 from batchrun.run.model_routes import ModelRoute
 from batchrun.run.options import RunOptions
@@ -37,7 +39,7 @@ from batchrun.run.recording import JournalSink
 from batchrun.run.scheduler import Scheduler
 from batchrun.run.source import InputIndex, requests
 from batchrun.run.tuning import cached_size, lower_size, remember_size, search_batch_size
-from batchrun.workers.devices import cache_device, search_ceiling
+from batchrun.workers.devices import cache_device
 from batchrun.workers.plan import plan_workers
 
 if TYPE_CHECKING:
@@ -52,6 +54,7 @@ def run_job(
     index: InputIndex | None = None,
     state: JobState | None = None,
     metrics: RunMetrics | None = None,
+    started: StartedWorkers | None = None,
 ) -> JobSummary:
     """Run the passes a command calls for, journaling every outcome; update the manifest.
 
@@ -59,14 +62,31 @@ def run_job(
     made ready; an index not ready yet is recorded by the first pass, for the retry passes.
     `state`: the journal replayed by the caller under the job's lock (else it is replayed here).
     `metrics`: told of every dispatch and result, for /metrics (batchrun/metrics).
+    `started`: workers started while the input was validated (run/early_start.py), the run's
+    own from here on (stopped by it, when they do not run what it needs).
     """
-    started = time.monotonic()
-    # Of the input as it is now: after a forced resume, only the requests still in the file.
-    state = replay(paths, manifest) if state is None else state
+    began = time.monotonic()
     settings = options.settings
-    worker_class, envs = plan_workers(
-        settings, ray=options.ray, gpus=options.gpus, workers=options.workers, logs=paths.logs
-    )
+    if started is not None and not started.fits(settings):
+        started.stop()  # (its first valid line's endpoint is not the one validation found)
+        started = None
+    try:
+        # Of the input as it is now: after a forced resume, only the requests still in the file.
+        state = replay(paths, manifest) if state is None else state
+        if started is not None:
+            worker_class, envs = started.worker_class, started.envs
+        else:
+            worker_class, envs = plan_workers(
+                settings,
+                ray=options.ray,
+                gpus=options.gpus,
+                workers=options.workers,
+                logs=paths.logs,
+            )
+    except BaseException:
+        if started is not None:
+            started.stop()
+        raise
     # Cached batch sizes are the workers' devices' (their GPUs' model, memory, MIG profile).
     device = cache_device(settings.spec, envs)
     requests_total = manifest.requests
@@ -106,6 +126,8 @@ def run_job(
         return plan(source, options.order, duplicates)
 
     status = "failed"
+    events = EventLog(paths.root)
+    timeline.mark("run_start")
     try:
         with JournalWriter(paths.journal) as journal:
             keep_summary(paths, manifest, journal)  # status reads it: O(1) in the journal
@@ -127,7 +149,8 @@ def run_job(
                     else None
                 ),
                 metrics=metrics,
-                events=EventLog(paths.root),
+                events=events,
+                started=(started.workers, started.inbox) if started is not None else None,
             )
             if metrics is not None:
                 from batchrun.metrics.run import watch_run
@@ -147,13 +170,19 @@ def run_job(
                     failed_ids if mode == "retry" else set(),
                 )
             finally:
-                scheduler.close()
+                # The command ends here: the workers' exit (the kernel freeing an engine's
+                # memory) is not waited for once they have said all.
+                scheduler.close(leave=True)
+                timeline.mark("workers_stopped")
+        timeline.mark("journal_closed")
         status = "completed"
     except KeyboardInterrupt:
         status = "interrupted"
         raise
     finally:
         reporter.close()
+        if scheduler is None and started is not None:
+            started.stop()  # the run ended before it took them over
         if metrics is not None and scheduler is not None:
             from batchrun.metrics.run import end_run
 
@@ -165,7 +194,10 @@ def run_job(
         run_info.ray = options.ray
         run_info.deduplicated = state.deduplicated - deduplicated_before
         clock.stop()
-        _finish_manifest(paths, manifest, state, status, run_info, started)
+        _finish_manifest(paths, manifest, state, status, run_info, began)
+        timeline.mark("manifest_saved")
+        # The parent's moments of this run, with each worker's start (its "ready" event).
+        events.write("timeline", marks=timeline.marks())
         if options.ray:
             from batchrun.workers import ray as ray_backend
 
@@ -174,7 +206,7 @@ def run_job(
         job_dir=paths.root,
         manifest=manifest,
         state=state,
-        wall_s=time.monotonic() - started,
+        wall_s=time.monotonic() - began,
         run_completion_tokens=state.completion_tokens - tokens_before,
         run_outcomes=state.attempts.total() - outcomes_before,
         run_cache_queries=(run_info.prefix_cache or {}).get("queries", 0),
@@ -374,9 +406,7 @@ def _choose_size(
         manifest.batch_size, manifest.batch_size_source = size_cached, "cache"
         save_manifest(paths, manifest)
         return
-    top = options.max_batch
-    if top is None:  # by device: vLLM's own default for the workers' GPUs, at least the floor
-        top = max(options.min_batch, search_ceiling(settings.spec, envs))
+    top = search_top(options, settings, envs)
     reporter.event(
         f"searching for the batch size between {options.min_batch} and {top} "
         "(the probes run this job's own requests)"

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
+from batchrun import timeline
 from batchrun.job.journal import JournalWriter, plain_result
 from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.state import JobState
@@ -174,6 +175,9 @@ class Recording:
         """Journal the records (the sink's way), store the answers, count the outcomes."""
         if not self.sink.write(records, plain):
             return
+        if records:
+            timeline.mark("first_result")
+            timeline.stamp("last_result")
         if self._unstored:
             assert self.answers is not None
             # After the journal write: a kill in between leaves an answer journaled, not stored.

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from batchrun import timeline
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
 from batchrun.job.records import ResultRecord
@@ -92,6 +93,7 @@ class Scheduler:
         events: Events | None = None,
         live: Callable[[], bool] | None = None,
         model: str | None = None,
+        started: tuple[Sequence[Worker], queue.Queue[tuple[int, int, str, Any]]] | None = None,
     ) -> None:
         """`sink`: where outcomes go (run/recording.py); `job_dir`: the job's directory, for the
         commands a message suggests; `on_back_off`: told the new size after an out-of-memory
@@ -99,14 +101,23 @@ class Scheduler:
         (run/answer_cache.py, --cache-dir); `metrics`: told of every dispatch, result and
         restart, for /metrics (batchrun/metrics); `events`: the job's event log, for `report`;
         `live`: whether a live source that ran dry may fill again (serve's queue, below);
-        `model`: the base model a worker's start names (serve's pools of several models)."""
+        `model`: the base model a worker's start names (serve's pools of several models);
+        `started`: workers already started on `settings`, and the queue their messages arrive in
+        (run/early_start.py: a job's engine starts while its input is validated), taken as the
+        scheduler's own instead of new ones."""
         self.sink = sink
         self.reporter = reporter
-        self.inbox: queue.Queue[tuple[int, int, str, Any]] = queue.Queue()
-        self.workers = [
-            worker_class(index=i, settings=dataclasses.replace(settings), env=dict(env))
-            for i, env in enumerate(worker_envs)
-        ]
+        self.inbox: queue.Queue[tuple[int, int, str, Any]] = (
+            queue.Queue() if started is None else started[1]
+        )
+        self.workers = (
+            [
+                worker_class(index=i, settings=dataclasses.replace(settings), env=dict(env))
+                for i, env in enumerate(worker_envs)
+            ]
+            if started is None
+            else list(started[0])
+        )
         self.pending: deque[Request] = deque()
         # A recent request's prompt characters (planner.prompt_chars), which bounds prefetch.
         self.request_chars = 0
@@ -137,6 +148,10 @@ class Scheduler:
         self.hangs = HangPolicy(self.restarts, self.watchdog)
         # Worker starts so far, first starts included (serve counts its pools' restarts).
         self.starts = 0
+        for w in self.workers:
+            if w.process is not None:  # started before (`started`): its clocks run from then
+                self.starts += 1
+                self.watchdog.started(w, now=w.started_at)
         # Why a worker stopped without dying (by index), for the restart's reason in /metrics.
         self._stopped_for: dict[int, str] = {}
         # The planner's admission (run/admission.py, on with BATCHRUN_KV_ADMISSION): a worker's
@@ -418,7 +433,9 @@ class Scheduler:
                 if kind == "ready":
                     w.start_failures = 0
                     self.on_ready(w)
-                    self.events.write("ready", worker=index, batch_size=w.settings.window)
+                    self.events.write(
+                        "ready", worker=index, batch_size=w.settings.window, timeline=w.timeline
+                    )
                     self.reporter.event(
                         f"{w.label} ready (pid {w.pid}, batch size {w.settings.window}, "
                         f"started in {w.start_s:.1f}s)"
@@ -479,9 +496,12 @@ class Scheduler:
                 f"{w.label} runs model {w.settings.model_name} ({w.settings.model})"
             )
 
-    def close(self) -> None:
-        """Stop every worker (the requests they held stay pending in the journal's eyes)."""
+    def close(self, *, leave: bool = False) -> None:
+        """Stop every worker (the requests they held stay pending in the journal's eyes);
+        `leave`: without waiting for their processes' exit once they have said all (a run's
+        very end: workers/process.py Worker.stop)."""
+        timeline.mark("workers_stopping")
         for w in self.workers:
             if w.process is not None:
                 self.restarts.requeue(w)
-                w.stop(timeout=10)
+                w.stop(timeout=10, leave=leave)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from batchrun import timeline
 from batchrun.config import EngineSettings
 from batchrun.openai.records import Outcome, Request
 from batchrun.workers.child import worker_main
@@ -61,6 +62,10 @@ class Worker:
     pid: int | None = None
     start_s: float = 0.0
     started_at: float = 0.0
+    # The moments of its last start, as its ready message gave them (batchrun/timeline.py).
+    timeline: dict[str, float] = field(default_factory=dict)
+    # Set when the current process's channel closes: it is exiting (or gone).
+    said_bye: threading.Event = field(default_factory=threading.Event)
     inflight: dict[str, Request] = field(default_factory=dict)
     results: int = 0
     death: WorkerDeath | None = None
@@ -100,6 +105,7 @@ class Worker:
     def start(self, inbox: queue.Queue[tuple[int, int, str, Any]]) -> None:
         """Spawn the process; its messages arrive in `inbox` as (index, generation, kind, payload)."""
         self._clear_gpus()
+        timeline.mark("worker_spawn")
         ctx = mp.get_context("spawn")
         # The first spawn starts multiprocessing's resource tracker, a process of its own with this
         # environment. The workers end with os._exit (an engine cannot be shut down cleanly
@@ -132,10 +138,13 @@ class Worker:
         self.started_at = time.monotonic()
         self.generation += 1
         self.cache_seen = (0, 0)  # a new engine counts from zero
+        self.said_bye = threading.Event()
         # A reader thread drains the pipe continuously, so that neither side can block the other
         # on a full pipe buffer.
         threading.Thread(
-            target=_pump, args=(parent_conn, inbox, self.index, self.generation), daemon=True
+            target=_pump,
+            args=(parent_conn, inbox, self.index, self.generation, self.said_bye),
+            daemon=True,
         ).start()
 
     def send(self, requests: Sequence[Request]) -> None:
@@ -167,6 +176,7 @@ class Worker:
         elif kind == "ready":
             self.ready = True
             self.start_s = float(payload.get("start_s", 0.0))
+            self.timeline = dict(payload.get("timeline") or {})
             self.peak_memory_mb = payload.get("peak_memory_mb")
             kv = payload.get("kv_cache")
             self.kv_cache = (int(kv[0]), int(kv[1])) if kv else None
@@ -219,26 +229,67 @@ class Worker:
         self.inflight.clear()
         return held
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Ask the worker to stop; kill it if it does not (or if a second Ctrl-C cuts the wait)."""
+    def stop(self, timeout: float = 10.0, *, leave: bool = False) -> None:
+        """Ask the worker to stop; kill it if it does not (or if a second Ctrl-C cuts the wait).
+
+        `leave`: once the worker has closed its channel (its engine shut down where it has
+        processes of its own, everything it answered sent), its process's exit is not waited
+        for: the kernel freeing its memory, 0.6 s for a CPU engine's 9 GB KV cache, is off the
+        caller's path (a run's very end: every result is journaled, the command is about to
+        exit). A thread reaps it.
+        """
         if self.process is None:
             return
         try:
             if self.conn is not None:
                 with contextlib.suppress(Exception):
                     self.conn.send(("stop", None))
-            self.process.join(timeout=timeout)
+            if leave:
+                if self.said_bye.wait(timeout) and self.process.is_alive():
+                    self._leave()
+                    return
+            else:
+                self.process.join(timeout=timeout)
+            timeline.stamp("worker_exited")
         finally:
-            # Reached on a KeyboardInterrupt too: a worker left running would never be told to
-            # stop, and the exiting parent would wait for it forever.
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join(timeout=5)
-            if self.conn is not None:
-                self.conn.close()
-            self.process = None
-            self.conn = None
-            self._end_group()
+            if self.process is not None:
+                self._make_sure_stopped()
+
+    def _make_sure_stopped(self) -> None:
+        """Kill the worker if it is still running, and forget it."""
+        assert self.process is not None
+        # Reached on a KeyboardInterrupt too: a worker left running would never be told to stop,
+        # and the exiting parent would wait for it forever.
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=5)
+        if self.conn is not None:
+            self.conn.close()
+        self.process = None
+        self.conn = None
+        self._end_group()
+
+    def _leave(self) -> None:
+        """Forget a worker whose process is exiting, and reap it (and its group) in a thread."""
+        process, pid = self.process, self.pid
+        # multiprocessing's exit handler joins every child it started: this one must not hold up
+        # the command's exit (it dies with it in any case: die_with_parent).
+        mp_children: set[Any] = getattr(mp.process, "_children", set())
+        mp_children.discard(process)
+        if self.conn is not None:
+            self.conn.close()
+        self.process = None
+        self.conn = None
+        timeline.stamp("worker_left")
+
+        def reap() -> None:
+            process.join()
+            if pid is not None and pid in _GROUPS:
+                kill_group(pid)  # ranks that outlived it
+                if wait_group_gone(pid):
+                    _GROUPS.discard(pid)
+
+        threading.Thread(target=reap, name=f"reap-worker-{self.index}", daemon=True).start()
 
     def kill(self) -> None:
         """Stop the worker at once, with every process it started."""
@@ -306,7 +357,11 @@ def _kill_leftover_workers() -> None:
 
 
 def _pump(
-    conn: Connection, inbox: queue.Queue[tuple[int, int, str, Any]], index: int, gen: int
+    conn: Connection,
+    inbox: queue.Queue[tuple[int, int, str, Any]],
+    index: int,
+    gen: int,
+    said_bye: threading.Event,
 ) -> None:
     """Forward every message of one worker to the scheduler's inbox, then an "eof"."""
     try:
@@ -316,4 +371,5 @@ def _pump(
     except (EOFError, OSError, TypeError, ValueError):
         # EOF: the worker is gone. The others: the parent closed this end while stopping it.
         pass
+    said_bye.set()
     inbox.put((index, gen, "eof", None))

@@ -404,8 +404,9 @@ class RayWorker(Worker):
         with contextlib.suppress(Exception):
             self.process.set_window.remote(window)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Kill the actor (an engine holds no state worth a graceful goodbye: the journal has it)."""
+    def stop(self, timeout: float = 10.0, *, leave: bool = False) -> None:
+        """Kill the actor (an engine holds no state worth a graceful goodbye: the journal has it;
+        `leave` changes nothing: nothing waits for the actor's end)."""
         if self.process is None:
             return
         self._stopping.set()

@@ -87,7 +87,7 @@ class FakeWorker(Worker):
     def set_window(self, window: int) -> None:
         self.settings.window = window
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0, *, leave: bool = False) -> None:
         self.process = None
 
 

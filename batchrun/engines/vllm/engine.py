@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchrun import timeline
 from batchrun.config import EngineSettings
 from batchrun.engines.vllm.add_request import check_runner, submit
 from batchrun.engines.vllm.args import engine_args
@@ -114,6 +115,8 @@ class VllmEngine:
         from vllm import LLMEngine
         from vllm.usage.usage_lib import UsageContext
 
+        timeline.mark("vllm_imported")
+
         args = engine_args(settings, target, self.model_name)
         for name, value in lora_engine_args(settings, cuda=cuda).items():
             setattr(args, name, value)
@@ -132,6 +135,7 @@ class VllmEngine:
             usage_context=UsageContext.LLM_CLASS,
             stat_loggers=[self._cache.factory()],
         )
+        timeline.mark("engine_built")
         self._tokenizer: Any = self._engine.get_tokenizer()
         model_config = self._engine.model_config
         self.max_model_len: int = int(model_config.max_model_len)
