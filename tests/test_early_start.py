@@ -80,7 +80,7 @@ def test_a_ctrl_c_during_validation_stops_the_engine_and_leaves_no_job(tmp_path:
     pid = int(re.findall(r"\(pid (\d+)", seen)[0])
     assert not (job / "manifest.json").exists()  # still validating
     os.kill(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, seen + err
     assert "Traceback" not in err
     assert not job.exists()
