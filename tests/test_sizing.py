@@ -25,6 +25,30 @@ def run_search(
     return (best.size if best else None), tried
 
 
+def test_a_pooling_search_keeps_the_largest_size_that_runs() -> None:
+    """No walk down for a pooling job: the top when it fits (one probe), else the largest size
+    that ran, however the probes measured (a smaller window only leaves steps part empty)."""
+    search = BatchSizeSearch(8, 256, walk_down=False)
+    assert search.next_size() == 256
+    search.report(Probe(size=256, ok=True, requests=512, seconds=1.0, tokens_per_s=700.0))
+    assert search.next_size() is None
+    best = search.best()
+    assert best is not None and best.size == 256
+    # Out of memory at the top: bisected down to what runs, and that one kept.
+    search = BatchSizeSearch(8, 256, walk_down=False)
+    speeds = {256: 0.0, 32: 900.0, 64: 500.0, 128: 0.0}
+    tried = []
+    while (size := search.next_size()) is not None:
+        tried.append(size)
+        ok = speeds.get(size, 0.0) > 0
+        search.report(
+            Probe(size=size, ok=ok, requests=size, seconds=1.0, tokens_per_s=speeds[size])
+        )
+    assert tried == [256, 32, 64, 128]
+    best = search.best()
+    assert best is not None and best.size == 64
+
+
 def test_candidates_are_powers_of_two_within_bounds() -> None:
     assert candidate_sizes(8, 256) == [8, 16, 32, 64, 128, 256]
     assert candidate_sizes(3, 100) == [3, 4, 8, 16, 32, 64, 100]

@@ -5,6 +5,13 @@ The search has two phases. First, a binary search over the powers of two between
 `hi` first because on most set-ups it fits, which makes the common case one probe. Second, from that
 size downwards, halving while the measured throughput improves: past the knee a bigger batch only
 adds latency, so the best size is the fastest one seen, not the largest.
+
+A pooling job (embeddings, score, rerank) has no second phase (`walk_down=False`): it generates
+nothing, so each engine step is bounded by vLLM's token budget (`max_num_batched_tokens`), not by
+the batch, and a smaller window can only leave steps part empty (64 passages of 45 tokens fill 70%
+of a CPU's 4096). Its best size is the largest that runs: one probe where the top fits. Before,
+the walk down chose a window on noise and on the first probe's warm-up (which makes the top look
+slow), and ran the job with part-empty steps.
 """
 
 from __future__ import annotations
@@ -57,6 +64,8 @@ class BatchSizeSearch:
     lo: int
     hi: int
     probes: list[Probe] = field(default_factory=list)
+    # Phase 2, the walk down from the largest size that runs (not for a pooling job: see above).
+    walk_down: bool = True
 
     def __post_init__(self) -> None:
         self.sizes = candidate_sizes(self.lo, self.hi)
@@ -88,6 +97,8 @@ class BatchSizeSearch:
             return (
                 self.sizes[(lo_ok + hi_bad) // 2] if lo_ok >= 0 else self.sizes[(hi_bad - 1) // 2]
             )
+        if not self.walk_down:
+            return None
         # Phase 2: walk down from the largest good size while throughput improves.
         tried = {p.size: p for p in self.probes if p.ok}
         idx = lo_ok
@@ -105,10 +116,13 @@ class BatchSizeSearch:
         return None
 
     def best(self) -> Probe | None:
-        """The fastest size that ran; the larger one on a near tie."""
+        """The fastest size that ran, the larger one on a near tie; without the walk down, the
+        largest that ran."""
         ok = [p for p in self.probes if p.ok]
         if not ok:
             return None
+        if not self.walk_down:
+            return max(ok, key=lambda p: p.size)
         best = ok[0]
         for p in ok[1:]:
             if p.tokens_per_s > best.tokens_per_s * IMPROVEMENT or (

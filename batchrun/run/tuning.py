@@ -46,9 +46,10 @@ def search_batch_size(
     """Binary-search the batch size on the job's own requests; what the probes finish is kept.
 
     Each probe is measured by the endpoint's work: generated tokens per second, or, for a
-    `pooling` job (embeddings, score, rerank: no token generated), prompt tokens per second.
+    `pooling` job (embeddings, score, rerank: no token generated), prompt tokens per second; a
+    pooling job keeps the largest size that runs (run/sizing.py: it has no knee).
     """
-    search = BatchSizeSearch(lo, hi)
+    search = BatchSizeSearch(lo, hi, walk_down=not pooling)
     unit = "prompt tok/s" if pooling else "generated tok/s"
     while (size := search.next_size()) is not None:
         scheduler.resize(size)
