@@ -30,19 +30,19 @@ AUDIO_ENDPOINTS = (TRANSCRIPTIONS, TRANSLATIONS)
 SUPPORTED_ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, *SCORING_URLS, *AUDIO_ENDPOINTS)
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
-    """One valid input line: an OpenAI batch request with its 1-based line number."""
+class Request(msgspec.Struct, frozen=True):
+    """One valid input line: an OpenAI batch request with its 1-based line number.
+
+    A msgspec Struct, not a frozen dataclass: the parent makes one per line in each pass over
+    the input, and requests cross to the workers by the hundred thousand; a Struct is made in
+    half the time (a frozen dataclass sets each field through object.__setattr__) and pickles
+    by its fields in order, unpickled in under half the time.
+    """
 
     custom_id: str
     line: int
     url: str
     body: dict[str, Any]
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Pickled by its fields in order: far cheaper than the slots dataclass default
-        # (`_dataclass_getstate`), and requests cross to the workers by the hundred thousand.
-        return Request, (self.custom_id, self.line, self.url, self.body)
 
 
 @dataclass(frozen=True, slots=True)
