@@ -7,7 +7,6 @@ The same behaviour through real worker processes and the CLI is in tests/test_po
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import json
 import math
@@ -16,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
+import msgspec
 import pytest
 from fakes.workers import Events, FakeWorker, requests, results
 
@@ -240,7 +240,7 @@ def test_out_of_memory_backs_off_and_requeues_without_suspicion(tmp_path: Path) 
 
 
 def renamed(prefix: str, n: int) -> list[Request]:
-    return [dataclasses.replace(r, custom_id=prefix + r.custom_id) for r in requests(n)]
+    return [msgspec.structs.replace(r, custom_id=prefix + r.custom_id) for r in requests(n)]
 
 
 def test_resize_keeps_a_running_engine_when_it_is_big_enough(tmp_path: Path) -> None:

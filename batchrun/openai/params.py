@@ -126,23 +126,29 @@ def sampling(request: Request) -> Sampling:
         if max_tokens is None and request.url == COMPLETIONS:
             max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
         logprobs = body.get("logprobs")
-    stop = body.get("stop")
-    tool_choice = body.get("tool_choice")
+    # The optional fields read inline, not through _or and the helpers: an engine reads every
+    # request's, and most bodies set few of them (a null is "not set", as in _or).
+    get = body.get
+    stop = get("stop")
+    tool_choice = get("tool_choice")
     forced = forced_call(body) if chat and is_forced(tool_choice) else None
+    n, temperature, top_p = get("n"), get("temperature"), get("top_p")
+    presence, frequency = get("presence_penalty"), get("frequency_penalty")
+    bias, output = get("logit_bias"), get("response_format")
     return Sampling(
-        n=_or(body.get("n"), 1),
+        n=1 if n is None else n,
         max_tokens=max_tokens,
-        temperature=float(_or(body.get("temperature"), 1.0)),
-        top_p=float(_or(body.get("top_p"), 1.0)),
-        presence_penalty=float(_or(body.get("presence_penalty"), 0.0)),
-        frequency_penalty=float(_or(body.get("frequency_penalty"), 0.0)),
-        seed=body.get("seed"),
+        temperature=1.0 if temperature is None else float(temperature),
+        top_p=1.0 if top_p is None else float(top_p),
+        presence_penalty=0.0 if presence is None else float(presence),
+        frequency_penalty=0.0 if frequency is None else float(frequency),
+        seed=get("seed"),
         stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
         logprobs=logprobs,
-        logit_bias=_logit_bias(body.get("logit_bias")),
-        output_format=_output_format(body.get("response_format")),
-        echo=not chat and body.get("echo") is True,
-        tools=chat and forced is None and bool(body.get("tools")) and tool_choice != "none",
+        logit_bias=_logit_bias(bias) if bias else None,
+        output_format=_output_format(output) if output is not None else None,
+        echo=not chat and get("echo") is True,
+        tools=chat and forced is None and bool(get("tools")) and tool_choice != "none",
         forced_call=forced,
     )
 

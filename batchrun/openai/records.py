@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -30,19 +30,19 @@ AUDIO_ENDPOINTS = (TRANSCRIPTIONS, TRANSLATIONS)
 SUPPORTED_ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, *SCORING_URLS, *AUDIO_ENDPOINTS)
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
-    """One valid input line: an OpenAI batch request with its 1-based line number."""
+class Request(msgspec.Struct, frozen=True):
+    """One valid input line: an OpenAI batch request with its 1-based line number.
+
+    A msgspec Struct, not a frozen dataclass: the parent makes one per line in each pass over
+    the input, and requests cross to the workers by the hundred thousand; a Struct is made in
+    half the time (a frozen dataclass sets each field through object.__setattr__) and pickles
+    by its fields in order, unpickled in under half the time.
+    """
 
     custom_id: str
     line: int
     url: str
     body: dict[str, Any]
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Pickled by its fields in order: far cheaper than the slots dataclass default
-        # (`_dataclass_getstate`), and requests cross to the workers by the hundred thousand.
-        return Request, (self.custom_id, self.line, self.url, self.body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +55,7 @@ class LineError:
     message: str
 
 
-@dataclass(slots=True)
-class Outcome:
+class Outcome(msgspec.Struct, gc=False):
     """The result of one attempt at one request, as an engine reports it.
 
     `body` is the response object (ChatCompletion, Completion, CreateEmbeddingResponse, or vLLM's
@@ -66,6 +65,11 @@ class Outcome:
     export writes it as asked;
     `error` is `{"code": ..., "message": ...}` when not. `retryable` is False for failures that
     would fail the same way again (a bad request), True for engine failures.
+
+    A msgspec Struct: an engine makes one per request and they cross back to the parent in
+    bulk, where the parent's one thread unpickles them; a Struct is made and unpickled in about
+    half a dataclass's time. Not tracked by the cyclic garbage collector (gc=False): an outcome
+    refers to plain values, bodies and dicts, never back to itself.
     """
 
     custom_id: str
@@ -77,35 +81,7 @@ class Outcome:
     completion_tokens: int = 0
     latency_s: float = 0.0
     retryable: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
     # Seconds from entering the engine to the first token, where the engine reports it (vLLM's
     # RequestOutput.metrics); None elsewhere. Not journaled: /metrics exports it.
     ttft_s: float | None = None
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # As Request: by its fields in order (results cross back from the workers in bulk). A
-        # pre-encoded body travels as plain bytes, which pickle far faster than a msgspec.Raw.
-        body = self.body
-        return (
-            _outcome_with_json if type(body) is msgspec.Raw else Outcome,
-            (
-                self.custom_id,
-                self.ok,
-                self.status_code,
-                bytes(body) if type(body) is msgspec.Raw else body,
-                self.error,
-                self.prompt_tokens,
-                self.completion_tokens,
-                self.latency_s,
-                self.retryable,
-                self.extra,
-                self.ttft_s,
-            ),
-        )
-
-
-def _outcome_with_json(
-    custom_id: str, ok: bool, status_code: int, body: bytes, *rest: Any
-) -> Outcome:
-    """An unpickled Outcome whose body was pre-encoded (see Outcome.__reduce__)."""
-    return Outcome(custom_id, ok, status_code, msgspec.Raw(body), *rest)

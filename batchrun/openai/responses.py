@@ -18,8 +18,9 @@ import os
 import struct
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from batchrun.openai.records import CHAT, RESPONSES, Outcome, Request
 from batchrun.openai.responses_api_body import response_object
@@ -50,8 +51,7 @@ def response_id() -> str:
     return f"{(_id_base + next(_id_counter)) & _ID_MASK:032x}"
 
 
-@dataclass(frozen=True, slots=True)
-class TokenLogprob:
+class TokenLogprob(msgspec.Struct, frozen=True):
     """One generated token: its text, UTF-8 bytes, logprob, and the most likely alternatives.
 
     `top` holds (token, bytes, logprob) triples, most likely first, as many as were asked for.
@@ -63,9 +63,12 @@ class TokenLogprob:
     top: tuple[tuple[str, bytes | None, float], ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Choice:
-    """One generated sequence of a request (a request with `n` > 1 has several)."""
+class Choice(msgspec.Struct, frozen=True):
+    """One generated sequence of a request (a request with `n` > 1 has several).
+
+    A msgspec Struct (as TokenLogprob): an engine makes one per request, and a frozen
+    dataclass sets each of its fields through object.__setattr__, several times slower.
+    """
 
     text: str
     # "stop", "length" or "tool_calls": the engine decides (a named forced call ends in "stop",

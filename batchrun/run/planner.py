@@ -116,6 +116,11 @@ def order_window(requests: Sequence[Request]) -> list[Request]:
     if n <= 1:
         return list(requests)
     texts = [prompt_text(r) for r in requests]
+    # Two texts share MIN_SHARED characters only if both are that long: with fewer than two
+    # such, every request is alone, and alone ones go in the file's order. (Short prompts, the
+    # common case of a large file: no sort, no walk, no group per request.)
+    if sum(len(t) >= MIN_SHARED for t in texts) < 2:
+        return list(requests)
     # Stable: equal texts keep the file's order.
     by_text = sorted(range(n), key=texts.__getitem__)
     shared = _shared_prefixes(texts, by_text)
