@@ -48,6 +48,7 @@ from bench_harness import (
     run_cmd,
     the_command,
     timeline_lines,
+    warm_file_cache,
 )
 
 MEMORY_FRACTION = 0.3
@@ -172,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows: list[list[str]] = []
         ratios: dict[str, list[float]] = {k: [] for k in kinds}
         timelines: list[str] = []
+        print("  warming the file cache (import vllm, the model's files; untimed)...", flush=True)
+        warm_file_cache(model)
         for kind in kinds:
             batch, raw = write_inputs(work, kind, args.passages)
             for r in range(1, args.rounds + 1):

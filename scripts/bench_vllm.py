@@ -41,7 +41,6 @@ import argparse
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -78,6 +77,7 @@ from bench_harness import (
     run_cmd,
     the_command,
     timeline_lines,
+    warm_file_cache,
     write_jsonl,
 )
 
@@ -376,8 +376,8 @@ def part_a(args: argparse.Namespace, work: Path, command: str, machine: dict[str
     )
     dtype, dtype_note = effective_dtype(args.dtype, cuda)
     print(f"  dtype: {dtype} ({dtype_note})")
-    print("  warming the file cache (import vllm, untimed)...", flush=True)
-    subprocess.run([sys.executable, "-c", "import vllm, transformers"], capture_output=True)
+    print("  warming the file cache (import vllm, the model's files; untimed)...", flush=True)
+    warm_file_cache(model)
     only = set(args.only.split(",")) if args.only else set(PART_A_CONTENDERS)
     results: list[Result] = []
     steps: list[tuple[str, Callable[[], Result]]] = [
@@ -595,8 +595,8 @@ def part_e2e(args: argparse.Namespace, work: Path, command: str, machine: dict[s
     print(
         f"End to end: {n} distinct chat requests (seed {args.seed}), dtype {dtype} ({dtype_note})"
     )
-    print("  warming the file cache (import vllm, untimed)...", flush=True)
-    subprocess.run([sys.executable, "-c", "import vllm, transformers"], capture_output=True)
+    print("  warming the file cache (import vllm, the model's files; untimed)...", flush=True)
+    warm_file_cache(model)
     rows: list[list[str]] = []
     ratios: list[float] = []
     timelines: list[str] = []
