@@ -67,6 +67,10 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+class _PortTaken(RuntimeError):
+    """A port given to `weed mini` was taken before it bound it."""
+
+
 class S3Store:
     """One `weed mini` on 127.0.0.1 with its data under `root`; start, stop, start again."""
 
@@ -75,9 +79,28 @@ class S3Store:
         self.ports = dict(zip(PORT_OPTIONS, free_ports(len(PORT_OPTIONS)), strict=True))
         self.endpoint = f"http://127.0.0.1:{self.ports['s3.port']}"
         self.process: subprocess.Popen[bytes] | None = None
+        self.started = False
 
     def start(self) -> None:
-        """Start the server and wait until its S3 gateway takes requests."""
+        """Start the server and wait until its S3 gateway takes requests.
+
+        A port taken between free_ports() and the server's bind (another test process's
+        connection: the suite runs three) fails its first start: it is tried again on fresh
+        ports, up to five times. A restart keeps its ports: jobs name the endpoint."""
+        for _ in range(4 if not self.started else 0):
+            try:
+                self._start()
+            except _PortTaken:
+                self.ports = dict(zip(PORT_OPTIONS, free_ports(len(PORT_OPTIONS)), strict=True))
+                self.endpoint = f"http://127.0.0.1:{self.ports['s3.port']}"
+                continue
+            self.started = True
+            return
+        self._start()
+        self.started = True
+
+    def _start(self) -> None:
+        """Start the server once, on its ports; _PortTaken when one was taken meanwhile."""
         data = self.root / "data"
         data.mkdir(parents=True, exist_ok=True)
         config = self.root / "s3.json"
@@ -107,6 +130,7 @@ class S3Store:
             *(f"-{option}={port}" for option, port in self.ports.items()),
         ]
         log = (self.root / "weed.log").open("ab")
+        logged = log.tell()
         self.process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, cwd=self.root, start_new_session=True
         )
@@ -114,6 +138,11 @@ class S3Store:
         deadline = time.monotonic() + 60
         while True:
             if self.process.poll() is not None:
+                said = (self.root / "weed.log").read_bytes()[logged:]
+                # Its own check before binding, or the bind itself.
+                if b"is not available" in said or b"address already in use" in said:
+                    self.process = None
+                    raise _PortTaken(said.decode(errors="replace")[-500:])
                 raise RuntimeError(f"weed mini exited: {self.log_tail()}")
             with contextlib.suppress(Exception):
                 self.fs().ls("")  # the gateway answers, and its filer behind it
