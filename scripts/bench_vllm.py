@@ -137,6 +137,23 @@ def contender_batchrun(inp: Path, work: Path, dtype: str) -> Result:
     return res
 
 
+def child_llm_argv(inp: Path, model: str, out: Path, dtype: str) -> list[str]:
+    """The command of a raw-vLLM child process (`child_llm`): its input, model, result file."""
+    return [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--_child-llm",
+        "--input",
+        str(inp),
+        "--model",
+        model,
+        "--result",
+        str(out),
+        "--dtype",
+        dtype,
+    ]
+
+
 def contender_llm(
     inp: Path, work: Path, model: str, chunk: int | None, dtype: str, inproc: bool = False
 ) -> Result:
@@ -150,19 +167,7 @@ def contender_llm(
         name, label = "naive", f"(d) naive: LLM.chat per chunk of {chunk}"
     res = Result(name, label)
     out = work / f"{name}-result.json"
-    argv = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--_child-llm",
-        "--input",
-        str(inp),
-        "--model",
-        model,
-        "--result",
-        str(out),
-        "--dtype",
-        dtype,
-    ]
+    argv = child_llm_argv(inp, model, out, dtype)
     if chunk is not None:
         argv += ["--chunk", str(chunk)]
     env = {INPROC_ENV: "0"} if inproc else None
@@ -539,21 +544,7 @@ def e2e_raw(inp: Path, work: Path, model: str, dtype: str, round_: int) -> dict[
     to the call's end (the issue's measure), and the whole process."""
     out = work / f"e2e-raw-{round_}.json"
     out.unlink(missing_ok=True)
-    argv = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--_child-llm",
-        "--input",
-        str(inp),
-        "--model",
-        model,
-        "--result",
-        str(out),
-        "--dtype",
-        dtype,
-        "--max-model-len",
-        str(E2E_MAX_MODEL_LEN),
-    ]
+    argv = [*child_llm_argv(inp, model, out, dtype), "--max-model-len", str(E2E_MAX_MODEL_LEN)]
     run = run_cmd(argv, work / f"e2e-raw-{round_}.log", env={INPROC_ENV: "0"})
     if run.rc != 0 or not out.exists():
         return {"rc": run.rc or 1, "tail": run.tail(5)}
