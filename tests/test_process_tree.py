@@ -276,3 +276,31 @@ def test_no_wait_for_gpu_memory_without_nvml_or_on_the_cpu() -> None:
     cpu = _Gpus([1.0])
     assert wait_for_gpus({"OMP_NUM_THREADS": "2"}, read=cpu)
     assert cpu.read_at == []
+
+
+def test_the_first_worker_is_born_with_ctrl_c_blocked(tmp_path: Path) -> None:
+    """A Ctrl-C to the terminal's process group while a worker's Python imports must wait for the
+    worker to set it aside (a traceback on the terminal otherwise). The first spawn of a process
+    starts multiprocessing's resource tracker, whose start unblocks SIGINT and SIGTERM: a fresh
+    interpreter, then, where no tracker runs yet. The child's first act copies its own status."""
+    status = tmp_path / "status"
+    script = textwrap.dedent(
+        f"""
+        import multiprocessing as mp, shutil
+        from batchrun.workers.process import start_shielded
+        if __name__ == "__main__":
+            p = mp.get_context("spawn").Process(
+                target=shutil.copyfile, args=("/proc/self/status", {str(status)!r})
+            )
+            start_shielded(p)
+            p.join()
+        """
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    text = status.read_text()
+    blocked = int(text.split("SigBlk:")[1].split()[0], 16)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        assert blocked & (1 << (sig - 1)), (sig, text)

@@ -14,7 +14,9 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 from batchrun import timeline
@@ -120,8 +122,7 @@ class Worker:
             name=f"batchrun-worker-{self.index}",
         )
         try:
-            with _stop_signals_blocked():
-                process.start()
+            start_shielded(process)
         except BaseException:
             # A Ctrl-C mid-spawn included: no half-started process for stop() to join.
             parent_conn.close()
@@ -313,6 +314,17 @@ class Worker:
         if self.generation > 0:
             self._end_group()
         wait_for_gpus(self.env)
+
+
+def start_shielded(process: BaseProcess) -> None:
+    """Start a spawned process with SIGINT and SIGTERM blocked from its first instruction."""
+    # The first spawn of a process starts multiprocessing's resource tracker, and that start
+    # blocks the same two signals around its own spawn and then *unblocks* them (bpo-33613),
+    # whatever the mask was before: inside our block, the worker would be spawned with them open
+    # (a Ctrl-C while it imports: a traceback on the terminal). Started first, it leaves ours be.
+    resource_tracker.ensure_running()
+    with _stop_signals_blocked():
+        process.start()
 
 
 @contextlib.contextmanager
