@@ -19,13 +19,14 @@ from conftest import ROOT, chat_line, cli, start_cli, wait_until, write_jsonl
 
 import batchrun.job.summary as summary_module
 from batchrun.job.inputmap import write_input_map
-from batchrun.job.journal import encode_records
+from batchrun.job.journal import JournalWriter, encode_records
 from batchrun.job.manifest import InputMapRef, Manifest, Run, load_manifest, save_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.state import JobState, replay
 from batchrun.job.status import job_status
 from batchrun.job.summary import (
     SUMMARY_NAME,
+    SummaryKeeper,
     current_summary,
     rebuild,
     summary_path,
@@ -174,6 +175,56 @@ def test_summary_plus_tail_is_the_full_replay_for_any_records_and_crash_point(
     # Latency, queue and errors of the same records the counts are of (job/figures.py): as a
     # rebuild from the whole journal folds them.
     assert summary.timing_of(starts).summary() == rebuild(paths, m).timing_of(starts).summary()
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_running_jobs_summary_is_the_fold_of_what_it_wrote(
+    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keeper folds the bytes it is told were written (not read back): after every save,
+    summary.json is what a full replay of the journal counts. A write it is not told of (a gap)
+    sends it back to the file, and nothing is counted twice or missed."""
+    monkeypatch.setattr(summary_module, "INTERVAL_S", 0.0)  # a save after every write
+    rng = random.Random(seed)
+    n = rng.randint(1, 12)
+    records = writer_records(rng, n, None)
+    paths = JobPaths(tmp_path / "job")
+    paths.root.mkdir()
+    head = rng.randint(0, len(records))  # already journaled when the keeper starts
+    paths.journal.write_bytes(encode_records(records[:head]) if head else b"")
+    m = manifest(n)
+    starts = [RUN_START]
+    journal = JournalWriter(paths.journal).open()
+    keeper = SummaryKeeper(paths, m)
+    journal.watcher = keeper
+    gap_at = (
+        rng.randint(head, len(records) - 1) if head < len(records) and rng.random() < 0.6 else -1
+    )
+    i = head
+    while i < len(records):
+        k = rng.randint(1, 5)
+        batch = records[i : i + k]
+        if i <= gap_at < i + k:
+            # Written behind the keeper's back: it must not fold what follows from memory.
+            journal.watcher = None
+            journal.append(batch)
+            journal.watcher = keeper
+        else:
+            journal.append(batch)
+            saved = Summary.from_json(summary_path(paths).read_bytes())
+            assert saved is not None
+            assert saved.offset == journal.offset
+            assert {**counts(saved), "done": saved.done, "attempts": saved.attempts} == exact(
+                paths, m
+            )
+        i += k
+    journal.close()
+    saved = Summary.from_json(summary_path(paths).read_bytes())
+    assert saved is not None and saved.offset == paths.journal.stat().st_size
+    assert {**counts(saved), "done": saved.done, "attempts": saved.attempts} == exact(paths, m)
+    assert saved.timing_of(starts).summary() == rebuild(paths, m).timing_of(starts).summary()
+    # The check agrees with the file: status trusts this summary and folds no tail.
+    assert folded(paths, m)[1].to_json() == saved.to_json()
 
 
 def test_a_retry_before_any_failure_is_counted_by_a_full_replay(tmp_path: Path) -> None:

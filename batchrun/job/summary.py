@@ -139,6 +139,29 @@ def fold_journal(
     summary.keep_timing(timing)
 
 
+def fold_written(summary: Summary, timing: Timing, chunks: list[bytes], path: Path) -> None:
+    """Fold journal bytes as they were written (`chunks`: whole lines, one after another from
+    `summary.offset`) into `summary` and `timing`, as `fold_journal` would fold them from the
+    file, without reading them back."""
+    offset = summary.offset
+    for block in chunks:
+        _fold_block(summary, timing, block, path, offset, None)
+        offset += len(block)
+        summary.offset = offset
+    tail = b""
+    for block in reversed(chunks):
+        tail = block[-CHECK_BYTES:] + tail
+        if len(tail) >= CHECK_BYTES:
+            break
+    if len(tail) < CHECK_BYTES and offset > len(tail):
+        # (Short writes after a summary's offset: the bytes before them are in the file.)
+        with path.open("rb") as f:
+            f.seek(max(0, offset - CHECK_BYTES))
+            tail = f.read(min(CHECK_BYTES, offset))
+    summary.check = digest(tail)
+    summary.keep_timing(timing)
+
+
 def _fold_block(
     summary: Summary,
     timing: Timing,
@@ -339,9 +362,21 @@ class SummaryKeeper:
         self._due = time.monotonic() + INTERVAL_S
         self._burst_due = self._due - INTERVAL_S + _BURST_INTERVAL_S
         self._broken = False
+        # The writes since the last save, held to be folded as they were written: reading them
+        # back from the file cost a running job a third of the fold (a 100 MB journal at 200,000
+        # echo results, read and copied in blocks). Held only while they follow one another from
+        # the summary's offset (`_held_from`, to `_held_to`; -1: a gap, fold from the file).
+        self._held: list[bytes] = []
+        self._held_from = self._held_to = self.summary.offset
 
     def written(self, offset: int, data: bytes) -> None:
         """A write to the journal: fold and save the summary when one is due."""
+        if offset - len(data) == self._held_to and data.endswith(b"\n"):
+            self._held.append(data)
+            self._held_to = offset
+        else:
+            self._held.clear()
+            self._held_to = -1
         now = time.monotonic()
         if now >= self._due or (
             offset - self.summary.offset >= BURST_BYTES and now >= self._burst_due
@@ -356,14 +391,23 @@ class SummaryKeeper:
     def _save(self, offset: int) -> None:
         if self._broken:
             return
+        held = self._held
+        whole = self._held_from == self.summary.offset and self._held_to == offset
+        self._held = []
         try:
-            fold_journal(self.summary, self.timing, self.paths.journal, offset)
+            if whole:
+                fold_written(self.summary, self.timing, held, self.paths.journal)
+            else:
+                fold_journal(self.summary, self.timing, self.paths.journal, offset)
         except (_Inconsistent, BatchrunError, OSError):
             # Status rebuilds from the journal; the run itself must never stop for its summary.
             self._broken = True
             with contextlib.suppress(OSError):
                 summary_path(self.paths).unlink()
             return
+        # (Short of `offset` only where the file ends in a torn line: then the next writes do
+        # not follow on, and the next save reads the file.)
+        self._held_from = self._held_to = self.summary.offset
         write_summary(self.paths, self.summary)
         now = time.monotonic()
         self._due, self._burst_due = now + INTERVAL_S, now + _BURST_INTERVAL_S
