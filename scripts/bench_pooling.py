@@ -208,13 +208,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 # The measure: raw from before its import to its call's end, against the
                 # whole submit process.
-                ratio = inside["end_wall"] - inside["t0_wall"] if inside else None
-                ratio = ratio / sub.wall_s if ratio is not None and sub.wall_s > 0 else None
+                raw_s = inside["end_wall"] - inside["t0_wall"] if inside else None
+                ratio = raw_s / sub.wall_s if raw_s is not None and sub.wall_s > 0 else None
                 if ratio is not None:
                     ratios[kind].append(ratio)
                 rows.append(
                     [str(r), kind, _f(sub.wall_s, "{:.1f}"), _f(exp.wall_s, "{:.1f}"),
-                     _f(inside["end_wall"] - inside["t0_wall"], "{:.1f}") if inside else "n/a",
+                     _f(raw_s, "{:.1f}") if raw_s is not None else "n/a",
                      _f(raw_run.wall_s, "{:.1f}"), _x(ratio),
                      _x(raw_run.wall_s / (sub.wall_s + exp.wall_s)) if ok else "n/a",
                      f"{_f(at.get('worker 0: ready'))} / {_f(steady)}",

@@ -84,28 +84,33 @@ from bench_harness import (
 # -- part A: the contenders ---------------------------------------------------------------------------
 
 
+def submit_argv(inp: Path, job: Path, dtype: str, max_model_len: int) -> list[str]:
+    """`batchrun submit` as every batchrun contender runs it: the engine settings raw vLLM gets."""
+    return [
+        *batchrun_cmd(),
+        "submit",
+        str(inp),
+        "--job-dir",
+        str(job),
+        "--batch-size",
+        str(MAX_NUM_SEQS),
+        "--max-model-len",
+        str(max_model_len),
+        "--enforce-eager",
+        "--dtype",
+        dtype,
+        "--seed",
+        str(SEED),
+        "--no-progress",
+    ]
+
+
 def contender_batchrun(inp: Path, work: Path, dtype: str) -> Result:
     res = Result("batchrun", "(a) batchrun submit + export")
     job = work / "job-batchrun"
     shutil.rmtree(job, ignore_errors=True)  # an earlier round's
     submit = run_cmd(
-        [
-            *batchrun_cmd(),
-            "submit",
-            str(inp),
-            "--job-dir",
-            str(job),
-            "--batch-size",
-            str(MAX_NUM_SEQS),
-            "--max-model-len",
-            str(MAX_MODEL_LEN),
-            "--enforce-eager",
-            "--dtype",
-            dtype,
-            "--seed",
-            str(SEED),
-            "--no-progress",
-        ],
+        submit_argv(inp, job, dtype, MAX_MODEL_LEN),
         work / "batchrun-submit.log",
     )
     if submit.rc != 0:
@@ -505,23 +510,7 @@ def e2e_batchrun(inp: Path, work: Path, dtype: str, round_: int) -> dict[str, An
     job = work / f"job-e2e-{round_}"
     shutil.rmtree(job, ignore_errors=True)
     run = run_cmd(
-        [
-            *batchrun_cmd(),
-            "submit",
-            str(inp),
-            "--job-dir",
-            str(job),
-            "--batch-size",
-            str(MAX_NUM_SEQS),
-            "--max-model-len",
-            str(E2E_MAX_MODEL_LEN),
-            "--enforce-eager",
-            "--dtype",
-            dtype,
-            "--seed",
-            str(SEED),
-            "--no-progress",
-        ],
+        submit_argv(inp, job, dtype, E2E_MAX_MODEL_LEN),
         work / f"e2e-batchrun-{round_}.log",
     )
     exited = run.started_wall + run.wall_s
@@ -596,7 +585,7 @@ def part_e2e(args: argparse.Namespace, work: Path, command: str, machine: dict[s
         b = e2e_batchrun(inp, work, dtype, round_)
         print(f"  round {round_}: raw vLLM...", flush=True)
         r = e2e_raw(inp, work, model, dtype, round_)
-        if b["rc"] not in (0,) or r["rc"] != 0:
+        if b["rc"] != 0 or r["rc"] != 0:
             print(
                 f"    failed: batchrun rc {b['rc']} {b.get('tail', '')}; raw rc {r['rc']} "
                 f"{r.get('tail', '')}"
