@@ -528,18 +528,13 @@ def e2e_batchrun(inp: Path, work: Path, dtype: str, round_: int) -> dict[str, An
     }
 
 
-def e2e_raw(
-    inp: Path, work: Path, model: str, dtype: str, round_: int, huge_pages: bool = False
-) -> dict[str, Any]:
+def e2e_raw(inp: Path, work: Path, model: str, dtype: str, round_: int) -> dict[str, Any]:
     """Raw vLLM in one process (engine core in it), one `LLM.chat` call: from before its import
-    to the call's end (the issue's measure), and the whole process. `huge_pages`: torch's
-    allocator on transparent huge pages, as batchrun's CPU workers run (platform_env.py)."""
-    name = f"e2e-raw{'-huge' if huge_pages else ''}-{round_}"
-    out = work / f"{name}.json"
+    to the call's end (the issue's measure), and the whole process."""
+    out = work / f"e2e-raw-{round_}.json"
     out.unlink(missing_ok=True)
     argv = [*child_llm_argv(inp, model, out, dtype), "--max-model-len", str(E2E_MAX_MODEL_LEN)]
-    env = {INPROC_ENV: "0", "THP_MEM_ALLOC_ENABLE": "1" if huge_pages else "0"}
-    run = run_cmd(argv, work / f"{name}.log", env=env)
+    run = run_cmd(argv, work / f"e2e-raw-{round_}.log", env={INPROC_ENV: "0"})
     if run.rc != 0 or not out.exists():
         return {"rc": run.rc or 1, "tail": run.tail(5)}
     data = json.loads(out.read_text())
@@ -564,8 +559,6 @@ E2E_HEAD = [
     "ratio (whole processes)",
     "batchrun: worker ready / first / last result (s)",
     "raw: import / engine / chat (s)",
-    "raw + huge pages, import to chat end (s)",
-    "ratio (raw + huge pages / batchrun)",
     "load at start",
 ]
 
@@ -592,12 +585,10 @@ def part_e2e(args: argparse.Namespace, work: Path, command: str, machine: dict[s
         b = e2e_batchrun(inp, work, dtype, round_)
         print(f"  round {round_}: raw vLLM...", flush=True)
         r = e2e_raw(inp, work, model, dtype, round_)
-        print(f"  round {round_}: raw vLLM with huge pages...", flush=True)
-        h = e2e_raw(inp, work, model, dtype, round_, huge_pages=True)
-        if b["rc"] != 0 or r["rc"] != 0 or h["rc"] != 0:
+        if b["rc"] != 0 or r["rc"] != 0:
             print(
                 f"    failed: batchrun rc {b['rc']} {b.get('tail', '')}; raw rc {r['rc']} "
-                f"{r.get('tail', '')}; raw with huge pages rc {h['rc']} {h.get('tail', '')}"
+                f"{r.get('tail', '')}"
             )
             continue
         ratio = r["inside_s"] / b["wall_s"]
@@ -612,9 +603,7 @@ def part_e2e(args: argparse.Namespace, work: Path, command: str, machine: dict[s
                 f"{r['wall_s'] / b['wall_s']:.3f}x",
                 f"{_f(b['ready_s'])} / {_f(b['first_s'])} / {_f(b['last_s'])}",
                 f"{r['import_s']:.1f} / {r['engine_start_s']:.1f} / {r['gen_s']:.1f}",
-                _f(h["inside_s"], "{:.2f}"),
-                f"{h['inside_s'] / b['wall_s']:.3f}x",
-                f"{b['load']:.2f}, {r['load']:.2f}, {h['load']:.2f}",
+                f"{b['load']:.2f}, {r['load']:.2f}",
             ]
         )
         lines = timeline_lines(b["timeline"])
@@ -625,8 +614,7 @@ def part_e2e(args: argparse.Namespace, work: Path, command: str, machine: dict[s
         )
         print(
             f"    batchrun {b['wall_s']:.2f} s, raw {r['inside_s']:.2f} s inside "
-            f"({r['wall_s']:.2f} s whole): {ratio:.3f}x; raw with huge pages "
-            f"{h['inside_s']:.2f} s inside: {h['inside_s'] / b['wall_s']:.3f}x"
+            f"({r['wall_s']:.2f} s whole): {ratio:.3f}x"
         )
         print("\n".join("      " + x for x in lines), flush=True)
     print()
@@ -656,9 +644,6 @@ def part_e2e(args: argparse.Namespace, work: Path, command: str, machine: dict[s
   (memory fraction {CPU_MEMORY_UTILIZATION} on a CPU, max_num_seqs {MAX_NUM_SEQS}) and calls
   `LLM.chat` once, timed from before `import vllm` to the call's end (its process's start and its
   exit are not counted); its whole process is shown beside it.
-- raw + huge pages: the same program with torch's allocator on transparent huge pages
-  (`THP_MEM_ALLOC_ENABLE=1`, what batchrun's CPU workers run with; plain raw runs with `0`, torch's
-  default): how much of batchrun's time against raw is that setting.
 - Rounds interleaved; the ratio is raw's time over batchrun's (target >= {E2E_TARGET}).
 
 {md_table(E2E_HEAD, rows)}

@@ -1,6 +1,6 @@
 """A worker's environment fits its platform (workers/platform_env.py): on a GPU, vLLM's own engine
 process and spawned ranks, its INFO log, no CPU tuning; on the CPU, the engine core in the
-worker, torch's allocator on huge pages and vLLM's developer warnings kept out. Nothing in the worker asks torch.cuda whether
+worker and vLLM's developer warnings kept out. Nothing in the worker asks torch.cuda whether
 there is a GPU (that initialises CUDA, and vLLM then forks its ranks)."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import contextlib
 import os
 import queue
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,7 +57,6 @@ def test_a_cpu_worker_gets_the_cpu_settings() -> None:
         "BATCHRUN_CPU_AFFINITY": "1",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_LOGGING_LEVEL": "ERROR",
-        "THP_MEM_ALLOC_ENABLE": "1",
     }
 
 
@@ -255,62 +253,3 @@ def test_vllms_own_engine_process_is_kept_on_a_gpu(
         assert seen == {"usage_context": UsageContext.LLM_CLASS, "multiprocessing": None}
     else:
         assert seen == {"usage_context": UsageContext.LLM_CLASS, "multiprocessing": "0"}
-
-
-def _huge_page_mode() -> str:
-    """The kernel's transparent huge page mode ("always", "madvise", "never"), "" if unknown."""
-    with contextlib.suppress(OSError):
-        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
-        if "[" in text:
-            return text.split("[", 1)[1].split("]", 1)[0]
-    return ""
-
-
-# A KV cache's kind of block, filled with zeros as vLLM fills its cache; the process's memory on
-# huge pages after it, in KiB.
-_ALLOCATE = (
-    "import re, torch\n"
-    "cache = torch.zeros(256 << 20, dtype=torch.uint8)\n"
-    "rollup = open('/proc/self/smaps_rollup').read()\n"
-    "print(re.search(r'AnonHugePages:\\s+(\\d+) kB', rollup).group(1))\n"
-)
-
-
-def _huge_kib(env: dict[str, str]) -> int:
-    done = subprocess.run(
-        [sys.executable, "-c", _ALLOCATE], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return int(done.stdout.split()[-1])
-
-
-@pytest.mark.skipif(
-    _huge_page_mode() not in ("always", "madvise"),
-    reason="this kernel gives processes no transparent huge pages",
-)
-def test_a_cpu_workers_engine_allocates_on_huge_pages(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """What a real CPU worker's processes run under (read from a child it starts) makes torch put
-    a large block on huge pages; under "madvise", the kernel's usual mode, the same block without
-    the worker's setting (as a raw torch program runs) gets none."""
-    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
-    pids = tmp_path / "ranks"
-    monkeypatch.setenv("BATCHRUN_ECHO_SPAWN_RANKS", "1")
-    monkeypatch.setenv("BATCHRUN_ECHO_RANK_PIDS", str(pids))
-    worker = Worker(0, EngineSettings(engine="echo"), {"OMP_NUM_THREADS": "1"})
-    inbox: queue.Queue[tuple[int, int, str, Any]] = queue.Queue()
-    worker.start(inbox)
-    try:
-        wait_until(lambda: pids.exists() and pids.read_text().strip(), "the rank started", 60)
-        env = _rank_environ(int(pids.read_text().split()[0]))
-    finally:
-        worker.kill()
-        for pid in pids.read_text().split() if pids.exists() else []:
-            with contextlib.suppress(OSError):
-                os.kill(int(pid), signal.SIGKILL)
-    assert env["THP_MEM_ALLOC_ENABLE"] == "1"
-    assert _huge_kib(env) >= 200 * 1024  # most of the 256 MiB block
-    if _huge_page_mode() == "madvise":
-        without = {name: value for name, value in env.items() if name != "THP_MEM_ALLOC_ENABLE"}
-        assert _huge_kib(without) < 16 * 1024

@@ -10,8 +10,8 @@ On CUDA: vLLM's own engine-core process stays on (it overlaps scheduling and out
 the GPU's forward pass), its ranks are spawned, torch answers `is_available()` from NVML from the
 worker's first line (vLLM sets that only when it is imported), and vLLM's INFO lines (the KV cache's size,
 preemptions) go to the worker's log. On the CPU backend: the engine core runs inside the worker
-(a core polling for a scheduler process costs a CPU job a core of two), torch's allocator uses
-transparent huge pages, and vLLM's warnings for its developers stay out of the log. Variables that tune the CPU backend (VLLM_CPU_*, the OpenMP
+(a core polling for a scheduler process costs a CPU job a core of two), and vLLM's warnings for
+its developers stay out of the log. Variables that tune the CPU backend (VLLM_CPU_*, the OpenMP
 threads and cores batchrun gives a CPU worker) never reach a GPU worker: a CPU-sized thread count
 in every rank of a GPU engine only makes them contend.
 """
@@ -36,13 +36,6 @@ _LARGE_GPU_MIB = 70 * 1024
 _HUGE_GPU_MIB = 160 * 1024
 LARGE_GPU_MAX_NUM_SEQS = 1024
 DEFAULT_MAX_NUM_SEQS = 256
-# torch's CPU allocator on transparent huge pages: it aligns blocks of 2 MiB or more to 2 MiB and
-# asks the kernel for huge pages there (madvise), which THP's usual "madvise" mode grants. The
-# engine's largest blocks are its weights and its KV cache (8 GiB on a 24 GiB machine), which vLLM
-# fills with zeros at start: measured on 2 cores, that took 4.2 s against 8.6 s on 4 KiB pages,
-# the engine's build 12.0-12.3 s against 13.4-14.5 s, and its generation of 300 chat requests
-# 28.6-29.9 s against 32.3-32.5 s (fewer TLB misses). The same arithmetic, so the same answers.
-CPU_ALLOCATOR = {"THP_MEM_ALLOC_ENABLE": "1"}
 
 
 def worker_platform(env: Mapping[str, str]) -> Platform:
@@ -70,7 +63,7 @@ def platform_settings(platform: Platform) -> dict[str, str]:
             # sets it too, but only from then on: this covers what runs before it.
             "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
         }
-    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "ERROR", **CPU_ALLOCATOR}
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "ERROR"}
 
 
 def worker_environment(inherited: Mapping[str, str], own: Mapping[str, str]) -> dict[str, str]:

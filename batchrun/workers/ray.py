@@ -31,8 +31,8 @@ from batchrun.engines.base import CacheCounting
 from batchrun.errors import BatchrunError
 from batchrun.openai.records import Outcome, Request
 from batchrun.workers import ray_start
-from batchrun.workers.platform_env import CPU_ALLOCATOR, platform_settings
 from batchrun.workers.platform_env import is_cpu_only as platform_cpu_only
+from batchrun.workers.platform_env import platform_settings
 from batchrun.workers.process import Worker, WorkerDeath
 from batchrun.workers.ray_start import StartTimeout
 
@@ -173,10 +173,7 @@ class EngineActor:
             for name, value in platform_settings("cuda").items():
                 os.environ.setdefault(name, value)
         else:
-            # As a local CPU worker's: warnings for vLLM's developers left out, huge pages.
-            os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-            for name, value in CPU_ALLOCATOR.items():
-                os.environ.setdefault(name, value)
+            os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # as in a local worker
         self.settings = EngineSettings.from_dict(settings)
         self.feeder: Any = None
         # The engine's prefix-cache counters, when it counts its lookups (engines/base.py).
