@@ -20,6 +20,7 @@ from tests.conftest import (
     cli,
     cli_process,
     group_alive,
+    results_at_least,
     start_cli,
     wait_until,
     write_jsonl,
@@ -134,3 +135,77 @@ def test_an_embeddings_job_runs_on_its_early_engine(tmp_path: Path) -> None:
     assert len([e for e in events if e["kind"] == "ready"]) == 1
     manifest = json.loads((job / "manifest.json").read_text())
     assert manifest["counts"]["succeeded"] == 50 and manifest["counts"]["invalid"] == 1
+
+
+def _last_run(job: Path) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """The last run's timeline marks and its workers' "ready" events (with their timelines):
+    those of workers born after the run's process (a killed run's came before and wrote no
+    timeline)."""
+    events = _events(job)
+    marks = [e["marks"] for e in events if e["kind"] == "timeline"][-1]
+    ready = [
+        e
+        for e in events
+        if e["kind"] == "ready" and e["timeline"]["process_start"] >= marks["process_start"]
+    ]
+    return marks, ready
+
+
+def _killed_job(tmp_path: Path, n: int, env: dict[str, str] | None = None) -> Path:
+    """A job of `n` lines whose submit was killed with SIGKILL part way through its run."""
+    inp = write_jsonl(tmp_path / "in.jsonl", _lines(n))
+    job = tmp_path / "job"
+    proc = start_cli(
+        "submit", str(inp), "--job-dir", str(job), "--engine", "echo", "--batch-size", "64",
+        env={"BATCHRUN_ECHO_DELAY_MS": "20", **(env or {})},
+    )  # fmt: skip
+    try:
+        wait_until(results_at_least(job, n // 4), "a quarter of the results", timeout=120)
+        # The running job's summary is saved at a bounded rate: one is there to be trusted.
+        wait_until(lambda: (job / "summary.json").exists(), "a saved summary", timeout=30)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    return job
+
+
+def test_resume_starts_the_engine_before_the_journal_is_replayed(tmp_path: Path) -> None:
+    """A killed job's resume starts its worker before it has checked the input and replayed the
+    journal, keeps it for the run (one start, at the job's batch size), and finishes the job."""
+    job = _killed_job(tmp_path, 8_000)
+    r = cli_process("resume", "--job-dir", str(job))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("starting echo engine") == 1, r.stderr
+    marks, ready = _last_run(job)
+    assert len(ready) == 1 and ready[0]["batch_size"] == 64
+    assert ready[0]["timeline"]["process_start"] < marks["replayed"] < marks["first_result"]
+    manifest = json.loads((job / "manifest.json").read_text())
+    assert manifest["counts"]["succeeded"] == 8_000
+
+
+def test_retry_failed_starts_the_engine_before_the_journal_is_replayed(tmp_path: Path) -> None:
+    """retry-failed on a job with failed requests starts its worker early too, and answers them."""
+    inp = write_jsonl(tmp_path / "in.jsonl", _lines(2_000))
+    job = tmp_path / "job"
+    failing = {"BATCHRUN_ECHO_FAIL": "r7,r1500"}
+    r = cli_process("submit", str(inp), "--job-dir", str(job), "--engine", "echo", env=failing)
+    assert r.returncode != 0, r.stderr  # two requests failed
+    r = cli_process("retry-failed", "--job-dir", str(job))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("starting echo engine") == 1, r.stderr
+    marks, ready = _last_run(job)
+    assert len(ready) == 1
+    assert ready[0]["timeline"]["process_start"] < marks["replayed"] < marks["first_result"]
+    manifest = json.loads((job / "manifest.json").read_text())
+    assert manifest["counts"]["succeeded"] == 2_000
+
+
+def test_a_finished_job_resumed_starts_no_engine(tmp_path: Path) -> None:
+    """Nothing left to run: resume and retry-failed start no worker, early or late."""
+    inp = write_jsonl(tmp_path / "in.jsonl", _lines(500))
+    job = tmp_path / "job"
+    assert cli("submit", str(inp), "--job-dir", str(job), "--engine", "echo").returncode == 0
+    for command in ("resume", "retry-failed"):
+        r = cli(command, "--job-dir", str(job))
+        assert r.returncode == 0, r.stderr
+        assert "starting" not in r.stderr, r.stderr

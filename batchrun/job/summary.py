@@ -334,6 +334,12 @@ def current_summary(paths: JobPaths, manifest: Manifest, *, save: bool = True) -
     return summary
 
 
+def saved_summary(paths: JobPaths, manifest: Manifest) -> Summary | None:
+    """The job's counts from its saved summary and the journal's tail, without a rebuild: None
+    when the summary cannot be trusted (then only a replay of the whole journal knows them)."""
+    return _trusted(paths, manifest)
+
+
 def _trusted(paths: JobPaths, manifest: Manifest) -> Summary | None:
     """The saved summary with the journal's tail folded in; None when it cannot be trusted."""
     try:

@@ -13,6 +13,11 @@ Not started early, where the first start could be the wrong one or none may be n
 cluster (its actors are placed by the run), several base models (the first pass's model is
 chosen after validation), an answer cache (it may answer every line: then no engine starts at
 all), or a file whose first lines hold no valid request.
+
+`resume` and `retry-failed` do the same with what comes before their run once the input is
+found unchanged: the journal's replay, seconds a million lines. They start early when the job's saved summary
+says the run has work (a request with no finished attempt; a failed one) and the job runs as it
+ran (no option given, no new or forced input): otherwise the replay decides, as before.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from batchrun.config import EngineSettings
+from batchrun.job.manifest import Manifest, find_input
 from batchrun.job.paths import JobPaths
+from batchrun.job.summary import saved_summary
 from batchrun.openai.reader import read_input
 from batchrun.openai.records import Request
 from batchrun.run.options import RunOptions
@@ -75,9 +82,11 @@ def start_early(
     say: Callable[[str], None],
     *,
     search: bool = False,
+    size: int | None = None,
 ) -> StartedWorkers | None:
     """Start the job's workers now, as the run would start them; None where it does not (see
-    the module's docstring). `search`: the run searches afresh (`tune`), from the top."""
+    the module's docstring). `search`: the run searches afresh (`tune`), from the top; `size`:
+    the job's own batch size, which the run takes first (run/passes._choose_size)."""
     settings = options.settings
     if options.ray or options.cache_dir is not None or settings.models:
         return None
@@ -88,7 +97,10 @@ def start_early(
     worker_class, envs = plan_workers(
         settings, ray=None, gpus=options.gpus, workers=options.workers, logs=paths.logs
     )
-    size = search_top(options, settings, envs) if search else first_size(options, settings, envs)
+    if search:
+        size = search_top(options, settings, envs)
+    elif not size:
+        size = first_size(options, settings, envs)
     inbox: queue.Queue[tuple[int, int, str, Any]] = queue.Queue()
     started = StartedWorkers(worker_class, envs, [], inbox)
     try:
@@ -106,6 +118,28 @@ def start_early(
         started.stop()
         raise
     return started
+
+
+def start_continued_early(
+    paths: JobPaths,
+    manifest: Manifest,
+    options: RunOptions,
+    index: InputIndex,
+    say: Callable[[str], None],
+    *,
+    retry: bool,
+) -> StartedWorkers | None:
+    """Start the workers of a resumed job (`retry`: of retry-failed) before its journal is
+    replayed, when its saved summary says there is work; None where it does not (see the
+    module's docstring). The caller has refused a job whose run options changed."""
+    summary = saved_summary(paths, manifest)
+    if summary is None:
+        return None
+    work = summary.failed if retry else summary.pending(manifest.requests)
+    input_path = find_input(paths, manifest)
+    if work <= 0 or input_path is None:
+        return None
+    return start_early(input_path, paths, options, index, say, size=manifest.batch_size)
 
 
 def first_endpoint(input_path: Path, index: InputIndex) -> str | None:

@@ -17,7 +17,7 @@ from batchrun.job.served import served_batch
 from batchrun.job.state import JobState, replay
 from batchrun.openai.reader import check_input_file
 from batchrun.run.answer_cache import check_cache_dir
-from batchrun.run.early_start import StartedWorkers, start_early
+from batchrun.run.early_start import StartedWorkers, start_continued_early, start_early
 from batchrun.run.inputs import (
     check_input_unchanged,
     discard_unfinished_validation,
@@ -251,15 +251,38 @@ def _continue(
         # The same adapters as the job's first answers: a changed or missing one refuses.
         index = InputIndex(prepare_models(options.settings, say))
         check_input_unchanged(paths, manifest, force=force, new_input=input_path, index=index)
-        # A journal that cannot be read refuses the run here, before any option is saved.
-        state = replay(paths, manifest)
-        if changed and not force and input_path is None and not _work_left(state, manifest, mode):
-            # Nothing will run with them: the job keeps the options its results came from.
-            say("nothing to run: the options given were not saved")
-            changed = {}
-        overrides = save_overrides(paths, manifest, options, changed, say)
+        started: StartedWorkers | None = None
+        try:
+            if not changed and not force and input_path is None:
+                # The engine starts while the journal is replayed (run/early_start.py).
+                started = start_continued_early(
+                    paths, manifest, options, index, say, retry=mode == "retry"
+                )
+            # A journal that cannot be read refuses the run here, before any option is saved.
+            state = replay(paths, manifest)
+            timeline.mark("replayed")
+            work_left = _work_left(state, manifest, mode)
+            if changed and not force and input_path is None and not work_left:
+                # Nothing will run with them: the job keeps the options its results came from.
+                say("nothing to run: the options given were not saved")
+                changed = {}
+            overrides = save_overrides(paths, manifest, options, changed, say)
+        except BaseException:
+            if started is not None:
+                started.stop()
+            raise
+        if started is not None and not work_left:  # the summary was behind: nothing to run
+            started.stop()
+            started = None
         summary = run_job(
-            paths, manifest, options, mode=mode, index=index, state=state, metrics=metrics
+            paths,
+            manifest,
+            options,
+            mode=mode,
+            index=index,
+            state=state,
+            metrics=metrics,
+            started=started,
         )
         summary.overrides = overrides
         return summary
