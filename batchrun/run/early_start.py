@@ -15,9 +15,10 @@ chosen after validation), an answer cache (it may answer every line: then no eng
 all), or a file whose first lines hold no valid request.
 
 `resume` and `retry-failed` do the same with what comes before their run once the input is
-found unchanged: the journal's replay, seconds a million lines. They start early when the job's saved summary
-says the run has work (a request with no finished attempt; a failed one) and the job runs as it
-ran (no option given, no new or forced input): otherwise the replay decides, as before.
+found unchanged: the journal's replay, seconds a million lines. They start early when the job's
+saved summary says the run has work (a request with no finished attempt; a failed one) and the
+job runs as it ran (no option given, no new or forced input): otherwise the replay decides, as
+before.
 """
 
 from __future__ import annotations
