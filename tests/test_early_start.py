@@ -169,18 +169,25 @@ def _killed_job(tmp_path: Path, n: int, env: dict[str, str] | None = None) -> Pa
     return job
 
 
-def test_resume_starts_the_engine_before_the_journal_is_replayed(tmp_path: Path) -> None:
-    """A killed job's resume starts its worker before it has checked the input and replayed the
-    journal, keeps it for the run (one start, at the job's batch size), and finishes the job."""
-    job = _killed_job(tmp_path, 8_000)
-    r = cli_process("resume", "--job-dir", str(job))
+def _continued_on_an_early_engine(job: Path, command: str, succeeded: int) -> dict[str, Any]:
+    """Run `command` (resume, retry-failed) on `job`: it succeeds on one worker, started before
+    the journal's replay ended, and leaves `succeeded` requests succeeded; its "ready" event."""
+    r = cli_process(command, "--job-dir", str(job))
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("starting echo engine") == 1, r.stderr
     marks, ready = _last_run(job)
-    assert len(ready) == 1 and ready[0]["batch_size"] == 64
+    assert len(ready) == 1
     assert ready[0]["timeline"]["process_start"] < marks["replayed"] < marks["first_result"]
     manifest = json.loads((job / "manifest.json").read_text())
-    assert manifest["counts"]["succeeded"] == 8_000
+    assert manifest["counts"]["succeeded"] == succeeded
+    return ready[0]
+
+
+def test_resume_starts_the_engine_before_the_journal_is_replayed(tmp_path: Path) -> None:
+    """A killed job's resume starts its worker before it has replayed the journal, keeps it for
+    the run (one start, at the job's batch size), and finishes the job."""
+    job = _killed_job(tmp_path, 8_000)
+    assert _continued_on_an_early_engine(job, "resume", 8_000)["batch_size"] == 64
 
 
 def test_retry_failed_starts_the_engine_before_the_journal_is_replayed(tmp_path: Path) -> None:
@@ -190,14 +197,7 @@ def test_retry_failed_starts_the_engine_before_the_journal_is_replayed(tmp_path:
     failing = {"BATCHRUN_ECHO_FAIL": "r7,r1500"}
     r = cli_process("submit", str(inp), "--job-dir", str(job), "--engine", "echo", env=failing)
     assert r.returncode != 0, r.stderr  # two requests failed
-    r = cli_process("retry-failed", "--job-dir", str(job))
-    assert r.returncode == 0, r.stderr
-    assert r.stderr.count("starting echo engine") == 1, r.stderr
-    marks, ready = _last_run(job)
-    assert len(ready) == 1
-    assert ready[0]["timeline"]["process_start"] < marks["replayed"] < marks["first_result"]
-    manifest = json.loads((job / "manifest.json").read_text())
-    assert manifest["counts"]["succeeded"] == 2_000
+    _continued_on_an_early_engine(job, "retry-failed", 2_000)
 
 
 def test_a_finished_job_resumed_starts_no_engine(tmp_path: Path) -> None:

@@ -325,7 +325,7 @@ def current_summary(paths: JobPaths, manifest: Manifest, *, save: bool = True) -
     """The job's counts now: its summary checked against the journal plus the journal's tail,
     or, when the summary cannot be trusted, a rebuild from the whole journal (saved for the
     next reader when `save`)."""
-    summary = _trusted(paths, manifest)
+    summary = saved_summary(paths, manifest)
     if summary is not None:
         return summary
     summary = rebuild(paths, manifest)
@@ -337,11 +337,6 @@ def current_summary(paths: JobPaths, manifest: Manifest, *, save: bool = True) -
 def saved_summary(paths: JobPaths, manifest: Manifest) -> Summary | None:
     """The job's counts from its saved summary and the journal's tail, without a rebuild: None
     when the summary cannot be trusted (then only a replay of the whole journal knows them)."""
-    return _trusted(paths, manifest)
-
-
-def _trusted(paths: JobPaths, manifest: Manifest) -> Summary | None:
-    """The saved summary with the journal's tail folded in; None when it cannot be trusted."""
     try:
         summary = Summary.from_json(summary_path(paths).read_bytes())
         if summary is None or summary.generation != _generation(manifest):

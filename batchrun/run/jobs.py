@@ -251,9 +251,11 @@ def _continue(
         # The same adapters as the job's first answers: a changed or missing one refuses.
         index = InputIndex(prepare_models(options.settings, say))
         check_input_unchanged(paths, manifest, force=force, new_input=input_path, index=index)
+        # The job's own input, as it was submitted (no --force, no --input).
+        same_input = not force and input_path is None
         started: StartedWorkers | None = None
         try:
-            if not changed and not force and input_path is None:
+            if same_input and not changed:
                 # The engine starts while the journal is replayed (run/early_start.py).
                 started = start_continued_early(
                     paths, manifest, options, index, say, retry=mode == "retry"
@@ -262,7 +264,7 @@ def _continue(
             state = replay(paths, manifest)
             timeline.mark("replayed")
             work_left = _work_left(state, manifest, mode)
-            if changed and not force and input_path is None and not work_left:
+            if changed and same_input and not work_left:
                 # Nothing will run with them: the job keeps the options its results came from.
                 say("nothing to run: the options given were not saved")
                 changed = {}

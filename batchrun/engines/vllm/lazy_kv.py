@@ -73,11 +73,12 @@ def install() -> bool:
     except ImportError:
         return False
     current = getattr(gpu_model_runner, "allocate_kv_cache", None)
-    if current is None or getattr(utils, "allocate_kv_cache", None) is None:
-        return False
     if getattr(current, "__wrapped__", None) is not None:
         return True  # already installed
-    if current is not utils.allocate_kv_cache or getattr(utils, "torch", None) is None:
+    if current is None or getattr(utils, "torch", None) is None:
         return False
-    setattr(gpu_model_runner, "allocate_kv_cache", fresh_kv_cache(current, utils))  # noqa: B010
+    original: Callable[..., Any] = current
+    if original is not getattr(utils, "allocate_kv_cache", None):
+        return False  # not where this module expects it: vLLM allocates as it always has
+    setattr(gpu_model_runner, "allocate_kv_cache", fresh_kv_cache(original, utils))  # noqa: B010
     return True
