@@ -6,6 +6,10 @@ the stop in the manifest, and the CLI exits 130 or 143. A second one while that 
 while Python shuts down) kills the workers and exits at once with the same code. That is safe:
 every journal line is handed to the kernel in one unbuffered write as its result arrives, and the
 manifest is replaced atomically, so neither can be left torn by the exit.
+
+The handler's raise can be lost: a signal that lands while Python runs a finalizer or a weakref
+callback (an import's module lock has one) has its exception printed as "Exception ignored" and
+dropped. The run's wait loop calls `deliver_pending`, which raises it again.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import contextlib
 import os
 import shlex
 import signal
+import threading
 from types import FrameType
 
 EXIT_INTERRUPTED = 130
@@ -77,6 +82,13 @@ def exit_code() -> int | None:
     if _first is None:
         return None
     return EXIT_TERMINATED if _first == signal.SIGTERM else EXIT_INTERRUPTED
+
+
+def deliver_pending() -> None:
+    """Raise the first stop signal's exception in the main thread, where the handler's own raise
+    was lost (see the module's docstring); nothing when no stop signal came."""
+    if _first is not None and threading.current_thread() is threading.main_thread():
+        raise Terminated() if _first == signal.SIGTERM else KeyboardInterrupt()
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:

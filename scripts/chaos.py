@@ -887,8 +887,10 @@ def whole_size(path: Path) -> int:
 
 
 def finished(log: str) -> bool:
-    """Whether a run's output ends with the summary of a finished job."""
-    return "Write the results with" in log or "Some requests failed" in log
+    """Whether a run's output ends with the summary of a finished job: the last line of its
+    summary, which says what to run next (console/render.next_step)."""
+    ends = ("Write the results with", "failed: see", "cannot run as written")
+    return any(end in log for end in ends)
 
 
 def last_line(text: str) -> str:

@@ -383,6 +383,56 @@ def test_sigterm_flushes_and_exits_143(tmp_path: Path, to_group: bool) -> None:
     )
 
 
+# A SIGTERM whose handler runs inside a finalizer: Python prints its exception as "Exception
+# ignored" and drops it (as it did when the signal met an import's module lock). Then the job.
+LOST_STOP = """
+import os, signal, sys
+from batchrun.__main__ import main
+from batchrun import stopping
+
+class Finalizer:
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100_000):  # the handler runs here, and its raise goes nowhere
+            pass
+
+stopping.install()
+Finalizer()
+assert stopping.exit_code() == 143, "the handler did not run inside the finalizer"
+sys.argv = ["batchrun", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_stop_signal_whose_exception_python_dropped_still_stops_the_job(
+    tmp_path: Path,
+) -> None:
+    """The handler's raise lost in a finalizer: the run raises it again at its next wait, so
+    the job stops with 143 and the resume hint instead of running on as if no signal came."""
+    import subprocess
+    import sys
+
+    src = make_input(tmp_path, 200)
+    job = tmp_path / "job"
+    proc = subprocess.run(
+        [sys.executable, "-c", LOST_STOP, "submit", str(src), "--job-dir", str(job),
+         "--engine", "echo", "--batch-size", "8", "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "BATCHRUN_ECHO_DELAY_MS": "50"},
+    )  # fmt: skip
+    assert "Exception ignored" in proc.stderr, proc.stderr  # the raise was indeed lost
+    assert proc.returncode == 143, proc.stderr
+    assert "terminated" in proc.stderr and "batchrun resume" in proc.stderr, proc.stderr
+    done = len(journal_records(job))
+    assert done < 200, "the job ran to its end as if no signal had come"
+    assert cli("resume", "--job-dir", str(job), "--no-progress").returncode == 0
+    assert sorted(x["custom_id"] for x in journal_records(job)) == sorted(
+        f"r{i}" for i in range(200)
+    )
+
+
 def test_a_full_disk_stops_the_job_clearly_and_resume_completes_it(tmp_path: Path) -> None:
     import resource
     import subprocess

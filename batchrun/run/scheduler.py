@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from batchrun import timeline
+from batchrun import stopping, timeline
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
 from batchrun.job.records import ResultRecord
@@ -413,6 +413,8 @@ class Scheduler:
 
     def _wait(self, stats: RunStats, stop_on_oom: bool) -> None:
         """Handle the messages that arrive within a short wait."""
+        # Once per wait: a stop whose exception was lost on the way (batchrun/stopping.py).
+        stopping.deliver_pending()
         try:
             item = self.inbox.get(timeout=0.25)
         except queue.Empty:
