@@ -93,6 +93,13 @@ def error_of(tmp_path: Path, obj: dict[str, Any]) -> LineError:
         (EMBEDDINGS, {"input": ["a", "b"], "encoding_format": "base64", "dimensions": 8}),
         (EMBEDDINGS, {"input": [1, 2, 3], "encoding_format": "float", "user": "u"}),
         (EMBEDDINGS, {"input": [[1, 2], [3]]}),
+        # vLLM's sampling extensions, honoured as vLLM's server honours them.
+        (CHAT, {"top_k": -1, "min_p": 0.05, "repetition_penalty": 1.1, "ignore_eos": True}),
+        (CHAT, {"min_tokens": 8, "max_completion_tokens": 8, "stop_token_ids": [2, 0]}),
+        (CHAT, {"bad_words": ["x y"], "allowed_token_ids": [5], "skip_special_tokens": False}),
+        (CHAT, {"use_beam_search": False, "watermarking": False, "prompt_logprobs": None}),
+        (COMPLETIONS, {"top_k": 1, "min_tokens": 16, "include_stop_str_in_output": True}),
+        (COMPLETIONS, {"spaces_between_special_tokens": False, "stop_token_ids": []}),
     ],
 )
 def test_fields_that_are_honoured_pass_validation(
@@ -195,6 +202,56 @@ def test_fields_that_are_honoured_pass_validation(
             {"prediction": {"type": "content", "content": "x"}},
             "body.prediction is not supported: predicted outputs are an OpenAI service feature "
             "vLLM does not have; remove it",
+        ),
+        (CHAT, {"top_k": -2}, "body.top_k must be 0 or -1 (no limit) or at least 1, got -2"),
+        (CHAT, {"top_k": 1.5}, "body.top_k must be a whole number, got a number 1.5"),
+        (CHAT, {"min_p": 1.5}, "body.min_p must be at least 0 and at most 1, got 1.5"),
+        (
+            CHAT,
+            {"repetition_penalty": 0},
+            "body.repetition_penalty must be greater than 0 (1 is no penalty), got 0",
+        ),
+        (CHAT, {"ignore_eos": "yes"}, "body.ignore_eos must be true or false, got a string 'yes'"),
+        (
+            CHAT,
+            {"stop_token_ids": [1, -3]},
+            "body.stop_token_ids[1] must be a token id (a whole number >= 0), got -3",
+        ),
+        (
+            CHAT,
+            {"allowed_token_ids": []},
+            "body.allowed_token_ids must not be empty: it names the only tokens the answer may "
+            "hold",
+        ),
+        (CHAT, {"bad_words": [""]}, "body.bad_words[0] must be a non-empty string, got ''"),
+        (
+            CHAT,
+            {"min_tokens": 9, "max_tokens": 4, "max_completion_tokens": 8},
+            "body.min_tokens 9 is more than the answer's limit of 8 tokens (max_tokens); lower "
+            "it or raise max_tokens",
+        ),
+        (
+            COMPLETIONS,
+            {"min_tokens": 17},
+            "body.min_tokens 17 is more than the answer's limit of 16 tokens (max_tokens); lower "
+            "it or raise max_tokens",
+        ),
+        (
+            CHAT,
+            {"use_beam_search": True},
+            "body.use_beam_search is not supported: batchrun samples; it runs no beam search; "
+            "remove it",
+        ),
+        (
+            COMPLETIONS,
+            {"prompt_logprobs": 1},
+            "body.prompt_logprobs is not supported: answers carry no prompt logprobs; remove it",
+        ),
+        (
+            CHAT,
+            {"structured_outputs": {"json": {}}},
+            "body.structured_outputs is not supported: give the constraint as "
+            "body.response_format; remove it",
         ),
         (
             COMPLETIONS,
@@ -560,3 +617,25 @@ def test_echo_logprobs_flow_to_a_nested_list_column(tmp_path: Path) -> None:
     assert [t["token"] for t in tokens] == ["Say", " hi."]
     assert list(tokens[0]["top_logprobs"]) == [{"token": "Say", "logprob": 0.0}]
     assert df.loc["plain", "logprobs"] is None
+
+
+def test_the_echo_engine_keeps_the_stop_string_when_asked(tmp_path: Path) -> None:
+    """include_stop_str_in_output, the one vLLM extension that acts on the echo engine's reply
+    (the rest act on how a model samples)."""
+    src = write_jsonl(
+        tmp_path / "in.jsonl",
+        [
+            line(CHAT, cid, messages=[{"role": "user", "content": "abc def"}], stop=["c"], **extra)
+            for cid, extra in [("cut", {}), ("kept", {"include_stop_str_in_output": True})]
+        ],
+    )
+    job = tmp_path / "job"
+    run = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert cli("export", "--job-dir", str(job)).returncode == 0
+    outputs = output_lines(job / "output.jsonl")
+    text = {
+        cid: out["response"]["body"]["choices"][0]["message"]["content"]
+        for cid, out in outputs.items()
+    }
+    assert text["cut"].endswith("ab") and text["kept"] == text["cut"] + "c", text

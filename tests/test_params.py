@@ -6,6 +6,7 @@ from typing import Any
 
 from batchrun.openai.params import OutputFormat, Sampling, embedding_params, sampling
 from batchrun.openai.records import CHAT, COMPLETIONS, EMBEDDINGS, Request
+from batchrun.openai.vllm_sampling import VllmSampling
 
 
 def chat(**body: Any) -> Sampling:
@@ -98,3 +99,17 @@ def test_embedding_inputs_are_listed_one_per_item() -> None:
     assert fields([[1], [2, 3]], dimensions=8, encoding_format="base64").inputs == [[1], [2, 3]]
     assert fields("x", dimensions=8, encoding_format="base64").dimensions == 8
     assert fields("x", encoding_format=None).encoding_format == "float"
+
+
+def test_vllm_extensions_are_read_only_when_set() -> None:
+    assert chat().vllm is None and completion(user="u").vllm is None
+    got = chat(top_k=5, ignore_eos=True, stop_token_ids=[2], bad_words=["no"], min_p=0)
+    assert got.vllm == VllmSampling(
+        top_k=5, ignore_eos=True, stop_token_ids=(2,), bad_words=("no",), min_p=0.0
+    )
+    assert isinstance(got.vllm.min_p, float)
+    # Null is "not set": vLLM's defaults.
+    assert chat(top_k=None, skip_special_tokens=None).vllm == VllmSampling()
+    assert completion(skip_special_tokens=False, allowed_token_ids=[3]).vllm == VllmSampling(
+        skip_special_tokens=False, allowed_token_ids=(3,)
+    )

@@ -13,8 +13,10 @@ prompt too long, the two poison lines, as lines 1-10), then sample_data/chat_fid
 (lines 11-30), on the default model given as a hub id (`--model HUB_ID`), found offline in a
 Hugging Face cache built from the packaged model in a temporary HF_HOME (tests/hub_cache.py),
 then CHAT_PREFIX (lines 31-35: a shared document, a duplicate pair), then
-sample_data/chat_tool_choice.jsonl (lines 36-38: forced tool calls). Read by
-tests/test_vllm_e2e.py and test_vllm_fidelity.py.
+sample_data/chat_tool_choice.jsonl (lines 36-38: forced tool calls), then
+sample_data/chat_vllm_extensions.jsonl (lines 39-51: vLLM's sampling extensions). Read by
+tests/test_vllm_e2e.py, test_vllm_fidelity.py, test_vllm_tool_choice.py and
+test_vllm_extensions.py.
 
 The custom_ids are distinct across a job's parts: each test reads its own part (`part`). To count
 the starts of a run (`pytest -m vllm --basetemp DIR`): each local one writes a "=== worker 0, pid"
@@ -40,6 +42,8 @@ SAMPLES = ROOT / "sample_data"
 CHAT_SAMPLE = SAMPLES / "chat_fidelity.jsonl"
 # Forced tool calls (tool_choice "required" and named), last in the chat job: tests/test_vllm_tool_choice.py.
 TOOL_CHOICE_SAMPLE = SAMPLES / "chat_tool_choice.jsonl"
+# vLLM's sampling extensions (top_k, ignore_eos, ...), last in the chat job: tests/test_vllm_extensions.py.
+EXTENSIONS_SAMPLE = SAMPLES / "chat_vllm_extensions.jsonl"
 COMPLETIONS_SAMPLE = SAMPLES / "completions_fidelity.jsonl"
 EMBEDDINGS_SAMPLE = SAMPLES / "embeddings.jsonl"
 
@@ -182,7 +186,13 @@ def run_chat_job(tmp: Path) -> dict[str, Any]:
     model is the default one, as the hub id HUB_ID, found offline in a hub cache made from it."""
     src = write_jsonl(
         tmp / "chat.jsonl",
-        [*CHAT_E2E, *sample_lines(CHAT_SAMPLE), *CHAT_PREFIX, *sample_lines(TOOL_CHOICE_SAMPLE)],
+        [
+            *CHAT_E2E,
+            *sample_lines(CHAT_SAMPLE),
+            *CHAT_PREFIX,
+            *sample_lines(TOOL_CHOICE_SAMPLE),
+            *sample_lines(EXTENSIONS_SAMPLE),
+        ],
     )
     job = tmp / "job"
     converted = subprocess.run(

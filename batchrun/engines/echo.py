@@ -458,13 +458,15 @@ def _forced_stub(forced: ForcedCall, request: Request) -> str:
 
 
 def _limit(params: Sampling, text: str, words: int | None = None) -> tuple[str, str]:
-    """The reply cut at the first stop sequence and at max_tokens words; its finish_reason.
+    """The reply cut at the first stop sequence (kept with include_stop_str_in_output) and at
+    max_tokens words; its finish_reason.
 
     `words`: the number of words of `text`, when known. Uncut, `text` itself comes back.
     """
+    keep = params.vllm is not None and params.vllm.include_stop_str_in_output
     for s in params.stop:
         if s and s in text:
-            text = text[: text.index(s)]
+            text = text[: text.index(s) + (len(s) if keep else 0)]
             words = None
     limit = params.max_tokens
     # Counting words is cheap; splitting into them (keeping the spaces between) is not.

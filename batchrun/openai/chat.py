@@ -17,6 +17,7 @@ from batchrun.openai.fields import (
 from batchrun.openai.invalid import bad, describe, json_kind, show
 from batchrun.openai.media import check_media_part, is_media_part
 from batchrun.openai.toolchoice import check_forced_combination, check_tool_choice
+from batchrun.openai.vllm_sampling import VLLM_SAMPLING_CHECKS, check_min_tokens
 
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI limits it
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -125,12 +126,15 @@ def check_chat_combinations(body: dict[str, Any]) -> None:
     if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
         bad("body.top_logprobs needs body.logprobs set to true")
     check_forced_combination(body)
+    limit = body.get("max_completion_tokens")
+    check_min_tokens(body, body.get("max_tokens") if limit is None else limit)
 
 
 _NO_AUDIO = "batchrun runs text models, which produce no audio"
 
 CHAT_CHECKS: dict[str, FieldCheck] = {
     **SAMPLING_CHECKS,
+    **VLLM_SAMPLING_CHECKS,
     "max_completion_tokens": int_in(1, MAX_TOKENS_LIMIT),
     "logprobs": check_bool,
     "top_logprobs": int_in(0, MAX_TOP_LOGPROBS),

@@ -6,6 +6,8 @@ from typing import Any
 
 from batchrun.openai.fields import MAX_N, SAMPLING_CHECKS, FieldCheck, check_bool, int_in, refuse
 from batchrun.openai.invalid import bad, describe
+from batchrun.openai.params import COMPLETIONS_DEFAULT_MAX_TOKENS
+from batchrun.openai.vllm_sampling import VLLM_SAMPLING_CHECKS, check_min_tokens
 
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs, as OpenAI limits it
 
@@ -44,10 +46,13 @@ def check_completion_combinations(body: dict[str, Any]) -> None:
             "body.echo together with body.logprobs is not supported: the prompt's first token "
             "has no logprob, which the Completion type cannot hold; drop one of them"
         )
+    limit = body.get("max_tokens")
+    check_min_tokens(body, COMPLETIONS_DEFAULT_MAX_TOKENS if limit is None else limit)
 
 
 COMPLETION_CHECKS: dict[str, FieldCheck] = {
     **SAMPLING_CHECKS,
+    **VLLM_SAMPLING_CHECKS,
     "logprobs": int_in(0, MAX_COMPLETION_LOGPROBS),
     "echo": check_bool,
     "best_of": int_in(1, MAX_N),

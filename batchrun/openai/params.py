@@ -19,6 +19,7 @@ from batchrun.openai.embeddings import embedding_inputs
 from batchrun.openai.records import CHAT, COMPLETIONS, RERANK_URLS, RESPONSES, Request
 from batchrun.openai.scoring import scoring_texts
 from batchrun.openai.toolchoice import ForcedCall, forced_call, is_forced
+from batchrun.openai.vllm_sampling import VllmSampling, vllm_sampling
 
 # A completions request without max_tokens generates 16 tokens, as OpenAI's legacy API does.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -53,6 +54,8 @@ class Sampling(msgspec.Struct, frozen=True):
     tools: bool = False
     # tool_choice forces a call: the answer is constrained to it (and read back as calls).
     forced_call: ForcedCall | None = None
+    # vLLM's sampling extensions, when the body sets any (openai/vllm_sampling.py).
+    vllm: VllmSampling | None = None
 
 
 class EmbeddingParams(msgspec.Struct, frozen=True):
@@ -150,6 +153,7 @@ def sampling(request: Request) -> Sampling:
         echo=not chat and get("echo") is True,
         tools=chat and forced is None and bool(get("tools")) and tool_choice != "none",
         forced_call=forced,
+        vllm=vllm_sampling(body),
     )
 
 

@@ -9,6 +9,9 @@ from typing import Any
 
 from batchrun.engines.vllm.errors import BadRequest
 from batchrun.openai.params import Sampling, context_exceeded
+from batchrun.openai.vllm_sampling import VllmSampling
+
+_NO_EXTENSIONS = VllmSampling()  # vLLM's own defaults: a body that sets none of them
 
 
 def sampling_params(
@@ -22,6 +25,8 @@ def sampling_params(
     too_long = context_exceeded(prompt_tokens, max_tokens, max_model_len)
     if too_long is not None:
         raise BadRequest(too_long, code="context_length_exceeded")
+    ext = params.vllm or _NO_EXTENSIONS
+    allowed = ext.allowed_token_ids
     try:
         return SamplingParams(
             n=params.n,
@@ -35,6 +40,17 @@ def sampling_params(
             logprobs=params.logprobs,
             logit_bias=_logit_bias(params.logit_bias, vocab_size),
             structured_outputs=_structured_outputs(params),
+            top_k=ext.top_k,
+            min_p=ext.min_p,
+            repetition_penalty=ext.repetition_penalty,
+            min_tokens=ext.min_tokens,
+            ignore_eos=ext.ignore_eos,
+            stop_token_ids=list(ext.stop_token_ids) or None,
+            include_stop_str_in_output=ext.include_stop_str_in_output,
+            skip_special_tokens=ext.skip_special_tokens,
+            spaces_between_special_tokens=ext.spaces_between_special_tokens,
+            bad_words=list(ext.bad_words) or None,
+            allowed_token_ids=None if allowed is None else _in_vocab(allowed, vocab_size),
             # Only the final output of each request is wanted: no per-token RequestOutputs.
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
@@ -51,6 +67,17 @@ def _logit_bias(bias: dict[int, float] | None, vocab_size: int) -> dict[int, flo
                 f"(ids 0 to {vocab_size - 1})"
             )
     return bias
+
+
+def _in_vocab(tokens: tuple[int, ...], vocab_size: int) -> list[int]:
+    """`allowed_token_ids` as vLLM takes it; a token id outside the vocabulary is a 400."""
+    for token in tokens:
+        if token >= vocab_size:
+            raise BadRequest(
+                f"body.allowed_token_ids names token id {token}, outside this model's "
+                f"vocabulary (ids 0 to {vocab_size - 1})"
+            )
+    return list(tokens)
 
 
 def _structured_outputs(params: Sampling) -> Any:
