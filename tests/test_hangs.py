@@ -191,12 +191,17 @@ def test_under_serve_a_request_past_its_timeout_fails_alone_and_the_batch_comple
 
 @pytest.mark.vllm
 def test_the_vllm_engine_aborts_a_request_past_its_timeout_and_goes_on(tmp_path: Path) -> None:
-    # Greedy: the default model tells this story past 600 tokens without an end (measured: 600 of
-    # 600, 15.9 s on 2 cores), so it is still running at the 5 s timeout on both attempts. (It was
-    # sampled, with vLLM's `ignore_eos`, which batchrun does not pass on: a retry's story ended
-    # after 62 tokens, within the timeout.) The short answer's 5 tokens meet it on a busy machine.
+    # Greedy and with vLLM's `ignore_eos`: the story runs to its 1900 tokens whatever the model
+    # would end it with (greedy alone it ran 600 of 600 without an end, 15.9 s on 2 cores), so it
+    # is still running at the 5 s timeout on both attempts. (Sampled, and before batchrun passed
+    # `ignore_eos` on, a retry's story ended after 62 tokens, within the timeout.) The short
+    # answer's 5 tokens meet it on a busy machine.
     long = chat_line(
-        "long", "Write a very long story about a dragon.", max_tokens=1900, temperature=0
+        "long",
+        "Write a very long story about a dragon.",
+        max_tokens=1900,
+        temperature=0,
+        ignore_eos=True,
     )
     src = write_jsonl(tmp_path / "in.jsonl", [long, chat_line("short", "Say hi.", max_tokens=5)])
     job = tmp_path / "job"
