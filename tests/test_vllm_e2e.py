@@ -78,10 +78,10 @@ def test_the_real_poison_lines_fail_alone_and_the_job_finishes(chat_job: dict[st
     assert status["status"] == "completed"
     assert status["requests"]["pending"] == 0
     # The whole chat job: these 10 lines, the 20 of sample_data/chat_fidelity.jsonl, the
-    # 5 of CHAT_PREFIX, the 3 of sample_data/chat_tool_choice.jsonl and the 13 of
+    # 5 of CHAT_PREFIX, the 3 of sample_data/chat_tool_choice.jsonl and the 14 of
     # sample_data/chat_vllm_extensions.jsonl (2 invalid, 1 refused by the model).
     assert status["requests"] == {
-        "total": 51, "valid": 43, "succeeded": 40, "failed": 3, "invalid": 8, "pending": 0,
+        "total": 52, "valid": 44, "succeeded": 41, "failed": 3, "invalid": 8, "pending": 0,
     }  # fmt: skip
     errors = {e["custom_id"]: e for e in read_jsonl(chat_job["job"] / "errors.jsonl")}
     sur, seed = errors["sur"]["error"], errors["bigseed"]["error"]
@@ -136,8 +136,8 @@ def test_chat_parquet_is_readable_by_pandas(chat_job: dict[str, Any]) -> None:
     assert chat_job["parquet"].returncode == 0
     df = pd.read_parquet(chat_job["job"] / "results.parquet")
     # One row per line of the job, in input order: these 10, the chat sample's 20, CHAT_PREFIX,
-    # the tool-choice sample's 3.
-    assert list(df["line"]) == list(range(1, 39))
+    # the tool-choice sample's 3, the vLLM-extensions sample's 14.
+    assert list(df["line"]) == list(range(1, 53))
     e2e = df[df["line"] <= 10]
     assert len(e2e) == 10
     assert list(e2e["line"]) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]

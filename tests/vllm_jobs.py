@@ -14,7 +14,7 @@ prompt too long, the two poison lines, as lines 1-10), then sample_data/chat_fid
 Hugging Face cache built from the packaged model in a temporary HF_HOME (tests/hub_cache.py),
 then CHAT_PREFIX (lines 31-35: a shared document, a duplicate pair), then
 sample_data/chat_tool_choice.jsonl (lines 36-38: forced tool calls), then
-sample_data/chat_vllm_extensions.jsonl (lines 39-51: vLLM's sampling extensions). Read by
+sample_data/chat_vllm_extensions.jsonl (lines 39-52: vLLM's sampling extensions). Read by
 tests/test_vllm_e2e.py, test_vllm_fidelity.py, test_vllm_tool_choice.py and
 test_vllm_extensions.py.
 
