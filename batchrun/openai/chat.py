@@ -13,6 +13,7 @@ from batchrun.openai.fields import (
     check_string,
     int_in,
     refuse,
+    refuse_unless,
 )
 from batchrun.openai.invalid import bad, describe, json_kind, show
 from batchrun.openai.media import check_media_part, is_media_part
@@ -122,6 +123,34 @@ def _check_tools(key: str, value: object) -> None:
             )
 
 
+# apply_chat_template's own parameters, and the variables batchrun renders from the request's
+# own fields: none of them is a template variable a request may set in chat_template_kwargs.
+RENDERER_NAMES = frozenset(
+    {
+        "messages", "conversation", "tools", "documents", "chat_template",
+        "add_generation_prompt", "continue_final_message", "tokenize", "padding", "truncation",
+        "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)  # fmt: skip
+
+
+def _check_template_kwargs(key: str, value: object) -> None:
+    """vLLM's chat_template_kwargs: extra variables for the chat template (enable_thinking)."""
+    if not isinstance(value, dict):
+        bad(
+            f"body.{key} must be an object of chat template variables such as "
+            f'{{"enable_thinking": false}}, got {describe(value)}'
+        )
+    for name in value:
+        if name in RENDERER_NAMES:
+            instead = "give tools as body.tools" if name == "tools" else "remove it"
+            bad(
+                f"body.{key}.{name} is not a template variable a request may set: batchrun "
+                f"renders the prompt with it itself; {instead}"
+            )
+
+
 def check_chat_combinations(body: dict[str, Any]) -> None:
     if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
         bad("body.top_logprobs needs body.logprobs set to true")
@@ -156,4 +185,11 @@ CHAT_CHECKS: dict[str, FieldCheck] = {
     "web_search_options": refuse("a local model has no web search"),
     "verbosity": refuse("only OpenAI's own models take it"),
     "moderation": refuse("batchrun runs no moderation model"),
+    # vLLM's chat extensions: the template's variables honoured (as vLLM's server passes them);
+    # the rest would render a prompt other than the model's own template's answer turn.
+    "chat_template_kwargs": _check_template_kwargs,
+    "chat_template": refuse_unless(None, "a job renders with its model's chat template"),
+    "add_generation_prompt": refuse_unless(True, "every answer starts a new assistant turn"),
+    "continue_final_message": refuse_unless(False, "every answer starts a new assistant turn"),
+    "documents": refuse_unless(None, "batchrun passes no documents to the chat template"),
 }

@@ -175,6 +175,16 @@ def refuse(why: str) -> FieldCheck:
     return check
 
 
+def refuse_unless(default: object, why: str) -> FieldCheck:
+    """Refuse a value other than the field's default (which changes nothing), saying why."""
+
+    def check(key: str, value: object) -> None:
+        if value != default or isinstance(value, bool) != isinstance(default, bool):
+            bad(f"body.{key} is not supported: {why}; remove it")
+
+    return check
+
+
 SAMPLING_CHECKS: dict[str, FieldCheck] = {
     "max_tokens": int_in(1, MAX_TOKENS_LIMIT),
     "temperature": number_in(0, 2),

@@ -14,7 +14,14 @@ from typing import Any
 
 import msgspec
 
-from batchrun.openai.fields import MAX_TOKENS_LIMIT, FieldCheck, check_bool, int_in, number_in
+from batchrun.openai.fields import (
+    MAX_TOKENS_LIMIT,
+    FieldCheck,
+    check_bool,
+    int_in,
+    number_in,
+    refuse_unless,
+)
 from batchrun.openai.invalid import bad, describe, show
 
 
@@ -69,16 +76,6 @@ def _check_bad_words(key: str, value: object) -> None:
             bad(f"body.{key}[{i}] must be a non-empty string, got {show(word)}")
 
 
-def _refuse_unless(default: object, why: str) -> FieldCheck:
-    """Refuse a value other than the field's default (which changes nothing), saying why."""
-
-    def check(key: str, value: object) -> None:
-        if value != default or isinstance(value, bool) != isinstance(default, bool):
-            bad(f"body.{key} is not supported: {why}; remove it")
-
-    return check
-
-
 VLLM_SAMPLING_CHECKS: dict[str, FieldCheck] = {
     "top_k": _check_top_k,
     "min_p": number_in(0, 1),
@@ -92,14 +89,14 @@ VLLM_SAMPLING_CHECKS: dict[str, FieldCheck] = {
     "bad_words": _check_bad_words,
     "allowed_token_ids": _token_ids(empty=False),
     # The rest of vLLM's block: each would change the answer's content or shape.
-    "use_beam_search": _refuse_unless(False, "batchrun samples; it runs no beam search"),
-    "prompt_logprobs": _refuse_unless(None, "answers carry no prompt logprobs"),
-    "logprob_token_ids": _refuse_unless(None, "answers carry the top_logprobs tokens only"),
-    "truncate_prompt_tokens": _refuse_unless(
+    "use_beam_search": refuse_unless(False, "batchrun samples; it runs no beam search"),
+    "prompt_logprobs": refuse_unless(None, "answers carry no prompt logprobs"),
+    "logprob_token_ids": refuse_unless(None, "answers carry the top_logprobs tokens only"),
+    "truncate_prompt_tokens": refuse_unless(
         None, "a prompt is never cut; one too long for the context is a 400"
     ),
-    "watermarking": _refuse_unless(False, "batchrun does not watermark answers"),
-    "structured_outputs": _refuse_unless(None, "give the constraint as body.response_format"),
+    "watermarking": refuse_unless(False, "batchrun does not watermark answers"),
+    "structured_outputs": refuse_unless(None, "give the constraint as body.response_format"),
 }
 
 # The extensions honoured (the rest of the table refuses): a body with none of them, as most

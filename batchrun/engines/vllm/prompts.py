@@ -1,5 +1,6 @@
 """A request's prompt as token ids: chat messages through the model's chat template (with its
-extra inputs, tools and reasoning_effort, when the template takes them), or the completions prompt.
+extra inputs: the request's chat_template_kwargs, tools and reasoning_effort, when the template
+takes them), or the completions prompt.
 
 Prompts are tokenized here, not inside vLLM, so that a request that cannot fit in the context
 becomes a per-request 400 outcome before it reaches the engine.
@@ -73,12 +74,16 @@ def template_kwargs(
     model_name: str,
     effort_field: str = "reasoning_effort",
 ) -> dict[str, Any]:
-    """The chat template's extra inputs (tools, reasoning_effort), if the template takes them.
+    """The chat template's extra inputs: the request's own `chat_template_kwargs` (vLLM's
+    extension), then tools and reasoning_effort, if the template takes them.
 
     `effort_field`: where the request set the effort, for the message (a responses request's
     is reasoning.effort).
     """
-    kwargs: dict[str, Any] = {}
+    # As vLLM's server: the request's variables first, the fields batchrun renders over them
+    # (validation refused the names that would clash: openai/chat.RENDERER_NAMES).
+    given = body.get("chat_template_kwargs")
+    kwargs: dict[str, Any] = dict(given) if isinstance(given, dict) else {}
     tools = body.get("tools")
     if tools:
         # A forced call needs no place in the template: the constraint holds the tools' names
@@ -103,7 +108,7 @@ def template_kwargs(
             )
         if takes_effort:
             kwargs["reasoning_effort"] = effort
-        if takes_switch:
+        if takes_switch and "enable_thinking" not in kwargs:  # the request's own wins
             kwargs["enable_thinking"] = effort != "none"
     return kwargs
 
