@@ -113,3 +113,19 @@ def test_vllm_extensions_are_read_only_when_set() -> None:
     assert completion(skip_special_tokens=False, allowed_token_ids=[3]).vllm == VllmSampling(
         skip_special_tokens=False, allowed_token_ids=(3,)
     )
+
+
+def test_a_models_defaults_fill_only_the_fields_a_request_leaves_unset() -> None:
+    from batchrun.engines.vllm.model_defaults import with_model_defaults
+
+    defaults = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
+    body = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0, "top_k": None}
+    got = with_model_defaults(sampling(Request("a", 1, CHAT, body)), body, defaults)
+    assert (got.temperature, got.top_p) == (0.0, 0.8)  # its own 0 kept; top_p the model's
+    assert got.vllm == VllmSampling(top_k=20, repetition_penalty=1.05)  # null is unset
+    assert isinstance(got.vllm.top_k, int)
+    # A request that sets them all keeps them all; no defaults change nothing.
+    full = {**body, "top_p": 1, "top_k": 5, "repetition_penalty": 1}
+    mine = sampling(Request("a", 1, CHAT, full))
+    assert with_model_defaults(mine, full, defaults) == mine
+    assert with_model_defaults(mine, body, {}) is mine

@@ -35,6 +35,7 @@ from typing import Any
 
 from batchrun import stopping, timeline
 from batchrun.config import EngineSettings
+from batchrun.engines.vllm.model_defaults import sampling_defaults_line
 from batchrun.errors import BatchrunError
 from batchrun.job.records import ResultRecord
 from batchrun.openai.records import Outcome, Request
@@ -154,6 +155,7 @@ class Scheduler:
                 self.watchdog.started(w, now=w.started_at)
         # Why a worker stopped without dying (by index), for the restart's reason in /metrics.
         self._stopped_for: dict[int, str] = {}
+        self._defaults_said = False  # the model's sampling defaults, said once a run
         # The planner's admission (run/admission.py, on with BATCHRUN_KV_ADMISSION): a worker's
         # prefixes fit its KV cache. Made for a run's source once a worker reports its cache.
         self.kv_admission = admission_rule.enabled()
@@ -442,6 +444,9 @@ class Scheduler:
                         f"{w.label} ready (pid {w.pid}, batch size {w.settings.window}, "
                         f"started in {w.start_s:.1f}s)"
                     )
+                    if w.sampling_defaults and not self._defaults_said:
+                        self._defaults_said = True
+                        self.reporter.event(sampling_defaults_line(w.sampling_defaults))
                 if kind == "eof":
                     # Journal what the worker finished before it died, then deal with the death.
                     self.recording.journal_records(records, outcomes, stats, plain)

@@ -141,6 +141,8 @@ def worker_main(
                 "peak_memory_mb": peak_memory_mb(),
                 # [tokens, tokens a block] or None: the planner's KV budget (run/admission.py).
                 "kv_cache": engine.kv_cache_size() if isinstance(engine, KvCacheSized) else None,
+                # The model's sampling defaults for unset fields (engines/vllm/model_defaults.py).
+                "sampling_defaults": getattr(engine, "sampling_defaults", None),
                 # Its start's moments (batchrun/timeline.py), for the job's event log.
                 "timeline": _ready_marks(),
             },

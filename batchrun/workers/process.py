@@ -92,6 +92,8 @@ class Worker:
     # Its engine's KV cache as the ready message gave it, (tokens, tokens a block); None when the
     # engine reports none (echo): the planner's admission then sets no limit.
     kv_cache: tuple[int, int] | None = None
+    # The model's generation-config defaults its engine applies (engines/vllm/model_defaults.py).
+    sampling_defaults: dict[str, Any] | None = None
 
     @property
     def log(self) -> str | None:
@@ -181,6 +183,7 @@ class Worker:
             self.peak_memory_mb = payload.get("peak_memory_mb")
             kv = payload.get("kv_cache")
             self.kv_cache = (int(kv[0]), int(kv[1])) if kv else None
+            self.sampling_defaults = payload.get("sampling_defaults") or None
         elif kind == "fatal":
             self.death = WorkerDeath(
                 oom=bool(payload.get("oom")),

@@ -203,6 +203,7 @@ class EngineActor:
             "node": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
             "gpus": self.gpus,
             "start_s": time.monotonic() - started,
+            "sampling_defaults": getattr(engine, "sampling_defaults", None),
             **self.stats(),
         }
 

@@ -48,6 +48,7 @@ from batchrun.engines.vllm.media import (
     set_fetch_timeouts,
     warm_media_path,
 )
+from batchrun.engines.vllm.model_defaults import model_defaults, with_model_defaults
 from batchrun.engines.vllm.outcome import generation_outcome
 from batchrun.engines.vllm.params import sampling_params
 from batchrun.engines.vllm.platform import on_cuda
@@ -149,6 +150,11 @@ class VllmEngine:
         # Whether `dimensions` can shorten the embeddings (Matryoshka-trained models only).
         self.matryoshka: bool = bool(getattr(model_config, "is_matryoshka", False))
         self.vocab_size: int = int(model_config.get_vocab_size())
+        # The model's generation-config defaults for what a request leaves unset (as vLLM's
+        # server applies them); the worker's "ready" names them for the job's output.
+        self.sampling_defaults: dict[str, Any] = (
+            {} if self.pooling else model_defaults(model_config)
+        )
         self._modalities = modalities(self._engine)  # what media parts the model takes
         if self._modalities:
             # Before the worker says it is ready: what the first media line would wait for.
@@ -207,12 +213,15 @@ class VllmEngine:
                         kwargs=pending.template_kwargs,
                     )
                     prompt_len = len(prompt_ids)
-                pending.params = sampling(request)
+                pending.params = with_model_defaults(
+                    sampling(request), request.body, self.sampling_defaults
+                )
                 params = sampling_params(
                     pending.params,
                     prompt_len,
                     max_model_len=self.max_model_len,
                     vocab_size=self.vocab_size,
+                    default_max_tokens=self.sampling_defaults.get("max_tokens"),
                 )
                 submit(
                     self._engine,

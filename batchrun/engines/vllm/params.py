@@ -15,9 +15,15 @@ _NO_EXTENSIONS = VllmSampling()  # vLLM's own defaults: a body that sets none of
 
 
 def sampling_params(
-    params: Sampling, prompt_tokens: int, *, max_model_len: int, vocab_size: int
+    params: Sampling,
+    prompt_tokens: int,
+    *,
+    max_model_len: int,
+    vocab_size: int,
+    default_max_tokens: int | None = None,
 ) -> Any:
-    """Build vLLM SamplingParams from a request's typed sampling fields."""
+    """Build vLLM SamplingParams from a request's typed sampling fields. `default_max_tokens`:
+    the model's own limit for a request that sets none (engines/vllm/model_defaults.py)."""
     from vllm.exceptions import VLLMClientError
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -25,6 +31,10 @@ def sampling_params(
     too_long = context_exceeded(prompt_tokens, max_tokens, max_model_len)
     if too_long is not None:
         raise BadRequest(too_long, code="context_length_exceeded")
+    if max_tokens is None:  # the rest of the context, or less where the model says so (as vLLM)
+        max_tokens = max_model_len - prompt_tokens
+        if default_max_tokens is not None:
+            max_tokens = min(max_tokens, default_max_tokens)
     ext = params.vllm or _NO_EXTENSIONS
     allowed = ext.allowed_token_ids
     try:
@@ -36,7 +46,7 @@ def sampling_params(
             frequency_penalty=params.frequency_penalty,
             seed=params.seed,
             stop=list(params.stop) or None,
-            max_tokens=max_tokens if max_tokens is not None else max_model_len - prompt_tokens,
+            max_tokens=max_tokens,
             logprobs=params.logprobs,
             logit_bias=_logit_bias(params.logit_bias, vocab_size),
             structured_outputs=_structured_outputs(params),
