@@ -43,7 +43,7 @@ def with_model_defaults(
     applied against the context window: engines/vllm/params.sampling_params)."""
     if not defaults:
         return params
-    openai = {
+    openai: dict[str, Any] = {
         k: kind(defaults[k]) for k, kind in _OPENAI_FIELDS.items() if _unset(k, body, defaults)
     }
     vllm = {k: kind(defaults[k]) for k, kind in _VLLM_FIELDS.items() if _unset(k, body, defaults)}
