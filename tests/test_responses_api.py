@@ -23,6 +23,7 @@ from batchrun.openai.reader import read_input
 from batchrun.openai.records import CHAT, RESPONSES, LineError, Request
 from batchrun.openai.responses import Choice, success
 from batchrun.openai.responses_api import responses_messages
+from batchrun.openai.vllm_sampling import VllmSampling
 
 SAMPLE = ROOT / "sample_data" / "responses.jsonl"
 
@@ -104,6 +105,23 @@ def error_of(tmp_path: Path, obj: dict[str, Any]) -> str:
             {"input": "x", "stream": True},
             "stream is not supported in a batch; remove body.stream or set it to false",
         ),
+        # vLLM's extensions are checked as on chat.
+        (
+            {"input": "x", "use_beam_search": True},
+            "body.use_beam_search is not supported: batchrun samples; it runs no beam search; "
+            "remove it",
+        ),
+        (
+            {"input": "x", "min_tokens": 9, "max_output_tokens": 8},
+            "body.min_tokens 9 is more than the answer's limit of 8 tokens (max_tokens); lower "
+            "it or raise max_tokens",
+        ),
+        ({"input": "x", "seed": 1.5}, "body.seed must be a whole number, got a number 1.5"),
+        (
+            {"input": "x", "chat_template_kwargs": {"tokenize": False}},
+            "body.chat_template_kwargs.tokenize is not a template variable a request may set: "
+            "batchrun renders the prompt with it itself; remove it",
+        ),
     ],
 )
 def test_a_field_that_cannot_be_honoured_is_refused_by_name(
@@ -125,6 +143,24 @@ def test_the_sampling_fields_are_typed() -> None:
     assert sampling(Request("a", 1, RESPONSES, {"input": "x", "text": fmt})).output_format == (
         OutputFormat("json_object")
     )
+
+
+def test_vllms_extensions_of_the_responses_api_are_read() -> None:
+    """vLLM's Responses endpoint also takes chat's seed, stop, penalties and logit_bias, and its
+    sampling extensions: honoured as on chat (a line of ours must not answer otherwise)."""
+    body = {
+        "input": "x", "seed": 7, "stop": "END", "presence_penalty": 0.5, "frequency_penalty": -1,
+        "logit_bias": {"28": 5}, "top_k": 3, "ignore_eos": True,
+    }  # fmt: skip
+    assert sampling(Request("a", 1, RESPONSES, body)) == Sampling(
+        seed=7,
+        stop=("END",),
+        presence_penalty=0.5,
+        frequency_penalty=-1.0,
+        logit_bias={28: 5.0},
+        vllm=VllmSampling(top_k=3, ignore_eos=True),
+    )
+    assert sampling(Request("a", 1, RESPONSES, {"input": "x"})) == Sampling()
 
 
 @pytest.mark.parametrize("custom_id", ["plain", "items", "history"])

@@ -135,7 +135,7 @@ RENDERER_NAMES = frozenset(
 )  # fmt: skip
 
 
-def _check_template_kwargs(key: str, value: object) -> None:
+def check_template_kwargs(key: str, value: object) -> None:
     """vLLM's chat_template_kwargs: extra variables for the chat template (enable_thinking)."""
     if not isinstance(value, dict):
         bad(
@@ -187,7 +187,7 @@ CHAT_CHECKS: dict[str, FieldCheck] = {
     "moderation": refuse("batchrun runs no moderation model"),
     # vLLM's chat extensions: the template's variables honoured (as vLLM's server passes them);
     # the rest would render a prompt other than the model's own template's answer turn.
-    "chat_template_kwargs": _check_template_kwargs,
+    "chat_template_kwargs": check_template_kwargs,
     "chat_template": refuse_unless(None, "a job renders with its model's chat template"),
     "add_generation_prompt": refuse_unless(True, "every answer starts a new assistant turn"),
     "continue_final_message": refuse_unless(False, "every answer starts a new assistant turn"),

@@ -159,7 +159,8 @@ def sampling(request: Request) -> Sampling:
 
 def _responses_sampling(body: dict[str, Any]) -> Sampling:
     """A /v1/responses body's generation fields: max_output_tokens, temperature, top_p and
-    text.format (the Responses API has no n, stop, penalties, seed or logprobs)."""
+    text.format (the Responses API has no n or logprobs), and the fields vLLM's Responses
+    endpoint adds: chat's seed, stop, penalties and logit_bias, and its sampling extensions."""
     text = body.get("text")
     fmt = text.get("format") if isinstance(text, dict) else None
     output_format = None
@@ -167,11 +168,20 @@ def _responses_sampling(body: dict[str, Any]) -> Sampling:
         output_format = OutputFormat("json_object")
     elif isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         output_format = OutputFormat("json_schema", dict(fmt["schema"]))
+    get = body.get
+    stop, bias = get("stop"), get("logit_bias")
+    presence, frequency = get("presence_penalty"), get("frequency_penalty")
     return Sampling(
-        max_tokens=body.get("max_output_tokens"),
-        temperature=float(_or(body.get("temperature"), 1.0)),
-        top_p=float(_or(body.get("top_p"), 1.0)),
+        max_tokens=get("max_output_tokens"),
+        temperature=float(_or(get("temperature"), 1.0)),
+        top_p=float(_or(get("top_p"), 1.0)),
+        presence_penalty=0.0 if presence is None else float(presence),
+        frequency_penalty=0.0 if frequency is None else float(frequency),
+        seed=get("seed"),
+        stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
+        logit_bias=_logit_bias(bias) if bias else None,
         output_format=output_format,
+        vllm=vllm_sampling(body),
     )
 
 

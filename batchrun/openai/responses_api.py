@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from batchrun.openai.chat import check_template_kwargs
 from batchrun.openai.fields import (
     MAX_TOKENS_LIMIT,
+    SAMPLING_CHECKS,
     FieldCheck,
     check_bool,
     check_metadata,
@@ -25,6 +27,7 @@ from batchrun.openai.fields import (
 )
 from batchrun.openai.invalid import bad, describe, json_kind, show
 from batchrun.openai.media import check_input_image
+from batchrun.openai.vllm_sampling import VLLM_SAMPLING_CHECKS
 
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 # The content part types that carry text; input_image carries an image (a user message's only).
@@ -182,6 +185,9 @@ def _check_truncation(key: str, value: object) -> None:
 
 _NO_STORED = "a batch line stands alone: no response or conversation is stored to continue"
 
+# The chat sampling fields vLLM's Responses endpoint takes beyond OpenAI's Responses API.
+_CHAT_SAMPLING = ("seed", "stop", "presence_penalty", "frequency_penalty", "logit_bias")
+
 RESPONSES_CHECKS: dict[str, FieldCheck] = {
     "instructions": check_string,
     "max_output_tokens": int_in(1, MAX_TOKENS_LIMIT),
@@ -213,6 +219,11 @@ RESPONSES_CHECKS: dict[str, FieldCheck] = {
     ),
     "top_logprobs": refuse("logprobs are not produced on /v1/responses; use /v1/chat/completions"),
     "stream_options": refuse("it only applies to stream, which a batch does not support"),
+    # vLLM's extensions of the Responses API (its protocol's "responses-extra-params"): chat's
+    # sampling fields and its template variables, honoured as on chat.
+    **{k: SAMPLING_CHECKS[k] for k in _CHAT_SAMPLING},
+    **VLLM_SAMPLING_CHECKS,
+    "chat_template_kwargs": check_template_kwargs,
 }
 
 

@@ -42,6 +42,7 @@ from batchrun.openai.responses_api import RESPONSES_CHECKS
 from batchrun.openai.responses_api import check_input as check_responses_input
 from batchrun.openai.scoring import RERANK_CHECKS, SCORING_CHECKS, check_scoring
 from batchrun.openai.text import SURROGATE, check_text, surrogate_problem
+from batchrun.openai.vllm_sampling import check_min_tokens
 
 MAX_CUSTOM_ID_LEN = 512
 
@@ -156,6 +157,8 @@ def check_body(url: str, obj: dict[str, Any], *, scan_text: bool = True) -> dict
         check_chat_combinations(body)
     elif url == COMPLETIONS:
         check_completion_combinations(body)
+    elif url == RESPONSES:
+        check_min_tokens(body, body.get("max_output_tokens"))
     if scan_text:
         # Last: a line with a structural mistake gets that field's own message first.
         check_text(body)

@@ -60,9 +60,12 @@ def prompt_token_ids(
 def request_template_kwargs(request: Request, *, template: str, model_name: str) -> dict[str, Any]:
     """A chat or responses request's extra template inputs (a reasoning parser reads them too)."""
     if request.url == RESPONSES:
-        effort = {"reasoning_effort": reasoning_effort(request.body)}
+        fields = {
+            "reasoning_effort": reasoning_effort(request.body),
+            "chat_template_kwargs": request.body.get("chat_template_kwargs"),
+        }
         return template_kwargs(
-            effort, template=template, model_name=model_name, effort_field="reasoning.effort"
+            fields, template=template, model_name=model_name, effort_field="reasoning.effort"
         )
     return template_kwargs(request.body, template=template, model_name=model_name)
 
