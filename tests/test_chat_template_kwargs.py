@@ -93,3 +93,17 @@ def test_names_batchrun_renders_itself_are_refused(tmp_path: Path) -> None:
         "body.continue_final_message is not supported: every answer starts a new assistant "
         "turn; remove it"
     )
+
+
+def test_a_responses_request_passes_its_template_variables_too(tokenizer: Any) -> None:
+    from batchrun.openai.records import RESPONSES
+
+    def responses(**body: Any) -> str:
+        request = Request("a", 1, RESPONSES, {"input": "Hi", **body})
+        ids = prompt_token_ids(tokenizer, request, template=TEMPLATE, model_name="m")
+        return str(tokenizer.decode(ids))
+
+    assert responses().endswith(ON)
+    assert responses(chat_template_kwargs={"enable_thinking": False}).endswith(OFF)
+    effort = {"reasoning": {"effort": "low"}, "chat_template_kwargs": {"enable_thinking": False}}
+    assert responses(**effort).endswith("(effort: low) <think>\n\n</think>\n\n")
