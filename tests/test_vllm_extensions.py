@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from openai_checks import parse_body, requests_of
-from vllm_jobs import EXTENSIONS_SAMPLE, line_numbers, part
+from openai_checks import parse_body
+from vllm_jobs import EXTENSIONS_SAMPLE, chat_job_part
 
 from batchrun.openai.records import CHAT
 
@@ -17,14 +17,7 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture
 def ext_job(vllm_chat_job: dict[str, Any]) -> dict[str, Any]:
-    requests = requests_of(EXTENSIONS_SAMPLE)
-    assert vllm_chat_job["export"].returncode == 0, vllm_chat_job["export"].stderr
-    return {
-        "requests": requests,
-        "lines": line_numbers(vllm_chat_job["src"]),
-        "outputs": part(vllm_chat_job["outputs"], set(requests)),
-        "errors": part(vllm_chat_job["errors"], set(requests)),
-    }
+    return chat_job_part(vllm_chat_job, EXTENSIONS_SAMPLE)
 
 
 def _choice(job: dict[str, Any], cid: str) -> Any:

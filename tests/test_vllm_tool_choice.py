@@ -9,8 +9,8 @@ from typing import Any
 
 import jsonschema
 import pytest
-from openai_checks import parse_body, requests_of
-from vllm_jobs import TOOL_CHOICE_SAMPLE, line_numbers, part
+from openai_checks import parse_body
+from vllm_jobs import TOOL_CHOICE_SAMPLE, chat_job_part
 
 from batchrun.openai.records import CHAT
 
@@ -19,14 +19,7 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture
 def tool_job(vllm_chat_job: dict[str, Any]) -> dict[str, Any]:
-    requests = requests_of(TOOL_CHOICE_SAMPLE)
-    assert vllm_chat_job["export"].returncode == 0, vllm_chat_job["export"].stderr
-    return {
-        "requests": requests,
-        "lines": line_numbers(vllm_chat_job["src"]),
-        "outputs": part(vllm_chat_job["outputs"], set(requests)),
-        "errors": part(vllm_chat_job["errors"], set(requests)),
-    }
+    return chat_job_part(vllm_chat_job, TOOL_CHOICE_SAMPLE)
 
 
 def _schema(request: dict[str, Any], name: str) -> dict[str, Any]:

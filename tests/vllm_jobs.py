@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 from conftest import ROOT, chat_line, cli, cli_process, journal_records, write_jsonl
 from hub_cache import HUB_ID, make_hub_cache
+from openai_checks import requests_of
 
 SAMPLES = ROOT / "sample_data"
 CHAT_SAMPLE = SAMPLES / "chat_fidelity.jsonl"
@@ -162,6 +163,19 @@ def by_id(path: Path) -> dict[str | None, dict[str, Any]]:
 def part(lines: dict[Any, dict[str, Any]], ids: set[str]) -> dict[str, dict[str, Any]]:
     """The lines of one part of a job (its custom_ids), in file order."""
     return {cid: line for cid, line in lines.items() if cid in ids}
+
+
+def chat_job_part(job: dict[str, Any], sample: Path) -> dict[str, Any]:
+    """The part of the chat job that is `sample`: its requests (openai_checks.requests_of),
+    the job's line numbers, and its lines of output.jsonl and errors.jsonl."""
+    requests = requests_of(sample)
+    assert job["export"].returncode == 0, job["export"].stderr
+    return {
+        "requests": requests,
+        "lines": line_numbers(job["src"]),
+        "outputs": part(job["outputs"], set(requests)),
+        "errors": part(job["errors"], set(requests)),
+    }
 
 
 def results(job: Path) -> list[dict[str, Any]]:

@@ -112,32 +112,41 @@ def context_exceeded(prompt_tokens: int, max_tokens: int | None, max_model_len: 
 
 
 def sampling(request: Request) -> Sampling:
-    """The typed generation parameters of a validated chat, completions or responses request."""
+    """The typed generation parameters of a validated chat, completions or responses request.
+
+    A /v1/responses body has max_output_tokens and text.format, and no n, logprobs, echo or
+    tools; its other fields are chat's (vLLM's Responses endpoint takes seed, stop, penalties
+    and logit_bias beyond OpenAI's API)."""
     body = request.body
-    if request.url == RESPONSES:
-        return _responses_sampling(body)
-    chat = request.url == CHAT
-    if chat:
-        # max_completion_tokens replaced max_tokens in the chat API; either is honoured.
-        max_tokens = body.get("max_completion_tokens")
-        if max_tokens is None:
-            max_tokens = body.get("max_tokens")
-        top = body.get("top_logprobs")
-        logprobs = (top or 0) if body.get("logprobs") is True else None
-    else:
-        max_tokens = body.get("max_tokens")
-        if max_tokens is None and request.url == COMPLETIONS:
-            max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
-        logprobs = body.get("logprobs")
+    url = request.url
+    chat = url == CHAT
     # The optional fields read inline, not through _or and the helpers: an engine reads every
     # request's, and most bodies set few of them (a null is "not set", as in _or).
     get = body.get
+    if url == RESPONSES:
+        max_tokens, logprobs, n = get("max_output_tokens"), None, None
+        output_format = _responses_format(get("text"))
+    else:
+        if chat:
+            # max_completion_tokens replaced max_tokens in the chat API; either is honoured.
+            max_tokens = get("max_completion_tokens")
+            if max_tokens is None:
+                max_tokens = get("max_tokens")
+            top = get("top_logprobs")
+            logprobs = (top or 0) if get("logprobs") is True else None
+        else:
+            max_tokens = get("max_tokens")
+            if max_tokens is None and url == COMPLETIONS:
+                max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+            logprobs = get("logprobs")
+        n, output = get("n"), get("response_format")
+        output_format = _output_format(output) if output is not None else None
     stop = get("stop")
     tool_choice = get("tool_choice")
     forced = forced_call(body) if chat and is_forced(tool_choice) else None
-    n, temperature, top_p = get("n"), get("temperature"), get("top_p")
+    temperature, top_p = get("temperature"), get("top_p")
     presence, frequency = get("presence_penalty"), get("frequency_penalty")
-    bias, output = get("logit_bias"), get("response_format")
+    bias = get("logit_bias")
     return Sampling(
         n=1 if n is None else n,
         max_tokens=max_tokens,
@@ -149,40 +158,22 @@ def sampling(request: Request) -> Sampling:
         stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
         logprobs=logprobs,
         logit_bias=_logit_bias(bias) if bias else None,
-        output_format=_output_format(output) if output is not None else None,
-        echo=not chat and get("echo") is True,
+        output_format=output_format,
+        echo=url == COMPLETIONS and get("echo") is True,
         tools=chat and forced is None and bool(get("tools")) and tool_choice != "none",
         forced_call=forced,
         vllm=vllm_sampling(body),
     )
 
 
-def _responses_sampling(body: dict[str, Any]) -> Sampling:
-    """A /v1/responses body's generation fields: max_output_tokens, temperature, top_p and
-    text.format (the Responses API has no n or logprobs), and the fields vLLM's Responses
-    endpoint adds: chat's seed, stop, penalties and logit_bias, and its sampling extensions."""
-    text = body.get("text")
+def _responses_format(text: object) -> OutputFormat | None:
+    """A /v1/responses body's text.format as an output constraint (None for text)."""
     fmt = text.get("format") if isinstance(text, dict) else None
-    output_format = None
     if isinstance(fmt, dict) and fmt.get("type") == "json_object":
-        output_format = OutputFormat("json_object")
-    elif isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        output_format = OutputFormat("json_schema", dict(fmt["schema"]))
-    get = body.get
-    stop, bias = get("stop"), get("logit_bias")
-    presence, frequency = get("presence_penalty"), get("frequency_penalty")
-    return Sampling(
-        max_tokens=get("max_output_tokens"),
-        temperature=float(_or(get("temperature"), 1.0)),
-        top_p=float(_or(get("top_p"), 1.0)),
-        presence_penalty=0.0 if presence is None else float(presence),
-        frequency_penalty=0.0 if frequency is None else float(frequency),
-        seed=get("seed"),
-        stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
-        logit_bias=_logit_bias(bias) if bias else None,
-        output_format=output_format,
-        vllm=vllm_sampling(body),
-    )
+        return OutputFormat("json_object")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        return OutputFormat("json_schema", dict(fmt["schema"]))
+    return None
 
 
 def embedding_params(request: Request) -> EmbeddingParams:

@@ -1,6 +1,6 @@
 """vLLM's sampling extensions: request fields OpenAI does not define that vLLM's own server honours
-on /v1/chat/completions and /v1/completions (its protocol's "sampling params" block), honoured the
-same way here; and the fields of that block batchrun cannot run, refused naming the field.
+on /v1/chat/completions, /v1/completions and /v1/responses (its protocols' "sampling params"),
+honoured the same way here; and the fields of that block batchrun cannot run, refused naming the field.
 
 A user moving a job from `vllm serve` or `vllm run-batch` sets `top_k`, `repetition_penalty` or
 `ignore_eos` and expects them to act: dropped without a word, the answers would silently differ.

@@ -5,6 +5,7 @@ cannot honour is a BadRequest (a 400 outcome).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from batchrun.engines.vllm.errors import BadRequest
@@ -37,6 +38,8 @@ def sampling_params(
             max_tokens = min(max_tokens, default_max_tokens)
     ext = params.vllm or _NO_EXTENSIONS
     allowed = ext.allowed_token_ids
+    _in_vocab("logit_bias", params.logit_bias or (), vocab_size)
+    _in_vocab("allowed_token_ids", allowed or (), vocab_size)
     try:
         return SamplingParams(
             n=params.n,
@@ -48,7 +51,7 @@ def sampling_params(
             stop=list(params.stop) or None,
             max_tokens=max_tokens,
             logprobs=params.logprobs,
-            logit_bias=_logit_bias(params.logit_bias, vocab_size),
+            logit_bias=params.logit_bias,
             structured_outputs=_structured_outputs(params),
             top_k=ext.top_k,
             min_p=ext.min_p,
@@ -60,7 +63,7 @@ def sampling_params(
             skip_special_tokens=ext.skip_special_tokens,
             spaces_between_special_tokens=ext.spaces_between_special_tokens,
             bad_words=list(ext.bad_words) or None,
-            allowed_token_ids=None if allowed is None else _in_vocab(allowed, vocab_size),
+            allowed_token_ids=None if allowed is None else list(allowed),
             # Only the final output of each request is wanted: no per-token RequestOutputs.
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
@@ -68,26 +71,14 @@ def sampling_params(
         raise BadRequest(str(exc)) from exc
 
 
-def _logit_bias(bias: dict[int, float] | None, vocab_size: int) -> dict[int, float] | None:
-    """`logit_bias` as vLLM takes it; a token id outside the vocabulary is a 400."""
-    for token in bias or ():
+def _in_vocab(field: str, tokens: Iterable[int], vocab_size: int) -> None:
+    """Refuse (a 400) a token id of body.`field` outside the model's vocabulary."""
+    for token in tokens:
         if not 0 <= token < vocab_size:
             raise BadRequest(
-                f"body.logit_bias names token id {token}, outside this model's vocabulary "
+                f"body.{field} names token id {token}, outside this model's vocabulary "
                 f"(ids 0 to {vocab_size - 1})"
             )
-    return bias
-
-
-def _in_vocab(tokens: tuple[int, ...], vocab_size: int) -> list[int]:
-    """`allowed_token_ids` as vLLM takes it; a token id outside the vocabulary is a 400."""
-    for token in tokens:
-        if token >= vocab_size:
-            raise BadRequest(
-                f"body.allowed_token_ids names token id {token}, outside this model's "
-                f"vocabulary (ids 0 to {vocab_size - 1})"
-            )
-    return list(tokens)
 
 
 def _structured_outputs(params: Sampling) -> Any:
