@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -90,9 +88,9 @@ def status(
     except BatchrunError as e:
         fail(str(e), e.exit_code)
     if as_json:
-        # Strict JSON always: a value that is no number (a probe's rate of an old job, say)
-        # is null, never the NaN or Infinity strict parsers refuse.
-        sys.stdout.write(json.dumps(_finite(s), allow_nan=False) + "\n")
+        from batchrun.job.status_json import status_json
+
+        sys.stdout.write(status_json(s) + "\n")
         return
     from batchrun.console.render import print_probes, print_status, print_workers
 
@@ -101,14 +99,3 @@ def status(
         print_workers(out, s["workers"])
     if s["probes"]:
         print_probes(out, s["probes"], s["batch_size"])
-
-
-def _finite(value: Any) -> Any:
-    """`value` with every float that is no finite number replaced by None (JSON has none)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value

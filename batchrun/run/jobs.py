@@ -70,19 +70,7 @@ def submit(
     else:
         check_remote_input(url)  # a missing object or a store out of reach: before anything
     paths = JobPaths(job_dir)
-    if paths.manifest.exists():
-        try:
-            served = served_batch(load_manifest(paths))
-        except BatchrunError:  # a damaged manifest: still a job, refused all the same
-            served = None
-        goes_on = (
-            f"it runs on `{served.serve_command()}`"
-            if served is not None
-            else f"continue it with `{command('resume', job_dir)}`"
-        )
-        raise BatchrunError(
-            f"a job already exists in {job_dir}; {goes_on}, or choose another --job-dir"
-        )
+    refuse_existing_job(job_dir)
     for line in warnings:
         (notify or _to_stderr)(line)
     # Each model (several: run/model_routes.py) and adapter, found and checked.
@@ -133,6 +121,26 @@ def submit(
         return run_job(
             paths, manifest, options, mode=mode, index=index, metrics=metrics, started=started
         )
+
+
+def refuse_existing_job(job_dir: Path) -> None:
+    """Refuse (BatchrunError) a job directory that holds a job already, naming what continues
+    it: a new job must never be made over another's files."""
+    paths = JobPaths(job_dir)
+    if not paths.manifest.exists():
+        return
+    try:
+        served = served_batch(load_manifest(paths))
+    except BatchrunError:  # a damaged manifest: still a job, refused all the same
+        served = None
+    goes_on = (
+        f"it runs on `{served.serve_command()}`"
+        if served is not None
+        else f"continue it with `{command('resume', job_dir)}`"
+    )
+    raise BatchrunError(
+        f"a job already exists in {job_dir}; {goes_on}, or choose another --job-dir"
+    )
 
 
 def _fetch(url: str, paths: JobPaths) -> tuple[Path, str]:
@@ -318,6 +326,7 @@ __all__ = [
     "RunOptions",
     "check_submit",
     "prepare_model",
+    "refuse_existing_job",
     "resume",
     "retry_failed",
     "submit",
