@@ -6,13 +6,22 @@ from __future__ import annotations
 import json
 import signal
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from conftest import chat_line, cli, group_alive, journal_records, wait_until, write_jsonl
+from conftest import (
+    chat_line,
+    cli,
+    group_alive,
+    journal_records,
+    results_at_least,
+    wait_until,
+    write_jsonl,
+)
 from openai.types import Batch
 from serving import (
     SLOW_ENGINE,
@@ -168,3 +177,57 @@ def test_kill_9_while_validating_then_while_finalizing_then_restart(tmp_path: Pa
         assert len(output) == n
     finally:
         stop_server(third)
+
+
+def test_kill_9_keeps_the_killed_runs_time_in_the_batchs_wall_time(tmp_path: Path) -> None:
+    """The killed server's run of the batch ends, in its manifest, when its run clock last saw it
+    (status `killed`, all but the last seconds); the batch's wall time is both runs'."""
+    root = tmp_path / "root"
+    first = start_server(root, *SLOW_ENGINE, env=SLOW_ENV)
+    batch = create_batch(first.client(), requests_file(tmp_path / "in.jsonl", 1600))
+    job = first.batch_dir(batch.id)
+    wait_until(results_at_least(job, 40), "40 requests of the batch finish")
+    started = json.loads((job / "manifest.json").read_text())["runs"][0]["started_at"]
+
+    def seen() -> float:
+        return float(json.loads((job / "run_clock.json").read_text())["seen_at"])
+
+    # A sighting after the first one (the clock is written every 2 s) is on disk.
+    wait_until(lambda: seen() > started + 1.0, "the run clock sees the run 1 s on")
+    killed_at = time.time()
+    stop_server(first, signal.SIGKILL)
+    wait_until(lambda: not group_alive(first.process.pid), "the killed server's processes are gone")
+    assert len(journal_records(job)) < 1600  # killed mid-batch
+    clock = json.loads((job / "run_clock.json").read_text())
+    assert clock["started_at"] == started
+    assert killed_at - 2.5 < clock["seen_at"] <= killed_at
+    second = start_server(root, *SLOW_ENGINE, env=SLOW_ENV)
+    try:
+        done = wait_done(second.client(), batch.id, timeout=60)
+    finally:
+        stop_server(second)
+    assert done.status == "completed"
+    runs = json.loads((job / "manifest.json").read_text())["runs"]
+    assert [(r["mode"], r["status"]) for r in runs] == [("serve", "killed"), ("serve", "completed")]
+    assert runs[0]["ended_at"] == clock["seen_at"]
+    assert runs[0]["wall_s"] == round(clock["seen_at"] - started, 3) > 1.0
+    assert runs[1]["wall_s"] > 0
+    status = cli("status", "--job-dir", str(job), "--json")
+    assert status.returncode == 0, status.stderr
+    shown = json.loads(status.stdout)
+    assert shown["runs"] == 2
+    assert shown["wall_s"] == pytest.approx(runs[0]["wall_s"] + runs[1]["wall_s"], abs=0.002)
+
+
+def test_sigterm_closes_the_servers_run_as_interrupted_with_its_time(tmp_path: Path) -> None:
+    """A server stopped with SIGTERM closes its run of each batch it ran: `interrupted`, with its
+    wall time; the next server's run is added beside it."""
+    root = tmp_path / "root"
+    server = start_server(root, *SLOW_ENGINE, env=SLOW_ENV)
+    batch = create_batch(server.client(), requests_file(tmp_path / "in.jsonl", 1000))
+    job = server.batch_dir(batch.id)
+    wait_until(results_at_least(job, 40), "40 requests of the batch finish")
+    stop_server(server, signal.SIGTERM)
+    runs = json.loads((job / "manifest.json").read_text())["runs"]
+    assert [(r["mode"], r["status"]) for r in runs] == [("serve", "interrupted")]
+    assert runs[0]["wall_s"] == round(runs[0]["ended_at"] - runs[0]["started_at"], 3) > 0

@@ -45,6 +45,12 @@ def _write(path: Path, run: Run, seen_at: float) -> None:
             tmp.unlink()
 
 
+def see(paths: JobPaths, run: Run) -> None:
+    """Write `run`'s clock now: it is alive (for a process that keeps many runs' clocks on one
+    thread, as `batchrun serve` does, instead of a RunClock each)."""
+    _write(clock_path(paths), run, time.time())
+
+
 def last_seen(paths: JobPaths, run: Run) -> float | None:
     """When `run` was last seen alive, by the clock; None when the clock is another run's."""
     try:

@@ -18,8 +18,12 @@ from pathlib import Path
 from batchrun.errors import BatchrunError
 from batchrun.job.manifest import Manifest, Run, save_manifest
 from batchrun.job.paths import JobPaths
+from batchrun.job.run_clock import settle_runs
 from batchrun.job.served import ENDED, mark_served
 from batchrun.job.state import JobState
+
+# When this process started (near enough): a run that began before it is another server's.
+_STARTED_AT = time.time()
 
 
 @dataclass(frozen=True)
@@ -50,13 +54,15 @@ def stamp_job(
     """Write the job's status and counts into its manifest, as `run_job` does for a CLI run.
 
     `running` opens a run (this server's pid, which `status` reads, and its --ray address if it
-    runs on Ray); any other status closes it.
+    runs on Ray), after settling the runs a killed server left open (each ends when its clock
+    last saw it, serve/clocks.py); any other status closes this server's run.
     """
     requests = manifest.requests
     now = time.time()
     if status == "running":
+        settle_runs(paths, manifest)
         manifest.runs.append(Run(mode="serve", started_at=now, pid=os.getpid(), ray=ray))
-    elif manifest.runs and manifest.runs[-1].ended_at is None:
+    elif manifest.runs and _ours(manifest.runs[-1]):
         run = manifest.runs[-1]
         run.ended_at, run.status, run.wall_s = now, status, round(now - run.started_at, 3)
     manifest.status = status
@@ -70,6 +76,12 @@ def stamp_job(
     manifest.tokens = {"prompt": state.prompt_tokens, "completion": state.completion_tokens}
     with contextlib.suppress(BatchrunError):  # a full disk must not stop the other batches
         save_manifest(paths, manifest)
+
+
+def _ours(run: Run) -> bool:
+    """Whether `run` is open and this process's (a pid alone may be an earlier server's, in a
+    container whose server is always the same pid)."""
+    return run.ended_at is None and run.pid == os.getpid() and run.started_at >= _STARTED_AT
 
 
 def claim_job(paths: JobPaths, manifest: Manifest, batch_id: str) -> None:

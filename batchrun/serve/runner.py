@@ -19,12 +19,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from batchrun.errors import BatchrunError
+from batchrun.job.manifest import Run
+from batchrun.job.paths import JobPaths
+from batchrun.job.run_clock import see
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.model_routes import ModelRoute
 from batchrun.run.options import RunOptions
 from batchrun.run.scheduler import Scheduler
 from batchrun.serve import lifecycle, unserved_models
 from batchrun.serve.batches import CANCELLABLE, BatchRecord, BatchStore
+from batchrun.serve.clocks import Clocks
 from batchrun.serve.ending import SWEEP_EVERY_S, JobEnding
 from batchrun.serve.files import FileStore
 from batchrun.serve.jobview import stamp_job
@@ -91,6 +95,8 @@ class Runner(JobEnding):
         self.restarts = 0
         self._to_validate: queue.Queue[str | None] = queue.Queue()
         self._to_finalize: queue.Queue[str | None] = queue.Queue()
+        # Each running batch's run clock: a kill -9 keeps its run's time (serve/clocks.py).
+        self.clocks = Clocks(self._open_runs)
         self._threads = [
             threading.Thread(target=self._loop, name="batchrun-runner", daemon=True),
             threading.Thread(target=self._validate_loop, name="batchrun-validator", daemon=True),
@@ -110,6 +116,7 @@ class Runner(JobEnding):
                 self._to_validate.put(record.id)
         for t in self._threads:
             t.start()
+        self.clocks.start()
 
     def submit(self, batch_id: str) -> None:
         """Queue a batch just created."""
@@ -145,11 +152,25 @@ class Runner(JobEnding):
         for t in self._threads:
             if t.is_alive():
                 t.join(timeout)
+        self.clocks.stop()
         with self.lock:
-            # Journals synced and locks let go: `batchrun status` calls these jobs interrupted.
+            # Each run closed as interrupted (its time kept), journals synced and locks let go:
+            # the batches go on when the server starts again on this root.
             for job in list(self.active.values()):
                 with contextlib.suppress(Exception):
+                    stamp_job(job.paths, job.manifest, "interrupted", job.state)
+                with contextlib.suppress(Exception):
                     job.locks.close()
+
+    def _open_runs(self) -> list[tuple[JobPaths, Run]]:
+        """This server's open run of each batch it runs (for their clocks)."""
+        with self.lock:
+            jobs = list(self.active.values())
+        return [
+            (j.paths, j.manifest.runs[-1])
+            for j in jobs
+            if j.manifest.runs and j.manifest.runs[-1].ended_at is None
+        ]
 
     def gauges(self) -> dict[str, object]:
         """Queue depth, batches by status, requests by outcome (the sum of the batches'
@@ -205,6 +226,7 @@ class Runner(JobEnding):
         # Restarted with other models: its lines of models this server lacks end (unserved_models.py).
         unserved = unserved_models.unserved(job, self.options.settings)
         stamp_job(job.paths, job.manifest, "running", job.state, ray=self.options.ray)
+        see(job.paths, job.manifest.runs[-1])  # its clock from the start: a kill keeps its time
         with self.lock:
             # Decided against the record as it is now (a cancel may have come since it was read).
             # It stays validating until its first request goes to the engines (`_begin`): a
