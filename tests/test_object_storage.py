@@ -503,13 +503,41 @@ def test_export_with_denied_credentials_says_so_and_keeps_the_files(
     [
         ("out/", "--to takes a URL (s3://BUCKET/PREFIX/); for a local directory use --output-dir: out/"),
         ("https://example.com/out/", "cannot write to https://example.com/out/: https:// URLs are read-only"),
+        # Files in this process's memory: "uploaded", then gone when it exits.
+        ("memory://x/", "cannot write to memory://x/: a memory:// filesystem lives in this process and keeps nothing after it exits"),
+        ("s3://", "--to s3:// names no bucket; give one: s3://BUCKET/PREFIX/"),
+        ("s3:///out/", "--to s3:///out/ names no bucket; give one: s3://BUCKET/PREFIX/"),
     ],
 )  # fmt: skip
 def test_export_to_what_is_not_a_writable_url_is_a_usage_error(
     finished_job: Path, to: str, message: str
 ) -> None:
     r = cli("export", "--job-dir", str(finished_job), "--to", to)
-    assert (r.returncode, r.stderr) == (2, f"error: {message}\n")
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"error: {message}\n")
+    assert not (finished_job / "output.jsonl").exists()  # refused before anything is written
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("to", "why"),
+    [
+        ("ftp://127.0.0.1:{port}/x/", "the endpoint does not answer ([Errno 111] Connection refused)"),
+        # The resolver's own words differ (no such name, or no resolver at all): the start is ours.
+        ("ftp://no-such-host.invalid/x/", "the host is not known ([Errno "),
+    ],
+)  # fmt: skip
+def test_export_to_a_url_its_filesystem_cannot_open_is_one_line(
+    finished_job: Path, to: str, why: str
+) -> None:
+    """A real process: the half-made FTPFileSystem's finaliser printed a traceback at exit,
+    after a false "missing host" (the URL's own host was never given to it)."""
+    (port,) = free_ports(1)
+    url = to.format(port=port)
+    r = cli_process("export", "--job-dir", str(finished_job), "--to", url)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr.startswith(f"error: {url}: {why}") and r.stderr.endswith(")\n"), r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr  # no traceback after it
+    assert not (finished_job / "output.jsonl").exists()
 
 
 def test_an_upload_cut_off_is_aborted_and_the_old_object_stays_whole(

@@ -9,8 +9,11 @@ AWS_ENDPOINT_URL, ~/.aws/config ...): batchrun adds no flag for what the AWS too
 
 from __future__ import annotations
 
+import gc
 import os
 import re
+import sys
+import traceback
 from typing import TYPE_CHECKING, Any
 
 from batchrun.errors import BatchrunError
@@ -22,6 +25,8 @@ S3_SCHEMES = ("s3", "s3a")
 S3_INSTALL = "pip install 'batchrun[s3]'"
 # Schemes that can only be read: export --to refuses them before writing anything.
 READ_ONLY_SCHEMES = ("http", "https")
+# Schemes whose files live in this process's memory: gone when it exits, so never a destination.
+PROCESS_SCHEMES = ("memory",)
 # What a scheme looks like: two letters or more (so that C:\ stays a Windows path).
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
 
@@ -32,11 +37,12 @@ def url_scheme(text: str) -> str | None:
     return match.group(1).lower() if match else None
 
 
-def open_filesystem(url: str) -> tuple[AbstractFileSystem, str]:
+def open_filesystem(url: str, bad_url_exit: int = 1) -> tuple[AbstractFileSystem, str]:
     """The filesystem for `url` and the path within it.
 
     Raises BatchrunError naming the package to install when the scheme's filesystem is not
-    installed, or when no fsspec filesystem knows the scheme.
+    installed, or when no fsspec filesystem knows the scheme; and, with exit code
+    `bad_url_exit`, when the filesystem cannot be opened on the URL (a host that is not there).
     """
     scheme = url_scheme(url) or "file"
     try:
@@ -51,11 +57,15 @@ def open_filesystem(url: str) -> tuple[AbstractFileSystem, str]:
         raise BatchrunError(f"{url}: no installed filesystem reads {scheme}:// URLs") from None
     except ImportError:
         raise BatchrunError(f"{url}: {scheme}:// URLs need {_install_hint(scheme)}") from None
-    # A backend's own set-up may fail too: a bad profile name, a config file it cannot read.
+    # A backend's own set-up may fail too: a bad profile name, a config file it cannot read, a
+    # host that does not resolve. What the URL itself says (an FTP or SFTP host, port and user)
+    # is the backend's to read: without it FTPFileSystem says its host is missing.
     try:
-        fs = cls(skip_instance_cache=True, **_options(scheme))
+        fs = cls(skip_instance_cache=True, **cls._get_kwargs_from_urls(url), **_options(scheme))
     except Exception as e:
-        raise BatchrunError(f"{url}: {cause(e)}") from None
+        message = f"{url}: {cause(e)}"
+        _drop_quietly(e)
+        raise BatchrunError(message, exit_code=bad_url_exit) from None
     if scheme in S3_SCHEMES:
         # One set of retries, botocore's (AWS_MAX_ATTEMPTS, AWS_RETRY_MODE), as the AWS tools
         # have: s3fs's own (5) around each of botocore's (5 by default) made 25 tries, 25 read
@@ -63,6 +73,20 @@ def open_filesystem(url: str) -> tuple[AbstractFileSystem, str]:
         # off mid-body is read again by storage/fetch.py.
         fs.retries = 1
     return fs, cls._strip_protocol(url)
+
+
+def _drop_quietly(error: BaseException) -> None:
+    """Let go of a filesystem whose set-up failed, saying nothing: the half-made object is held
+    by the error's frames, and its finaliser may fail on what was never made
+    (FTPFileSystem.__del__ closes a connection it never opened), a traceback on stderr at exit."""
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda _: None
+    try:
+        traceback.clear_frames(error.__traceback__)
+        error.__traceback__ = None
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
 
 
 def _install_hint(scheme: str) -> str:
@@ -111,8 +135,10 @@ def cause(error: BaseException) -> str:
         return f"the endpoint does not answer ({text})"
     if names & {"ClientPayloadError", "IncompleteRead", "ServerDisconnectedError", "ClientOSError"}:
         return f"the connection was lost ({text})"
-    if names & {"ReadTimeoutError", "TimeoutError", "FSTimeoutError"}:
+    if names & {"ReadTimeoutError", "TimeoutError", "FSTimeoutError", "ConnectionRefusedError"}:
         return f"the endpoint does not answer ({text})"
+    if names & {"gaierror"}:  # socket's: a host name that does not resolve
+        return f"the host is not known ({text})"
     if isinstance(error, PermissionError):
         return f"access denied ({text}); check the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE)"
     if isinstance(error, FileNotFoundError):

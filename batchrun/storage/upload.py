@@ -16,6 +16,7 @@ from pathlib import Path
 
 from batchrun.errors import BatchrunError
 from batchrun.storage.filesystems import (
+    PROCESS_SCHEMES,
     READ_ONLY_SCHEMES,
     S3_SCHEMES,
     cause,
@@ -33,8 +34,10 @@ def check_destination(url: str) -> str:
     """Check, before anything is written, that export's files can go to `url`; returns the
     prefix to put them under (ending in "/").
 
-    Raises BatchrunError for a local path, a read-only scheme, a scheme with no filesystem, or
-    a bucket that does not exist or cannot be reached.
+    Raises BatchrunError for a URL that names no writable place that outlives this process
+    (exit 2: a local path, a read-only scheme, an in-memory one, an S3 URL with no bucket, a URL
+    its filesystem cannot be opened on), and for a bucket that does not exist or cannot be
+    reached (exit 1).
     """
     scheme = url_scheme(url)
     if scheme is None or scheme == "file":
@@ -44,9 +47,20 @@ def check_destination(url: str) -> str:
         )
     if scheme in READ_ONLY_SCHEMES:
         raise BatchrunError(f"cannot write to {url}: {scheme}:// URLs are read-only", exit_code=2)
-    fs, path = open_filesystem(url)
+    if scheme in PROCESS_SCHEMES:
+        # "uploaded" would be a promise broken when the process exits.
+        raise BatchrunError(
+            f"cannot write to {url}: a {scheme}:// filesystem lives in this process and keeps "
+            "nothing after it exits",
+            exit_code=2,
+        )
+    bucket = url.split("://", 1)[1].split("/", 1)[0]
+    if scheme in S3_SCHEMES and not bucket:
+        raise BatchrunError(
+            f"--to {url} names no bucket; give one: {scheme}://BUCKET/PREFIX/", exit_code=2
+        )
+    fs, _ = open_filesystem(url, bad_url_exit=2)
     if scheme in S3_SCHEMES:
-        bucket = path.split("/", 1)[0]
         try:
             fs.call_s3("head_bucket", Bucket=bucket)
         except FileNotFoundError:
