@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from batchrun.openai.params import OutputFormat, Sampling, embedding_params, sampling
 from batchrun.openai.records import CHAT, COMPLETIONS, EMBEDDINGS, Request
 from batchrun.openai.vllm_sampling import VllmSampling
@@ -129,3 +131,27 @@ def test_a_models_defaults_fill_only_the_fields_a_request_leaves_unset() -> None
     mine = sampling(Request("a", 1, CHAT, full))
     assert with_model_defaults(mine, full, defaults) == mine
     assert with_model_defaults(mine, body, {}) is mine
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "token"),
+    [
+        ({"logit_bias": {"5": 1, "100": 1}}, "logit_bias", 100),
+        ({"allowed_token_ids": [5, 120]}, "allowed_token_ids", 120),
+        ({"stop_token_ids": [5, 100]}, "stop_token_ids", 100),
+    ],
+)
+def test_a_token_id_outside_the_vocabulary_is_one_400_in_one_form(
+    body: dict[str, Any], field: str, token: int
+) -> None:
+    """Every field that names token ids is checked against the model's vocabulary the same way,
+    before vLLM is asked (whose own words for stop_token_ids were its raw error text)."""
+    from batchrun.engines.vllm.errors import BadRequest
+    from batchrun.engines.vllm.params import sampling_params
+
+    with pytest.raises(BadRequest) as refused:
+        sampling_params(chat(max_tokens=4, **body), 3, max_model_len=64, vocab_size=100)
+    assert (refused.value.code, refused.value.message) == (
+        "invalid_request",
+        f"body.{field} names token id {token}, outside this model's vocabulary (ids 0 to 99)",
+    )

@@ -1,6 +1,7 @@
 """A request's typed sampling fields (batchrun.openai.params) as vLLM `SamplingParams`, with
-`max_tokens` checked against the context window and logit bias against the vocabulary. What vLLM
-cannot honour is a BadRequest (a 400 outcome).
+`max_tokens` checked against the context window and every token id a body names (logit_bias,
+allowed_token_ids, stop_token_ids) against the vocabulary. What vLLM cannot honour is a
+BadRequest (a 400 outcome).
 """
 
 from __future__ import annotations
@@ -25,9 +26,6 @@ def sampling_params(
 ) -> Any:
     """Build vLLM SamplingParams from a request's typed sampling fields. `default_max_tokens`:
     the model's own limit for a request that sets none (engines/vllm/model_defaults.py)."""
-    from vllm.exceptions import VLLMClientError
-    from vllm.sampling_params import RequestOutputKind, SamplingParams
-
     max_tokens = params.max_tokens
     too_long = context_exceeded(prompt_tokens, max_tokens, max_model_len)
     if too_long is not None:
@@ -38,8 +36,14 @@ def sampling_params(
             max_tokens = min(max_tokens, default_max_tokens)
     ext = params.vllm or _NO_EXTENSIONS
     allowed = ext.allowed_token_ids
+    # Every token id a body names, in one form (vLLM's own words differ field by field).
     _in_vocab("logit_bias", params.logit_bias or (), vocab_size)
     _in_vocab("allowed_token_ids", allowed or (), vocab_size)
+    _in_vocab("stop_token_ids", ext.stop_token_ids, vocab_size)
+    # After the checks: a request refused by them needs no vLLM (and its unit test none either).
+    from vllm.exceptions import VLLMClientError
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
     try:
         return SamplingParams(
             n=params.n,
