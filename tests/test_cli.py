@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import chat_line, write_jsonl
+from conftest import chat_line, cli, write_jsonl
 from typer.testing import CliRunner
 
 from batchrun.cli import app
@@ -61,6 +61,37 @@ def test_a_file_that_is_not_jsonl_at_all(tmp_path: Path) -> None:
     assert code == 1
     assert "is not a JSONL file of requests" in output
     assert not (tmp_path / "j").exists()  # nothing half-made is left behind
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        json.dumps([chat_line("a", "hi"), chat_line("b", "ho")]) + "\n",  # one line
+        json.dumps([chat_line("a", "hi"), chat_line("b", "ho")], indent=2),  # pretty-printed
+    ],
+    ids=["one-line", "pretty-printed"],
+)
+def test_a_file_holding_one_json_array_is_refused_as_not_jsonl(tmp_path: Path, text: str) -> None:
+    """An array of request objects is not JSONL: one line naming the conversion, no job (read
+    as JSONL it was a job of one invalid line, or of the pretty-printed array's last element)."""
+    src = tmp_path / "requests.json"
+    src.write_text("\ufeff" + text, encoding="utf-8")
+    r = cli("submit", str(src), "--job-dir", str(tmp_path / "j"), "--engine", "echo")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1,
+        "",
+        f"error: input file {src} holds a JSON array, not JSONL (one request object a line); "
+        f"convert it first (jq -c '.[]' {src} > requests.jsonl)\n",
+    )
+    assert not (tmp_path / "j").exists()
+
+
+def test_a_jsonl_file_whose_first_line_is_an_array_is_still_a_job(tmp_path: Path) -> None:
+    """Only a whole-file array is refused: a bad first line of a JSONL file is one invalid line."""
+    src = write_jsonl(tmp_path / "in.jsonl", [[1, 2], chat_line("a", "hi")])
+    r = cli("submit", str(src), "--job-dir", str(tmp_path / "j"), "--engine", "echo")
+    assert r.returncode == 1 and "1 invalid line" in r.stdout, r.stdout + r.stderr
+    assert (tmp_path / "j" / "manifest.json").exists()
 
 
 # Bad engine options: tests/test_options.py (through a subprocess, every option).

@@ -17,7 +17,7 @@ import shlex
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgspec
 
@@ -369,10 +369,31 @@ def check_input_file(path: Path) -> None:
             f.seek(0)
             if not _has_content(f.read, READ_BUFFER):
                 raise BatchrunError(f"input file is empty: {path}")
+            if _is_json_array(f):
+                # Read as JSONL, one array line would be a job of one invalid line (and a
+                # pretty-printed one a job of its last element, or of none).
+                quoted = shlex.quote(str(path))
+                raise BatchrunError(
+                    f"input file {path} holds a JSON array, not JSONL (one request object a "
+                    f"line); convert it first (jq -c '.[]' {quoted} > requests.jsonl)"
+                )
     except PermissionError:
         raise BatchrunError(f"cannot read input file (permission denied): {path}") from None
     except OSError as e:
         raise BatchrunError(f"cannot read input file {path}: {e.strerror or e}") from None
+
+
+def _is_json_array(f: BinaryIO) -> bool:
+    """Whether the open file is one JSON array: its first byte past a BOM and whitespace is "["
+    and its last before the trailing whitespace is "]" (every JSONL batch line is an object)."""
+    f.seek(0)
+    head = f.read(4096)
+    head = head[len(BOM) :] if head.startswith(BOM) else head
+    if not head.lstrip(WHITESPACE).startswith(b"["):
+        return False
+    size = f.seek(0, os.SEEK_END)
+    f.seek(max(0, size - 4096))
+    return f.read().rstrip(WHITESPACE).endswith(b"]")
 
 
 def _has_content(read: Callable[[int], bytes], block: int) -> bool:
