@@ -219,6 +219,32 @@ def test_cache_stats_and_prune(tmp_path: Path) -> None:
     assert r.returncode == 2
 
 
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (lambda p: p.write_text("not a cache\n"), "it is a file, not a directory"),
+        (lambda p: None, "it does not exist"),
+        (lambda p: p.mkdir(), "it holds no answers-v1/ (a job given --cache-dir {p} makes it)"),
+    ],
+    ids=["file", "missing", "other-directory"],
+)
+@pytest.mark.parametrize("command", [("stats",), ("stats", "--json"), ("prune", "--older-than", "0s")])  # fmt: skip
+def test_cache_commands_refuse_what_is_not_a_cache(
+    tmp_path: Path, make: Any, why: str, command: tuple[str, ...]
+) -> None:
+    """Not "0 answers" for a typo: one line naming the path and why, exit 2, nothing touched."""
+    path = tmp_path / "cache"
+    make(path)
+    before = sorted(tmp_path.rglob("*"))
+    r = cli("cache", command[0], "--cache-dir", str(path), *command[1:])
+    assert (r.returncode, r.stdout, r.stderr) == (
+        2,
+        "",
+        f"error: --cache-dir {path} is not an answer cache: {why.format(p=path)}\n",
+    )
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 @pytest.mark.slow
 def test_serve_answers_a_later_batch_from_the_cache(tmp_path: Path) -> None:
     cache = tmp_path / "cache"

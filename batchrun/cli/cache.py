@@ -9,7 +9,9 @@ from typing import Annotated
 
 import typer
 
+from batchrun.cli.exits import fail
 from batchrun.cli.helpformat import HelpCommand, HelpGroup
+from batchrun.errors import BatchrunError
 
 CacheDir = Annotated[
     Path | None,
@@ -63,6 +65,7 @@ def stats(
     """Show how many answers the cache holds, their size and age."""
     from batchrun.run.answer_cache import stats as cache_stats
 
+    _check(cache_dir)
     s = cache_stats(cache_dir)
     if as_json:
         sys.stdout.write(json.dumps(s) + "\n")
@@ -85,5 +88,17 @@ def prune(
     """Remove answers stored longer ago than --older-than."""
     from batchrun.run.answer_cache import prune as cache_prune
 
-    count, size = cache_prune(cache_dir, parse_age(older_than))
+    age = parse_age(older_than)
+    _check(cache_dir)
+    count, size = cache_prune(cache_dir, age)
     sys.stdout.write(f"removed {count} answers ({size} bytes) from {cache_dir}\n")
+
+
+def _check(cache_dir: Path) -> None:
+    """A --cache-dir that is not an answer cache: one line, exit 2."""
+    from batchrun.run.answer_cache import check_existing_cache
+
+    try:
+        check_existing_cache(cache_dir)
+    except BatchrunError as e:
+        fail(str(e), e.exit_code)

@@ -33,12 +33,12 @@ from typing import Any
 
 import msgspec
 
-from batchrun import __version__
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
 from batchrun.openai.answers import answer_problem
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.dedup import copy_outcome, dedup_key
+from batchrun.version import __version__
 
 FORMAT = "answers-v1"
 # The settings that change an answer (the weights' identity is added by `model_identity`).
@@ -215,6 +215,21 @@ def _write_atomic(path: Path, payload: bytes) -> bool:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         return False
+
+
+def check_existing_cache(root: Path) -> None:
+    """Refuse (BatchrunError, exit 2) a `root` that is not an answer cache, before `stats` or
+    `prune` look at it: a file, a path that is not there, or a directory no job has used as a
+    cache (a typo would otherwise read as an empty cache: "0 answers")."""
+    if root.is_dir() and (root / FORMAT).is_dir():
+        return
+    if not root.exists():
+        why = "it does not exist"
+    elif not root.is_dir():
+        why = "it is a file, not a directory"
+    else:
+        why = f"it holds no {FORMAT}/ (a job given --cache-dir {root} makes it)"
+    raise BatchrunError(f"--cache-dir {root} is not an answer cache: {why}", exit_code=2)
 
 
 def entries(root: Path) -> Iterator[Path]:
