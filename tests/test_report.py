@@ -226,3 +226,27 @@ def test_report_memory_does_not_grow_with_the_journal(busy_job: Path, tmp_path: 
     # Holding a mere 100 bytes per request would add 18 MiB.
     assert peaks[1] - peaks[0] < 8 * 1024, peaks
     assert sizes[1] < 5_000_000 and sizes[1] < sizes[0] * 1.2, sizes
+
+
+@pytest.mark.slow
+def test_the_page_data_is_strict_json_when_a_figure_overflows(tmp_path: Path) -> None:
+    """A cost past the float range (--gpu-hour-cost 1.7e308 per million tokens) is null in the
+    page's data, as in status --json: JSON.parse, and any strict parser, refuses Infinity."""
+    src = write_jsonl(tmp_path / "in.jsonl", [completion(f"r{i}") for i in range(3)])
+    job = tmp_path / "job"
+    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress",
+            "--gpu-hour-cost", "1.7e308")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    r = cli("report", "--job-dir", str(job))
+    assert r.returncode == 0, r.stderr
+    text = (job / "report.html").read_text(encoding="utf-8")
+    raw = re.search(r'id="report-data">(.*?)</script>', text, re.S)
+    assert raw is not None
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in the page's data")
+
+    data = json.loads(raw.group(1), parse_constant=refuse)
+    assert data["cost"]["usd_per_million_tokens"] is None
+    status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
+    assert data["cost"] == status["cost"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import datetime as dt
 import html
-import json
 import math
 from importlib import resources
 from typing import Any
 
+from batchrun.job.strict_json import strict_dumps
 from batchrun.report.data import MAX_POINTS, ReportData
 
 # Bars of the latency and queue-wait distributions.
@@ -48,7 +48,8 @@ def render(data: ReportData) -> str:
             _chart("workers", "Per-worker throughput"),
         ]
     )
-    data_json = json.dumps(payload, separators=(",", ":")).replace("<", "\\u003c")
+    # Strict JSON (JSON.parse refuses Infinity): an overflowed cost is null, as in status --json.
+    data_json = strict_dumps(payload, separators=(",", ":")).replace("<", "\\u003c")
     return _TEMPLATE.format(
         csp=CSP,
         title=_e(f"batchrun report {data.job_id}"),
