@@ -294,3 +294,23 @@ def test_the_sample_runs_on_the_echo_engine_with_reasoning_in_parquet(tmp_path: 
     assert df.loc["items", "content"] == "Name a primary color."
     assert pd.isna(df.loc["items", "reasoning"])
     assert (df.loc["cut", "finish_reason"], df.loc["cut", "completion_tokens"]) == ("length", 5)
+
+
+def test_tools_in_chat_template_kwargs_are_advised_where_tools_run(tmp_path: Path) -> None:
+    """The refusal's advice works when followed: chat's ("give tools as body.tools") gives a
+    valid chat line; responses' is not chat's, which would give a line refused again."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    on_responses = line(input="Hi", chat_template_kwargs={"tools": tools})
+    assert error_of(tmp_path, on_responses) == (
+        "body.chat_template_kwargs.tools is not a template variable a request may set: batchrun "
+        "renders the prompt with it itself; remove it: tools are not run on /v1/responses; use "
+        "/v1/chat/completions, where function tools and tool_choice are honoured"
+    )
+    # Followed: without it the line is valid; with tools it must go to chat, where they run.
+    (plain,) = read_input(write_jsonl(tmp_path / "in.jsonl", [line(input="Hi")]))
+    assert isinstance(plain, Request)
+    assert error_of(tmp_path, line(input="Hi", tools=tools)).startswith("body.tools is not")
+    on_chat = chat_line("a", "Hi", chat_template_kwargs={"tools": tools})
+    assert error_of(tmp_path, on_chat).endswith("; give tools as body.tools")
+    (fixed,) = read_input(write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "Hi", tools=tools)]))
+    assert isinstance(fixed, Request) and fixed.body["tools"] == tools

@@ -135,20 +135,29 @@ RENDERER_NAMES = frozenset(
 )  # fmt: skip
 
 
-def check_template_kwargs(key: str, value: object) -> None:
-    """vLLM's chat_template_kwargs: extra variables for the chat template (enable_thinking)."""
-    if not isinstance(value, dict):
-        bad(
-            f"body.{key} must be an object of chat template variables such as "
-            f'{{"enable_thinking": false}}, got {describe(value)}'
-        )
-    for name in value:
-        if name in RENDERER_NAMES:
-            instead = "give tools as body.tools" if name == "tools" else "remove it"
+def template_kwargs_check(tools_instead: str) -> FieldCheck:
+    """vLLM's chat_template_kwargs: extra variables for the chat template (enable_thinking).
+    `tools_instead`: what the endpoint's refusal of `tools` among them advises (each endpoint
+    takes tools its own way, or not at all)."""
+
+    def check(key: str, value: object) -> None:
+        if not isinstance(value, dict):
             bad(
-                f"body.{key}.{name} is not a template variable a request may set: batchrun "
-                f"renders the prompt with it itself; {instead}"
+                f"body.{key} must be an object of chat template variables such as "
+                f'{{"enable_thinking": false}}, got {describe(value)}'
             )
+        for name in value:
+            if name in RENDERER_NAMES:
+                instead = tools_instead if name == "tools" else "remove it"
+                bad(
+                    f"body.{key}.{name} is not a template variable a request may set: batchrun "
+                    f"renders the prompt with it itself; {instead}"
+                )
+
+    return check
+
+
+check_template_kwargs = template_kwargs_check("give tools as body.tools")
 
 
 def check_chat_combinations(body: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from batchrun.openai.chat import check_template_kwargs
+from batchrun.openai.chat import template_kwargs_check
 from batchrun.openai.fields import (
     MAX_TOKENS_LIMIT,
     SAMPLING_CHECKS,
@@ -185,6 +185,11 @@ def _check_truncation(key: str, value: object) -> None:
 
 _NO_STORED = "a batch line stands alone: no response or conversation is stored to continue"
 
+_NO_TOOLS = (
+    "tools are not run on /v1/responses; use /v1/chat/completions, where function tools and "
+    "tool_choice are honoured"
+)
+
 # The chat sampling fields vLLM's Responses endpoint takes beyond OpenAI's Responses API.
 _CHAT_SAMPLING = ("seed", "stop", "presence_penalty", "frequency_penalty", "logit_bias")
 
@@ -204,10 +209,7 @@ RESPONSES_CHECKS: dict[str, FieldCheck] = {
     "service_tier": check_string,
     "prompt_cache_key": check_string,
     "safety_identifier": check_string,
-    "tools": refuse(
-        "tools are not run on /v1/responses; use /v1/chat/completions, where function tools "
-        "and tool_choice are honoured"
-    ),
+    "tools": refuse(_NO_TOOLS),
     "tool_choice": refuse("it only applies to tools, which /v1/responses does not run here"),
     "max_tool_calls": refuse("it only applies to tools, which /v1/responses does not run here"),
     "previous_response_id": refuse(_NO_STORED),
@@ -223,7 +225,8 @@ RESPONSES_CHECKS: dict[str, FieldCheck] = {
     # sampling fields and its template variables, honoured as on chat.
     **{k: SAMPLING_CHECKS[k] for k in _CHAT_SAMPLING},
     **VLLM_SAMPLING_CHECKS,
-    "chat_template_kwargs": check_template_kwargs,
+    # Not "give tools as body.tools", chat's advice: body.tools is refused here too.
+    "chat_template_kwargs": template_kwargs_check(f"remove it: {_NO_TOOLS}"),
 }
 
 
