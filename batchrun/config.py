@@ -46,6 +46,11 @@ MIN_STALL_TIMEOUT = 2.0
 # engine runs at once when that is more.
 STALL_FLOOR_S = 300.0
 STALL_PER_SEQUENCE_S = 1.0
+# The remote engine (engines/remote/): its name, and the most requests it keeps in flight unless
+# --max-concurrency says otherwise (its flow control finds how many below that).
+REMOTE_ENGINE = "remote"
+DEFAULT_MAX_CONCURRENCY = 256
+MAX_CONCURRENCY = 65536
 # How long a worker may take to start its engine and report ready: loading a large model from a
 # slow disk, compiling, capturing CUDA graphs take minutes; only a wait that never ends is wrong.
 DEFAULT_START_TIMEOUT = 1800.0
@@ -105,6 +110,19 @@ def check_gpus(ids: object) -> None:
     twice = sorted({g for g in ids if ids.count(g) > 1})
     if twice:
         raise OptionError("--gpus", f"names GPU {', '.join(twice)} more than once")
+
+
+def check_base_url(url: object) -> None:
+    """Refuse a --base-url that is not an http(s) URL with a host."""
+    if not isinstance(url, str):
+        raise OptionError("--base-url", f"must be a URL, got {url!r}")
+    scheme, _, rest = url.partition("://")
+    host = rest.split("/", 1)[0]
+    if scheme.lower() not in ("http", "https") or not host.strip():
+        raise OptionError(
+            "--base-url",
+            f"must be an http:// or https:// URL such as http://HOST:8000/v1, got {url!r}",
+        )
 
 
 def check_timeouts(stall: object, request: object, start: object) -> None:
@@ -210,6 +228,13 @@ class EngineSettings:
     media_fetch_timeout: float | None = None
     max_media_bytes: int = DEFAULT_MAX_MEDIA_BYTES
     limit_mm_per_prompt: dict[str, int] | None = None
+    # The remote engine (engines/remote/): --base-url, the server's OpenAI root
+    # (http://HOST:PORT/v1); --max-concurrency, the most requests in flight (None:
+    # DEFAULT_MAX_CONCURRENCY); --priority, vLLM's request priority sent with every line. The API
+    # key is never a setting: settings are saved into the job (engines/remote/urls.py api_key).
+    base_url: str | None = None
+    max_concurrency: int | None = None
+    priority: int | None = None
 
     @property
     def spec(self) -> EngineSpec:
@@ -273,7 +298,29 @@ class EngineSettings:
             raise OptionError(
                 "--max-lora-rank", f"must be one of {ranks}, got {self.max_lora_rank}"
             )
+        self.check_remote()
         self.check_media()
+
+    def check_remote(self) -> None:
+        """Refuse a --base-url that is not http(s), one given to an engine other than remote,
+        a remote engine without one, and a --max-concurrency below 1."""
+        if self.engine == REMOTE_ENGINE:
+            if self.base_url is None:
+                raise OptionError(
+                    "--base-url", "is needed by the remote engine: the server's URL, e.g. "
+                    "http://HOST:8000/v1"
+                )  # fmt: skip
+            check_base_url(self.base_url)
+        elif self.base_url is not None:
+            raise OptionError(
+                ("--base-url", "--engine"),
+                f"--base-url sends the lines to a server (the remote engine), but --engine is "
+                f"{self.engine}; leave --engine out",
+            )
+        if self.max_concurrency is not None:
+            check_number("--max-concurrency", self.max_concurrency, 1, MAX_CONCURRENCY)
+        if self.priority is not None:
+            check_number("--priority", self.priority, -(2**31), 2**31 - 1)
 
     def check_media(self) -> None:
         """Refuse media limits no run could take; a local media root must be a directory."""
@@ -331,7 +378,13 @@ class GivenOptions:
     media_fetch_timeout: float | None = None
     max_media_bytes: int | None = None
     limit_mm_per_prompt: str | None = None
+    base_url: str | None = None
+    max_concurrency: int | None = None
+    priority: int | None = None
 
     def given(self) -> dict[str, Any]:
-        """The options given, by field name."""
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        """The options given, by field name; --base-url alone names the remote engine."""
+        given = {k: v for k, v in asdict(self).items() if v is not None}
+        if "base_url" in given and "engine" not in given:
+            given = {"engine": REMOTE_ENGINE, **given}
+        return given

@@ -26,7 +26,9 @@ from batchrun.errors import OptionError
 # "huggingface": what vLLM loads (batchrun/models/): a hub id, found in the Hugging Face cache
 #   or downloaded; a local Hugging Face model directory; a .gguf file or the embedded default
 #   model, converted once in a child process.
-ModelSource = Literal["none", "huggingface"]
+# "remote": the server at --base-url serves it; --served-model-name, else the one model its
+#   /v1/models lists, fills a line's missing body.model (batchrun/engines/remote/).
+ModelSource = Literal["none", "huggingface", "remote"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,10 @@ class EngineSpec:
     # "module:function" listing the engine's reasoning parsers (--reasoning-parser's choices);
     # None: the engine splits no reasoning, and takes any name.
     reasoning_parsers_path: str | None = None
+    # True: the engine finds how many requests to keep in flight itself (the remote engine's
+    # AIMD window); the batch size is its cap (--max-concurrency), never searched, and what
+    # the job shows as its batch size is the window the engine settled on.
+    flow_control: bool = False
 
     def factory(self) -> Callable[[Any], Any]:
         """The engine's class (imports its module: call it in a worker, never in the CLI)."""
@@ -93,6 +99,15 @@ _SPECS = (
         model="none",
         cache_device="echo",
         uses_gpus=False,
+    ),
+    EngineSpec(
+        name="remote",
+        summary="an OpenAI-compatible server at --base-url",
+        factory_path="batchrun.engines.remote.engine:RemoteEngine",
+        model="remote",
+        cache_device="remote",
+        uses_gpus=False,
+        flow_control=True,
     ),
 )
 ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in _SPECS}

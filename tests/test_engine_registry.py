@@ -28,20 +28,23 @@ def test_an_unknown_engine_is_refused_with_one_line() -> None:
         with pytest.raises(OptionError) as caught:
             engine_spec(name)
         assert caught.value.options == ("--engine",)
-        assert str(caught.value) == f"must be one of vllm, echo, got {name!r}"
+        assert str(caught.value) == f"must be one of vllm, echo, remote, got {name!r}"
         assert caught.value.exit_code == 2
-    with pytest.raises(OptionError, match=r"^must be one of vllm, echo, got 'gpt'$"):
+    with pytest.raises(OptionError, match=r"^must be one of vllm, echo, remote, got 'gpt'$"):
         EngineSettings(engine="gpt").check()
-    with pytest.raises(OptionError, match=r"^must be one of vllm, echo, got 'gpt'$"):
+    with pytest.raises(OptionError, match=r"^must be one of vllm, echo, remote, got 'gpt'$"):
         create_engine(EngineSettings(engine="gpt"))
     with pytest.raises(OptionError):
         worker_envs("gpt", None, 1, None)
 
 
 def test_the_names_and_the_default() -> None:
-    assert ENGINE_NAMES == ("vllm", "echo")
+    assert ENGINE_NAMES == ("vllm", "echo", "remote")
     assert DEFAULT_ENGINE == "vllm" == EngineSettings().engine
-    assert engine_help() == "vllm, or echo (no model: replies with the input)."
+    assert engine_help() == (
+        "vllm, echo (no model: replies with the input), or remote (an OpenAI-compatible server "
+        "at --base-url)."
+    )
     assert all(ENGINES[name].name == name for name in ENGINE_NAMES)
 
 
@@ -56,7 +59,7 @@ def test_every_entry_resolves_without_importing_vllm() -> None:
         "    factory = spec.factory()\n"
         "    assert callable(factory), spec\n"
         "    assert list(inspect.signature(factory).parameters) == ['settings'], spec\n"
-        "    assert spec.model in ('none', 'huggingface'), spec\n"
+        "    assert spec.model in ('none', 'huggingface', 'remote'), spec\n"
         "    assert isinstance(spec.uses_gpus, bool), spec\n"
         "    assert isinstance(cache_device(spec), str) and cache_device(spec), spec\n"
         "assert 'vllm' not in sys.modules and 'torch' not in sys.modules\n"
@@ -72,6 +75,9 @@ def test_each_engine_s_properties(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     echo, vllm = engine_spec("echo"), engine_spec("vllm")
     assert (echo.model, echo.uses_gpus, cache_device(echo)) == ("none", False, "echo")
     assert (vllm.model, vllm.uses_gpus, vllm.cache_device) == ("huggingface", True, None)
+    remote = engine_spec("remote")
+    assert (remote.model, remote.uses_gpus, remote.flow_control) == ("remote", False, True)
+    assert not echo.flow_control and not vllm.flow_control
     assert EngineSettings(engine="echo").spec is echo
     # Echo takes no GPU: `--workers` processes, whatever GPUs are named.
     assert worker_envs("echo", ["0", "1"], 1, None) == [{}]
@@ -106,6 +112,6 @@ def test_a_job_saved_with_an_unknown_engine_says_which_option_replaces_it(
     r = cli("resume", "--job-dir", str(job), "--no-progress", env={"COLUMNS": "1000"})
     assert r.returncode == 1
     assert r.stderr == (
-        "error: the job's saved --engine must be one of vllm, echo, got 'gpt'; "
+        "error: the job's saved --engine must be one of vllm, echo, remote, got 'gpt'; "
         "pass --engine to replace it\n"
     )

@@ -106,7 +106,7 @@ BAD_SUBMIT_OPTIONS = [
     ),
     (
         ["--engine", "gpt"],
-        f"Invalid value for '--engine' {env_hint('--engine')}: 'gpt' is not one of 'vllm', 'echo'.",
+        f"Invalid value for '--engine' {env_hint('--engine')}: 'gpt' is not one of 'vllm', 'echo', 'remote'.",
     ),
 ]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,11 +16,13 @@ import typer
 from batchrun.config import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_CONCURRENCY,
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MIN_BATCH,
     DEFAULT_START_TIMEOUT,
     MAX_ATTEMPTS_LIMIT,
     MAX_BATCH_SIZE,
+    MAX_CONCURRENCY,
     MIN_STALL_TIMEOUT,
     SEED_MAX,
     STALL_FLOOR_S,
@@ -28,6 +31,7 @@ from batchrun.config import (
     Dtype,
     GivenOptions,
     OptionError,
+    check_base_url,
     check_name,
     check_number,
     check_timeouts,
@@ -406,7 +410,59 @@ ENGINE_OPTIONS = (
         "The most media parts per request, as vLLM takes it: image=2,audio=1 or JSON.",
         default="the model's",
     ),
+    EngineOption(
+        "base_url",
+        str,
+        "Send the lines to this OpenAI-compatible server (vllm serve, SGLang, a gateway), "
+        "e.g. http://HOST:8000/v1: the remote engine. The job keeps it; resume needs it only "
+        "to change it.",
+        default="none: batchrun starts its own engine",
+        callback=_checked(check_base_url),
+        metavar="URL",
+    ),
+    EngineOption(
+        "max_concurrency",
+        int,
+        "Remote engine: the most requests in flight; its flow control finds how many below it.",
+        default=str(DEFAULT_MAX_CONCURRENCY),
+        min=1,
+        max=MAX_CONCURRENCY,
+    ),
+    EngineOption(
+        "priority",
+        int,
+        "Remote engine: vLLM's request priority, sent with every line (a server started with "
+        "--scheduling-policy priority serves lower values first).",
+        default="none sent",
+    ),
 )
+
+# --api-key: the remote engine's key. Not an engine option: those are saved into the job, and
+# the key must never be. It reaches the workers through this process's environment.
+API_KEY_ENV = "BATCHRUN_API_KEY"
+_API_KEY = inspect.Parameter(
+    "api_key",
+    inspect.Parameter.KEYWORD_ONLY,
+    default=None,
+    annotation=Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            help="Remote engine: the server's API key, sent as Authorization: Bearer; never "
+            "written to the job. \\[default: OPENAI_API_KEY]",
+            show_default=False,
+            rich_help_panel="Engine options",
+        ),
+    ],
+)
+
+
+def use_api_key(key: str | None) -> None:
+    """Make `--api-key` the key this run's workers send (the environment: never the job)."""
+    if key is not None:
+        if not key.strip():
+            raise typer.BadParameter("must not be empty", param_hint="'--api-key'")
+        os.environ[API_KEY_ENV] = key
 
 
 def engine_options(
@@ -422,9 +478,13 @@ def engine_options(
     def decorate(func: Callable[..., None]) -> Callable[..., None]:
         signature = inspect.signature(func, eval_str=True)
         own = [p for p in signature.parameters.values() if p.name != "options"]
+        # A command with its own --api-key (serve: the key its clients send) takes no remote one.
+        remote_key = () if "api_key" in signature.parameters else (_API_KEY,)
 
         @functools.wraps(func)
         def run(**kwargs: Any) -> None:
+            if remote_key:
+                use_api_key(kwargs.pop("api_key"))
             values = {o.name: kwargs.pop(o.name) for o in specs}
             if "model" in values:  # one plain --model, or NAME=PATH ones (models/named.py)
                 values["model"], values["models"] = split_model_values(values["model"])
@@ -432,7 +492,7 @@ def engine_options(
             func(**kwargs, options=given)
 
         # Typer reads a command's options from its signature.
-        params = [*own, *(o.parameter(override=override) for o in specs)]
+        params = [*own, *(o.parameter(override=override) for o in specs), *remote_key]
         run.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
         return run
 

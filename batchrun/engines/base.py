@@ -66,6 +66,23 @@ class Abortable(Protocol):
         ...
 
 
+@runtime_checkable
+class FlowControlled(Protocol):
+    """An engine that finds by itself how many requests to keep in flight (the remote engine's
+    AIMD window): the worker hands it all its window holds, reports its window as the batch
+    size, and leaves `--request-timeout` to it (time waiting for its window is not the
+    server's)."""
+
+    def flow_window(self) -> int:
+        """The requests it lets be in flight now."""
+        ...
+
+
+class StopsJob(RuntimeError):
+    """An engine error that no restart, retry or other request cures (a server refusing the
+    key): the job stops, with this message, everything answered kept."""
+
+
 def create_engine(settings: EngineSettings) -> Engine:
     """Start the engine that `settings.engine` names (see engine_registry.py); this imports the
     engine's module (vLLM's only for the vllm engine). An unknown name is an OptionError."""

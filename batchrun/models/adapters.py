@@ -122,7 +122,7 @@ def prepare_adapters(settings: EngineSettings) -> KnownModels | None:
 def _base_config(settings: EngineSettings) -> dict[str, Any] | None:
     """The base model's config.json when it is a local directory (the embedded default model
     included); None for a hub id, a .gguf file or an engine that loads no model."""
-    if settings.spec.model == "none":
+    if settings.spec.model != "huggingface":
         return None
     if settings.model is None:
         directory = cache_root() / "models" / DEFAULT_MODEL_NAME

@@ -118,7 +118,7 @@ def model_modalities(settings: EngineSettings) -> tuple[tuple[str, ...] | None, 
 
     model = settings.model
     name = settings.served_model_name or (Path(model).name if model else DEFAULT_MODEL_NAME)
-    if settings.spec.model == "none":  # an engine that loads no model (echo) takes any part
+    if settings.spec.model != "huggingface":  # echo, or a server's model: any part goes
         return None, name
     if len(settings.models) > 1:
         # Several models: what reads a line's part depends on its body.model, which this

@@ -21,6 +21,9 @@ def prepare_model(settings: EngineSettings, notify: Notify) -> None:
     from batchrun import models
 
     served = settings.served_model_name
+    if settings.spec.model == "remote":
+        _prepare_remote(settings, notify)
+        return
     if settings.spec.model == "none":
         if settings.revision is not None:  # accepted and ignored, it would mislead
             raise OptionError(
@@ -66,6 +69,30 @@ def prepare_model(settings: EngineSettings, notify: Notify) -> None:
             _convert_in_child(notify, "converting the embedded default model once (about 20 s)", [])
         name = models.DEFAULT_MODEL_NAME
     settings.model_name = served or name
+
+
+def _prepare_remote(settings: EngineSettings, notify: Notify) -> None:
+    """The server at --base-url checked (reachable, OpenAI's JSON, the key taken, the model
+    served), and the model a line naming none is sent with: a BatchrunError in one line, before
+    any job exists (engines/remote/probe.py)."""
+    from batchrun.engines.remote.probe import probe, served_model
+
+    for option, value in (
+        ("--model", settings.model),
+        ("--revision", settings.revision),
+        ("--tokenizer", settings.tokenizer),
+    ):
+        if value is not None:
+            raise OptionError(
+                option,
+                "means nothing to the remote engine: the server at --base-url loads its model; "
+                "name the model lines are sent with by --served-model-name",
+            )
+    assert settings.base_url is not None  # checked with the options
+    server = probe(settings.base_url)
+    settings.model_name = served_model(server, settings.served_model_name)
+    listed = ", ".join(server.models) or "no model"
+    notify(f"server {settings.base_url}: serves {listed}")
 
 
 def _echo_name(model: str | None) -> str:

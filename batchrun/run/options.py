@@ -159,6 +159,9 @@ _SETTINGS_FIELDS = frozenset(
         "media_fetch_timeout",
         "max_media_bytes",
         "limit_mm_per_prompt",
+        "base_url",
+        "max_concurrency",
+        "priority",
     }
 )
 _RUN_FIELDS = {"min_batch_size": "min_batch", "max_batch_size": "max_batch"}

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchrun import timeline
-from batchrun.config import EngineSettings
+from batchrun.config import DEFAULT_MAX_CONCURRENCY, EngineSettings
 from batchrun.console.progress import ProgressReporter
 from batchrun.console.render import JobSummary
 from batchrun.console.text import plural
@@ -189,6 +189,10 @@ def run_job(
             end_run(metrics, scheduler)
         if scheduler is not None:
             manifest.worker_info = scheduler.worker_info
+            if settings.spec.flow_control and scheduler.batch_size:
+                # The window the engine settled on is the job's batch size (engines/remote/).
+                manifest.batch_size = scheduler.batch_size
+                manifest.batch_size_source = "flow control"
             queries, hits = scheduler.prefix_cache()
             _count_cache(manifest, run_info, queries, hits)
         run_info.ray = options.ray
@@ -393,6 +397,11 @@ def _choose_size(
     """Use the job's batch size, a fixed one, a cached one, or search for one on `source`
     (`device`: the workers', as the size cache keys it)."""
     settings = options.settings
+    if settings.spec.flow_control:  # the engine finds its window itself (engines/remote/)
+        cap = settings.max_concurrency or DEFAULT_MAX_CONCURRENCY
+        reporter.event(f"flow control: at most {cap} requests in flight (--max-concurrency)")
+        scheduler.resize(cap)
+        return
     # `search` (from `tune`) measures afresh, whatever an earlier job found.
     if not search and manifest.batch_size:
         size = manifest.batch_size

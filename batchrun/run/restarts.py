@@ -134,6 +134,11 @@ class RestartPolicy:
         """Deal with a dead worker; return the failed outcomes of requests found to crash it."""
         death = w.death
         assert death is not None
+        if death.stops_job:  # the engine says nothing can succeed (a key the server refuses)
+            self.requeue(w)
+            w.stop(timeout=5)
+            self.give_up(w, death.message)
+            return []
         if death.during_start:
             self._on_start_failure(w, death, stats, stop_on_oom)
             return []

@@ -168,10 +168,11 @@ class Scheduler:
 
     @property
     def batch_size(self) -> int:
-        """The window of the first live worker (all workers share one size unless one backed off)."""
+        """The window of the first live worker (all workers share one size unless one backed off);
+        a flow-controlled engine's is the window it reports (engines/base.py FlowControlled)."""
         for w in self.workers:
             if not w.retired:
-                return w.settings.window
+                return w.flow_window or w.settings.window
         return 0
 
     def resize(self, size: int) -> None:

@@ -9,7 +9,8 @@ the results of a step that changed them, so the parent has them with the last re
 ``("stats", {...})`` (every HEARTBEAT_S while the engine runs: the heartbeat),
 ``("heartbeat", seconds)`` (once, before the first step: this worker beats that often),
 ``("restart", reason)`` (a request timed out in an engine that cannot abort it: replace me),
-``("fatal", {"oom": bool, "message": str})``.
+``("fatal", {"oom": bool, "message": str, "stops_job": bool})`` (an engine's StopsJob: the
+job stops). A flow-controlled engine's "stats" carry its window (``"window": int``).
 
 The worker never waits for a group of requests to finish: after every engine step it sends what
 finished and tops the engine up from its local queue, so vLLM's continuous batching stays busy.
@@ -35,7 +36,13 @@ import msgspec
 
 from batchrun import timeline
 from batchrun.config import EngineSettings
-from batchrun.engines.base import Abortable, CacheCounting, KvCacheSized
+from batchrun.engines.base import (
+    Abortable,
+    CacheCounting,
+    FlowControlled,
+    KvCacheSized,
+    StopsJob,
+)
 from batchrun.job.journal import encode_body
 from batchrun.openai.records import Outcome, Request
 from batchrun.openai.responses import failure, holds_no_float
@@ -149,7 +156,9 @@ def worker_main(
         )
     )
     try:
-        _loop(conn, engine, settings.window, settings.request_timeout)
+        # An engine with its own flow control times its own requests (engines/base.py).
+        timeout = None if isinstance(engine, FlowControlled) else settings.request_timeout
+        _loop(conn, engine, settings.window, timeout)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent went away: nothing left to report to
     except BaseException as e:
@@ -198,14 +207,20 @@ def peak_memory_mb() -> float | None:
 def _send_fatal(conn: Connection, exc: BaseException) -> None:
     from batchrun.engines.oom import is_oom
 
-    message = f"{type(exc).__name__}: {exc}".strip()
+    stops = isinstance(exc, StopsJob)
+    message = str(exc) if stops else f"{type(exc).__name__}: {exc}".strip()
     text = traceback.format_exc()
     # Into the worker's log too (stderr is redirected there), beside the engine's own lines.
     with contextlib.suppress(Exception):
         sys.stderr.write(text)
         sys.stderr.flush()
     with contextlib.suppress(Exception):
-        conn.send(("fatal", {"oom": is_oom(exc), "message": message, "traceback": text}))
+        conn.send(
+            (
+                "fatal",
+                {"oom": is_oom(exc), "message": message, "traceback": text, "stops_job": stops},
+            )
+        )
 
 
 class Feeder:
@@ -335,6 +350,8 @@ def _loop(conn: Connection, engine: Any, window: int, request_timeout: float | N
     # An engine with a prefix cache counts its lookups (engines/base.py, CacheCounting).
     counters = engine.prefix_cache_counters if isinstance(engine, CacheCounting) else None
     cache_sent = (0, 0)
+    flow = engine.flow_window if isinstance(engine, FlowControlled) else None
+    window_sent = 0
     while True:
         # Block only when there is nothing to do; otherwise just drain what has arrived.
         while conn.poll(None if feeder.idle else 0):
@@ -350,6 +367,10 @@ def _loop(conn: Connection, engine: Any, window: int, request_timeout: float | N
             if counters is not None and (cache := counters()) != cache_sent:
                 conn.send(("cache", cache))
                 cache_sent = cache
+            if flow is not None and (window := flow()) != window_sent:
+                # Before the results, so the parent has it with the last one (its batch size).
+                conn.send(("stats", {"window": window}))
+                window_sent = window
             for part in _messages(out):
                 conn.send(("results", part))
             if feeder.restart is not None:
@@ -358,5 +379,8 @@ def _loop(conn: Connection, engine: Any, window: int, request_timeout: float | N
         now = time.monotonic()
         if now - last_stats >= HEARTBEAT_S:
             # Also the heartbeat: sent between steps, so a step that never returns stops it.
-            conn.send(("stats", {"peak_memory_mb": peak_memory_mb()}))
+            stats: dict[str, Any] = {"peak_memory_mb": peak_memory_mb()}
+            if flow is not None:
+                stats["window"] = flow()  # the batch size the job shows
+            conn.send(("stats", stats))
             last_stats = now

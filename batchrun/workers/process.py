@@ -41,6 +41,8 @@ class WorkerDeath:
     message: str
     during_start: bool
     traceback: str | None = None
+    # The engine said no restart can help (engines/base.py StopsJob): the job stops.
+    stops_job: bool = False
 
 
 @dataclass
@@ -94,6 +96,8 @@ class Worker:
     kv_cache: tuple[int, int] | None = None
     # The model's generation-config defaults its engine applies (engines/vllm/model_defaults.py).
     sampling_defaults: dict[str, Any] | None = None
+    # A flow-controlled engine's window as it last reported it (engines/base.py FlowControlled).
+    flow_window: int | None = None
 
     @property
     def log(self) -> str | None:
@@ -175,7 +179,9 @@ class Worker:
             self.cache_hits += hits - self.cache_seen[1]
             self.cache_seen = (queries, hits)
         elif kind == "stats":
-            self.peak_memory_mb = payload.get("peak_memory_mb")
+            self.peak_memory_mb = payload.get("peak_memory_mb", self.peak_memory_mb)
+            if "window" in payload:
+                self.flow_window = int(payload["window"])
         elif kind == "ready":
             self.ready = True
             self.start_s = float(payload.get("start_s", 0.0))
@@ -190,6 +196,7 @@ class Worker:
                 message=str(payload.get("message", "")),
                 during_start=not self.ready,
                 traceback=payload.get("traceback"),
+                stops_job=bool(payload.get("stops_job")),
             )
         elif kind == "eof":
             self._on_eof()
