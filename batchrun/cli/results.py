@@ -88,9 +88,11 @@ def status(
     except BatchrunError as e:
         fail(str(e), e.exit_code)
     if as_json:
-        from batchrun.job.status_json import status_json
+        # Strict JSON always: a value that is no number (a probe's rate of an old job, say)
+        # is null, never the NaN or Infinity strict parsers refuse.
+        from batchrun.job.strict_json import strict_dumps
 
-        sys.stdout.write(status_json(s) + "\n")
+        sys.stdout.write(strict_dumps(s) + "\n")
         return
     from batchrun.console.render import print_probes, print_status, print_workers
 
