@@ -225,13 +225,14 @@ def test_nothing_imports_the_cli() -> None:
 
 
 def test_object_storage_stays_at_the_edge() -> None:
-    """Only submit's core (run/jobs.py) and the CLI know of buckets (storage/), and
-    storage/ imports nothing of batchrun but errors: a job never depends on the store."""
+    """Only submit's core (run/jobs.py) and the two faces, the CLI and the Python API (api/),
+    know of buckets (storage/), and storage/ imports nothing of batchrun but errors: a job
+    never depends on the store."""
     edges = graph()
     users = sorted(
         module
         for module, targets in edges.items()
-        if package_of(module) not in ("storage", "cli")
+        if package_of(module) not in ("storage", "cli", "api")
         and any(package_of(t) == "storage" for t in targets)
     )
     assert users == ["batchrun.run.jobs"]

@@ -30,20 +30,11 @@ from batchrun.cli.options import (
     engine_options,
 )
 from batchrun.config import GivenOptions
-from batchrun.job.paths import command
+from batchrun.job.paths import command, default_job_dir
 
 if TYPE_CHECKING:
     from batchrun.console.render import JobSummary
     from batchrun.metrics.recorder import RunMetrics
-
-
-def default_job_dir(input_file: Path | str) -> Path:
-    """jobs/<input name> (of a URL, its last part): a name made only of dots ("..", ".") must
-    not climb out of jobs/."""
-    stem = Path(input_file).stem.strip()
-    if not stem or set(stem) == {"."}:
-        stem = "job"
-    return Path("jobs") / stem
 
 
 def _start(

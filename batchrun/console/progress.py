@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from tqdm import tqdm
 
@@ -34,10 +36,13 @@ class ProgressReporter:
         self.done = 0
         self._last_postfix = 0.0
         self._total, self._initial, self._desc = total, initial, desc
-        tty = sys.stderr.isatty() if tty is None else tty
+        bar = tqdm
+        if tty is None:
+            # A Jupyter kernel's stderr is no terminal, but the notebook draws a bar.
+            bar, tty = (notebook_bar(), True) if in_notebook() else (tqdm, sys.stderr.isatty())
         self._log_every_s = log_every_s if enabled and not tty else None
         self._last_log = self.started
-        self.bar = tqdm(
+        self.bar = bar(
             total=total,
             initial=initial,
             desc=desc,
@@ -97,6 +102,24 @@ class ProgressReporter:
             self.event(self.line(now))
         self.bar.set_postfix_str(self._postfix(now), refresh=False)
         self.bar.close()
+
+
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (not a terminal IPython, not the CLI)."""
+    shell = sys.modules.get("IPython")  # never imported here: a kernel has it already
+    get_ipython = getattr(shell, "get_ipython", None)
+    kernel = get_ipython() if get_ipython is not None else None
+    return kernel is not None and type(kernel).__name__ == "ZMQInteractiveShell"
+
+
+def notebook_bar() -> Any:
+    """tqdm's notebook bar class (a widget), or the terminal bar's, which a notebook shows as
+    text, where ipywidgets is not installed (tqdm's notebook bar raises without it)."""
+    if importlib.util.find_spec("ipywidgets") is None:
+        return tqdm
+    from tqdm.notebook import tqdm as widget_bar
+
+    return widget_bar
 
 
 def _duration(seconds: float) -> str:

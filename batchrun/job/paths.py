@@ -48,3 +48,12 @@ class JobPaths:
 def command(name: str, job_dir: Path | str, *extra: str) -> str:
     """`batchrun NAME --job-dir DIR ...`, shell-quoted: a directory with spaces pastes back whole."""
     return shlex.join(["batchrun", name, "--job-dir", str(job_dir), *extra])
+
+
+def default_job_dir(input_file: Path | str) -> Path:
+    """jobs/<input name> (of a URL, its last part), where submit makes a job given no --job-dir:
+    a name made only of dots ("..", ".") must not climb out of jobs/."""
+    stem = Path(input_file).stem.strip()
+    if not stem or set(stem) == {"."}:
+        stem = "job"
+    return Path("jobs") / stem
