@@ -30,8 +30,9 @@ class FakeServer:
     broken_models: bool = False
     # Seconds each answer takes (concurrent requests overlap, like a batching server).
     delay_s: float = 0.0
-    # Faults, each taken by the next POST: "429:SECONDS", "503", "drop", "401", "500", "400",
-    # "notjson"; a POST when it is empty is answered.
+    # Faults, each taken by the next POST: "429:SECONDS" (with Retry-After), a status ("503",
+    # "502", "400", "401"; "500" with code "oops"), "drop" (the connection closed unanswered),
+    # "notjson", "" (none); a POST when it is empty is answered.
     faults: deque[str] = field(default_factory=deque)
     # Every POST answered or refused: (path, body).
     received: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -111,12 +112,10 @@ def _app(state: FakeServer) -> web.Application:
                 return web.json_response(
                     {"error": {"message": "slow down"}}, status=429, headers={"Retry-After": wait}
                 )
-            if fault == "503":
-                return web.json_response({"error": {"message": "busy"}}, status=503)
             if fault == "500":
                 return web.json_response({"error": {"message": "boom", "code": "oops"}}, status=500)
-            if fault == "400":
-                return web.json_response({"error": {"message": "bad body"}}, status=400)
+            if fault is not None and fault.isdigit():  # 503, 502, 400, ...: that status
+                return web.json_response({"error": {"message": "busy"}}, status=int(fault))
             if fault == "drop":
                 assert request.transport is not None
                 request.transport.close()
