@@ -257,3 +257,24 @@ def test_kill_9_mid_job_then_resume_answers_every_line_exactly_once(tmp_path: Pa
     counts = Counter(r["custom_id"] for r in journal_records(job))
     assert len(counts) == 60 and set(counts.values()) == {1}
     assert all(r["ok"] for r in journal_records(job))
+
+
+def test_doctor_checks_a_server_and_names_the_fix() -> None:
+    with fake_openai_server(key=KEY) as server:
+        r = cli("doctor", "--base-url", server.url, "--api-key", KEY)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == [
+            f"server: {server.url}",
+            "API key: sent (--api-key or OPENAI_API_KEY)",
+            f"models: {MODEL}",
+            f"ok: a job with --base-url {server.url} would run; lines naming no model are sent "
+            f"with {MODEL}",
+        ]
+        r = cli("doctor", "--base-url", server.url, "--json")
+        assert r.returncode == 1
+        found = json.loads(r.stdout)
+        assert (found["ok"], found["key_sent"], found["models"]) == (False, False, [])
+        assert found["problem"] == (
+            f"the server at {server.url} refused no key (none was given) (HTTP 401: bad key); "
+            "pass --api-key or set OPENAI_API_KEY"
+        )

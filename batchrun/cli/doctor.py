@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from batchrun.cli.exits import plain
-from batchrun.config import Device, OptionError, parse_gpus
+from batchrun.cli.options import use_api_key
+from batchrun.config import Device, OptionError, check_base_url, parse_gpus
 
 if TYPE_CHECKING:
     from batchrun.workers.diagnosis import Diagnosis
@@ -52,10 +53,40 @@ def doctor(
     device: Annotated[
         Device, typer.Option("--device", help="Where the engine would run: auto, cpu or cuda.")
     ] = "auto",
+    base_url: Annotated[
+        str | None,
+        typer.Option(
+            "--base-url",
+            envvar="BATCHRUN_BASE_URL",
+            help="Check this OpenAI-compatible server instead (the remote engine): reachable, "
+            "answering OpenAI's JSON, taking the key, its models.",
+            show_default=False,
+            callback=_base_url,
+            metavar="URL",
+        ),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            help="The server's API key. \\[default: OPENAI_API_KEY]",
+            show_default=False,
+        ),
+    ] = None,
+    served_model_name: Annotated[
+        str | None,
+        typer.Option(
+            "--served-model-name",
+            help="The model lines naming none would be sent with (the server must serve it).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Say which vLLM and torch builds are installed, which GPUs are visible, the workers a job
-    would start on them, and every problem that would stop or cripple it. Exit 0 when a job
-    would run as expected, 1 otherwise."""
+    would start on them, and every problem that would stop or cripple it; with --base-url, the
+    server a remote job would use. Exit 0 when a job would run as expected, 1 otherwise."""
+    if base_url is not None:
+        _doctor_server(base_url, api_key, served_model_name, as_json)
     from batchrun.workers.diagnosis import diagnose
 
     found = diagnose(
@@ -68,6 +99,32 @@ def doctor(
         plain(json.dumps(found.to_dict(), indent=2))
     else:
         for line in summary(found):
+            plain(line)
+    raise typer.Exit(0 if found.ok else 1)
+
+
+def _base_url(value: str | None) -> str | None:
+    """--base-url checked as submit checks it."""
+    if value is not None:
+        try:
+            check_base_url(value)
+        except OptionError as e:
+            raise typer.BadParameter(str(e)) from e
+    return value
+
+
+def _doctor_server(
+    base_url: str, api_key: str | None, served_model_name: str | None, as_json: bool
+) -> None:
+    """doctor --base-url: the server's findings; exit 0 when a job would run there."""
+    from batchrun.run.remote_check import check_server
+
+    use_api_key(api_key)
+    found = check_server(base_url, served_model_name)
+    if as_json:
+        plain(json.dumps(found.to_dict(), indent=2))
+    else:
+        for line in found.lines():
             plain(line)
     raise typer.Exit(0 if found.ok else 1)
 
