@@ -83,9 +83,15 @@ def check_number(
         raise OptionError(option, f"must be a finite number, got {value!r}")
     too_low = value <= low if low_open else value < low
     if too_low or (high is not None and value > high):
-        above = f"above {low:g}" if low_open else f"at least {low:g}"
-        upto = "" if high is None else f" and at most {high:g}"
+        above = f"above {_bound(low)}" if low_open else f"at least {_bound(low)}"
+        upto = "" if high is None else f" and at most {_bound(high)}"
         raise OptionError(option, f"must be {above}{upto}, got {value!r}")
+
+
+def _bound(value: float) -> str:
+    """A range's end as the user types it: an integer whole (`:g` made the seed's top
+    4294967295 "4.29497e+09"), a float short (2.0 as 2)."""
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 def parse_gpus(text: str) -> list[str]:

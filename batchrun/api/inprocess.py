@@ -10,20 +10,56 @@ installed: a notebook's kernel must outlive its job.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from batchrun.api.options import cli_lines
+from batchrun.config import OptionError
+from batchrun.engines.remote.urls import API_KEY_VARS
 from batchrun.workers.cpu_claims import release_claim
+
+# Where --api-key goes for the workers (the remote engine reads it there first).
+_KEY_VAR = API_KEY_VARS[0]
 
 
 @contextmanager
-def in_process() -> Iterator[None]:
-    """Run a core command here: its OptionError as the CLI's line; the CPU cores its CPU engine
+def in_process(api_key: str | None = None) -> Iterator[None]:
+    """Run a core command here: its OptionError as the CLI's line; `api_key` (the remote
+    engine's, `--api-key`) in this process's environment for the run's workers, as the CLI puts
+    it there, and taken out again after (never into the job); the CPU cores its CPU engine
     claimed from other jobs on this machine given back once it ends (a CLI process gives them
     back as it exits; a kernel lives on)."""
+    if _importing_the_callers_script():
+        raise RuntimeError(
+            "batchrun ran again inside one of its worker processes, which import the script "
+            'that started it: call batchrun under `if __name__ == "__main__":` (as any code '
+            "that starts processes must; a notebook needs nothing)"
+        )
+    saved = os.environ.get(_KEY_VAR)
     try:
         with cli_lines():
+            if api_key is not None:
+                if not isinstance(api_key, str) or not api_key.strip():
+                    raise OptionError("--api-key", f"must not be empty, got {api_key!r}")
+                os.environ[_KEY_VAR] = api_key
             yield
     finally:
+        if saved is None:
+            os.environ.pop(_KEY_VAR, None)
+        else:
+            os.environ[_KEY_VAR] = saved
         release_claim()
+
+
+def _importing_the_callers_script() -> bool:
+    """Whether this is a worker process importing the script that started it (multiprocessing's
+    spawn runs a script's top level again in each child): a job started there would start its
+    own workers, each of them again, and refuse its own job directory."""
+    frame = sys._getframe()
+    while frame is not None:
+        if frame.f_code.co_name == "_fixup_main_from_path":  # multiprocessing/spawn.py
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False

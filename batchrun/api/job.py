@@ -55,6 +55,7 @@ class Job:
         ray: str | None = None,
         progress: bool = True,
         cache_dir: str | os.PathLike[str] | None = None,
+        api_key: str | None = None,
         **options: Unpack[EngineOptions],
     ) -> Job:
         """Run what is not done yet (after Ctrl-C, a kill, a crash), as `batchrun resume` does;
@@ -66,7 +67,7 @@ class Job:
         """
         from batchrun.run.jobs import resume
 
-        with in_process():
+        with in_process(api_key):
             resume(
                 self.job_dir,
                 progress=progress,
@@ -84,13 +85,14 @@ class Job:
         ray: str | None = None,
         progress: bool = True,
         cache_dir: str | os.PathLike[str] | None = None,
+        api_key: str | None = None,
         **options: Unpack[EngineOptions],
     ) -> Job:
         """One more pass over the requests whose last attempt failed, as `batchrun
         retry-failed` does (engine options as resume's). Returns this job."""
         from batchrun.run.jobs import retry_failed
 
-        with in_process():
+        with in_process(api_key):
             retry_failed(
                 self.job_dir,
                 progress=progress,

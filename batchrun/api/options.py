@@ -68,6 +68,9 @@ class EngineOptions(TypedDict, total=False):
     media_fetch_timeout: float
     max_media_bytes: int
     limit_mm_per_prompt: str
+    base_url: str
+    max_concurrency: int
+    priority: int
 
 
 def flag(name: str) -> str:

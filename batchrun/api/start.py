@@ -30,6 +30,7 @@ def run(
     ray: str | None = None,
     progress: bool = True,
     cache_dir: str | os.PathLike[str] | None = None,
+    api_key: str | None = None,
     **options: Unpack[EngineOptions],
 ) -> Job:
     """Run `requests` as a new job and return it when every request is answered.
@@ -38,7 +39,8 @@ def run(
     `body`), an iterable of any length, or a pandas DataFrame / pyarrow Table with those
     columns; streamed into JOB_DIR/requests.jsonl, the job's input file. Invalid lines and
     failed requests do not raise: they are in the job's status and results (as the CLI reports
-    them, where it exits 1). Options: the CLI's (`engine="echo"`, `batch_size=8`, ...).
+    them, where it exits 1). Options: the CLI's (`engine="echo"`, `batch_size=8`, ...);
+    `api_key` the remote engine's (`--api-key`), for this call only, never saved in the job.
 
     Raises:
         BatchrunError: a bad option (the CLI's line; no job directory is made), a job_dir
@@ -48,7 +50,7 @@ def run(
             continues it.
     """
     job = Path(job_dir) if job_dir is not None else _new_job_dir()
-    with in_process():
+    with in_process(api_key):
         job_options = new_job_options(
             given_options("run", options), progress=progress, ray=ray, cache_dir=cache_dir
         )
@@ -82,6 +84,7 @@ def submit(
     ray: str | None = None,
     progress: bool = True,
     cache_dir: str | os.PathLike[str] | None = None,
+    api_key: str | None = None,
     **options: Unpack[EngineOptions],
 ) -> Job:
     """Validate an OpenAI batch input file (a path, or an s3:// or fsspec URL), make a job of
@@ -89,7 +92,7 @@ def submit(
     jobs/<input name>, as the CLI's. Raises as `run` does."""
     source = os.fspath(path_or_url)
     job = Path(job_dir) if job_dir is not None else default_job_dir(source)
-    with in_process():
+    with in_process(api_key):
         job_options = new_job_options(
             given_options("submit", options), progress=progress, ray=ray, cache_dir=cache_dir
         )

@@ -1,0 +1,408 @@
+"""batchrun from Python (batchrun/api/) on the echo engine, in this process: a job made and run
+from request dicts, a DataFrame or a Table; its status exactly `status --json`; its results the
+rows of results.parquet; options checked by the core's checks, a bad one refused with the CLI's
+line before anything is made; and the same job directories as the CLI's, continued either way."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from api_jobs import answered, api_process, chat_requests, input_lines
+from conftest import ROOT, cli, journal_records, wait_until, write_jsonl
+
+import batchrun
+from batchrun.api.options import ENGINE_OPTIONS, EngineOptions
+from batchrun.engine_registry import ENGINE_NAMES
+
+__all__ = ["api_process"]  # the fixture, used by name
+
+ECHO: dict[str, Any] = {"engine": "echo", "progress": False}
+
+
+@pytest.fixture(autouse=True)
+def _isolated(api_process: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a job given no job_dir goes under ./jobs
+
+
+def test_run_makes_a_job_and_answers_every_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATCHRUN_ECHO_FAIL", "r3")
+    requests: list[Any] = [*chat_requests(6), '{"custom_id": "broken"']
+    job = batchrun.run(iter(requests), job_dir=tmp_path / "job", batch_size=4, **ECHO)
+    assert isinstance(job, batchrun.Job) and job.job_dir == tmp_path / "job"
+    # The requests streamed into the job's input file, one line each, in order.
+    assert [json.loads(x) for x in input_lines(job.job_dir)[:6]] == requests[:6]
+    assert input_lines(job.job_dir)[6] == requests[6]
+    status = job.status()
+    assert status["status"] == "completed"
+    assert status["requests"] == {
+        "total": 7, "valid": 6, "succeeded": 5, "failed": 1, "invalid": 1, "pending": 0,
+    }  # fmt: skip
+    # Exactly `status --json`.
+    printed = cli("status", "--job-dir", str(job.job_dir), "--json")
+    assert printed.returncode == 0, printed.stderr
+    assert status == json.loads(printed.stdout)
+
+    table = job.results()
+    assert isinstance(table, pa.Table)
+    exported = cli("export", "--job-dir", str(job.job_dir), "--parquet")
+    assert exported.returncode == 0, exported.stderr
+    assert table.equals(pq.read_table(job.job_dir / "results.parquet"))
+    frame = job.to_pandas()
+    assert dict(zip(frame["custom_id"].fillna("-"), frame["status"], strict=True)) == {
+        **{f"r{i}": "succeeded" for i in range(6) if i != 3},
+        "r3": "failed",
+        "-": "invalid",
+    }
+
+    summary = job.export()
+    assert summary.paths == (job.job_dir / "output.jsonl", job.job_dir / "errors.jsonl")
+    assert (summary.succeeded, summary.failed, summary.invalid) == (5, 1, 1)
+    report = job.report(tmp_path / "page.html")
+    assert report == tmp_path / "page.html" and "<html" in report.read_text(encoding="utf-8")
+
+    monkeypatch.delenv("BATCHRUN_ECHO_FAIL")
+    assert job.retry_failed(progress=False) is job
+    assert job.status()["requests"]["failed"] == 0
+    assert answered(job.job_dir) == {f"r{i}": 1 for i in range(6)}
+
+
+def test_a_dataframe_and_a_table_give_one_request_per_row(tmp_path: Path) -> None:
+    import pandas as pd
+
+    requests = chat_requests(5)
+    for name, given in (
+        ("frame", pd.DataFrame(requests)),
+        ("table", pa.Table.from_pylist(requests)),
+    ):
+        job = batchrun.run(given, job_dir=tmp_path / name, **ECHO)
+        assert [json.loads(line) for line in input_lines(job.job_dir)] == requests
+        assert job.status()["requests"]["succeeded"] == 5
+
+
+def test_a_job_given_no_job_dir_goes_under_jobs(tmp_path: Path) -> None:
+    job = batchrun.run(chat_requests(2), **ECHO)
+    assert job.job_dir.parent == Path("jobs") and job.job_dir.name.startswith("run-")
+    assert (tmp_path / job.job_dir / "manifest.json").exists()
+    src = write_jsonl(tmp_path / "batch.jsonl", chat_requests(2))
+    assert batchrun.submit(src, **ECHO).job_dir == Path("jobs/batch")
+
+
+# (options, the CLI's line): checked by the core, with the words the CLI prints for them.
+BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
+    (
+        {"batch_size": 0},
+        "Invalid value for '--batch-size': must be at least 1 and at most 2048, got 0",
+    ),
+    ({"workers": 0}, "Invalid value for '--workers': must be at least 1, got 0"),
+    ({"seed": -1}, "Invalid value for '--seed': must be at least 0 and at most 4294967295, got -1"),
+    ({"max_model_len": 0}, "Invalid value for '--max-model-len': must be at least 1, got 0"),
+    (
+        {"dtype": "banana"},
+        "Invalid value for '--dtype': must be one of auto, half, float16, bfloat16, float, "
+        "float32, got 'banana'",
+    ),
+    (
+        {"min_batch_size": 64, "max_batch_size": 8},
+        "Invalid value for '--min-batch-size' / '--max-batch-size': the lower bound 64 is above "
+        "the upper bound 8",
+    ),
+    (
+        {"gpu_memory_utilization": 1.5},
+        "Invalid value for '--gpu-memory-utilization': must be above 0 and at most 1, got 1.5",
+    ),
+    (
+        {"gpus": "a,b"},
+        "Invalid value for '--gpus': takes GPU indices or UUIDs separated by commas (e.g. "
+        "0,1,2,3), got 'a,b'",
+    ),
+    ({"gpus": [0, 0]}, "Invalid value for '--gpus': names GPU 0 more than once"),
+    (
+        {"max_attempts": 101},
+        "Invalid value for '--max-attempts': must be at least 1 and at most 100, got 101",
+    ),
+    (
+        {"order": "random"},
+        "Invalid value for '--order': must be one of auto, input, got 'random'",
+    ),
+    ({"stall_timeout": 1.0}, "Invalid value for '--stall-timeout': must be at least 2, got 1.0"),
+    (
+        {"engine": "gpt"},
+        f"Invalid value for '--engine': must be one of {', '.join(ENGINE_NAMES)}, got 'gpt'",
+    ),
+    # A value the CLI's parser could never make: refused in the core's words.
+    ({"batch_size": "8"}, "Invalid value for '--batch-size': must be an integer, got '8'"),
+    ({"enforce_eager": 1}, "Invalid value for '--enforce-eager': must be true or false, got 1"),
+    ({"revision": 3}, "Invalid value for '--revision': must be a string, got 3"),
+]
+
+
+@pytest.mark.parametrize(("options", "line"), BAD_OPTIONS)
+def test_a_bad_option_raises_the_cli_line_and_makes_nothing(
+    tmp_path: Path, options: dict[str, Any], line: str
+) -> None:
+    given = {"engine": "echo", **options}
+    job = tmp_path / "job"
+    with pytest.raises(batchrun.BatchrunError) as raised:
+        batchrun.run(chat_requests(1), job_dir=job, progress=False, **given)
+    assert str(raised.value) == line
+    assert not job.exists()
+    src = write_jsonl(tmp_path / "in.jsonl", chat_requests(1))
+    with pytest.raises(batchrun.BatchrunError) as raised:
+        batchrun.submit(src, job_dir=job, progress=False, **given)
+    assert str(raised.value) == line
+    assert not job.exists()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"min_batch_size": 64, "max_batch_size": 8},
+        {"gpu_memory_utilization": 1.5},
+        {"gpus": "a,b"},
+        {"stall_timeout": 1.0},
+    ],
+)
+def test_resume_refuses_as_the_cli_resume_does(tmp_path: Path, options: dict[str, Any]) -> None:
+    """Where the CLI's own line comes from the core's check (resume's engine options have no
+    environment twin to name), the API's is the same, word for word."""
+    job = batchrun.run(chat_requests(2), job_dir=tmp_path / "job", **ECHO)
+    before = (job.job_dir / "manifest.json").read_bytes()
+    flags = [f for name, value in options.items() for f in (_flag(name), str(value))]
+    printed = cli("resume", "--job-dir", str(job.job_dir), *flags, env={"COLUMNS": "1000"})
+    assert printed.returncode == 2
+    cli_line = " ".join(ln.strip("│ ") for ln in printed.stderr.splitlines() if ln.startswith("│"))
+    with pytest.raises(batchrun.BatchrunError) as raised:
+        job.resume(progress=False, **options)
+    assert str(raised.value) == cli_line
+    assert (job.job_dir / "manifest.json").read_bytes() == before
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def test_an_unknown_option_is_a_type_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(
+        TypeError, match=r"^run\(\) got an unexpected keyword argument 'batchsize'$"
+    ):
+        batchrun.run(chat_requests(1), job_dir=tmp_path / "job", batchsize=8, **ECHO)  # type: ignore[call-arg]
+    assert not (tmp_path / "job").exists()
+    job = batchrun.run(chat_requests(1), job_dir=tmp_path / "ok", **ECHO)
+    with pytest.raises(TypeError, match="'no_progress'"):
+        job.resume(no_progress=True)  # type: ignore[call-arg]
+
+
+def test_the_options_are_the_engine_options_of_the_cli() -> None:
+    """EngineOptions (the keyword arguments' types) lists every engine option the core takes."""
+    assert set(EngineOptions.__annotations__) == set(ENGINE_OPTIONS)
+
+
+def test_a_job_dir_that_holds_a_job_is_refused_and_left_alone(tmp_path: Path) -> None:
+    job = batchrun.run(chat_requests(2), job_dir=tmp_path / "job", **ECHO)
+    before = (job.job_dir / "requests.jsonl").read_bytes()
+    with pytest.raises(batchrun.BatchrunError) as raised:
+        batchrun.run(chat_requests(3, "x"), job_dir=job.job_dir, **ECHO)
+    assert str(raised.value) == (
+        f"a job already exists in {job.job_dir}; continue it with `batchrun resume --job-dir "
+        f"{job.job_dir}`, or choose another --job-dir"
+    )
+    assert (job.job_dir / "requests.jsonl").read_bytes() == before
+    # A directory with a file of that name in it, no job: the file is not written over.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "requests.jsonl").write_text("my own\n")
+    with pytest.raises(batchrun.BatchrunError, match=r"requests\.jsonl exists already"):
+        batchrun.run(chat_requests(1), job_dir=mine, **ECHO)
+    assert (mine / "requests.jsonl").read_text() == "my own\n"
+
+
+def test_a_request_no_json_holds_is_refused_and_nothing_is_left(tmp_path: Path) -> None:
+    requests: list[Any] = [*chat_requests(2), {"custom_id": "x", "body": object()}]
+    with pytest.raises(batchrun.BatchrunError, match=r"^request 3 cannot be written as JSON"):
+        batchrun.run(requests, job_dir=tmp_path / "job", **ECHO)
+    assert not (tmp_path / "job").exists()
+    with pytest.raises(TypeError, match="not a dict"):
+        batchrun.run(chat_requests(1)[0], job_dir=tmp_path / "job", **ECHO)
+
+
+def test_a_job_of_the_cli_is_resumed_from_python(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", chat_requests(100))
+    # tune makes the job and only searches its batch size (its probe runs 16 requests at size
+    # 8): resume runs the rest.
+    size = ["--min-batch-size", "8", "--max-batch-size", "8"]
+    tuned = cli("tune", str(src), "--job-dir", str(tmp_path / "job"), "--engine", "echo", *size)
+    assert tuned.returncode == 0, tuned.stderr
+    job = batchrun.Job(tmp_path / "job")
+    assert job.status()["requests"]["pending"] > 0
+    job.resume(progress=False)
+    assert job.status()["status"] == "completed"
+    assert answered(job.job_dir) == {f"r{i}": 1 for i in range(100)}
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_python_run_and_the_cli_resumes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C (SIGINT, a KeyboardInterrupt in the main thread) stops the job as the CLI's does,
+    and goes on to the caller; the CLI's resume finishes it, each request answered once."""
+    monkeypatch.setenv("BATCHRUN_ECHO_DELAY_MS", "200")
+    # Python's own Ctrl-C, as a notebook's kernel has it (a test runner may have changed it).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    job = tmp_path / "job"
+
+    def interrupt_once_running() -> None:
+        wait_until(lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 4,
+                   "the run has answered a few requests", timeout=60)  # fmt: skip
+        os.kill(os.getpid(), signal.SIGINT)
+
+    stopper = threading.Thread(target=interrupt_once_running, daemon=True)
+    stopper.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            batchrun.run(chat_requests(60), job_dir=job, batch_size=2, **ECHO)
+    finally:
+        stopper.join(timeout=5)
+        signal.signal(signal.SIGINT, previous)
+    status = batchrun.Job(job).status()
+    assert status["status"] == "interrupted" and status["requests"]["pending"] > 0
+    resumed = cli(
+        "resume", "--job-dir", str(job), "--no-progress", env={"BATCHRUN_ECHO_DELAY_MS": "0"}
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert answered(job) == {f"r{i}": 1 for i in range(60)}
+
+
+def test_import_batchrun_imports_no_engine_nor_dataframes() -> None:
+    heavy = ["vllm", "torch", "pandas", "pyarrow", "numpy", "typer", "batchrun.api"]
+    code = (
+        f"import json, sys, batchrun; print(json.dumps([m for m in {heavy!r} if m in sys.modules]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    assert json.loads(out.stdout) == []
+
+
+def test_run_is_the_api_and_batchrun_run_the_core_package_still(tmp_path: Path) -> None:
+    """batchrun/run/ (the core) and batchrun.run (the API's function) share a name: importing
+    the core package leaves the name the API's, and dotted paths still reach the core."""
+    import batchrun.run.jobs as core_jobs
+    from batchrun import run
+
+    assert callable(run) and run.__doc__ == batchrun.api.run.__doc__
+    assert batchrun.run.jobs is core_jobs is sys.modules["batchrun.run.jobs"]
+    assert (
+        batchrun.run(chat_requests(1), job_dir=tmp_path / "job", **ECHO).status()["requests"][
+            "succeeded"
+        ]
+        == 1
+    )
+
+
+def test_a_notebook_gets_the_notebook_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    from batchrun.console import progress
+
+    class ZMQInteractiveShell:  # what a Jupyter kernel's get_ipython() returns
+        pass
+
+    fake = type(sys)("IPython")
+    fake.get_ipython = ZMQInteractiveShell  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "IPython", fake)
+    assert progress.in_notebook()
+    drawn: list[Any] = []
+
+    class Bar(progress.tqdm):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            drawn.append(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(progress, "notebook_bar", lambda: Bar)
+    progress.ProgressReporter(total=3).close()  # stderr is no terminal here, as in a kernel
+    progress.ProgressReporter(total=3, enabled=False).close()
+    assert [kwargs["disable"] for kwargs in drawn] == [False, True]
+    monkeypatch.delitem(sys.modules, "IPython")
+    assert not progress.in_notebook()
+
+
+SCRIPT = """
+import sys
+import batchrun
+
+def requests(count):
+    for i in range(count):
+        body = {"model": "m", "messages": [{"role": "user", "content": f"say {i}"}], "max_tokens": 4}
+        yield {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+def main():
+    batchrun.run(requests(int(sys.argv[2])), job_dir=sys.argv[1], engine="echo", batch_size=4,
+                 progress=False)
+"""
+# The guard every script that starts processes needs (multiprocessing's spawn runs a script's
+# top level again in each child).
+KILLED_RUN = SCRIPT + 'if __name__ == "__main__":\n    main()\n'
+
+
+@pytest.mark.slow
+def test_a_python_run_killed_9_is_finished_by_resume_exactly_once(tmp_path: Path) -> None:
+    """A Python process running a job, SIGKILLed in its middle (workers and all): `Job.resume()`
+    runs what it had not finished, and every request is answered once."""
+    script = tmp_path / "killed_run.py"
+    script.write_text(KILLED_RUN, encoding="utf-8")
+    job, count = tmp_path / "job", 80
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(job), str(count)],
+        cwd=ROOT,
+        env={**os.environ, "BATCHRUN_ECHO_DELAY_MS": "100"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own group: the kill takes its workers too
+    )
+    try:
+        wait_until(
+            lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 10,
+            "the Python run has answered 10 requests",
+            timeout=60,
+        )
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    killed = batchrun.Job(job)
+    assert 0 < len(answered(job)) < count, killed.status()["requests"]
+    killed.resume(progress=False)
+    assert killed.status()["requests"]["succeeded"] == count
+    assert answered(job) == {f"r{i}": 1 for i in range(count)}
+    ids = [
+        json.loads(line)["custom_id"] for line in killed.export().paths[0].read_text().splitlines()
+    ]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(count))
+
+
+def test_a_script_without_the_main_guard_is_told_what_to_do(tmp_path: Path) -> None:
+    """multiprocessing's spawn runs a script's top level again in each worker it starts (from
+    its _fixup_main_from_path): a run started there is refused, saying what the script lacks,
+    before anything is made."""
+
+    def _fixup_main_from_path() -> None:  # the frame a spawned worker runs the script in
+        batchrun.run(chat_requests(1), job_dir=tmp_path / "job", **ECHO)
+
+    with pytest.raises(RuntimeError) as raised:
+        _fixup_main_from_path()
+    assert str(raised.value) == (
+        "batchrun ran again inside one of its worker processes, which import the script that "
+        'started it: call batchrun under `if __name__ == "__main__":` (as any code that starts '
+        "processes must; a notebook needs nothing)"
+    )
+    assert not (tmp_path / "job").exists()
