@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fakes.openai_server import fake_openai_server
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
@@ -31,6 +32,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
         "bench_models",
         "bench_embeddings",
         "bench_pooling",
+        "bench_remote",
     ],
 )
 def test_each_benchmark_runs_alone_with_help(script: str) -> None:
@@ -179,3 +181,20 @@ def test_the_end_to_end_benchmark_prints_the_ratio_and_the_timeline(tmp_path: Pa
     ]
     at = [r.stdout.find(moment) for moment in order]
     assert -1 not in at and at == sorted(at), r.stdout
+
+
+@pytest.mark.slow
+def test_the_remote_benchmark_runs_small_against_a_fake_server(tmp_path: Path) -> None:
+    """bench_remote.py on 20 lines against the fake OpenAI server: every contender answered
+    every line, and the table gives batchrun's ratio to the best fixed concurrency."""
+    with fake_openai_server(delay_s=0.01) as server:
+        r = run(
+            str(SCRIPTS / "bench_remote.py"), "--base-url", server.url, "--requests", "20",
+            "--concurrency", "4,8", "--no-docs", "--work-dir", str(tmp_path),
+        )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith("  fixed-")]
+    assert [row[0] for row in rows] == ["fixed-4", "fixed-8"]
+    assert all(row[4] == "20" for row in rows)
+    [ours] = [line for line in r.stdout.splitlines() if line.startswith("  batchrun (window ")]
+    assert ours.split()[-2] == "20" and ours.split()[-1].endswith("x")
