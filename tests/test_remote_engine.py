@@ -278,3 +278,12 @@ def test_doctor_checks_a_server_and_names_the_fix() -> None:
             f"the server at {server.url} refused no key (none was given) (HTTP 401: bad key); "
             "pass --api-key or set OPENAI_API_KEY"
         )
+
+
+def test_tune_has_nothing_to_search_on_a_server(tmp_path: Path) -> None:
+    src, job = _input(tmp_path, 2), tmp_path / "job"
+    with fake_openai_server() as server:
+        r = cli("tune", str(src), "--job-dir", str(job), "--base-url", server.url)
+        assert server.received == []
+    assert r.returncode == 2 and not job.exists()
+    assert "has no batch size for tune to search" in r.stderr

@@ -61,19 +61,35 @@ def test_the_window_never_passes_its_cap() -> None:
 
 def test_congestion_halves_once_a_round_trip_then_growth_is_additive() -> None:
     flow = FlowWindow(cap=256, window=64.0)
-    flow.succeeded(now=0.0, latency_s=2.0, tokens=10, in_flight=64)
+    flow.succeeded(now=0.0, latency_s=2.0, tokens=10, in_flight=0)
     flow.congested(now=10.0)
     # Forty throttled answers to requests sent together: one signal, not forty.
     for _ in range(40):
         flow.congested(now=10.5)
-    assert flow.limit() == 32
-    assert flow.decreases == 1
+    assert flow.limit() == 32 and flow.decreases == 1
+    # Answers again, then throttled again a round trip later: a new episode, a new threshold.
+    flow.succeeded(now=11.0, latency_s=2.0, tokens=10, in_flight=0)
     flow.congested(now=10.0 + max(MIN_GAP_S, flow.round_trip or 0) + 0.1)
-    assert flow.limit() == 16
+    assert flow.limit() == 16 and flow.ssthresh == 16
     # Past slow start: about a tenth of the window (at least one) per round trip of successes.
     for i in range(16):
         flow.succeeded(now=20.0 + i, latency_s=2.0, tokens=10, in_flight=16)
     assert flow.limit() == 17
+
+
+def test_after_an_outage_the_window_doubles_back_to_half_what_it_was() -> None:
+    flow = FlowWindow(cap=256, window=64.0)
+    flow.succeeded(now=0.0, latency_s=0.5, tokens=10, in_flight=0)
+    # The server is gone for a minute: a decrease every round trip, down to one.
+    for t in range(1, 60):
+        flow.congested(now=float(t))
+    assert flow.limit() == 1 and flow.ssthresh == 32
+    # It is back: slow start to 32 (one more a success), then a tenth a round trip.
+    for i in range(31):
+        flow.succeeded(now=100.0 + i, latency_s=0.5, tokens=10, in_flight=flow.limit())
+    assert flow.limit() == 32
+    flow.succeeded(now=200.0, latency_s=0.5, tokens=10, in_flight=32)
+    assert flow.limit() == 32
 
 
 def test_retry_after_holds_new_sends_until_it_passes() -> None:
@@ -84,7 +100,7 @@ def test_retry_after_holds_new_sends_until_it_passes() -> None:
 
 
 def test_rising_latency_shrinks_the_window() -> None:
-    flow = FlowWindow(cap=256, window=100.0, slow_start=False)
+    flow = FlowWindow(cap=256, window=100.0, ssthresh=0.0)
     for i in range(20):
         flow.succeeded(now=float(i), latency_s=1.0, tokens=10, in_flight=100)
     grown = flow.limit()
@@ -97,7 +113,7 @@ def test_rising_latency_shrinks_the_window() -> None:
 
 def test_latency_is_compared_per_generated_token() -> None:
     """Long answers are not a rise: their latency per token holds."""
-    flow = FlowWindow(cap=256, window=50.0, slow_start=False)
+    flow = FlowWindow(cap=256, window=50.0, ssthresh=0.0)
     for i in range(30):
         tokens = 10 if i % 2 else 400
         flow.succeeded(now=float(i), latency_s=0.1 * tokens, tokens=tokens, in_flight=50)

@@ -62,6 +62,12 @@ def submit(
     `checked`: `check_submit`'s warnings, when the caller made that check already (the CLI does,
     before it binds its metrics port): the options are checked once (nvidia-smi runs once).
     """
+    if tune_only and options.settings.spec.flow_control:
+        raise OptionError(
+            "--base-url",
+            "has no batch size for tune to search: the remote engine's flow control finds its "
+            "window as the job runs; use submit",
+        )
     warnings = check_submit(job_dir, options) if checked is None else checked
     url = remote_input(str(input_file))
     if url is None:

@@ -190,6 +190,15 @@ class RemoteEngine:
             result = await self._post(line, started)
         except asyncio.CancelledError:
             return
+        except Exception as e:  # a bug here must fail the line, not leave it unanswered forever
+            result = failure(
+                request,
+                "engine_error",
+                f"the remote engine failed on this line: {type(e).__name__}: {e}",
+                status_code=500,
+                retryable=True,
+                latency_s=time.monotonic() - started,
+            )
         finally:
             self._sent.pop(request.custom_id, None)
         now = time.monotonic()

@@ -1,13 +1,16 @@
 """How many requests the remote engine keeps in flight: an AIMD window, the remote engine's
 batch-size search. Pure logic over a clock the caller passes in; no I/O.
 
-The window grows while latency holds and the window is in use: by one a success at first (slow
-start, doubling each round trip), then by about a tenth a round trip (additive increase). It
+The window grows while latency holds and the window is in use: by one a success below the slow-start
+threshold (doubling each round trip; the threshold is unbounded until the first congestion, then
+the window a decrease left), by about a tenth a round trip above it (additive increase). It
 shrinks on a congestion signal: by half on a 429, a 503 or 502 or 504, a timeout or a dropped
 connection (`congested`), by a fifth when the recent latency per generated token rises above
 twice its long-run level (the server queueing). One decrease per round trip at most: a burst of
 throttled answers to requests sent together is one signal, not forty. A Retry-After holds every
-new send until it has passed (`paused_until`).
+new send until it has passed (`paused_until`). A server that stays away (a restart) shrinks the
+window further, one decrease a round trip, but the threshold stays where the first decrease of the
+episode put it: once answers come again the window doubles back up to it, as TCP's does.
 
 Latency is taken per generated token (`latency_s / completion_tokens`, raw for answers that
 generate none: embeddings, score): answers of different lengths then compare.
@@ -42,13 +45,16 @@ class FlowWindow:
 
     cap: int
     window: float = 0.0
-    slow_start: bool = True
+    # Below it, slow start; set by the first decrease after a success (an episode's start).
+    ssthresh: float = math.inf
     short_latency: float | None = None
     long_latency: float | None = None
     # A success's whole latency, recent mean: a round trip, the shortest gap between decreases.
     round_trip: float | None = None
     samples: int = 0
     last_decrease: float = -math.inf
+    # Whether a success came since the last decrease: the next decrease starts a new episode.
+    answered_since_decrease: bool = True
     paused_until: float = 0.0
     decreases: int = 0
 
@@ -75,6 +81,7 @@ class FlowWindow:
         `in_flight`: requests running or waiting for the window when it came back."""
         sample = latency_s / tokens if tokens > 0 else latency_s
         self.samples += 1
+        self.answered_since_decrease = True
         if self.round_trip is None:
             self.round_trip = latency_s
         else:
@@ -89,7 +96,7 @@ class FlowWindow:
             return
         if in_flight + 1 < self.limit():
             return  # not using the window: a larger one would tell nothing
-        if self.slow_start:
+        if self.window < self.ssthresh:
             self.window = min(float(self.cap), self.window + 1.0)
         else:
             step = max(1.0, GROWTH * self.window) / self.window
@@ -103,10 +110,12 @@ class FlowWindow:
         self._decrease(now, CONGESTION_FACTOR)
 
     def _decrease(self, now: float, factor: float) -> None:
-        self.slow_start = False
         gap = max(MIN_GAP_S, self.round_trip or 0.0)
         if now - self.last_decrease < gap:
             return
         self.last_decrease = now
         self.decreases += 1
         self.window = max(1.0, self.window * factor)
+        if self.answered_since_decrease:  # a new episode: where slow start will stop
+            self.ssthresh = self.window
+            self.answered_since_decrease = False
