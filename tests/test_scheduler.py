@@ -314,7 +314,7 @@ def test_results_sent_as_json_are_journaled_byte_for_byte_as_json_writes_them(
         assert rec["body"]["id"] == rec["custom_id"] and rec["worker"] == 0
         assert line == json.dumps(rec, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
     assert b'"latency_s":5e-06,' in b"".join(lines)
-    assert state.succeeded == 50 and state.per_worker["0"][:2] == [50, 100]
+    assert state.succeeded == 50 and state.per_worker["0"].dump()[:2] == [50, 100]
 
 
 def test_the_collector_runs_less_often_while_the_scheduler_runs(tmp_path: Path) -> None:

@@ -118,14 +118,9 @@ def writer_records(
 
 
 def counts(s: Any) -> dict[str, Any]:
-    """What status shows of a state or summary (per_worker's figures as floats)."""
-    per_worker = {k: [float(x) for x in v] for k, v in s.per_worker.items()}
-    return {
-        "succeeded": s.succeeded, "failed": s.failed, "invalid": s.invalid,
-        "prompt": s.prompt_tokens, "completion": s.completion_tokens,
-        "first": s.first_time, "last": s.last_time, "deduplicated": s.deduplicated,
-        "cache_hits": s.cache_hits, "per_worker": per_worker,
-    }  # fmt: skip
+    """What status shows of a state or summary: every count of its tally (job/tally.py: totals,
+    per worker, per model), which each fold of the journal keeps with the same step."""
+    return {"succeeded": s.succeeded, "failed": s.failed, **s.tally.dump()}
 
 
 def exact(paths: JobPaths, m: Manifest) -> dict[str, Any]:

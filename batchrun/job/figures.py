@@ -13,9 +13,12 @@ that reading it costs O(1)); the run times come from the manifest and the run cl
   from the answer cache included; `engine_attempts`: those the engine ran (attempts less
   `deduplicated` less `cache_hits`);
 - error rate: failed attempts plus invalid lines, over attempts plus invalid lines;
-- `wall_s`: the runs' wall time, killed runs included; cost: that time priced (job/cost.py);
-- throughput: the engine's attempts and generated tokens over the time from the first result to
-  the last (over the runs' wall time when every result came at once).
+- `wall_s` (run time): the runs' wall time, killed runs included, never a gap between runs;
+  cost: that time priced (job/cost.py);
+- throughput: the engine's attempts and generated tokens over the run time;
+- per worker (`workers`): its engine attempts, their generated tokens, and both over its own
+  active time (the time at least one of its attempts was in the engine: job/tally.py); per
+  model the same over the model's active time (job/model_counts.py).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from batchrun.job.paths import JobPaths
 from batchrun.job.run_clock import run_walls
 from batchrun.job.summary import current_summary
 from batchrun.job.summary_counts import Summary
+from batchrun.job.tally import WorkerFigures
 
 
 @dataclass(frozen=True)
@@ -79,20 +83,46 @@ class JobFigures:
         }
 
     def throughput(self) -> dict[str, Any]:
-        """The engine's requests/s and generated tokens/s, and what time they are over."""
-        first, last = self.first_time, self.last_time
-        span = (last - first) if first and last else 0.0
-        over = "results"
-        if span <= 0 and self.attempts:
-            span, over = self.wall_s, "wall"  # every result at once (one small batch)
+        """The engine's requests/s and generated tokens/s over the run time (the runs' wall
+        time: a pause between runs is never in it), and that time."""
+        span = self.wall_s
         return {
             "requests_per_s": round(self.engine_attempts / span, 2) if span > 0 else None,
             "completion_tokens_per_s": round(self.engine_completion_tokens / span, 2)
             if span > 0
             else None,
-            "over": over,
+            "over": "runs",
+            "seconds": round(span, 3),
             "counts": "engine",  # neither duplicates' copies nor cache hits
         }
+
+
+def worker_rows(manifest: Manifest, summary: Summary) -> list[dict[str, Any]]:
+    """Each worker's figures (the glossary's): where it ran (the latest run's), its engine
+    attempts and generated tokens, and their rates over its own active time. What `status`,
+    `status --json`, the report page and /metrics show of workers."""
+    info = manifest.worker_info or {}
+    per_worker = summary.per_worker
+    rows = []
+    for key in sorted(set(info) | set(per_worker), key=lambda k: int(k)):
+        stats = per_worker.get(key) or WorkerFigures()
+        where = info.get(key, {})
+        rows.append(
+            {
+                "worker": int(key),
+                "label": where.get("label", f"worker {key}"),
+                "kind": where.get("kind"),
+                "node": where.get("node"),
+                "gpus": where.get("gpus"),
+                "requests": stats.attempts,
+                "completion_tokens": stats.completion_tokens,
+                "active_s": round(stats.active.seconds, 3),
+                "requests_per_s": stats.requests_per_s(),
+                "tokens_per_s": stats.tokens_per_s(),
+                "kv_cache_tokens": where.get("kv_cache_tokens"),
+            }
+        )
+    return rows
 
 
 def figures_of(

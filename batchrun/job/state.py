@@ -12,6 +12,7 @@ from batchrun.job.inputmap import load_input_map
 from batchrun.job.journal import read_records
 from batchrun.job.manifest import Manifest
 from batchrun.job.paths import JobPaths
+from batchrun.job.tally import CACHED, COPY, ENGINE, Tally, WorkerFigures
 from batchrun.openai.records import Outcome, Request
 
 
@@ -184,28 +185,53 @@ class JobState:
 
     journal: Path | None = None
     table: _ByLine = field(default_factory=_ByLine, init=False)
-    invalid: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    first_time: float | None = None
-    last_time: float | None = None
-    # Per worker index: [attempts, completion tokens, first time, last time].
-    per_worker: dict[str, list[float]] = field(default_factory=dict)
+    # The counts every fold of the journal keeps alike: totals, per worker, per model
+    # (job/tally.py: the one per-record step).
+    tally: Tally = field(default_factory=Tally, init=False)
     # After a forced resume (see InputMap): only these custom_ids are part of the job, and only
     # invalid-line records tagged with this generation are the current file's. A state with a
     # journal is given the input map's custom_id -> line (its lines were renumbered).
     current: Container[str] | None = None
     generation: str | None = None
-    # Results copied from an identical request's outcome (run/dedup.py): engine runs saved.
-    deduplicated: int = 0
-    # Results answered from the cross-job answer cache (run/answer_cache.py): engine runs saved.
-    cache_hits: int = 0
-    # Generated tokens of the attempts the engine ran (neither copies nor cache hits).
-    engine_completion_tokens: int = 0
     # Kept as records are folded, so that these counts cost O(1) to read: requests whose last
     # attempt succeeded, and attempts.
     ok: int = 0
     tried: int = 0
+
+    @property
+    def invalid(self) -> int:
+        """Invalid input lines (of the input's current generation)."""
+        return self.tally.invalid
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens of every result."""
+        return self.tally.prompt_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        """Generated tokens of every result, copies and cache hits included."""
+        return self.tally.completion_tokens
+
+    @property
+    def engine_completion_tokens(self) -> int:
+        """Generated tokens of the attempts the engine ran (neither copies nor cache hits)."""
+        return self.tally.engine_completion_tokens
+
+    @property
+    def deduplicated(self) -> int:
+        """Results copied from an identical request's outcome (run/dedup.py)."""
+        return self.tally.deduplicated
+
+    @property
+    def cache_hits(self) -> int:
+        """Results answered from the cross-job answer cache (run/answer_cache.py)."""
+        return self.tally.cache_hits
+
+    @property
+    def per_worker(self) -> dict[str, WorkerFigures]:
+        """Per worker index: its engine attempts, their tokens, its active time."""
+        return self.tally.per_worker
 
     @property
     def last(self) -> LastStatuses:
@@ -324,37 +350,31 @@ class JobState:
             if key is None:
                 return  # its line left the input file: no longer part of the job
         t = rec.get("time")
-        if isinstance(t, (int, float)):
-            self.first_time = t if self.first_time is None else min(self.first_time, t)
-            self.last_time = t if self.last_time is None else max(self.last_time, t)
+        when = float(t) if isinstance(t, (int, float)) else 0.0
         if key is None:
-            self.invalid += 1
+            self.tally.add_invalid(when)
             return
         table = self.table
         self.tried += 1
-        self.ok -= table.get(key) == OK
+        old = table.get(key)
         status = attempt_status(rec.get("ok"), rec.get("retryable"))
         table.set(key, cid, status)
-        self.ok += status == OK
-        tokens = int(rec.get("completion_tokens") or 0)
-        if "copy_of" in rec:
-            self.deduplicated += 1
-        elif rec.get("cached"):
-            self.cache_hits += 1
-        else:
-            self.engine_completion_tokens += tokens
-        self.prompt_tokens += int(rec.get("prompt_tokens") or 0)
-        self.completion_tokens += tokens
+        change = (status == OK) - (old == OK)
+        self.ok += change
+        latency = rec.get("latency_s")
         worker = rec.get("worker")
-        if worker is not None and isinstance(t, (int, float)):
-            stats = self.per_worker.get(str(worker))
-            if stats is None:
-                self.per_worker[str(worker)] = [1, tokens, t, t]
-            else:
-                stats[0] += 1
-                stats[1] += tokens
-                stats[2] = min(stats[2], t)
-                stats[3] = max(stats[3], t)
+        model = rec.get("model")
+        self.tally.add(
+            when,
+            float(latency) if isinstance(latency, (int, float)) else 0.0,
+            int(rec.get("prompt_tokens") or 0),
+            int(rec.get("completion_tokens") or 0),
+            old is None,
+            change,
+            COPY if "copy_of" in rec else CACHED if rec.get("cached") else ENGINE,
+            worker if type(worker) is int else None,
+            model if isinstance(model, str) else None,
+        )
 
     def record_results(
         self,
@@ -362,11 +382,12 @@ class JobState:
         worker: int | None,
         t: float,
         lines: Sequence[int] | None = None,
+        models: Sequence[str] | None = None,
     ) -> list[int]:
         """Fold in the results of attempts as `record` folds their journal records (all from
         worker `worker`, at time `t`; None: answered without one, from the answer cache; `lines`:
-        their requests' input lines), without building the records; return their attempt
-        numbers."""
+        their requests' input lines; `models`: the model each record names), without building
+        the records; return their attempt numbers."""
         table, current = self.table, self.current
         keys: Sequence[Key | None]
         if self.journal is not None and current is None and lines is not None and not table.by_id:
@@ -379,9 +400,10 @@ class JobState:
         if top:
             table.grow(top)
         codes, by_id, more, failed = table.codes, table.by_id, table.more, table.failed
+        add = self.tally.add
         numbers: list[int] = []
-        counted = prompt_tokens = tokens = engine_tokens = ok = hits = done = 0
-        for outcome, key in zip(outcomes, keys, strict=True):
+        ok = done = counted = 0
+        for i, (outcome, key) in enumerate(zip(outcomes, keys, strict=True)):
             if key is None:
                 # Its line left the input file: no longer part of the job (its attempt number
                 # as if it were: this run's first).
@@ -398,12 +420,12 @@ class JobState:
             else:
                 attempt = more.get(key, 1) + 1
                 more[key] = attempt
-                ok -= old == OK
             numbers.append(attempt)
             cid = outcome.custom_id
             status = attempt_status(outcome.ok, outcome.retryable)
+            change = (status == OK) - (old == OK)
+            ok += change
             if status == OK:
-                ok += 1
                 if old is not None and old != OK:
                     del failed[cid]
             else:
@@ -412,41 +434,28 @@ class JobState:
                 codes[key] = status + 1
             else:
                 by_id[key] = status  # type: ignore[index]
-            prompt_tokens += int(outcome.prompt_tokens or 0)
-            generated = int(outcome.completion_tokens or 0)
-            tokens += generated
             counted += 1
             extra = outcome.extra
-            if not extra:
-                engine_tokens += generated
-            elif extra.get("cached"):
-                hits += 1
-            elif "copy_of" not in extra:
-                engine_tokens += generated
+            add(
+                t,
+                round(outcome.latency_s, 6),  # as journaled (job/records.py)
+                int(outcome.prompt_tokens or 0),
+                int(outcome.completion_tokens or 0),
+                old is None,
+                change,
+                ENGINE
+                if not extra
+                else COPY
+                if "copy_of" in extra
+                else CACHED
+                if extra.get("cached")
+                else ENGINE,
+                worker,
+                models[i] if models is not None else None,
+            )
         table.done += done
         self.ok += ok
-        self.cache_hits += hits
-        if not counted:
-            return numbers
         self.tried += counted
-        self.prompt_tokens += prompt_tokens
-        self.completion_tokens += tokens
-        self.engine_completion_tokens += engine_tokens
-        if self.first_time is None or t < self.first_time:
-            self.first_time = t
-        if self.last_time is None or t > self.last_time:
-            self.last_time = t
-        if worker is None:
-            return numbers
-        key_ = str(worker)
-        stats = self.per_worker.get(key_)
-        if stats is None:
-            self.per_worker[key_] = [counted, tokens, t, t]
-        else:
-            stats[0] += counted
-            stats[1] += tokens
-            stats[2] = min(stats[2], t)
-            stats[3] = max(stats[3], t)
         return numbers
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from batchrun.job.figures import job_figures
+from batchrun.job.figures import job_figures, worker_rows
 from batchrun.job.lock import lock_holder
 from batchrun.job.manifest import Manifest, find_input, load_manifest
 from batchrun.job.model_counts import model_counts
@@ -44,7 +44,7 @@ def job_status(job_dir: Path) -> dict[str, Any]:
         "runs": len(manifest.runs),
         "wall_s": round(figures.wall_s, 3),
         "probes": manifest.probes,
-        "workers": _workers(manifest, state.per_worker),
+        "workers": worker_rows(manifest, state),
         "order": manifest.order,
         "prefix_cache": cache_rate(
             manifest.prefix_cache.get("queries", 0), manifest.prefix_cache.get("hits", 0)
@@ -58,7 +58,7 @@ def job_status(job_dir: Path) -> dict[str, Any]:
         **figures.timing,
         "cost": figures.cost,
         # Per base model and adapter (job/model_counts.py).
-        "models": model_counts(manifest, state),
+        "models": model_counts(manifest, state, figures.throughput()["completion_tokens_per_s"]),
     }
 
 
@@ -90,27 +90,3 @@ def kv_cache_tokens(manifest: Manifest) -> int | None:
         if isinstance(w, dict) and isinstance(w.get("kv_cache_tokens"), int)
     ]
     return min(sizes) if sizes else None
-
-
-def _workers(manifest: Manifest, per_worker: dict[str, list[float]]) -> list[dict[str, Any]]:
-    """Per-worker progress of the latest run: where it ran, requests, generated tokens/s."""
-    info = manifest.worker_info or {}
-    rows = []
-    for key in sorted(set(info) | set(per_worker), key=lambda k: int(k)):
-        n, tokens, first, last = per_worker.get(key, [0, 0, 0.0, 0.0])
-        span = last - first
-        where = info.get(key, {})
-        rows.append(
-            {
-                "worker": int(key),
-                "label": where.get("label", f"worker {key}"),
-                "kind": where.get("kind"),
-                "node": where.get("node"),
-                "gpus": where.get("gpus"),
-                "requests": int(n),
-                "completion_tokens": int(tokens),
-                "tokens_per_s": round(tokens / span, 2) if span > 0 else None,
-                "kv_cache_tokens": where.get("kv_cache_tokens"),
-            }
-        )
-    return rows

@@ -211,6 +211,8 @@ def _lenient(raw: bytes, path: Path, offset: int) -> SummaryRecord:
     cid = obj.get("custom_id")
     attempt = obj.get("attempt")
     worker = obj.get("worker")
+    latency = obj.get("latency_s")
+    model = obj.get("model")
     try:
         return SummaryRecord(
             kind=str(obj["kind"]),
@@ -224,6 +226,8 @@ def _lenient(raw: bytes, path: Path, offset: int) -> SummaryRecord:
             copy_of=str(obj["copy_of"]) if "copy_of" in obj else None,
             generation=obj.get("generation") if isinstance(obj.get("generation"), str) else None,
             cached=bool(obj.get("cached")),
+            latency_s=float(latency) if isinstance(latency, (int, float)) else None,
+            model=model if isinstance(model, str) else None,
         )
     except (TypeError, ValueError):
         return SummaryRecord(kind="result", attempt=0)  # cannot be folded: rebuilt by replay
@@ -266,24 +270,15 @@ def _replayed(paths: JobPaths, manifest: Manifest) -> Summary:
     """The summary of the journal's whole lines, counted by `state.replay` (O(requests))."""
     end = whole_end(paths.journal)
     state = replay(paths, manifest, end=end)
+    # The replay counts with the same per-record step as the summary's fold (job/tally.py).
     summary = Summary(
         offset=end,
         check=_tail_check(paths.journal, end),
         generation=state.generation,
-        done=state.done,
-        succeeded=state.succeeded,
-        invalid=state.invalid,
-        attempts=state.tried,
-        prompt_tokens=state.prompt_tokens,
-        completion_tokens=state.completion_tokens,
-        first_time=state.first_time,
-        last_time=state.last_time,
-        deduplicated=state.deduplicated,
-        cache_hits=state.cache_hits,
-        per_worker=state.per_worker,
+        tally=state.tally,
     )
-    # Timing and the engine's figures of the same records the replay counted: a scratch fold
-    # says which those are (its own counts cannot follow this journal, and are dropped).
+    # Timing of the same records the replay counted: a scratch fold says which those are (its
+    # own counts cannot follow this journal, and are dropped).
     scratch = Summary(generation=state.generation)
     current = state.current
     timing = Timing(_run_starts(manifest))
@@ -297,8 +292,6 @@ def _replayed(paths: JobPaths, manifest: Manifest) -> Summary:
                 rec = _DECODER.decode(raw)
                 if scratch.fold(rec, current) is not None:
                     timing.add(rec)
-    summary.engine_attempts = scratch.engine_attempts
-    summary.engine_completion_tokens = scratch.engine_completion_tokens
     summary.keep_timing(timing)
     return summary
 

@@ -9,10 +9,11 @@ from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchrun.job.tally import CACHED, COPY, ENGINE, ModelFigures, Tally, WorkerFigures
 from batchrun.job.timing import LightRecord, LogHistogram, Timing
 
 # Bumped whenever a field's meaning changes: a summary of another version is rebuilt.
-SUMMARY_VERSION = 3
+SUMMARY_VERSION = 4
 
 
 class SummaryRecord(LightRecord):
@@ -24,32 +25,87 @@ class SummaryRecord(LightRecord):
 
 @dataclass
 class Summary:
-    """A job's counts as of journal offset `offset` (see job/summary.py's docstring)."""
+    """A job's counts as of journal offset `offset` (see job/summary.py's docstring): the
+    journal's records folded by `fold_many` into a `Tally` (job/tally.py, the one per-record
+    step), with latency and errors (`timing`) beside them."""
 
     offset: int = 0
     check: str = ""
     generation: str | None = None
-    done: int = 0
-    succeeded: int = 0
-    invalid: int = 0
-    attempts: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    first_time: float | None = None
-    last_time: float | None = None
-    deduplicated: int = 0
-    cache_hits: int = 0
-    # What the engine itself did: attempts and generated tokens of results that are neither a
-    # duplicate's copy nor an answer from the cache (throughput counts these).
-    engine_attempts: int = 0
-    engine_completion_tokens: int = 0
-    # Per worker index: [attempts, completion tokens, first time, last time].
-    per_worker: dict[str, list[float]] = field(default_factory=dict)
-    # Per model a record names (several models, or adapters: run/model_routes.py): [requests done,
-    # succeeded, prompt tokens, completion tokens, first time, last time].
-    per_model: dict[str, list[float]] = field(default_factory=dict)
+    tally: Tally = field(default_factory=Tally)
     # job/timing.py's figures: latency and queue-wait histograms, errors by code.
     timing: dict[str, Any] = field(default_factory=dict)
+
+    # The counts, as the tally keeps them (docs/metrics.md's glossary names each).
+    @property
+    def done(self) -> int:
+        """Requests with a finished attempt."""
+        return self.tally.done
+
+    @property
+    def succeeded(self) -> int:
+        """Requests whose last attempt succeeded."""
+        return self.tally.succeeded
+
+    @property
+    def invalid(self) -> int:
+        """Invalid input lines of the summary's generation."""
+        return self.tally.invalid
+
+    @property
+    def attempts(self) -> int:
+        """Every result journaled, copies and cache hits included."""
+        return self.tally.attempts
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens of every result."""
+        return self.tally.prompt_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        """Generated tokens of every result."""
+        return self.tally.completion_tokens
+
+    @property
+    def deduplicated(self) -> int:
+        """Results copied from an identical request's outcome."""
+        return self.tally.deduplicated
+
+    @property
+    def cache_hits(self) -> int:
+        """Results answered from the answer cache."""
+        return self.tally.cache_hits
+
+    @property
+    def engine_attempts(self) -> int:
+        """Results the engine ran (neither copies nor cache hits)."""
+        return self.tally.engine_attempts
+
+    @property
+    def engine_completion_tokens(self) -> int:
+        """Generated tokens of the results the engine ran."""
+        return self.tally.engine_completion_tokens
+
+    @property
+    def first_time(self) -> float | None:
+        """When the first record counted was journaled."""
+        return self.tally.first_time
+
+    @property
+    def last_time(self) -> float | None:
+        """When the last record counted was journaled."""
+        return self.tally.last_time
+
+    @property
+    def per_worker(self) -> dict[str, WorkerFigures]:
+        """Per worker index: its engine attempts, their tokens, its active time."""
+        return self.tally.per_worker
+
+    @property
+    def per_model(self) -> dict[str, ModelFigures]:
+        """Per model a record names (several models, or adapters: run/model_routes.py)."""
+        return self.tally.per_model
 
     @property
     def failed(self) -> int:
@@ -62,7 +118,14 @@ class Summary:
 
     def to_json(self) -> bytes:
         """The summary file's content."""
-        data = {"version": SUMMARY_VERSION, **self.__dict__}
+        data = {
+            "version": SUMMARY_VERSION,
+            "offset": self.offset,
+            "check": self.check,
+            "generation": self.generation,
+            "tally": self.tally.dump(),
+            "timing": self.timing,
+        }
         return json.dumps(data, separators=(",", ":")).encode("utf-8")
 
     @classmethod
@@ -75,17 +138,18 @@ class Summary:
         if not isinstance(obj, dict) or obj.pop("version", None) != SUMMARY_VERSION:
             return None
         try:
-            summary = cls(**obj)
-        except TypeError:
+            summary = cls(
+                offset=obj["offset"],
+                check=obj["check"],
+                generation=obj["generation"],
+                tally=Tally.load(obj["tally"]),
+                timing=obj["timing"],
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
             return None
-        ints = (summary.offset, summary.done, summary.succeeded, summary.invalid, summary.attempts)
-        if not all(type(v) is int and v >= 0 for v in ints) or summary.succeeded > summary.done:
+        if type(summary.offset) is not int or summary.offset < 0:
             return None
-        if not isinstance(summary.check, str) or not isinstance(summary.per_worker, dict):
-            return None
-        if not isinstance(summary.per_model, dict):
-            return None
-        if not isinstance(summary.timing, dict):
+        if not isinstance(summary.check, str) or not isinstance(summary.timing, dict):
             return None
         return summary
 
@@ -104,97 +168,47 @@ class Summary:
         """Fold journal records in, in order, as `JobState.record` would (only requests in
         `current`, when given); return those counted (the timing folds the same ones), or None
         when one cannot follow what the summary says (the summary is then not to be used: the
-        counts come from a replay).
+        counts come from a replay; the record that broke the rules is not counted).
 
         Not counted: another input generation's invalid lines, records of requests whose line
-        left the input file, kinds this version does not know. One loop with the counts in
-        locals: a running job's summary folds every record it journals.
+        left the input file, kinds this version does not know. What a record adds is
+        `Tally.add`'s; here only which records count, and whether each is a request's first
+        attempt (the journal's attempt numbers say: job/summary.py's docstring).
         """
         counted: list[SummaryRecord] = []
         keep = counted.append
         generation = self.generation
-        first, last = self.first_time, self.last_time
-        done, succeeded = self.done, self.succeeded
-        invalid = attempts = deduplicated = cache_hits = engine = engine_tokens = 0
-        prompt_tokens = completion_tokens = 0
-        per_model, per_worker = self.per_model, self.per_worker
+        tally = self.tally
+        add = tally.add
         for rec in records:
             kind = rec.kind
             if kind == "invalid":
                 if rec.generation != generation:
                     continue  # another input generation's invalid line
-            elif kind != "result":
-                continue  # a kind this version does not count
-            elif current is not None and rec.custom_id not in current:
-                continue  # its line left the input file: no longer part of the job
-            keep(rec)
-            t = rec.time
-            timed = t > 0  # 0: no time (the journal's are seconds since the epoch)
-            if timed:  # comparisons, not min()/max(): this runs for every record journaled
-                if first is None or t < first:
-                    first = t
-                if last is None or t > last:
-                    last = t
-            if kind == "invalid":
-                invalid += 1
+                keep(rec)
+                tally.add_invalid(rec.time)
                 continue
+            if kind != "result":
+                continue  # a kind this version does not count
+            if current is not None and rec.custom_id not in current:
+                continue  # its line left the input file: no longer part of the job
             attempt = rec.attempt
             if attempt < 1 or rec.custom_id is None:
                 return None
-            attempts += 1
-            if attempt == 1:
-                done += 1
-            elif succeeded >= done:
+            if attempt > 1 and tally.succeeded >= tally.done:
                 return None  # a retry with no failed request before it to replace
-            ok = rec.ok
-            if ok:
-                succeeded += 1
-            tokens = rec.completion_tokens
-            if rec.copy_of is not None:
-                deduplicated += 1
-            elif rec.cached:
-                cache_hits += 1
-            else:
-                engine += 1
-                engine_tokens += tokens
-            prompt_tokens += rec.prompt_tokens
-            completion_tokens += tokens
-            model = rec.model
-            if model is not None:
-                counts = per_model.get(model)
-                if counts is None:
-                    counts = per_model[model] = [0, 0, 0, 0, t, t]
-                counts[0] += attempt == 1
-                counts[1] += ok
-                counts[2] += rec.prompt_tokens
-                counts[3] += tokens
-                if timed:
-                    if t < counts[4] or not counts[4]:
-                        counts[4] = t
-                    if t > counts[5]:
-                        counts[5] = t
-            worker = rec.worker
-            if worker is not None and timed:
-                stats = per_worker.get(str(worker))
-                if stats is None:
-                    per_worker[str(worker)] = [1, tokens, t, t]
-                else:
-                    stats[0] += 1
-                    stats[1] += tokens
-                    if t < stats[2]:
-                        stats[2] = t
-                    if t > stats[3]:
-                        stats[3] = t
-        self.first_time, self.last_time = first, last
-        self.done, self.succeeded = done, succeeded
-        self.invalid += invalid
-        self.attempts += attempts
-        self.deduplicated += deduplicated
-        self.cache_hits += cache_hits
-        self.engine_attempts += engine
-        self.engine_completion_tokens += engine_tokens
-        self.prompt_tokens += prompt_tokens
-        self.completion_tokens += completion_tokens
+            keep(rec)
+            add(
+                rec.time,
+                rec.latency_s or 0.0,
+                rec.prompt_tokens,
+                rec.completion_tokens,
+                attempt == 1,
+                1 if rec.ok else 0,
+                COPY if rec.copy_of is not None else CACHED if rec.cached else ENGINE,
+                rec.worker,
+                rec.model,
+            )
         return counted
 
     def timing_of(self, run_starts: Sequence[float]) -> Timing:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from batchrun.job.events import read_events
-from batchrun.job.figures import JobFigures, job_figures
+from batchrun.job.figures import JobFigures, job_figures, worker_rows
 from batchrun.job.manifest import load_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.status import cache_rate, run_state
@@ -28,20 +28,10 @@ MAX_POINTS = 400
 
 
 @dataclass
-class WorkerFacts:
-    """One worker's results: attempts, generated tokens, first and last result times."""
-
-    attempts: int = 0
-    completion_tokens: int = 0
-    first: float = 0.0
-    last: float = 0.0
-
-
-@dataclass
 class ReportData:
     """Everything the page shows, gathered from one job directory: its figures from the one fold
     of its journal (job/figures.py), and what only the page draws (results per second,
-    examples of each error, per-worker rates) from one light pass."""
+    examples of each error) from one light pass."""
 
     job_dir: Path
     job_id: str
@@ -56,7 +46,8 @@ class ReportData:
     origin: float
     per_second: dict[int, list[int]] = field(default_factory=dict)  # second -> [ok, failed, tok]
     examples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    workers: dict[int, WorkerFacts] = field(default_factory=dict)
+    # Per worker: job/figures.py's rows, as `status` shows them.
+    workers: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     prefix_cache: dict[str, Any] | None = None
     runs: list[dict[str, Any]] = field(default_factory=list)
@@ -86,14 +77,6 @@ class ReportData:
             bin_[1] += 1
             self._example(rec)
         bin_[2] += rec.completion_tokens
-        if rec.worker is not None and rec.copy_of is None:
-            w = self.workers.get(rec.worker)
-            if w is None:
-                w = self.workers[rec.worker] = WorkerFacts(first=rec.time)
-            w.attempts += 1
-            w.completion_tokens += rec.completion_tokens
-            w.first = min(w.first, rec.time)
-            w.last = max(w.last, rec.time)
 
     def _example(self, rec: LightRecord) -> None:
         code = str((rec.error or {}).get("code") or "unknown")
@@ -146,6 +129,7 @@ def gather(job_dir: Path) -> ReportData:
             for r, wall in zip(manifest.runs, figures.run_walls, strict=True)
         ],
         probes=list(manifest.probes),
+        workers=worker_rows(manifest, summary),
     )
     for rec in light_records(paths.journal):
         data.add(rec)

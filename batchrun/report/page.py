@@ -229,17 +229,9 @@ def _payload(data: ReportData) -> dict[str, Any]:
         for e in data.events
         if e["kind"] == "oom_backoff"
     ]
-    workers = []
-    for index, w in sorted(data.workers.items()):
-        span = w.last - w.first
-        workers.append(
-            {
-                "label": f"worker {index}",
-                "requests_per_s": round(w.attempts / span, 3) if span > 0 else w.attempts,
-                "tokens_per_s": round(w.completion_tokens / span, 3) if span > 0 else 0,
-                "attempts": w.attempts,
-            }
-        )
+    # The same rows as `status --json`'s workers (job/figures.py), the rates over each worker's
+    # own active time; the chart reads `attempts`.
+    workers = [{**w, "attempts": w["requests"]} for w in data.workers]
     f = data.figures
     return {
         # The figures the tiles show, for scripts (job/figures.py; docs/metrics.md).

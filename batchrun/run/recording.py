@@ -89,14 +89,16 @@ class JournalSink:
         now = round(time.time(), 3)
         done = [outcome for outcome, _ in pairs]
         lines = [request.line for _, request in pairs]
-        attempts = self.state.record_results(done, index, now, lines)
+        name = self.record_model
+        models = [name(request) for _, request in pairs] if name is not None else None
+        attempts = self.state.record_results(done, index, now, lines, models)
         plain = True
-        for (outcome, request), attempt in zip(pairs, attempts, strict=True):
+        for i, ((outcome, request), attempt) in enumerate(zip(pairs, attempts, strict=True)):
             rec = result_record(outcome, request.line, attempt, now)
             if index is not None:
                 rec["worker"] = index
-            if self.record_model is not None:
-                rec["model"] = self.record_model(request)
+            if models is not None:
+                rec["model"] = models[i]
             records.append(rec)
             if plain:
                 plain = plain_result(outcome)
@@ -105,8 +107,7 @@ class JournalSink:
             # In the same journal append as their representatives' records: a kill leaves
             # either both or a duplicate with no record, which then simply runs again.
             copies = self.duplicates.answer(pairs)
-            if copies:
-                self.state.deduplicated += len(copies)
+            if copies:  # (counted as copies by the state's fold: job/tally.py)
                 plain = self.record(copies, index, records, outcomes) and plain
         return plain
 

@@ -245,23 +245,24 @@ class BatchJournals:
             # (run/dedup.py) were never out, and go into the same journal append.
             out = len(group)
             if job.duplicates is not None and job.duplicates.held:
-                copies = job.duplicates.answer(group)
-                job.state.deduplicated += len(copies)
-                group += copies
+                # (Counted as copies by the state's fold: job/tally.py.)
+                group += job.duplicates.answer(group)
             done = [outcome for outcome, _ in group]
             ok_before, failed_before = job.state.ok, job.state.failed
             lines = [request.line for _, request in group]
-            attempts = job.state.record_results(done, index, now, lines)
+            name = self.record_model
+            models = [name(request) for _, request in group] if name is not None else None
+            attempts = job.state.record_results(done, index, now, lines, models)
             ok_added = job.state.ok - ok_before
             failed_added = job.state.failed - failed_before
             recs: list[ResultRecord] = []
             plain = True
-            for (outcome, request), attempt in zip(group, attempts, strict=True):
+            for i, ((outcome, request), attempt) in enumerate(zip(group, attempts, strict=True)):
                 rec = result_record(outcome, request.line, attempt, now)
                 if index is not None:
                     rec["worker"] = index
-                if self.record_model is not None:  # status counts per model and adapter
-                    rec["model"] = self.record_model(request)
+                if models is not None:  # status counts per model and adapter
+                    rec["model"] = models[i]
                 recs.append(rec)
                 plain = plain and plain_result(outcome)
             job.journal.append(recs, plain=plain)
