@@ -39,7 +39,9 @@ def test_run_makes_a_job_and_answers_every_request(
 ) -> None:
     monkeypatch.setenv("BATCHRUN_ECHO_FAIL", "r3")
     requests: list[Any] = [*chat_requests(6), '{"custom_id": "broken"']
-    job = batchrun.run(iter(requests), job_dir=tmp_path / "job", batch_size=4, **ECHO)
+    job = batchrun.run(
+        iter(requests), job_dir=tmp_path / "job", batch_size=4, max_attempts=1, **ECHO
+    )
     assert isinstance(job, batchrun.Job) and job.job_dir == tmp_path / "job"
     # The requests streamed into the job's input file, one line each, in order.
     assert [json.loads(x) for x in input_lines(job.job_dir)[:6]] == requests[:6]
@@ -253,7 +255,7 @@ def test_a_job_of_the_cli_is_resumed_from_python(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_ctrl_c_stops_a_python_run_and_the_cli_resumes_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Ctrl-C (SIGINT, a KeyboardInterrupt in the main thread) stops the job as the CLI's does,
     and goes on to the caller; the CLI's resume finishes it, each request answered once."""
@@ -275,6 +277,10 @@ def test_ctrl_c_stops_a_python_run_and_the_cli_resumes_it(
     finally:
         stopper.join(timeout=5)
         signal.signal(signal.SIGINT, previous)
+    assert capsys.readouterr().err.endswith(
+        "\ninterrupted: the journal is flushed; nothing finished is lost. Continue with: "
+        f"batchrun.Job({str(job)!r}).resume(), or batchrun resume --job-dir {job}\n"
+    )
     status = batchrun.Job(job).status()
     assert status["status"] == "interrupted" and status["requests"]["pending"] > 0
     resumed = cli(
@@ -406,3 +412,29 @@ def test_a_script_without_the_main_guard_is_told_what_to_do(tmp_path: Path) -> N
         "processes must; a notebook needs nothing)"
     )
     assert not (tmp_path / "job").exists()
+
+
+@pytest.mark.slow
+def test_the_import_benchmark_measures_and_sees_no_heavy_module() -> None:
+    """scripts/bench_import.py, one round: `import batchrun` left none of the watched modules."""
+    ran = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_import.py"), "--runs", "1", "--no-docs"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stderr
+    [row] = [line for line in ran.stdout.splitlines() if line.startswith("  `import batchrun` ")]
+    assert row.split()[-1] == "none", row
+
+
+def test_the_reference_in_docs_python_md_is_the_docstrings() -> None:
+    ran = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "python_reference.py"), "--check"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr

@@ -14,10 +14,12 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from batchrun.api.options import cli_lines
 from batchrun.config import OptionError
 from batchrun.engines.remote.urls import API_KEY_VARS
+from batchrun.job.paths import JobPaths, command
 from batchrun.workers.cpu_claims import release_claim
 
 # Where --api-key goes for the workers (the remote engine reads it there first).
@@ -25,8 +27,9 @@ _KEY_VAR = API_KEY_VARS[0]
 
 
 @contextmanager
-def in_process(api_key: str | None = None) -> Iterator[None]:
-    """Run a core command here: its OptionError as the CLI's line; `api_key` (the remote
+def in_process(job_dir: Path, api_key: str | None = None) -> Iterator[None]:
+    """Run a core command on `job_dir` here: its OptionError as the CLI's line; Ctrl-C said as
+    the CLI says it, with how to go on, and raised again; `api_key` (the remote
     engine's, `--api-key`) in this process's environment for the run's workers, as the CLI puts
     it there, and taken out again after (never into the job); the CPU cores its CPU engine
     claimed from other jobs on this machine given back once it ends (a CLI process gives them
@@ -45,6 +48,9 @@ def in_process(api_key: str | None = None) -> Iterator[None]:
                     raise OptionError("--api-key", f"must not be empty, got {api_key!r}")
                 os.environ[_KEY_VAR] = api_key
             yield
+    except KeyboardInterrupt:
+        _say_how_to_go_on(job_dir)
+        raise
     finally:
         if saved is None:
             os.environ.pop(_KEY_VAR, None)
@@ -63,3 +69,16 @@ def _importing_the_callers_script() -> bool:
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False
+
+
+def _say_how_to_go_on(job_dir: Path) -> None:
+    """After Ctrl-C, the CLI's line: the job is safe and how to continue it (from Python or the
+    CLI), or, stopped before it was made, that nothing was."""
+    if JobPaths(job_dir).manifest.exists():
+        message = (
+            "interrupted: the journal is flushed; nothing finished is lost. Continue with: "
+            f"batchrun.Job({str(job_dir)!r}).resume(), or {command('resume', job_dir)}"
+        )
+    else:
+        message = "interrupted: stopped before the job was created; nothing was made"
+    sys.stderr.write(f"\n{message}\n")

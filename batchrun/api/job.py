@@ -67,7 +67,7 @@ class Job:
         """
         from batchrun.run.jobs import resume
 
-        with in_process(api_key):
+        with in_process(self.job_dir, api_key):
             resume(
                 self.job_dir,
                 progress=progress,
@@ -92,7 +92,7 @@ class Job:
         retry-failed` does (engine options as resume's). Returns this job."""
         from batchrun.run.jobs import retry_failed
 
-        with in_process(api_key):
+        with in_process(self.job_dir, api_key):
             retry_failed(
                 self.job_dir,
                 progress=progress,

@@ -50,7 +50,7 @@ def run(
             continues it.
     """
     job = Path(job_dir) if job_dir is not None else _new_job_dir()
-    with in_process(api_key):
+    with in_process(job, api_key):
         job_options = new_job_options(
             given_options("run", options), progress=progress, ray=ray, cache_dir=cache_dir
         )
@@ -92,7 +92,7 @@ def submit(
     jobs/<input name>, as the CLI's. Raises as `run` does."""
     source = os.fspath(path_or_url)
     job = Path(job_dir) if job_dir is not None else default_job_dir(source)
-    with in_process(api_key):
+    with in_process(job, api_key):
         job_options = new_job_options(
             given_options("submit", options), progress=progress, ray=ray, cache_dir=cache_dir
         )
