@@ -47,7 +47,7 @@ def exported_samples(monkeypatch: pytest.MonkeyPatch) -> set[str]:
         valid=2, invalid=1, succeeded=1, failed=1, pending=0, attempts=3, engine_attempts=3,
         deduplicated=0, cache_hits=0, prompt_tokens=5, completion_tokens=5,
         engine_completion_tokens=5, run_walls=[1.5], cost={"usd": 0.1}, first_time=1.0,
-        last_time=2.0,
+        last_time=2.0, workers=[{"worker": 0, "requests": 3, "tokens_per_s": 2.5}],
     )  # fmt: skip
     run.in_flight = lambda: 1
     run.batch_size = lambda: 8

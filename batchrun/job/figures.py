@@ -59,6 +59,8 @@ class JobFigures:
     last_time: float | None
     # Latency, queue wait and errors: `Timing.summary()` of the same records.
     timing: dict[str, Any] = field(default_factory=dict)
+    # Per worker: `worker_rows` of the same fold.
+    workers: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -154,6 +156,7 @@ def figures_of(
         first_time=summary.first_time,
         last_time=summary.last_time,
         timing=timing,
+        workers=worker_rows(manifest, summary),
     )
 
 

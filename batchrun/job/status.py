@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from batchrun.job.figures import job_figures, worker_rows
+from batchrun.job.figures import job_figures
 from batchrun.job.lock import lock_holder
 from batchrun.job.manifest import Manifest, find_input, load_manifest
 from batchrun.job.model_counts import model_counts
@@ -44,7 +44,7 @@ def job_status(job_dir: Path) -> dict[str, Any]:
         "runs": len(manifest.runs),
         "wall_s": round(figures.wall_s, 3),
         "probes": manifest.probes,
-        "workers": worker_rows(manifest, state),
+        "workers": figures.workers,
         "order": manifest.order,
         "prefix_cache": cache_rate(
             manifest.prefix_cache.get("queries", 0), manifest.prefix_cache.get("hits", 0)

@@ -27,6 +27,10 @@ BATCHES = "batchrun_batches"
 JOB_REQUESTS = "batchrun_job_requests"
 JOB_WALL = "batchrun_job_wall_seconds"
 JOB_COST = "batchrun_job_cost_usd"
+# Per worker (label `worker`, its index): its engine attempts over every run, and its generated
+# tokens a second of its own active time (docs/metrics.md's glossary).
+JOB_WORKER_ATTEMPTS = "batchrun_job_worker_attempts"
+JOB_WORKER_TOKENS_PER_SECOND = "batchrun_job_worker_completion_tokens_per_second"
 
 # Every family, as an exposition names its samples' stems (a histogram's samples add _bucket,
 # _sum and _count).

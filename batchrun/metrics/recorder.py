@@ -208,6 +208,22 @@ class RunMetrics(Collector):
         yield GaugeMetricFamily(
             names.JOB_COST, "The job's cost over every run (--gpu-hour-cost).", value=usd
         )
+        attempts = GaugeMetricFamily(
+            names.JOB_WORKER_ATTEMPTS,
+            "Engine attempts each worker ran over every run (as `batchrun status` shows them).",
+            labels=["worker"],
+        )
+        rates = GaugeMetricFamily(
+            names.JOB_WORKER_TOKENS_PER_SECOND,
+            "Each worker's generated tokens a second of its own active time.",
+            labels=["worker"],
+        )
+        for row in figures.workers:
+            attempts.add_metric([str(row["worker"])], row["requests"])
+            if row["tokens_per_s"] is not None:
+                rates.add_metric([str(row["worker"])], row["tokens_per_s"])
+        yield attempts
+        yield rates
 
     def collect(self) -> Iterator[Metric]:
         """Every family this run exports (the GPU ones come from their own collector)."""

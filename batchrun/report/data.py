@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from batchrun.job.events import read_events
-from batchrun.job.figures import JobFigures, job_figures, worker_rows
+from batchrun.job.figures import JobFigures, job_figures
 from batchrun.job.manifest import load_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.status import cache_rate, run_state
@@ -129,7 +129,7 @@ def gather(job_dir: Path) -> ReportData:
             for r, wall in zip(manifest.runs, figures.run_walls, strict=True)
         ],
         probes=list(manifest.probes),
-        workers=worker_rows(manifest, summary),
+        workers=figures.workers,
     )
     for rec in light_records(paths.journal):
         data.add(rec)
