@@ -10,9 +10,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from batchrun.console.failed_advice import failed_advice, lasting_note
 from batchrun.console.model_table import print_models
 from batchrun.console.text import plural
 from batchrun.job.figures import job_figures
+from batchrun.job.lasting import lasting_failures
 from batchrun.job.manifest import Manifest
 from batchrun.job.model_counts import model_counts, several
 from batchrun.job.paths import JobPaths, command
@@ -73,7 +75,8 @@ def print_summary(console: Console, summary: JobSummary, title: str) -> None:
         f"{figures.total:,} ({figures.valid:,} valid, {plural(figures.invalid, 'invalid line')})",
     )
     table.add_row("succeeded", f"{figures.succeeded:,}")
-    table.add_row("failed", f"{figures.failed:,}")
+    lasting = lasting_failures(figures.timing.get("errors"), figures.failed)
+    table.add_row("failed", f"{figures.failed:,}{lasting_note(lasting)}")
     if figures.pending:
         table.add_row("pending", f"{figures.pending:,}")
     table.add_row(
@@ -165,18 +168,18 @@ def _seconds(value: float) -> str:
 
 def next_step(summary: JobSummary) -> str:
     """What to run next: the command that makes progress (resume while requests are pending,
-    retry-failed when some failed), or, for invalid input lines only, that nothing will."""
+    retry-failed for failures a retry may fix, what else can for the others: console/
+    failed_advice.py), or, for invalid input lines only, that nothing will."""
     st, job = summary.state, summary.job_dir
     pending = st.pending(summary.manifest.requests)
     if pending > 0:
         return f"{plural(pending, 'request')} not run yet; continue with: {command('resume', job)}"
     if st.failed:
-        them = "it" if st.failed == 1 else "them"
-        return (
-            f"{plural(st.failed, 'request')} failed: see {them} with "
-            f"`{command('export', job)}` (errors.jsonl), or run {them} again with "
-            f"`{command('retry-failed', job)}`."
-        )
+        # Which failures a retry cannot fix: the job's errors tally (job/lasting.py).
+        figures, _ = job_figures(JobPaths(job), summary.manifest, save=False)
+        lasting = lasting_failures(figures.timing.get("errors"), st.failed)
+        limit = summary.manifest.engine.get("max_model_len")
+        return failed_advice(st.failed, lasting, job, limit if isinstance(limit, int) else None)
     if st.invalid:
         them = "it" if st.invalid == 1 else "them"
         # "Every valid request succeeded" would claim a success of none at all.
@@ -205,7 +208,8 @@ def print_status(console: Console, s: dict[str, Any]) -> None:
         f"{r['total']:,} total: {r['valid']:,} valid, {plural(r['invalid'], 'invalid line')}",
     )
     table.add_row("succeeded", f"{r['succeeded']:,}")
-    table.add_row("failed", f"{r['failed']:,}")
+    lasting = lasting_failures(s.get("errors"), r["failed"])
+    table.add_row("failed", f"{r['failed']:,}{lasting_note(lasting)}")
     table.add_row("pending", f"{r['pending']:,}")
     table.add_row(
         "tokens", f"{s['tokens']['prompt']:,} prompt, {s['tokens']['completion']:,} generated"

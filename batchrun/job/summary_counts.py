@@ -13,7 +13,7 @@ from batchrun.job.tally import CACHED, COPY, ENGINE, ModelFigures, Tally, Worker
 from batchrun.job.timing import LightRecord, LogHistogram, Timing
 
 # Bumped whenever a field's meaning changes: a summary of another version is rebuilt.
-SUMMARY_VERSION = 4
+SUMMARY_VERSION = 5
 
 
 class SummaryRecord(LightRecord):
@@ -222,6 +222,8 @@ class Summary:
             timing.failed = int(saved["failed"])
             timing.invalid = int(saved["invalid"])
             timing.by_code = {str(k): int(v) for k, v in saved["by_code"].items()}
+            failed = saved["failed_by_code"]
+            timing.failed_by_code = {str(k): int(v) for k, v in failed.items()}
         return timing
 
     def keep_timing(self, timing: Timing) -> None:
@@ -233,6 +235,7 @@ class Summary:
             "failed": timing.failed,
             "invalid": timing.invalid,
             "by_code": dict(timing.by_code),
+            "failed_by_code": dict(timing.failed_by_code),
         }
 
 

@@ -134,6 +134,9 @@ class Timing:
         self.failed = 0
         self.invalid = 0
         self.by_code: dict[str, int] = {}
+        # Failed attempts alone, by code (by_code counts invalid lines too, some under the same
+        # codes): what a retry cannot fix is told from these (job/lasting.py).
+        self.failed_by_code: dict[str, int] = {}
 
     def add(self, rec: LightRecord) -> None:
         """Fold in one journal record."""
@@ -158,7 +161,8 @@ class Timing:
             attempts += 1
             if not rec.ok:
                 failed += 1
-                self._code(rec)
+                code = self._code(rec)
+                self.failed_by_code[code] = self.failed_by_code.get(code, 0) + 1
             latency = rec.latency_s
             if latency is not None and rec.copy_of is None and not rec.cached:
                 latencies.append(latency)
@@ -171,9 +175,10 @@ class Timing:
         self.latency.add_many(latencies)
         self.queue.add_many(waits)
 
-    def _code(self, rec: LightRecord) -> None:
+    def _code(self, rec: LightRecord) -> str:
         code = str((rec.error or {}).get("code") or "unknown")
         self.by_code[code] = self.by_code.get(code, 0) + 1
+        return code
 
     def summary(self) -> dict[str, Any]:
         """As `status --json` shows it: p50/p99 in seconds, error rates over attempts and
@@ -191,6 +196,7 @@ class Timing:
                     code: {"count": n, "rate": round(n / seen, 6)}
                     for code, n in sorted(self.by_code.items(), key=lambda kv: -kv[1])
                 },
+                "failed_by_code": dict(sorted(self.failed_by_code.items(), key=lambda kv: -kv[1])),
             },
         }
 

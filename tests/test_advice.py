@@ -1,0 +1,257 @@
+"""Every piece of advice a job command prints, followed: each test runs the command the advice
+names, as printed (tests/advice.py reads it back), and checks it does what the advice says.
+Failures a retry cannot fix (job/lasting.py) are never sent to `retry-failed`: the advice names
+what fixes them (a longer context, the input), and following it fixes them.
+
+(serve's restart advice is tests/test_serve_restart.py's; the invalid-line advice is followed in
+tests/test_options.py, the --input and --force advice in tests/test_job_lifecycle.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from advice import advised, follow, last_line
+from conftest import (
+    chat_line,
+    cli,
+    journal_records,
+    read_jsonl,
+    results_at_least,
+    start_cli,
+    wait_until,
+    write_jsonl,
+)
+
+ECHO = ("--engine", "echo", "--no-progress")
+# Wide enough that no table row wraps.
+WIDE = {"COLUMNS": "1000"}
+
+
+def status(job: Path) -> dict[str, Any]:
+    r = cli("status", "--job-dir", str(job), "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)  # type: ignore[no-any-return]
+
+
+def row(proc_stdout: str, name: str) -> str:
+    """A table row's value (the summary's or status')."""
+    (line,) = [ln for ln in proc_stdout.splitlines() if ln.startswith(f"│ {name} ")]
+    return line.split("│")[2].strip()
+
+
+def long_and_short(n_long: int, n_short: int) -> list[dict[str, Any]]:
+    """Chat lines of 30 words (over a 16-token context with max_tokens 4) and of 3."""
+    lines = [chat_line(f"long{i}", "word " * 30, max_tokens=4) for i in range(n_long)]
+    return lines + [chat_line(f"short{i}", "a b c", max_tokens=4) for i in range(n_short)]
+
+
+@pytest.mark.slow
+def test_requests_over_the_context_are_not_advised_for_retry_failed(tmp_path: Path) -> None:
+    """Five lines over --max-model-len: counted as a retry cannot fix them, in the summary and
+    in status; the advice is a longer context, which, followed, answers them."""
+    src = write_jsonl(tmp_path / "in.jsonl", long_and_short(5, 3))
+    job = tmp_path / "my job"
+    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, "--max-model-len", "16", env=WIDE)
+    assert r.returncode == 1, r.stderr
+    assert row(r.stdout, "failed") == "5 (5 a retry cannot fix: context_length_exceeded 5)"
+    said = last_line(r)
+    q = f"'{job}'"
+    assert said == (
+        f"5 requests failed: see them with `batchrun export --job-dir {q}` (errors.jsonl). 5 are "
+        "longer than the context (context_length_exceeded: the prompt and max_tokens over the "
+        f"model's context), which a retry cannot fix: `batchrun retry-failed --job-dir {q} "
+        "--max-model-len N` runs them with a longer context (N over 16, up to what the model "
+        "takes), or shorten them (the prompt, or max_tokens) in the input file, then "
+        f"`batchrun resume --job-dir {q} --force` takes the file and `batchrun retry-failed "
+        f"--job-dir {q}` runs them."
+    )
+    shown = cli("status", "--job-dir", str(job), env=WIDE)
+    assert row(shown.stdout, "failed") == row(r.stdout, "failed")
+    assert status(job)["errors"]["failed_by_code"] == {"context_length_exceeded": 5}
+
+    # What the advice does not say to do, done: a retry as it is fails them the same way.
+    again = cli("retry-failed", "--job-dir", str(job), "--no-progress", env=WIDE)
+    assert again.returncode == 1
+    assert row(again.stdout, "failed") == "5 (5 a retry cannot fix: context_length_exceeded 5)"
+    assert last_line(again) == said  # and the advice stays what can fix them
+
+    export, longer, _, _ = advised(said)  # then the input way: the test below
+    assert longer[:2] == ["retry-failed", "--job-dir"] and longer[-2:] == ["--max-model-len", "N"]
+    fixed = follow(longer, "--no-progress", env=WIDE, N="64")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert row(fixed.stdout, "failed") == "0"
+    assert status(job)["requests"]["succeeded"] == 8
+    (done,) = advised(last_line(fixed))
+    assert done == export
+    assert follow(done).returncode == 0
+    assert len(read_jsonl(job / "output.jsonl")) == 8 and read_jsonl(job / "errors.jsonl") == []
+
+
+@pytest.mark.slow
+def test_requests_over_the_context_shortened_in_the_input_run_as_advised(tmp_path: Path) -> None:
+    """The advice's other way: the lines shortened in the file, the two commands it names."""
+    src = write_jsonl(tmp_path / "in.jsonl", long_and_short(2, 1))
+    job = tmp_path / "job"
+    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, "--max-model-len", "16")
+    assert r.returncode == 1, r.stderr
+    _, _, force, retry = advised(last_line(r))
+    # The same requests (custom_ids), shortened in place.
+    write_jsonl(src, [chat_line(f"long{i}", "shorter now", max_tokens=4) for i in range(2)]
+                + long_and_short(0, 1))  # fmt: skip
+    taken = follow(force, "--no-progress")
+    assert taken.returncode == 1, taken.stderr  # nothing run yet: the two still failed
+    ran = follow(retry, "--no-progress")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert status(job)["requests"] | {"total": 3} == {
+        "total": 3, "valid": 3, "succeeded": 3, "failed": 0, "invalid": 0, "pending": 0
+    }  # fmt: skip
+    answers = [r["body"] for r in journal_records(job) if r["kind"] == "result" and r["ok"]]
+    assert sum("shorter now" in json.dumps(b) for b in answers) == 2
+
+
+def _embedding(cid: str, dimensions: int) -> dict[str, Any]:
+    return {
+        "custom_id": cid,
+        "method": "POST",
+        "url": "/v1/embeddings",
+        "body": {"model": "m", "input": "some text", "dimensions": dimensions},
+    }
+
+
+def test_what_the_engine_refuses_as_written_is_fixed_in_the_input_as_advised(
+    tmp_path: Path,
+) -> None:
+    """A 400 from the engine (dimensions its model cannot give): never advised for a retry;
+    fixed in the input and run by the commands the advice names."""
+    src = write_jsonl(tmp_path / "in.jsonl", [_embedding("e0", 8), _embedding("e1", 5000)])
+    job = tmp_path / "job"
+    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, env=WIDE)
+    assert r.returncode == 1, r.stderr
+    assert row(r.stdout, "failed") == "1 (1 a retry cannot fix: invalid_request 1)"
+    said = last_line(r)
+    assert said == (
+        f"1 request failed: see it with `batchrun export --job-dir {job}` (errors.jsonl). 1 was "
+        "refused by the engine for what it holds (invalid_request: errors.jsonl says why), "
+        "which a retry cannot fix: fix it in the input file, then "
+        f"`batchrun resume --job-dir {job} --force` takes the file and "
+        f"`batchrun retry-failed --job-dir {job}` runs it."
+    )
+    _, force, retry = advised(said)
+    write_jsonl(src, [_embedding("e0", 8), _embedding("e1", 16)])
+    assert follow(force, "--no-progress").returncode == 1
+    ran = follow(retry, "--no-progress")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    (last,) = [x for x in journal_records(job) if x.get("custom_id") == "e1" and x["ok"]]
+    assert len(last["body"]["data"]) == 1
+
+
+def test_failures_a_retry_may_fix_are_advised_for_retry_failed_beside_the_others(
+    tmp_path: Path,
+) -> None:
+    """One engine error among two requests over the context: retry-failed is advised for the
+    one; followed (the engine well again), it is answered and the two are left as they were."""
+    src = write_jsonl(tmp_path / "in.jsonl", [*long_and_short(2, 0), chat_line("flaky", "hi")])
+    job = tmp_path / "job"
+    fault = {"BATCHRUN_ECHO_FAIL": "flaky", **WIDE}
+    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, "--max-model-len", "16", env=fault)
+    assert r.returncode == 1, r.stderr
+    said = last_line(r)
+    assert said.startswith(
+        f"3 requests failed: see them with `batchrun export --job-dir {job}` (errors.jsonl). "
+        f"1 may succeed if run again: `batchrun retry-failed --job-dir {job}`. 2 are longer "
+    ), said
+    retry = advised(said)[1]
+    ran = follow(retry, "--no-progress", env=WIDE)
+    assert ran.returncode == 1
+    assert row(ran.stdout, "failed") == "2 (2 a retry cannot fix: context_length_exceeded 2)"
+    assert "may succeed if run again" not in last_line(ran)
+    assert status(job)["requests"]["succeeded"] == 1
+
+
+def test_pending_requests_are_run_by_the_advised_resume_and_exported_as_advised(
+    tmp_path: Path,
+) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"hi {i}") for i in range(3)])
+    job = tmp_path / "my job"
+    assert cli("submit", str(src), "--job-dir", str(job), *ECHO).returncode == 0
+    # As after a kill: the last request's result never journaled.
+    write_jsonl(job / "journal.jsonl", [x for x in journal_records(job) if x["custom_id"] != "r2"])
+    r = cli("retry-failed", "--job-dir", str(job), "--no-progress")
+    (resume,) = advised(last_line(r))
+    assert resume == ["resume", "--job-dir", str(job)]
+    ran = follow(resume, "--no-progress")
+    assert ran.returncode == 0, ran.stderr
+    assert status(job)["requests"]["succeeded"] == 3
+    (export,) = advised(last_line(ran))
+    assert follow(export).returncode == 0
+    assert [o["custom_id"] for o in read_jsonl(job / "output.jsonl")] == ["r0", "r1", "r2"]
+
+
+def test_tune_s_advice_runs_the_rest_at_the_size_found(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", "hi") for i in range(40)])
+    job = tmp_path / "job"
+    r = cli("tune", str(src), "--job-dir", str(job), *ECHO, "--max-batch-size", "16")
+    assert r.returncode == 0, r.stderr
+    size = json.loads((job / "manifest.json").read_text())["batch_size"]
+    (resume,) = advised(last_line(r))
+    ran = follow(resume, "--no-progress")
+    assert ran.returncode == 0, ran.stderr
+    assert status(job)["requests"]["succeeded"] == 40
+    assert json.loads((job / "manifest.json").read_text())["batch_size"] == size
+
+
+def test_a_second_submit_s_advice_continues_the_job(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", "hi") for i in range(3)])
+    job = tmp_path / "job"
+    assert cli("submit", str(src), "--job-dir", str(job), *ECHO).returncode == 0
+    write_jsonl(job / "journal.jsonl", [x for x in journal_records(job) if x["custom_id"] != "r1"])
+    r = cli("submit", str(src), "--job-dir", str(job), *ECHO)
+    assert r.returncode == 1
+    (resume,) = advised(r.stderr)
+    ran = follow(resume, "--no-progress")
+    assert ran.returncode == 0, ran.stderr
+    assert sorted(x["custom_id"] for x in journal_records(job)) == ["r0", "r1", "r2"]
+
+
+def test_export_s_refusal_names_two_ways_and_both_work(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", "hi") for i in range(3)])
+    job = tmp_path / "job"
+    assert cli("submit", str(src), "--job-dir", str(job), *ECHO).returncode == 0
+    write_jsonl(job / "journal.jsonl", [x for x in journal_records(job) if x["custom_id"] != "r0"])
+    r = cli("export", "--job-dir", str(job))
+    assert r.returncode == 1
+    (resume,) = advised(r.stderr)
+    assert r.stderr.rstrip().endswith("or pass --partial to export only what is finished")
+    partial = cli("export", "--job-dir", str(job), "--partial")
+    assert partial.returncode == 0 and len(read_jsonl(job / "output.jsonl")) == 2
+    assert follow(resume, "--no-progress").returncode == 0
+    assert cli("export", "--job-dir", str(job)).returncode == 0
+    assert len(read_jsonl(job / "output.jsonl")) == 3
+
+
+@pytest.mark.slow
+def test_ctrl_c_s_advice_continues_the_job_and_answers_each_request_once(tmp_path: Path) -> None:
+    """A real process stopped with SIGINT; the command it prints, run as printed."""
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", "hi") for i in range(60)])
+    job = tmp_path / "my job"
+    p = start_cli("submit", str(src), "--job-dir", str(job), *ECHO, "--batch-size", "4",
+                  env={"BATCHRUN_ECHO_DELAY_MS": "100"})  # fmt: skip
+    try:
+        wait_until(results_at_least(job, 8), "the job journaled 8 results", timeout=120)
+        os.killpg(p.pid, signal.SIGINT)
+        _, stderr = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 130, stderr
+    (resume,) = advised(stderr.strip().splitlines()[-1])
+    ran = follow(resume, "--no-progress")
+    assert ran.returncode == 0, ran.stderr
+    ids = [x["custom_id"] for x in journal_records(job)]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(60))  # each once
