@@ -237,6 +237,11 @@ def test_a_request_no_json_holds_is_refused_and_nothing_is_left(tmp_path: Path) 
     assert not (tmp_path / "job").exists()
     with pytest.raises(TypeError, match="not a dict"):
         batchrun.run(chat_requests(1)[0], job_dir=tmp_path / "job", **ECHO)
+    with pytest.raises(
+        batchrun.BatchrunError, match=r"^no requests were given: a job needs at least one$"
+    ):
+        batchrun.run(iter([]), job_dir=tmp_path / "job", **ECHO)
+    assert not (tmp_path / "job").exists()
 
 
 def test_a_job_of_the_cli_is_resumed_from_python(tmp_path: Path) -> None:
@@ -438,3 +443,39 @@ def test_the_reference_in_docs_python_md_is_the_docstrings() -> None:
         timeout=120,
     )
     assert ran.returncode == 0, ran.stderr
+
+
+def test_export_to_a_place_no_upload_can_go_is_refused_before_writing(tmp_path: Path) -> None:
+    """export(to=...) checks the URL prefix first, as `export --to` does: a local path is no
+    place to upload to, and nothing is written."""
+    job = batchrun.run(chat_requests(2), job_dir=tmp_path / "job", **ECHO)
+    printed = cli("export", "--job-dir", str(job.job_dir), "--to", str(tmp_path / "out"))
+    assert printed.returncode == 2
+    with pytest.raises(batchrun.BatchrunError) as raised:
+        job.export(to=str(tmp_path / "out"))
+    assert f"error: {raised.value}" in " ".join(printed.stderr.split())
+    assert not (job.job_dir / "output.jsonl").exists()
+
+
+def test_api_key_is_in_the_environment_for_the_call_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """api_key= (`--api-key`) reaches the run's workers through the environment, as the CLI's
+    does, and leaves with the call: never saved into the job, never left in a notebook."""
+    monkeypatch.delenv("BATCHRUN_API_KEY", raising=False)
+    seen: list[str | None] = []
+    from batchrun.run import jobs
+
+    real = jobs.submit
+
+    def submit(*args: Any, **kwargs: Any) -> Any:
+        seen.append(os.environ.get("BATCHRUN_API_KEY"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jobs, "submit", submit)
+    job = batchrun.run(chat_requests(1), job_dir=tmp_path / "job", api_key="sk-test", **ECHO)
+    assert seen == ["sk-test"] and "BATCHRUN_API_KEY" not in os.environ
+    assert "sk-test" not in (job.job_dir / "manifest.json").read_text(encoding="utf-8")
+    with pytest.raises(batchrun.BatchrunError) as raised:
+        job.resume(api_key=" ", progress=False)
+    assert str(raised.value) == "Invalid value for '--api-key': must not be empty"

@@ -44,8 +44,10 @@ def in_process(job_dir: Path, api_key: str | None = None) -> Iterator[None]:
     try:
         with cli_lines():
             if api_key is not None:
-                if not isinstance(api_key, str) or not api_key.strip():
-                    raise OptionError("--api-key", f"must not be empty, got {api_key!r}")
+                if not isinstance(api_key, str):
+                    raise OptionError("--api-key", f"must be a string, got {api_key!r}")
+                if not api_key.strip():
+                    raise OptionError("--api-key", "must not be empty")  # the CLI's words
                 os.environ[_KEY_VAR] = api_key
             yield
     except KeyboardInterrupt:

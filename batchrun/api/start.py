@@ -66,7 +66,8 @@ def run(
         created = not job.exists()
         try:
             job.mkdir(parents=True, exist_ok=True)
-            write_requests(requests, input_path)
+            if write_requests(requests, input_path) == 0:
+                raise BatchrunError("no requests were given: a job needs at least one")
             submit(input_path, job, job_options, checked=warnings)
         except BaseException:
             if not JobPaths(job).manifest.exists():  # no job was made: leave nothing behind
