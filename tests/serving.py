@@ -83,15 +83,50 @@ def start_server(
             start_new_session=True,
         )
     server = Server(process, root, f"http://127.0.0.1:{port}", log)
+    wait_healthy(server, timeout)
+    return server
+
+
+def wait_healthy(server: Server, timeout: float = 30) -> None:
+    """Wait until `server` answers /health (failing at once if its process exits)."""
 
     def healthy() -> bool:
-        assert process.poll() is None, f"the server exited: {log.read_text()}"
+        assert server.process.poll() is None, f"the server exited: {server.log.read_text()}"
         try:
             return httpx.get(f"{server.url}/health", timeout=1).status_code == 200
         except httpx.HTTPError:
             return False
 
     wait_until(healthy, "the server answers /health", timeout=timeout)
+
+
+def continue_with(server: Server) -> str:
+    """The command a stopped server's last line advises (`... Continue with: COMMAND`)."""
+    last = server.log.read_text().splitlines()[-1]
+    _, said, command = last.partition("Continue with: ")
+    assert said, f"the server's last line gives no command: {last!r}"
+    return command
+
+
+def run_printed(
+    command: str, root: Path, url: str, env: dict[str, str] | None = None, timeout: float = 30
+) -> Server:
+    """Run `command` exactly as printed, by a shell in the directory the first server ran in
+    (with this virtual environment's `batchrun` first on PATH); wait for /health at `url`."""
+    log = root.parent / f"{root.name}-printed.log"
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command,
+            shell=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {}), "PATH": path},
+            cwd=ROOT,
+            start_new_session=True,
+        )
+    server = Server(process, root, url, log)
+    wait_healthy(server, timeout)
     return server
 
 

@@ -26,62 +26,88 @@ def serve(
         ),
     ],
     host: Annotated[
-        str,
-        typer.Option(
-            "--host", envvar="BATCHRUN_HOST", help="Address to listen on (loopback by default)."
-        ),
-    ] = "127.0.0.1",
-    port: Annotated[
-        int,
-        typer.Option("--port", envvar="BATCHRUN_PORT", help="Port to listen on.", min=1, max=65535),
-    ] = 8000,
-    api_key: Annotated[
         str | None,
+        typer.Option(
+            "--host",
+            envvar="BATCHRUN_HOST",
+            help="Address to listen on: 127.0.0.1 (loopback) unless the root remembers another; "
+            "any other address needs --api-key.",
+            show_default=False,
+        ),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            "--port",
+            envvar="BATCHRUN_PORT",
+            help="Port to listen on: 8000 unless the root remembers another.",
+            min=1,
+            max=65535,
+            show_default=False,
+        ),
+    ] = None,
+    api_key: Annotated[
+        list[str] | None,
         typer.Option(
             "--api-key",
             envvar="BATCHRUN_API_KEY",
-            help="Require 'Authorization: Bearer KEY' on every endpoint but /health.",
+            help="Require 'Authorization: Bearer KEY' on every endpoint but /health; repeat it "
+            "for several tenants (each key sees only its own files and batches). Kept in the "
+            "root as a salted hash only.",
+            show_default=False,
+        ),
+    ] = None,
+    api_keys_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--api-keys-file",
+            envvar="BATCHRUN_API_KEYS_FILE",
+            help="Tenants' keys, one 'NAME KEY' (or 'KEY') a line; read again on SIGHUP.",
             show_default=False,
         ),
     ] = None,
     max_file_bytes: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--max-file-bytes",
             envvar="BATCHRUN_MAX_FILE_BYTES",
-            help="Largest upload accepted (413 beyond it).",
+            help="Largest upload accepted (413 beyond it): 200000000 unless the root remembers "
+            "another.",
             min=1,
+            show_default=False,
         ),
-    ] = 200_000_000,
+    ] = None,
     ray: RayAddress = None,
     cache_dir: CacheDir = None,
     *,
     options: GivenOptions,
 ) -> None:
     """Serve the OpenAI Files and Batches API: each batch runs as a crash-safe batchrun job
-    under --root on one engine pool that stays loaded between batches."""
-    from batchrun.run.options import RunOptions
+    under --root on one engine pool that stays loaded between batches. The root remembers how
+    it was started: `batchrun serve --root DIR` alone starts it the same way again."""
     from batchrun.serve.server import serve as run_serve
+    from batchrun.serve.settings import Given
 
     if not str(root).strip():
         raise typer.BadParameter("must name a directory, not be empty", param_hint="--root")
-    if api_key is not None and not api_key.strip():
+    if api_key is not None and any(not k.strip() for k in api_key):
         raise typer.BadParameter("must not be empty", param_hint="--api-key")
 
     def run() -> None:
-        run_options = RunOptions.from_given(options, progress=False, ray=ray)
         if cache_dir is not None:
             from batchrun.run.answer_cache import check_cache_dir
 
             check_cache_dir(cache_dir)  # before the server starts
-            run_options.cache_dir = cache_dir
-        run_serve(
-            root,
-            run_options,
+        given = Given(
+            options,
             host=host,
             port=port,
-            api_key=api_key,
             max_file_bytes=max_file_bytes,
+            ray=ray,
+            cache_dir=cache_dir,
+            api_keys=[k.strip() for k in api_key] if api_key else None,
+            api_keys_file=api_keys_file,
         )
+        run_serve(root, given)
 
     guarded(ctx, run)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import time
 import traceback
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -29,8 +28,9 @@ from batchrun.serve.checks import (
 )
 from batchrun.serve.errors import ApiError, not_found, without_paths
 from batchrun.serve.files import FileStore
-from batchrun.serve.guard import Guard, bad_key
+from batchrun.serve.guard import TENANT_SCOPE_KEY, Guard, bad_key
 from batchrun.serve.ids import new_batch_id, new_error_id
+from batchrun.serve.keys import Keys
 from batchrun.serve.metrics import Metrics
 from batchrun.serve.models_api import model_list, unknown_model
 from batchrun.serve.request_ids import (
@@ -54,7 +54,8 @@ class Services:
     metrics: Metrics
     # The batch's `model` when no line of its input names one (the served model's name).
     model: str
-    api_key: str | None
+    # The API keys and their tenants (none: open, on a loopback address only).
+    keys: Keys
     max_file_bytes: int
     # Where an unexpected error is logged (the server's log).
     say: Callable[[str], None] = print
@@ -94,10 +95,10 @@ def create_app(services: Services) -> FastAPI:
     )
     _errors(app, services.files.dir.parent, services.say)
     # The key, and a body's size and depth, are checked before any route reads the body.
-    app.add_middleware(Guard, api_key=services.api_key)
+    app.add_middleware(Guard, keys=services.keys)
     # Outside the guard: its refusals carry a request id too.
     app.add_middleware(RequestIds, say=services.say)
-    auth = [Depends(_authorize(services.api_key))]
+    auth = [Depends(_authorize(services.keys))]
     files, batches = services.files, services.batches
 
     @app.get("/health")
@@ -269,16 +270,17 @@ def _listing(page: list[dict[str, Any]], more: bool) -> dict[str, Any]:
     }
 
 
-def _authorize(api_key: str | None) -> Callable[[Request], None]:
-    """The check of `Authorization: Bearer KEY` (constant-time), or none without a key."""
-    expected = api_key.encode() if api_key else None
+def _authorize(keys: Keys) -> Callable[[Request], str | None]:
+    """The request's tenant, as the guard found it from its key (serve/guard.py); None on a
+    server without keys. A request the guard let through without one is refused again here."""
 
-    def check(request: Request) -> None:
-        if expected is None:
-            return
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+    def check(request: Request) -> str | None:
+        tenant = request.scope.get(TENANT_SCOPE_KEY)
+        if keys.open():
+            return None
+        if not isinstance(tenant, str):
             raise bad_key()
+        return tenant
 
     return check
 

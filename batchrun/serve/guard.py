@@ -9,12 +9,12 @@ serve/uploads.py); every other body is read whole, up to MAX_BODY_BYTES, then ha
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from batchrun.serve.errors import ApiError
+from batchrun.serve.keys import Keys
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -27,6 +27,8 @@ MAX_BODY_BYTES = 1024 * 1024
 # The deepest JSON taken in a body (a batch's creation nests two levels).
 MAX_DEPTH = 32
 OPEN_PATHS = frozenset({"/health"})
+# Where the guard leaves the tenant whose key a request carries, for the routes.
+TENANT_SCOPE_KEY = "batchrun.tenant"
 UPLOAD_PATH = "/v1/files"
 
 
@@ -59,12 +61,12 @@ def depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
 
 
 class Guard:
-    """Refuse a request without the key (401) or with a body too large (413) or too deep (400)
-    before the app reads its body."""
+    """Refuse a request without a key the server takes (401) or with a body too large (413) or
+    too deep (400) before the app reads its body; leave the key's tenant in the scope."""
 
-    def __init__(self, app: Asgi, api_key: str | None) -> None:
+    def __init__(self, app: Asgi, keys: Keys) -> None:
         self.app = app
-        self.expected = api_key.encode() if api_key else None
+        self.keys = keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -72,9 +74,12 @@ class Guard:
             return
         path, method = scope.get("path", ""), scope.get("method", "GET")
         headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers", [])}
-        if self.expected is not None and path not in OPEN_PATHS and not self._keyed(headers):
-            await _answer(send, bad_key())
-            return
+        if path not in OPEN_PATHS and not self.keys.open():
+            tenant = self._tenant(headers)
+            if tenant is None:
+                await _answer(send, bad_key())
+                return
+            scope[TENANT_SCOPE_KEY] = tenant
         if method in ("GET", "HEAD", "DELETE") or (method == "POST" and path == UPLOAD_PATH):
             await self.app(scope, receive, send)
             return
@@ -86,10 +91,12 @@ class Guard:
             return
         await self.app(scope, _replay(body, receive), send)
 
-    def _keyed(self, headers: dict[str, bytes]) -> bool:
-        assert self.expected is not None
+    def _tenant(self, headers: dict[str, bytes]) -> str | None:
+        """The tenant whose key the request's `Authorization: Bearer KEY` is; None: nobody's."""
         scheme, _, given = headers.get("authorization", b"").partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.expected)
+        if scheme.lower() != b"bearer":
+            return None
+        return self.keys.tenant(given.strip().decode("latin-1"))
 
 
 async def _read_body(headers: dict[str, bytes], receive: Receive) -> bytes:

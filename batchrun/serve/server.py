@@ -18,8 +18,10 @@ from batchrun.models.named import model_names
 from batchrun.run.jobs import preflight
 from batchrun.run.model_routes import prepare_models
 from batchrun.run.options import RunOptions
+from batchrun.serve.keys import Keys
+from batchrun.serve.settings import LOOPBACK, Given, resolve
+from batchrun.serve.settings import save as save_settings
 
-DEFAULT_MAX_FILE_BYTES = 200 * 1000 * 1000  # OpenAI's limit for a batch input file
 ROOT_LOCK = "server.lock"
 
 
@@ -103,16 +105,9 @@ def _unmake(made: list[Path]) -> None:
             return
 
 
-def serve(
-    root: Path,
-    options: RunOptions,
-    *,
-    host: str,
-    port: int,
-    api_key: str | None,
-    max_file_bytes: int,
-) -> None:
-    """Serve the Files and Batches API on `host:port` until stopped; every batch lives in `root`."""
+def serve(root: Path, given: Given) -> None:
+    """Serve the Files and Batches API until stopped, with the root's settings and the options
+    `given` over them (serve/settings.py); every batch lives in `root`."""
     import uvicorn
 
     from batchrun.serve.app import Services, create_app
@@ -122,21 +117,34 @@ def serve(
     from batchrun.serve.metrics import Metrics
     from batchrun.serve.runner import Runner
 
-    options.check()
-    kind_switch_after()  # a bad BATCHRUN_SERVE_KIND_SWITCH_S is refused before the root is made
     if root.exists() and not root.is_dir():
         raise BatchrunError(f"--root {root} is a file, not a directory")
+    settings = resolve(root, given)  # a change that would answer a batch with two models: refused
+    options, host, port = settings.options, settings.host, settings.port
+    options.check()
+    if not settings.keys and settings.keys_file is None and host not in LOOPBACK:
+        raise BatchrunError(
+            f"--host {host} is not a loopback address: give --api-key KEY (or --api-keys-file "
+            "FILE), so that only your clients reach the server",
+            exit_code=2,
+        )
+    kind_switch_after()  # a bad BATCHRUN_SERVE_KIND_SWITCH_S is refused before the root is made
     for line in preflight(options):  # before the root is made: a refusal leaves nothing behind
         say(line)
     # Each model found and each adapter checked (several models: run/model_routes.py); a missing
     # or bad one: one line, nothing served.
     prepare_models(options.settings, say)
-    # After Ctrl-C or SIGTERM: the batches go on when the server starts again on this root.
+    # After Ctrl-C or SIGTERM: the root remembers how it was started (serve/settings.py), so
+    # this alone brings the same service back, and the batches go on.
     stopping.set_resume(f"batchrun serve --root {shlex.quote(str(root))}")
     with root_lock(root):
         # Bound before anything else, before the banner and before any batch resumes: a port
         # in use is one line and nothing runs (uvicorn would log it as an error and exit 3).
         sock = listen(host, port)
+        save_settings(root, settings.saved)  # once it serves with them
+        for change in settings.changes:
+            say(f"{change}: applied from now on")
+        keys = Keys(settings.keys, required=bool(settings.keys) or settings.keys_file is not None)
         files, batches, metrics = FileStore(root), BatchStore(root), Metrics()
         runner = Runner(root, options, files, batches, metrics, say)
         metrics.gauges = runner.gauges
@@ -146,20 +154,26 @@ def serve(
             runner,
             metrics,
             options.settings.model_name,
-            api_key,
-            max_file_bytes,
+            keys,
+            settings.max_file_bytes,
             say,
         )
         app = create_app(services)
-        where = (
-            "" if host in ("127.0.0.1", "localhost", "::1") else " (not loopback: use --api-key)"
-        )
         say(
-            f"serving the OpenAI Files and Batches API on http://{host}:{port}/v1{where}; "
-            f"root {root}, {_models(options)} on {options.settings.engine}"
+            f"serving the OpenAI Files and Batches API on http://{host}:{port}/v1; "
+            f"root {root}, {_models(options)} on {options.settings.engine}; {_access(keys)}"
         )
         config = uvicorn.Config(app, log_level="warning", access_log=False)
         uvicorn.Server(config).run(sockets=[sock])
+
+
+def _access(keys: Keys) -> str:
+    """The banner's words for who may use the server."""
+    tenants = [e.tenant for e in keys.entries]
+    if not tenants:
+        return "no API key: open to anyone who can reach this loopback address"
+    many = "s" if len(tenants) > 1 else ""
+    return f"API keys of {len(tenants)} tenant{many} ({', '.join(tenants)})"
 
 
 def _models(options: RunOptions) -> str:
