@@ -33,6 +33,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
         "bench_embeddings",
         "bench_pooling",
         "bench_remote",
+        "bench_import",
     ],
 )
 def test_each_benchmark_runs_alone_with_help(script: str) -> None:
