@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,6 @@ def long_and_short(n_long: int, n_short: int) -> list[dict[str, Any]]:
     return lines + [chat_line(f"short{i}", "a b c", max_tokens=4) for i in range(n_short)]
 
 
-@pytest.mark.slow
 def test_requests_over_the_context_are_not_advised_for_retry_failed(tmp_path: Path) -> None:
     """Five lines over --max-model-len: counted as a retry cannot fix them, in the summary and
     in status; the advice is a longer context, which, followed, answers them."""
@@ -92,7 +92,6 @@ def test_requests_over_the_context_are_not_advised_for_retry_failed(tmp_path: Pa
     assert len(read_jsonl(job / "output.jsonl")) == 8 and read_jsonl(job / "errors.jsonl") == []
 
 
-@pytest.mark.slow
 def test_requests_over_the_context_shortened_in_the_input_run_as_advised(tmp_path: Path) -> None:
     """The advice's other way: the lines shortened in the file, the two commands it names."""
     src = write_jsonl(tmp_path / "in.jsonl", long_and_short(2, 1))
@@ -235,23 +234,78 @@ def test_export_s_refusal_names_two_ways_and_both_work(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_ctrl_c_s_advice_continues_the_job_and_answers_each_request_once(tmp_path: Path) -> None:
-    """A real process stopped with SIGINT; the command it prints, run as printed."""
+@pytest.mark.parametrize("signals", [1, 2], ids=["ctrl-c", "ctrl-c-twice"])
+def test_ctrl_c_s_advice_continues_the_job_and_answers_each_request_once(
+    tmp_path: Path, signals: int
+) -> None:
+    """A real process stopped with SIGINT (a graceful stop), or two (stopped at once); the
+    command it prints, run as printed."""
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", "hi") for i in range(60)])
     job = tmp_path / "my job"
+    # Twice: an engine that stops answering after 8 results, so that the graceful stop the
+    # first SIGINT starts (the worker asked to stop, then waited for) is still on at the second.
+    fault = {"BATCHRUN_ECHO_HANG_AFTER": "8"} if signals == 2 else {}
     p = start_cli("submit", str(src), "--job-dir", str(job), *ECHO, "--batch-size", "4",
-                  env={"BATCHRUN_ECHO_DELAY_MS": "100"})  # fmt: skip
+                  env={"BATCHRUN_ECHO_DELAY_MS": "100", **fault})  # fmt: skip
     try:
         wait_until(results_at_least(job, 8), "the job journaled 8 results", timeout=120)
         os.killpg(p.pid, signal.SIGINT)
+        if signals == 2:
+            time.sleep(0.5)
+            os.kill(p.pid, signal.SIGINT)
         _, stderr = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
     assert p.returncode == 130, stderr
-    (resume,) = advised(stderr.strip().splitlines()[-1])
+    said = stderr.strip().splitlines()[-1]
+    assert said.startswith("stopped at once;" if signals == 2 else "interrupted:"), stderr
+    (resume,) = advised(said)
     ran = follow(resume, "--no-progress")
     assert ran.returncode == 0, ran.stderr
     ids = [x["custom_id"] for x in journal_records(job)]
     assert sorted(ids) == sorted(f"r{i}" for i in range(60))  # each once
+
+
+@pytest.mark.slow
+def test_a_broken_engine_s_advice_runs_the_rest_and_then_the_crashed_ones(tmp_path: Path) -> None:
+    """Three requests in a row crash the engine on their own: the run gives up, naming resume
+    for the rest and retry-failed for those three once the engine is fixed; followed (no fault
+    now), every request is answered."""
+    ids = [f"r{i}" for i in range(12)]
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(i, "hi") for i in ids])
+    job = tmp_path / "job"
+    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, "--batch-size", "1",
+            env={"BATCHRUN_ECHO_CRASH_ON": ",".join(ids)})  # fmt: skip
+    assert r.returncode == 1
+    assert "so the engine itself looks broken" in r.stderr, r.stderr
+    resume, retry = advised(r.stderr)
+    crashed = {x["custom_id"] for x in journal_records(job) if not x["ok"]}
+    assert len(crashed) == 3
+    rest = follow(resume, "--no-progress")
+    assert rest.returncode == 1, rest.stderr  # the three crashed ones are still failed
+    assert status(job)["requests"] | {"total": 0} == {
+        "total": 0, "valid": 12, "succeeded": 9, "failed": 3, "invalid": 0, "pending": 0
+    }  # fmt: skip
+    again = follow(retry, "--no-progress")
+    assert again.returncode == 0, again.stderr
+    answered = {x["custom_id"] for x in journal_records(job) if x["ok"]}
+    assert answered == set(ids) and crashed <= answered
+
+
+def test_a_lost_input_map_is_written_again_by_the_advised_forced_resume(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", "hi") for i in range(3)])
+    job = tmp_path / "job"
+    assert cli("submit", str(src), "--job-dir", str(job), *ECHO).returncode == 0
+    write_jsonl(src, [chat_line(f"r{i}", "hi") for i in range(4)])  # one more line
+    assert cli("resume", "--job-dir", str(job), "--force", "--no-progress").returncode == 0
+    (input_map,) = job.glob("input-map-*.jsonl")
+    input_map.unlink()
+    r = cli("resume", "--job-dir", str(job), "--no-progress")
+    assert r.returncode == 1 and r.stderr.startswith("error: cannot read the job's input map")
+    (force,) = advised(r.stderr)
+    ran = follow(force, "--no-progress")
+    assert ran.returncode == 0, ran.stderr
+    assert status(job)["requests"]["succeeded"] == 4
+    assert cli("resume", "--job-dir", str(job), "--no-progress").returncode == 0
