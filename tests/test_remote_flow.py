@@ -39,7 +39,7 @@ def test_a_window_starts_small_and_within_its_cap() -> None:
 
 
 def test_slow_start_doubles_a_used_window_while_latency_holds() -> None:
-    flow = FlowWindow(cap=256)
+    flow = FlowWindow(cap=1024)
     for i in range(START_WINDOW):
         flow.succeeded(now=float(i), latency_s=1.0, tokens=10, in_flight=flow.limit())
     assert flow.limit() == 2 * START_WINDOW
@@ -109,6 +109,31 @@ def test_rising_latency_shrinks_the_window() -> None:
         flow.succeeded(now=30.0 + i * 20, latency_s=10.0, tokens=10, in_flight=100)
     assert flow.limit() < grown
     assert flow.decreases >= 1
+
+
+def test_latency_that_buys_throughput_is_no_reason_to_shrink() -> None:
+    """A CPU server: each step costs more the more it batches (latency per token grows as the
+    square root of the window), yet tokens a second still grow with it."""
+    flow = FlowWindow(cap=256)
+    for i in range(2000):
+        w = flow.limit()
+        flow.succeeded(now=float(i), latency_s=0.01 * w**0.5 * 20, tokens=20, in_flight=w)
+    assert flow.limit() == 256 and flow.decreases == 0
+
+
+def test_a_saturated_server_s_window_stops_growing_without_losing_throughput() -> None:
+    """A server that runs 32 at once and queues the rest: past 32, latency grows with the
+    window and the rate does not. The window comes down from the cap it would otherwise reach,
+    and stays at or above 32, where the rate is the best."""
+    flow = FlowWindow(cap=256)
+    seen = []
+    for i in range(3000):
+        w = flow.limit()
+        flow.succeeded(now=i * 0.5, latency_s=0.5 * max(1.0, w / 32) * 20, tokens=20, in_flight=w)
+        seen.append(flow.limit())
+    assert flow.decreases >= 1
+    late = seen[-1000:]
+    assert min(late) >= 32 and sum(late) / len(late) < 160
 
 
 def test_latency_is_compared_per_generated_token() -> None:

@@ -5,12 +5,21 @@ The window grows while latency holds and the window is in use: by one a success 
 threshold (doubling each round trip; the threshold is unbounded until the first congestion, then
 the window a decrease left), by about a tenth a round trip above it (additive increase). It
 shrinks on a congestion signal: by half on a 429, a 503 or 502 or 504, a timeout or a dropped
-connection (`congested`), by a fifth when the recent latency per generated token rises above
-twice its long-run level (the server queueing). One decrease per round trip at most: a burst of
-throttled answers to requests sent together is one signal, not forty. A Retry-After holds every
-new send until it has passed (`paused_until`). A server that stays away (a restart) shrinks the
-window further, one decrease a round trip, but the threshold stays where the first decrease of the
-episode put it: once answers come again the window doubles back up to it, as TCP's does.
+connection (`congested`); by a fifth when latency rises and the wider window buys no throughput
+for it (the server queueing). One decrease per round trip at most: a burst of throttled answers to
+requests sent together is one signal, not forty. A Retry-After holds every new send until it has
+passed (`paused_until`). A server that stays away (a restart) shrinks the window further, one
+decrease a round trip, but the threshold stays where the first decrease of the episode put it:
+once answers come again the window doubles back up to it, as TCP's does.
+
+"Latency holds" is judged by what the latency buys. By Little's law the requests in flight over
+the latency per generated token is the tokens a second (`rate`). A server that only queues what
+it is sent beyond its capacity answers each later and no faster: its rate stops growing with the
+window. So the window shrinks when it has grown half again past the window of the best rate seen
+with no better rate since (a round trip of answers after it), or when the recent latency per token
+jumps above twice its long-run level without the rate growing with it. On a server whose every
+step costs more the more it batches (a CPU), latency rises with the window while the rate still
+grows: that is not congestion, and the window keeps growing.
 
 Latency is taken per generated token (`latency_s / completion_tokens`, raw for answers that
 generate none: embeddings, score): answers of different lengths then compare.
@@ -21,13 +30,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# Where a window starts (or the cap, when that is lower): enough to fill a small server at once.
-START_WINDOW = 16
+# Where a window starts (or the cap, when that is lower): what a small vLLM batches at once; a
+# server that cannot take it says so (429, 503, queueing) and the window comes down.
+START_WINDOW = 64
 # Recent and long-run latency: exponentially weighted means of each success's latency per token.
 SHORT_WEIGHT = 0.3
 LONG_WEIGHT = 0.05
-# The recent latency this many times the long-run one is the server queueing.
+# The recent latency this many times the long-run one is the server queueing, unless the recent
+# throughput is this many times the long-run one (the window bought it).
 RISE = 2.0
+GAIN = 1.1
+# The window this many times the best round trip's, with a rate no better: saturated.
+SATURATED = 1.5
+# A round trip's rate is a better one when it beats the best by this much (noise is not).
+BETTER = 1.03
+# The best rate fades by this factor a round trip, so a server whose load changes is re-learnt.
+FADE = 0.999
 # Successes seen before a latency rise is believed (the means need samples to mean anything).
 MIN_SAMPLES = 8
 # Additive increase: about this fraction of the window per round trip (at least one request).
@@ -51,6 +69,17 @@ class FlowWindow:
     long_latency: float | None = None
     # A success's whole latency, recent mean: a round trip, the shortest gap between decreases.
     round_trip: float | None = None
+    # Tokens a second through the window (in flight over latency per token), recent and long-run.
+    short_rate: float | None = None
+    long_rate: float | None = None
+    # The best round trip's rate and its mean window; this round trip's answers so far (a round
+    # trip: as many answers as the window held when it began), their rates and windows summed.
+    best_rate: float = 0.0
+    best_window: float = 0.0
+    trip_answers: int = 0
+    trip_length: int = 0
+    trip_rates: float = 0.0
+    trip_windows: float = 0.0
     samples: int = 0
     last_decrease: float = -math.inf
     # Whether a success came since the last decrease: the next decrease starts a new episode.
@@ -80,18 +109,28 @@ class FlowWindow:
         """A success: grow while latency holds and the window is used, shrink when it rises.
         `in_flight`: requests running or waiting for the window when it came back."""
         sample = latency_s / tokens if tokens > 0 else latency_s
+        rate = min(self.limit(), in_flight + 1) / max(sample, 1e-9)
         self.samples += 1
         self.answered_since_decrease = True
         if self.round_trip is None:
             self.round_trip = latency_s
         else:
             self.round_trip += SHORT_WEIGHT * (latency_s - self.round_trip)
-        if self.short_latency is None or self.long_latency is None:
+        if (
+            self.short_latency is None
+            or self.long_latency is None
+            or self.short_rate is None
+            or self.long_rate is None
+        ):
             self.short_latency = self.long_latency = sample
+            self.short_rate = self.long_rate = rate
         else:
             self.short_latency += SHORT_WEIGHT * (sample - self.short_latency)
             self.long_latency += LONG_WEIGHT * (sample - self.long_latency)
-        if self.samples >= MIN_SAMPLES and self.short_latency > RISE * self.long_latency:
+            self.short_rate += SHORT_WEIGHT * (rate - self.short_rate)
+            self.long_rate += LONG_WEIGHT * (rate - self.long_rate)
+        saturated = self._round_trip(rate)
+        if saturated or (self.samples >= MIN_SAMPLES and self._jumped()):
             self._decrease(now, LATENCY_FACTOR)
             return
         if in_flight + 1 < self.limit():
@@ -101,6 +140,33 @@ class FlowWindow:
         else:
             step = max(1.0, GROWTH * self.window) / self.window
             self.window = min(float(self.cap), self.window + step)
+
+    def _round_trip(self, rate: float) -> bool:
+        """Count an answer into this round trip; at its end, whether the window grew half again
+        past the best round trip's with no better rate (saturated: see the module's docstring)."""
+        if self.trip_length == 0:
+            self.trip_length = self.limit()
+        self.trip_answers += 1
+        self.trip_rates += rate
+        self.trip_windows += self.window
+        if self.trip_answers < self.trip_length:
+            return False
+        mean_rate = self.trip_rates / self.trip_answers
+        mean_window = self.trip_windows / self.trip_answers
+        self.trip_answers = self.trip_length = 0
+        self.trip_rates = self.trip_windows = 0.0
+        self.best_rate *= FADE
+        if mean_rate > BETTER * self.best_rate:
+            self.best_rate, self.best_window = mean_rate, mean_window
+            return False
+        return mean_window >= SATURATED * self.best_window
+
+    def _jumped(self) -> bool:
+        """Whether the recent latency per token jumped without the rate growing with it."""
+        assert self.short_latency is not None and self.long_latency is not None
+        assert self.short_rate is not None and self.long_rate is not None
+        jumped = self.short_latency > RISE * self.long_latency
+        return jumped and self.short_rate < GAIN * self.long_rate
 
     def congested(self, now: float, retry_after_s: float | None = None) -> None:
         """A 429, 502/503/504, a timeout or a dropped connection: halve (once a round trip), and
