@@ -430,6 +430,26 @@ def test_an_input_that_is_not_jsonl_fails_naming_its_file_id_not_a_path(
         assert leak not in error.message
 
 
+def test_an_input_holding_one_json_array_fails_as_not_jsonl(server: Server, tmp_path: Path) -> None:
+    """Refused as the CLI refuses it, not run as a batch of one invalid line."""
+    client = server.client()
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps([chat_line("a", "hi"), chat_line("b", "ho")], indent=2))
+    with path.open("rb") as f:
+        uploaded = client.files.create(file=f, purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    done = wait_done(client, batch.id)
+    assert done.status == "failed"
+    assert done.errors is not None and done.errors.data is not None
+    [error] = done.errors.data
+    assert (error.code, error.message) == (
+        "invalid_input",
+        f"{uploaded.id} holds a JSON array, not JSONL (one request object a line)",
+    )
+
+
 def test_a_completion_window_beyond_a_year_is_refused(server: Server, tmp_path: Path) -> None:
     """Durations are an extension (OpenAI takes only 24h), up to 365 days: beyond, OpenAI's 400."""
     client = server.client()

@@ -383,6 +383,12 @@ def check_input_file(path: Path) -> None:
         raise BatchrunError(f"cannot read input file {path}: {e.strerror or e}") from None
 
 
+def holds_json_array(path: Path) -> bool:
+    """Whether the file at `path` is one JSON array rather than JSONL (see `_is_json_array`)."""
+    with path.open("rb") as f:
+        return _is_json_array(f)
+
+
 def _is_json_array(f: BinaryIO) -> bool:
     """Whether the open file is one JSON array: its first byte past a BOM and whitespace is "["
     and its last before the trailing whitespace is "]" (every JSONL batch line is an object)."""

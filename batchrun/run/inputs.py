@@ -22,7 +22,7 @@ from batchrun.job.manifest import (
 )
 from batchrun.job.paths import INPUT_MAP_PREFIX, JobPaths, command
 from batchrun.job.records import InvalidRecord, invalid_record
-from batchrun.openai.reader import check_input_file, hash_file, read_input
+from batchrun.openai.reader import check_input_file, hash_file, holds_json_array, read_input
 from batchrun.openai.records import LineError, Request
 from batchrun.openai.routing import count_model
 from batchrun.run.options import RunOptions
@@ -64,6 +64,10 @@ def validate_into_job(
     `input_url`: where the input was fetched from (`input_path` is then the job's own copy,
     whose sha256 the download took as `input_sha256`: the file is not read again for it).
     """
+    if holds_json_array(input_path):  # as check_input_file refuses it (a batch of serve too)
+        raise BatchrunError(
+            f"{input_url or input_path} holds a JSON array, not JSONL (one request object a line)"
+        )
     valid = invalid = json_errors = 0
     # Per model (several models or adapters: status counts per model, run/model_routes.py).
     model_requests: dict[str, int] = {}
