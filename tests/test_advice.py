@@ -58,7 +58,10 @@ def test_requests_over_the_context_are_not_advised_for_retry_failed(tmp_path: Pa
     job = tmp_path / "my job"
     r = cli("submit", str(src), "--job-dir", str(job), *ECHO, "--max-model-len", "16", env=WIDE)
     assert r.returncode == 1, r.stderr
-    assert row(r.stdout, "failed") == "5 (5 a retry cannot fix: context_length_exceeded 5)"
+    assert (
+        row(r.stdout, "failed")
+        == "5 (a retry cannot fix 5: context_length_exceeded 5 needs a longer --max-model-len or a shorter input)"
+    )
     said = last_line(r)
     q = f"'{job}'"
     assert said == (
@@ -77,7 +80,10 @@ def test_requests_over_the_context_are_not_advised_for_retry_failed(tmp_path: Pa
     # What the advice does not say to do, done: a retry as it is fails them the same way.
     again = cli("retry-failed", "--job-dir", str(job), "--no-progress", env=WIDE)
     assert again.returncode == 1
-    assert row(again.stdout, "failed") == "5 (5 a retry cannot fix: context_length_exceeded 5)"
+    assert (
+        row(again.stdout, "failed")
+        == "5 (a retry cannot fix 5: context_length_exceeded 5 needs a longer --max-model-len or a shorter input)"
+    )
     assert last_line(again) == said  # and the advice stays what can fix them
 
     export, longer, _, _ = advised(said)  # then the input way: the test below
@@ -131,7 +137,10 @@ def test_what_the_engine_refuses_as_written_is_fixed_in_the_input_as_advised(
     job = tmp_path / "job"
     r = cli("submit", str(src), "--job-dir", str(job), *ECHO, env=WIDE)
     assert r.returncode == 1, r.stderr
-    assert row(r.stdout, "failed") == "1 (1 a retry cannot fix: invalid_request 1)"
+    assert (
+        row(r.stdout, "failed")
+        == "1 (a retry cannot fix 1: invalid_request 1 needs a change in the input)"
+    )
     said = last_line(r)
     assert said == (
         f"1 request failed: see it with `batchrun export --job-dir {job}` (errors.jsonl). 1 was "
@@ -167,7 +176,10 @@ def test_failures_a_retry_may_fix_are_advised_for_retry_failed_beside_the_others
     retry = advised(said)[1]
     ran = follow(retry, "--no-progress", env=WIDE)
     assert ran.returncode == 1
-    assert row(ran.stdout, "failed") == "2 (2 a retry cannot fix: context_length_exceeded 2)"
+    assert (
+        row(ran.stdout, "failed")
+        == "2 (a retry cannot fix 2: context_length_exceeded 2 needs a longer --max-model-len or a shorter input)"
+    )
     assert "may succeed if run again" not in last_line(ran)
     assert status(job)["requests"]["succeeded"] == 1
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from batchrun.console.text import plural
-from batchrun.job.lasting import Lasting
+from batchrun.job.lasting import CONTEXT, Lasting
 from batchrun.job.paths import command
 
 
@@ -43,7 +43,7 @@ def failed_advice(failed: int, lasting: Lasting, job: Path, max_model_len: int |
         )
     if lasting.refused:
         n = lasting.refused
-        codes = ", ".join(code for code in lasting.by_code if code != "context_length_exceeded")
+        codes = ", ".join(code for code in lasting.by_code if code != CONTEXT)
         said.append(
             f"{n:,} {'was' if n == 1 else 'were'} refused by the engine for what "
             f"{'it holds' if n == 1 else 'they hold'} ({codes}: errors.jsonl says why), which a "
@@ -53,11 +53,20 @@ def failed_advice(failed: int, lasting: Lasting, job: Path, max_model_len: int |
 
 
 def lasting_note(lasting: Lasting) -> str:
-    """` (5 a retry cannot fix: context_length_exceeded 5)`, after a failed count; empty when
-    a retry may fix every failure."""
+    """` (a retry cannot fix 5: context_length_exceeded 5 needs a longer --max-model-len or a
+    shorter input)`, after a failed count (the summary's and status'); empty when a retry may
+    fix every failure."""
     if not lasting.count:
         return ""
-    return f" ({lasting.count:,} a retry cannot fix: {lasting.describe()})"
+    needs = []
+    if lasting.too_long:
+        needs.append(
+            f"{CONTEXT} {lasting.too_long:,} needs a longer --max-model-len or a shorter input"
+        )
+    if lasting.refused:
+        codes = ", ".join(f"{c} {n:,}" for c, n in lasting.by_code.items() if c != CONTEXT)
+        needs.append(f"{codes} {'needs' if lasting.refused == 1 else 'need'} a change in the input")
+    return f" (a retry cannot fix {lasting.count:,}: {'; '.join(needs)})"
 
 
 def _them(n: int) -> str:

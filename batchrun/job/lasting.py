@@ -42,10 +42,6 @@ class Lasting:
         """Of them, requests the engine refused for what they hold (the input must change)."""
         return self.count - self.too_long
 
-    def describe(self) -> str:
-        """`context_length_exceeded 5, invalid_request 1`."""
-        return ", ".join(f"{code} {n:,}" for code, n in self.by_code.items())
-
 
 def lasting_failures(errors: Mapping[str, Any] | None, failed: int) -> Lasting:
     """Of a job's `failed` requests, those a retry cannot fix, from its errors tally (the
