@@ -66,3 +66,17 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def make_dirs(path: Path) -> None:
+    """Create `path` and its missing parents, each name made durable (its parent directory
+    fsync'd): without that a power cut after the directory was made can take it, and all it
+    holds, away, however carefully the files in it were synced. OSError as `Path.mkdir` raises."""
+    missing = []
+    p = path.absolute()
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    path.mkdir(parents=True, exist_ok=True)
+    for created in reversed(missing):
+        fsync_dir(created.parent)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from batchrun import timeline
 from batchrun.config import GivenOptions, OptionError
 from batchrun.errors import BatchrunError
+from batchrun.job.files import make_dirs
 from batchrun.job.lock import job_lock
 from batchrun.job.manifest import Manifest, load_manifest
 from batchrun.job.paths import JobPaths, command
@@ -83,7 +84,7 @@ def submit(
     known = prepare_models(options.settings, notify or _to_stderr)
     created = not job_dir.exists()
     try:
-        job_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(job_dir)
     except OSError as e:
         raise BatchrunError(f"cannot create the job directory {job_dir}: {e.strerror or e}") from e
     # Said only once the job exists: a refusal before this point leaves no job to name (an
