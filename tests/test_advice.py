@@ -321,3 +321,26 @@ def test_a_lost_input_map_is_written_again_by_the_advised_forced_resume(tmp_path
     assert ran.returncode == 0, ran.stderr
     assert status(job)["requests"]["succeeded"] == 4
     assert cli("resume", "--job-dir", str(job), "--no-progress").returncode == 0
+
+
+def test_failures_a_retry_cannot_fix_are_counted_from_failed_attempts_alone() -> None:
+    """From the tally of failed attempts by code (never invalid lines, which share codes), in
+    AS_WRITTEN's order, at most the failed requests (a request sent again by hand counts each
+    attempt)."""
+    from batchrun.job.lasting import lasting_failures
+
+    errors = {
+        "by_code": {"invalid_request": {"count": 9}},  # 8 of them invalid lines
+        "failed_by_code": {"engine_error": 4, "invalid_request": 1, "context_length_exceeded": 6},
+    }
+    assert lasting_failures(errors, 10).by_code == {
+        "context_length_exceeded": 6,
+        "invalid_request": 1,
+    }
+    capped = lasting_failures(errors, 5)
+    assert (capped.by_code, capped.too_long, capped.refused) == (
+        {"context_length_exceeded": 5},
+        5,
+        0,
+    )
+    assert lasting_failures(None, 3).count == lasting_failures({"by_code": {}}, 3).count == 0
