@@ -400,9 +400,10 @@ class JobState:
         if top:
             table.grow(top)
         codes, by_id, more, failed = table.codes, table.by_id, table.more, table.failed
-        add = self.tally.add
+        tally = self.tally
         numbers: list[int] = []
-        ok = done = counted = 0
+        ok = done = counted = prompt = completion = engine = engine_tokens = copies = 0
+        longest = 0.0
         for i, (outcome, key) in enumerate(zip(outcomes, keys, strict=True)):
             if key is None:
                 # Its line left the input file: no longer part of the job (its attempt number
@@ -435,27 +436,43 @@ class JobState:
             else:
                 by_id[key] = status  # type: ignore[index]
             counted += 1
+            generated = int(outcome.completion_tokens or 0)
             extra = outcome.extra
-            add(
-                t,
-                round(outcome.latency_s, 6),  # as journaled (job/records.py)
-                int(outcome.prompt_tokens or 0),
-                int(outcome.completion_tokens or 0),
-                old is None,
-                change,
+            source = (
                 ENGINE
                 if not extra
                 else COPY
                 if "copy_of" in extra
                 else CACHED
                 if extra.get("cached")
-                else ENGINE,
-                worker,
-                models[i] if models is not None else None,
+                else ENGINE
             )
+            latency = outcome.latency_s
+            if models is not None:
+                tally.add(
+                    t, round(latency, 6), int(outcome.prompt_tokens or 0), generated,
+                    old is None, change, source, worker, models[i],
+                )  # fmt: skip
+                continue
+            # Summed, then counted as one group: the same step as `record`'s, once a call.
+            prompt += int(outcome.prompt_tokens or 0)
+            completion += generated
+            if source == ENGINE:
+                engine += 1
+                engine_tokens += generated
+                if latency > longest:
+                    longest = latency
+            elif source == COPY:
+                copies += 1
         table.done += done
         self.ok += ok
         self.tried += counted
+        if models is None and counted:
+            # (The longest latency as journaled: rounding keeps order, so once is enough.)
+            tally.add_group(
+                t, worker, counted, done, ok, prompt, completion, engine, engine_tokens, copies,
+                round(longest, 6),
+            )  # fmt: skip
         return numbers
 
 

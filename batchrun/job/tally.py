@@ -28,38 +28,70 @@ ENGINE, COPY, CACHED = 0, 1, 2
 
 class ActiveTime:
     """The union of [start, end] intervals, folded in the order their ends come (the journal's):
-    time covered by at least one, gaps left out. O(1) memory."""
+    the time covered by at least one, gaps left out, in O(1) memory.
 
-    __slots__ = ("closed", "end", "start")
-    __hash__ = None  # type: ignore[assignment]
+    Intervals that end together (results journaled at one instant) are held as one, the
+    earliest start of them, until a later end comes: however they are ordered or grouped, the
+    state is the same. Exact for intervals whose starts reach back at most into the segment
+    before the current one (a result journaled late; a gap that was only the order results came
+    in is closed).
+    """
 
-    def __init__(self, closed: float = 0.0, start: float = 0.0, end: float = 0.0) -> None:
-        self.closed = closed  # seconds of the segments before the current one
-        self.start = start  # the current segment (start == end == 0: none yet)
-        self.end = end
+    __slots__ = ("closed", "end", "pend_end", "pend_start", "prev_end", "prev_start", "start")
+
+    def __init__(self, *values: float) -> None:
+        closed, prev_start, prev_end, start, end, pend_start, pend_end = values or (0.0,) * 7
+        self.closed = closed  # seconds of the segments before the previous one
+        self.prev_start, self.prev_end = prev_start, prev_end  # the previous segment
+        self.start, self.end = start, end  # the current one (0, 0: none yet)
+        self.pend_start, self.pend_end = pend_start, pend_end  # those ending at pend_end
 
     def add(self, start: float, end: float) -> None:
         """Cover [start, end]."""
+        if end == self.pend_end:
+            if start < self.pend_start:
+                self.pend_start = start
+            return
+        if end > self.pend_end:
+            if self.pend_end:
+                self._cover(self.pend_start, self.pend_end)
+            self.pend_start, self.pend_end = start, end
+            return
+        self._cover(start, end)  # an end before the held one's (a clock set back)
+
+    def _cover(self, start: float, end: float) -> None:
         if start > self.end:
-            # A gap: nothing was in the engine between the current segment's end and `start`.
-            self.closed += self.end - self.start
+            # A gap: nothing was covered between the current segment's end and `start`.
+            self.closed += self.prev_end - self.prev_start
+            self.prev_start, self.prev_end = self.start, self.end
             self.start, self.end = start, end
             return
         if end > self.end:
             self.end = end
         if start < self.start:
-            # (Never reaches back past the previous segment: `start` <= its end merges the two,
-            # the gap between them covered; the earlier part is already counted.)
-            self.start = start
+            if start <= self.prev_end and self.prev_end > 0:
+                # It bridges the gap before the current segment: the two are one.
+                self.start = min(start, self.prev_start)
+                self.prev_start = self.prev_end = 0.0
+            else:
+                self.start = start
 
     @property
     def seconds(self) -> float:
         """The time covered."""
-        return self.closed + self.end - self.start
+        settled = ActiveTime(*self.dump())
+        if settled.pend_end:
+            settled._cover(settled.pend_start, settled.pend_end)
+        return (
+            settled.closed + (settled.prev_end - settled.prev_start) + (settled.end - settled.start)
+        )
 
     def dump(self) -> list[float]:
         """As the summary file keeps it."""
-        return [self.closed, self.start, self.end]
+        return [
+            self.closed, self.prev_start, self.prev_end, self.start, self.end,
+            self.pend_start, self.pend_end,
+        ]  # fmt: skip
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and self.dump() == other.dump()  # type: ignore[attr-defined]
@@ -70,8 +102,9 @@ class ActiveTime:
     @classmethod
     def load(cls, data: list[float]) -> ActiveTime:
         """From `dump`'s list."""
-        closed, start, end = data
-        return cls(float(closed), float(start), float(end))
+        if len(data) != 7:
+            raise ValueError("active time")
+        return cls(*(float(x) for x in data))
 
 
 class WorkerFigures:
@@ -86,12 +119,6 @@ class WorkerFigures:
         self.attempts = attempts
         self.completion_tokens = completion_tokens
         self.active = ActiveTime() if active is None else active
-
-    def add(self, tokens: int, start: float, end: float) -> None:
-        """One engine attempt, in the engine from `start` to `end`, that generated `tokens`."""
-        self.attempts += 1
-        self.completion_tokens += tokens
-        self.active.add(start, end)
 
     def tokens_per_s(self) -> float | None:
         """Generated tokens a second of its active time; None before any."""
@@ -172,6 +199,7 @@ class Tally:
     docstring); `add` is the one per-result step."""
 
     __slots__ = (
+        "_by_index",
         "attempts",
         "cache_hits",
         "completion_tokens",
@@ -203,19 +231,21 @@ class Tally:
         self.last_time: float | None = None
         self.per_worker: dict[str, WorkerFigures] = {}
         self.per_model: dict[str, ModelFigures] = {}
-
-    def _seen(self, t: float) -> None:
-        if t > 0:  # 0: no time (the journal's are seconds since the epoch)
-            first, last = self.first_time, self.last_time
-            if first is None or t < first:
-                self.first_time = t
-            if last is None or t > last:
-                self.last_time = t
+        self._by_index: dict[int, WorkerFigures] = {}  # per_worker's, by int index
 
     def add_invalid(self, t: float) -> None:
         """One invalid input line, journaled at `t`."""
         self.invalid += 1
-        self._seen(t)
+        if t > 0:
+            self._seen(t)
+
+    def _seen(self, t: float) -> None:
+        first = self.first_time
+        if first is None or t < first:
+            self.first_time = t
+        last = self.last_time
+        if last is None or t > last:
+            self.last_time = t
 
     def add(
         self,
@@ -233,40 +263,97 @@ class Tally:
         `ok_change` what it does to the succeeded count (+1, 0, -1), `source` ENGINE, COPY or
         CACHED, `latency` its time in the engine, `worker` who ran it, `model` the name its
         record gives (None: the job's one)."""
-        self._seen(t)
-        self.attempts += 1
+        engine = source == ENGINE
+        self.add_group(
+            t, worker, 1, int(new), ok_change, prompt, completion,
+            int(engine), completion if engine else 0, int(source == COPY), latency if engine else 0.0,
+        )  # fmt: skip
+        if model is not None:
+            self._add_model(t, latency, prompt, completion, new, ok_change, source, model)
+
+    def add_group(
+        self,
+        t: float,
+        worker: int | None,
+        results: int,
+        new: int,
+        ok_change: int,
+        prompt: int,
+        completion: int,
+        engine: int,
+        engine_tokens: int,
+        copies: int,
+        latency: float,
+    ) -> None:
+        """Results journaled together at `t` (one worker's, of no model named), as sums: `new`
+        of them their requests' first finished attempt, `ok_change` to the succeeded count,
+        `engine` of them run by the engine (generating `engine_tokens`; the longest in the
+        engine for `latency`), `copies` copied from a duplicate, the rest from the cache.
+
+        The step every fold takes for every result (`add` is a group of one): the worker's
+        active time gains [t - latency, t], the union of its results' own time in the engine,
+        since they all end at `t`.
+        """
+        if t > 0:  # 0: no time (the journal's are seconds since the epoch)
+            first = self.first_time
+            if first is None or t < first:
+                self.first_time = t
+            last = self.last_time
+            if last is None or t > last:
+                self.last_time = t
+        self.attempts += results
         self.done += new
         self.succeeded += ok_change
         self.prompt_tokens += prompt
         self.completion_tokens += completion
-        engine = source == ENGINE
-        if engine:
-            self.engine_attempts += 1
-            self.engine_completion_tokens += completion
-        elif source == COPY:
-            self.deduplicated += 1
-        else:
-            self.cache_hits += 1
-        timed = engine and t > 0
-        if worker is not None and timed:
-            key = str(worker)
-            stats = self.per_worker.get(key)
+        self.engine_attempts += engine
+        self.engine_completion_tokens += engine_tokens
+        self.deduplicated += copies
+        self.cache_hits += results - engine - copies
+        if engine and worker is not None and t > 0:
+            stats = self._by_index.get(worker)
             if stats is None:
-                stats = self.per_worker[key] = WorkerFigures()
-            stats.add(completion, t - latency, t)
-        if model is not None:
-            counts = self.per_model.get(model)
-            if counts is None:
-                counts = self.per_model[model] = ModelFigures()
-            counts.done += new
-            counts.succeeded += ok_change
-            counts.prompt_tokens += prompt
-            counts.completion_tokens += completion
-            if engine:
-                counts.engine_attempts += 1
-                counts.engine_completion_tokens += completion
-                if timed:
-                    counts.active.add(t - latency, t)
+                stats = self._worker(worker)
+            stats.attempts += engine
+            stats.completion_tokens += engine_tokens
+            active = stats.active
+            begun = t - latency
+            # (Results journaled at one instant: no call for all but the first.)
+            if t != active.pend_end or begun < active.pend_start:
+                active.add(begun, t)
+
+    def _worker(self, index: int) -> WorkerFigures:
+        """Worker `index`'s figures, made when first seen (by index too: no str() a result)."""
+        key = str(index)
+        stats = self.per_worker.get(key)
+        if stats is None:
+            stats = self.per_worker[key] = WorkerFigures()
+        self._by_index[index] = stats
+        return stats
+
+    def _add_model(
+        self,
+        t: float,
+        latency: float,
+        prompt: int,
+        completion: int,
+        new: bool,
+        ok_change: int,
+        source: int,
+        model: str,
+    ) -> None:
+        counts = self.per_model.get(model)
+        if counts is None:
+            counts = self.per_model[model] = ModelFigures()
+        counts.done += new
+        counts.succeeded += ok_change
+        counts.prompt_tokens += prompt
+        counts.completion_tokens += completion
+        if source == ENGINE:
+            counts.engine_attempts += 1
+            counts.engine_completion_tokens += completion
+            if t > 0:
+                counts.active.add(t - latency, t)
 
     def dump(self) -> dict[str, Any]:
         """As the summary file keeps it."""
