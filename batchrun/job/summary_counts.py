@@ -23,6 +23,11 @@ class SummaryRecord(LightRecord):
     model: str | None = None
 
 
+def _source(rec: SummaryRecord) -> int:
+    """Where a record's result came from (job/tally.py's ENGINE, COPY, CACHED)."""
+    return COPY if rec.copy_of is not None else CACHED if rec.cached else ENGINE
+
+
 @dataclass
 class Summary:
     """A job's counts as of journal offset `offset` (see job/summary.py's docstring): the
@@ -179,7 +184,14 @@ class Summary:
         keep = counted.append
         generation = self.generation
         tally = self.tally
-        add = tally.add
+        add_group = tally.add_group
+        # Records journaled together (one append: the same time and worker) are summed and
+        # counted as one group, the same step `Tally.add` takes for each (job/tally.py).
+        at: float | None = None
+        by: int | None = None
+        n = new = ok = prompt = completion = engine = engine_tokens = copies = 0
+        longest = 0.0
+        done, succeeded = tally.done, tally.succeeded  # as the group's counts will leave them
         for rec in records:
             kind = rec.kind
             if kind == "invalid":
@@ -194,22 +206,56 @@ class Summary:
                 continue  # its line left the input file: no longer part of the job
             attempt = rec.attempt
             if attempt < 1 or rec.custom_id is None:
-                return None
-            if attempt > 1 and tally.succeeded >= tally.done:
-                return None  # a retry with no failed request before it to replace
+                break
+            if attempt == 1:
+                done += 1
+            elif succeeded >= done:
+                break  # a retry with no failed request before it to replace
             keep(rec)
-            add(
-                rec.time,
-                rec.latency_s or 0.0,
-                rec.prompt_tokens,
-                rec.completion_tokens,
-                attempt == 1,
-                1 if rec.ok else 0,
-                COPY if rec.copy_of is not None else CACHED if rec.cached else ENGINE,
-                rec.worker,
-                rec.model,
-            )
-        return counted
+            t, worker, model = rec.time, rec.worker, rec.model
+            if model is not None:
+                if n:  # (never both in one journal: kept in order all the same)
+                    add_group(
+                        at, by, n, new, ok, prompt, completion, engine, engine_tokens, copies, longest,  # type: ignore[arg-type]
+                    )  # fmt: skip
+                    n = new = ok = prompt = completion = engine = engine_tokens = copies = 0
+                    longest = 0.0
+                tally.add(
+                    t, rec.latency_s or 0.0, rec.prompt_tokens, rec.completion_tokens,
+                    attempt == 1, int(rec.ok), _source(rec), worker, model,
+                )  # fmt: skip
+                succeeded += rec.ok
+                continue
+            if n and (t != at or worker != by):
+                add_group(
+                    at, by, n, new, ok, prompt, completion, engine, engine_tokens, copies, longest,  # type: ignore[arg-type]
+                )  # fmt: skip
+                n = new = ok = prompt = completion = engine = engine_tokens = copies = 0
+                longest = 0.0
+            at, by = t, worker
+            n += 1
+            new += attempt == 1
+            if rec.ok:
+                ok += 1
+                succeeded += 1
+            prompt += rec.prompt_tokens
+            tokens = rec.completion_tokens
+            completion += tokens
+            if rec.copy_of is not None:
+                copies += 1
+            elif not rec.cached:
+                engine += 1
+                engine_tokens += tokens
+                latency = rec.latency_s
+                if latency is not None and latency > longest:
+                    longest = latency
+        else:
+            if n:
+                add_group(
+                    at, by, n, new, ok, prompt, completion, engine, engine_tokens, copies, longest,  # type: ignore[arg-type]
+                )  # fmt: skip
+            return counted
+        return None  # a record that cannot follow what the summary says: not to be used
 
     def timing_of(self, run_starts: Sequence[float]) -> Timing:
         """The summary's timing figures, to fold more records into."""
