@@ -111,7 +111,7 @@ def print_summary(console: Console, summary: JobSummary, title: str) -> None:
     _timing_rows(table, {**figures.timing, "cost": figures.cost})
     table.add_row("job dir", str(summary.job_dir))
     console.print(table)
-    models = model_counts(m, kept)
+    models = model_counts(m, kept, figures.throughput()["completion_tokens_per_s"])
     if several(models):
         print_models(console, models)
 
@@ -219,7 +219,7 @@ def print_status(console: Console, s: dict[str, Any]) -> None:
         "throughput",
         f"{_fmt_rate(t['requests_per_s'], 'req/s')}, "
         f"{_fmt_rate(t['completion_tokens_per_s'], 'tok/s')} "
-        + ("(first to last result)" if t.get("over") != "wall" else "(over the runs' wall time)"),
+        "(the engine's, over the runs' wall time)",
     )
     table.add_row("batch size", _batch_size(s["batch_size"], s["batch_size_source"]))
     if s.get("prefix_cache"):
