@@ -496,6 +496,10 @@ def test_export_with_denied_credentials_says_so_and_keeps_the_files(
         f"file is still at {output}, export again with --to to retry\n"
     )
     assert output.exists() and s3.fs().ls(bucket) == []
+    # The advice followed, the credentials put right: the files go up.
+    r = cli("export", "--job-dir", str(finished_job), "--to", f"s3://{bucket}/out/", env=s3.env())
+    assert r.returncode == 0, r.stderr
+    assert s3.fs().cat(f"{bucket}/out/output.jsonl") == output.read_bytes()
 
 
 @pytest.mark.parametrize(
