@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from advice import advised, follow
 from conftest import (
     ROOT,
     chat_line,
@@ -314,11 +315,12 @@ def test_ctrl_c_while_submit_validates_gives_a_hint_that_works(tmp_path: Path) -
     assert p.returncode == 130, stderr
     assert "Traceback" not in stderr
     assert not (job / "manifest.json").exists(), "the interrupt came after validation: too late"
-    if "batchrun resume" in stderr:
-        r = cli("resume", "--job-dir", str(job), "--no-progress")
-    else:
-        assert "submit" in stderr, stderr  # the hint names the command to run again
-        r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    # The hint, run as printed (tests/advice.py): the same submit again, never a resume.
+    said = stderr.strip().splitlines()[-1]
+    assert said.startswith("interrupted: stopped before the job was created"), stderr
+    (again,) = advised(said)
+    assert again[0] == "submit", said
+    r = follow(again)
     assert r.returncode == 1 and "error:" not in r.stderr, (stderr, r.stderr)
     status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
     assert status["requests"]["invalid"] == 100_000 and status["requests"]["succeeded"] == 10
