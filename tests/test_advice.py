@@ -76,6 +76,7 @@ def test_requests_over_the_context_are_not_advised_for_retry_failed(tmp_path: Pa
     shown = cli("status", "--job-dir", str(job), env=WIDE)
     assert row(shown.stdout, "failed") == row(r.stdout, "failed")
     assert status(job)["errors"]["failed_by_code"] == {"context_length_exceeded": 5}
+    assert status(job)["retry_cannot_fix"] == {"context_length_exceeded": 5}
 
     # What the advice does not say to do, done: a retry as it is fails them the same way.
     again = cli("retry-failed", "--job-dir", str(job), "--no-progress", env=WIDE)
@@ -182,6 +183,7 @@ def test_failures_a_retry_may_fix_are_advised_for_retry_failed_beside_the_others
     )
     assert "may succeed if run again" not in last_line(ran)
     assert status(job)["requests"]["succeeded"] == 1
+    assert status(job)["retry_cannot_fix"] == {"context_length_exceeded": 2}
 
 
 def test_pending_requests_are_run_by_the_advised_resume_and_exported_as_advised(

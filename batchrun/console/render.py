@@ -14,7 +14,7 @@ from batchrun.console.failed_advice import failed_advice, lasting_note
 from batchrun.console.model_table import print_models
 from batchrun.console.text import plural
 from batchrun.job.figures import job_figures
-from batchrun.job.lasting import lasting_failures
+from batchrun.job.lasting import Lasting, lasting_failures
 from batchrun.job.manifest import Manifest
 from batchrun.job.model_counts import model_counts, several
 from batchrun.job.paths import JobPaths, command
@@ -208,7 +208,7 @@ def print_status(console: Console, s: dict[str, Any]) -> None:
         f"{r['total']:,} total: {r['valid']:,} valid, {plural(r['invalid'], 'invalid line')}",
     )
     table.add_row("succeeded", f"{r['succeeded']:,}")
-    lasting = lasting_failures(s.get("errors"), r["failed"])
+    lasting = Lasting(s.get("retry_cannot_fix") or {})
     table.add_row("failed", f"{r['failed']:,}{lasting_note(lasting)}")
     table.add_row("pending", f"{r['pending']:,}")
     table.add_row(

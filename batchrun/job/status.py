@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from batchrun.job.figures import job_figures
+from batchrun.job.lasting import lasting_failures
 from batchrun.job.lock import lock_holder
 from batchrun.job.manifest import Manifest, find_input, load_manifest
 from batchrun.job.model_counts import model_counts
@@ -56,6 +57,8 @@ def job_status(job_dir: Path) -> dict[str, Any]:
         "cache_hits": figures.cache_hits,
         # latency_s and queue_s ({p50, p99}), errors (rate and by code): from the summary.
         **figures.timing,
+        # Of the failed requests, those a retry cannot fix, by error code (job/lasting.py).
+        "retry_cannot_fix": lasting_failures(figures.timing.get("errors"), figures.failed).by_code,
         "cost": figures.cost,
         # Per base model and adapter (job/model_counts.py).
         "models": model_counts(manifest, state, figures.throughput()["completion_tokens_per_s"]),
