@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from batchrun.job.files import write_json_atomic
+from batchrun.job.files import make_dirs, write_json_atomic
 from batchrun.serve.ids import is_batch_id
 
 RECORD_NAME = "batch.json"
@@ -127,7 +127,7 @@ class BatchStore:
 
     def __init__(self, root: Path) -> None:
         self.dir = root / "batches"
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.dir)
         self._lock = threading.Lock()
         self._records: dict[str, BatchRecord] = {}
         self._order: list[Created] = []  # ascending creation order
@@ -146,7 +146,8 @@ class BatchStore:
 
     def add(self, record: BatchRecord) -> None:
         """Store a new batch, numbered in the order of creation (its directory is made here)."""
-        self.job_dir(record.id).mkdir(parents=True, exist_ok=True)
+        # Its name durable before the batch is answered: a power cut must not take it back.
+        make_dirs(self.job_dir(record.id))
         with self._lock:
             record.seq, self._next_seq = self._next_seq, self._next_seq + 1
             self._save(record)

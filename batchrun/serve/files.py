@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from batchrun.job.files import fsync_dir, write_json_atomic
+from batchrun.job.files import fsync_dir, make_dirs, write_json_atomic
 from batchrun.serve.ids import is_file_id, new_file_id
 
 TMP_PREFIX = ".upload-"
@@ -30,7 +30,7 @@ class FileStore:
 
     def __init__(self, root: Path) -> None:
         self.dir = root / "files"
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.dir)  # its name durable: uploads answered 200 live in it
         self._lock = threading.Lock()
         self._records: dict[str, dict[str, Any]] = {}
         self._seq: dict[str, int] = {}

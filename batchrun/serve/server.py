@@ -14,6 +14,7 @@ from pathlib import Path
 
 from batchrun import stopping
 from batchrun.errors import BatchrunError
+from batchrun.job.files import make_dirs
 from batchrun.models.named import model_names
 from batchrun.run.jobs import preflight
 from batchrun.run.model_routes import prepare_models
@@ -40,7 +41,7 @@ def root_lock(root: Path) -> Iterator[None]:
     """
     made = _missing_dirs(root)
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        make_dirs(root)
         fd = _locked(root / ROOT_LOCK)
     except OSError as e:
         _unmake(made)
