@@ -264,6 +264,8 @@ def test_fsync_runs_in_the_background_within_the_interval(
 ) -> None:
     spy = FsyncSpy()
     monkeypatch.setattr(journal_module.os, "fsync", spy)
+    # An existing journal: a new one's directory is fsync'd once at open (its name durable).
+    (tmp_path / "journal.jsonl").touch()
     j = JournalWriter(tmp_path / "journal.jsonl", interval_s=0.05).open()
     j.append([result_record(outcome("a"), 1, 1)])
     assert spy.calls == 0  # append does not wait for the disk
@@ -281,6 +283,7 @@ def test_a_full_group_is_synced_at_once_and_close_syncs_the_rest(
 ) -> None:
     spy = FsyncSpy()
     monkeypatch.setattr(journal_module.os, "fsync", spy)
+    (tmp_path / "journal.jsonl").touch()  # as above
     j = JournalWriter(tmp_path / "journal.jsonl", group=3, interval_s=3600).open()
     j.append([result_record(outcome("a"), 1, 1)])
     time.sleep(0.1)
@@ -298,6 +301,7 @@ def test_a_failed_background_fsync_stops_the_next_append(
 ) -> None:
     spy = FsyncSpy(fail=True)
     monkeypatch.setattr(journal_module.os, "fsync", spy)
+    (tmp_path / "journal.jsonl").touch()  # no directory fsync at open (see above)
     j = JournalWriter(tmp_path / "journal.jsonl", interval_s=0.01).open()
     j.append([result_record(outcome("a"), 1, 1)])
     assert wait_until(lambda: spy.calls == 1)

@@ -17,7 +17,7 @@ from batchrun.errors import BatchrunError
 from batchrun.export.index import FAILED, JournalIndex, latest_by_request
 from batchrun.export.jsonl import ERRORS_NAME, OUTPUT_NAME, write_errors, write_output
 from batchrun.export.parquet import PARQUET_NAME, write_parquet
-from batchrun.job.files import atomic_write
+from batchrun.job.files import atomic_write, make_dirs
 from batchrun.job.inputmap import load_input_map
 from batchrun.job.manifest import Manifest, load_manifest, recorded_runner
 from batchrun.job.paths import JobPaths
@@ -200,7 +200,8 @@ def _summary(index: JournalIndex, paths: tuple[Path, ...]) -> ExportSummary:
 
 def _prepare(out_dir: Path) -> None:
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        # Its name durable too: an export reported written must survive a power cut.
+        make_dirs(out_dir)
     except OSError as e:
         raise BatchrunError(
             f"cannot create the output directory {out_dir}: {e.strerror or e}; "

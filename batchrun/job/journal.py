@@ -29,6 +29,7 @@ from typing import Any, BinaryIO, Protocol
 import msgspec
 
 from batchrun.errors import BatchrunError
+from batchrun.job.files import fsync_dir
 from batchrun.job.records import InvalidRecord as InvalidRecord
 from batchrun.job.records import ResultRecord as ResultRecord
 from batchrun.job.records import invalid_record as invalid_record
@@ -273,8 +274,13 @@ class JournalWriter:
         """Repair a torn tail and open for appending."""
         try:
             repair_tail(self.path)
+            created = not self.path.exists()
             # buffering=0: every write() reaches the kernel, so a killed process loses nothing.
             self._f = open(self.path, "ab", buffering=0)  # noqa: SIM115
+            if created:
+                # The journal's name durable before anything in it is: an fsync of the file
+                # alone does not keep a new file's name through a power cut.
+                fsync_dir(self.path.parent)
             self.offset = os.fstat(self._f.fileno()).st_size
         except OSError as e:  # a read-only or full job directory: one line, not a traceback
             raise BatchrunError(f"cannot open the journal {self.path}: {e.strerror or e}") from e
