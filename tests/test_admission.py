@@ -6,13 +6,12 @@ counts the prefix blocks it computes again after evicting them.
 
 from __future__ import annotations
 
-import queue
 import random
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import pytest
 from conftest import chat_line, cli, journal_records, write_jsonl
@@ -29,6 +28,7 @@ from batchrun.run.planner import order_window, plan, prompt_text
 from batchrun.run.prefixes import CHARS_PER_TOKEN, prefix_tree
 from batchrun.run.recording import JournalSink
 from batchrun.run.scheduler import Scheduler
+from batchrun.workers.messages import Inbox, Ready, Results
 from batchrun.workers.process import Worker
 
 BLOCK = 16  # tokens a block in the fake engine
@@ -342,12 +342,12 @@ class KvWorker(Worker):
     tokens: ClassVar[int] = 0
     held_docs: ClassVar[list[int]] = []
 
-    def start(self, inbox: queue.Queue[tuple[int, int, str, Any]]) -> None:
+    def start(self, inbox: Inbox) -> None:
         self.process = object()
         self.generation += 1
         self._inbox = inbox
         inbox.put(
-            (self.index, self.generation, "ready", {"start_s": 0.0, "kv_cache": [self.tokens, 16]})
+            (self.index, self.generation, Ready(pid=1, start_s=0.0, kv_cache=(self.tokens, 16)))
         )
 
     def send(self, requests: Sequence[Request]) -> None:
@@ -355,7 +355,7 @@ class KvWorker(Worker):
         KvWorker.held_docs.append(len({cid.split("-")[0] for cid in self.inflight}))
         for r in requests:
             outcome = Outcome(custom_id=r.custom_id, ok=True, status_code=200, body={"ok": 1})
-            self._inbox.put((self.index, self.generation, "results", [outcome]))
+            self._inbox.put((self.index, self.generation, Results([outcome])))
 
     def stop(self, timeout: float = 10.0, *, leave: bool = False) -> None:
         self.process = None

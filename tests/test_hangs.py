@@ -10,7 +10,6 @@ the watchdog's decisions and the worker's request clock in process, with fake wo
 from __future__ import annotations
 
 import json
-import queue
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -30,6 +29,7 @@ from batchrun.run.recording import JournalSink
 from batchrun.run.scheduler import Scheduler
 from batchrun.run.watchdog import Watchdog, stall_limit, start_limit
 from batchrun.workers.child import Feeder
+from batchrun.workers.messages import Heartbeat, Inbox, MessageKind, Ready, Restart, Results
 from batchrun.workers.process import Worker
 
 # -- through the CLI ------------------------------------------------------------------------------
@@ -282,7 +282,7 @@ class SilentWorker(Worker):
     starts: ClassVar[int] = 0
     kills: ClassVar[int] = 0
 
-    def start(self, inbox: queue.Queue[tuple[int, int, str, Any]]) -> None:
+    def start(self, inbox: Inbox) -> None:
         self.process = object()
         self.generation += 1
         self.ready = False
@@ -293,8 +293,8 @@ class SilentWorker(Worker):
         SilentWorker.starts += 1
         if SilentWorker.never_ready:
             return
-        inbox.put((self.index, self.generation, "ready", {"start_s": 0.0}))
-        inbox.put((self.index, self.generation, "heartbeat", 1.0))
+        inbox.put((self.index, self.generation, Ready(pid=1, start_s=0.0)))
+        inbox.put((self.index, self.generation, Heartbeat(1.0)))
 
     def send(self, requests: Sequence[Request]) -> None:
         for r in requests:
@@ -306,9 +306,9 @@ class SilentWorker(Worker):
             self._answered += 1
             out.append(Outcome(custom_id=r.custom_id, ok=True, status_code=200, body={"ok": 1}))
         if out:
-            self._inbox.put((self.index, self.generation, "results", out))
+            self._inbox.put((self.index, self.generation, Results(out)))
         if SilentWorker.restart_after is not None and self._answered >= SilentWorker.restart_after:
-            self._inbox.put((self.index, self.generation, "restart", "it cannot abort"))
+            self._inbox.put((self.index, self.generation, Restart("it cannot abort")))
 
     def set_window(self, window: int) -> None:
         self.settings.window = window
@@ -441,13 +441,13 @@ class Clock:
 def test_an_idle_worker_is_not_hung_and_its_clock_starts_with_new_work() -> None:
     c = Clock()
     c.w.ready = True
-    c.dog.heard(c.w, "ready", now=1.0)
-    c.dog.heard(c.w, "heartbeat", now=1.0)
+    c.dog.heard(c.w, MessageKind.READY, now=1.0)
+    c.dog.heard(c.w, MessageKind.HEARTBEAT, now=1.0)
     assert not c.overdue(100.0)  # idle for 99 s: nothing owed
     c.w.inflight = {r.custom_id: r for r in requests(2)}
     assert not c.overdue(104.0)
     assert c.overdue(105.5)
-    c.dog.heard(c.w, "stats", now=105.6)
+    c.dog.heard(c.w, MessageKind.STATS, now=105.6)
     assert not c.overdue(110.0)
 
 
@@ -455,7 +455,7 @@ def test_a_worker_that_never_announced_heartbeats_is_not_watched_for_stalls() ->
     # A Ray actor's relay sends results only: silence there is no sign.
     c = Clock()
     c.w.ready = True
-    c.dog.heard(c.w, "ready", now=1.0)
+    c.dog.heard(c.w, MessageKind.READY, now=1.0)
     c.w.inflight = {r.custom_id: r for r in requests(2)}
     assert not c.overdue(1000.0)
 
@@ -463,7 +463,7 @@ def test_a_worker_that_never_announced_heartbeats_is_not_watched_for_stalls() ->
 def test_a_new_process_of_the_worker_starts_with_a_clean_slate() -> None:
     c = Clock()
     c.w.ready = True
-    c.dog.heard(c.w, "heartbeat", now=1.0)
+    c.dog.heard(c.w, MessageKind.HEARTBEAT, now=1.0)
     c.w.inflight = {r.custom_id: r for r in requests(2)}
     c.w.generation = 2
     c.w.ready = False

@@ -360,6 +360,7 @@ def test_an_actor_gets_the_variables_its_node_never_had(monkeypatch: pytest.Monk
     # actor on another node has that node's: a variable set after ray.init reaches the actor
     # only through the runtime_env batchrun passes.
     ray = pytest.importorskip("ray")
+    from batchrun.workers.messages import Inbox, Ready
     from batchrun.workers.ray import RayWorker
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -368,9 +369,9 @@ def test_an_actor_gets_the_variables_its_node_never_had(monkeypatch: pytest.Monk
         monkeypatch.setenv("HF_HOME", "/nowhere/hf-home")
         monkeypatch.setenv("VLLM_SOMETHING", "on")
         monkeypatch.setenv("UNRELATED_VARIABLE", "x")
-        inbox: queue.Queue[tuple[int, int, str, Any]] = queue.Queue()
+        inbox: Inbox = queue.Queue()
         worker.start(inbox)
-        assert inbox.get(timeout=120)[2] == "ready"
+        assert isinstance(inbox.get(timeout=120)[2], Ready)
 
         def seen(actor: object) -> list[str | None]:
             return [os.environ.get(k) for k in ("HF_HOME", "VLLM_SOMETHING", "UNRELATED_VARIABLE")]

@@ -18,6 +18,7 @@ from conftest import wait_until
 
 from batchrun.config import EngineSettings
 from batchrun.workers import platform_env
+from batchrun.workers.messages import Inbox
 from batchrun.workers.platform_env import (
     apply_worker_environment,
     default_max_num_seqs,
@@ -124,7 +125,7 @@ def test_a_gpu_workers_processes_run_without_the_parents_cpu_tuning(
     monkeypatch.setenv("BATCHRUN_ECHO_SPAWN_RANKS", "1")
     monkeypatch.setenv("BATCHRUN_ECHO_RANK_PIDS", str(pids))
     worker = Worker(0, EngineSettings(engine="echo"), {"CUDA_VISIBLE_DEVICES": "0"})
-    inbox: queue.Queue[tuple[int, int, str, Any]] = queue.Queue()
+    inbox: Inbox = queue.Queue()
     worker.start(inbox)
     try:
         wait_until(lambda: pids.exists() and pids.read_text().strip(), "the rank started", 60)

@@ -15,7 +15,6 @@ import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import ROOT, chat_line, cli_process, start_cli, wait_until, worker_pids, write_jsonl
@@ -23,6 +22,7 @@ from conftest import ROOT, chat_line, cli_process, start_cli, wait_until, worker
 from batchrun.config import EngineSettings
 from batchrun.workers import gpu_release, process_group
 from batchrun.workers.gpu_release import wait_for_gpus
+from batchrun.workers.messages import Inbox
 from batchrun.workers.process import Worker
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux prctl")
@@ -244,7 +244,7 @@ def test_a_restart_waits_until_the_gpus_memory_is_given_back(
     gpus = _Gpus([500.0, 70_000.0, 70_000.0, 30_000.0, 600.0])
     monkeypatch.setattr(gpu_memory, "gpu_memory_mb", gpus)
     worker = Worker(0, EngineSettings(engine="echo"), {"CUDA_VISIBLE_DEVICES": "0"})
-    inbox: queue.Queue[tuple[int, int, str, Any]] = queue.Queue()
+    inbox: Inbox = queue.Queue()
     worker.start(inbox)  # the first start on GPU 0 records what it holds: 500 MiB
     try:
         assert len(gpus.read_at) == 1

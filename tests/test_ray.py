@@ -267,6 +267,7 @@ def test_an_actor_reports_its_engines_prefix_cache_counters(
     from batchrun.engines import base
     from batchrun.engines.echo import EchoEngine
     from batchrun.openai.records import CHAT, Request
+    from batchrun.workers.messages import Cache, Ready
     from batchrun.workers.ray import EngineActor
 
     class CountingEcho(EchoEngine):
@@ -286,19 +287,20 @@ def test_an_actor_reports_its_engines_prefix_cache_counters(
     monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "192.0.2.1")
     monkeypatch.setattr(ray, "get_gpu_ids", lambda: [])
     actor = EngineActor(EngineSettings(engine="echo").to_dict(), {})
-    assert "fatal" not in actor.start()
+    assert isinstance(actor.start(), Ready)
     body = {"messages": [{"role": "user", "content": "hi"}]}
     actor.add([Request(f"r{i}", i + 1, CHAT, body) for i in range(3)])
     done: list[Any] = []
     cache = None
     for _ in range(100):
-        outcomes, fatal, cache = actor.poll(0.05)
-        assert fatal is None
-        done += outcomes
+        reply = actor.poll(0.05)
+        assert reply.fatal is None
+        done += reply.outcomes
+        cache = reply.cache
         if len(done) == 3:
             break
     assert sorted(o.custom_id for o in done) == ["r0", "r1", "r2"]
-    assert cache == (30, 12)
+    assert cache == Cache(queries=30, hits=12)
 
 
 def test_a_hung_actor_is_replaced_and_a_stuck_request_times_out(tmp_path: Path) -> None:

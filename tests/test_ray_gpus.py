@@ -22,6 +22,7 @@ from conftest import chat_line, cli, journal_records, write_jsonl
 
 from batchrun.errors import BatchrunError
 from batchrun.workers import ray_start
+from batchrun.workers.messages import Fatal, Ready, Stats
 from batchrun.workers.ray import actor_env, death_is_oom, lost
 
 # The words of Ray 2.x when its memory monitor kills a worker (the raylet's message templates,
@@ -88,20 +89,20 @@ def test_rays_out_of_memory_kills_count_as_oom() -> None:
 
     oom = OutOfMemoryError(RAY_OOM_KILL)  # type: ignore[no-untyped-call]
     assert death_is_oom(oom)
-    assert lost(oom) == {
-        "oom": True,
-        "message": "Ray killed the actor for memory: Task was killed due to the node running "
+    assert lost(oom) == Fatal(
+        oom=True,
+        message="Ray killed the actor for memory: Task was killed due to the node running "
         "low on memory.",
-    }
+    )
     killed = RayActorError(error_msg=ActorDiedError.BASE_ERROR_MSG + "\n" + RAY_OOM_KILL)
     assert death_is_oom(killed)
-    assert lost(killed)["oom"] is True
+    assert lost(killed).oom is True
     died = RayActorError(error_msg=RAY_ACTOR_DIED)
     assert not death_is_oom(died)
-    assert lost(died) == {
-        "oom": False,
-        "message": "the Ray actor was lost: The actor died unexpectedly before finishing this task.",
-    }
+    assert lost(died) == Fatal(
+        oom=False,
+        message="the Ray actor was lost: The actor died unexpectedly before finishing this task.",
+    )
 
 
 # -- what an actor's environment holds -----------------------------------------------------------
@@ -216,11 +217,11 @@ def test_a_tensor_parallel_actor_reports_its_gpus_peak_memory_from_nvml(
     assert os.environ["VLLM_LOGGING_LEVEL"] == "INFO"
     assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
     info = actor.start()
-    assert info["gpus"] == ["0", "1"]
-    assert (info["peak_memory_mb"], info["gpu_memory_mb"]) == (3000.0, [1000.0, 3000.0])
+    assert isinstance(info, Ready) and info.gpus == ["0", "1"]
+    assert (info.peak_memory_mb, actor.gpu_peaks) == (3000.0, [1000.0, 3000.0])
     nvml.used["GPU-aaaa"] = 5000 * 2**20
     nvml.used["GPU-bbbb"] = 2000 * 2**20
-    assert actor.stats() == {"peak_memory_mb": 5000.0, "gpu_memory_mb": [5000.0, 3000.0]}
+    assert actor.stats() == Stats(5000.0, gpu_memory_mb=[5000.0, 3000.0])
 
 
 # -- a cluster of nodes with GPUs ----------------------------------------------------------------

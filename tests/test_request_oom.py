@@ -7,7 +7,6 @@ PyTorch's out-of-memory error, whatever the batch size), and the scheduler in pr
 
 from __future__ import annotations
 
-import queue
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -22,6 +21,7 @@ from batchrun.job.state import JobState
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.recording import JournalSink
 from batchrun.run.scheduler import Scheduler
+from batchrun.workers.messages import Fatal, Inbox, Results
 
 
 @pytest.mark.slow
@@ -78,15 +78,15 @@ class OomOnWorker(FakeWorker):
         FakeWorker.received.extend(r.custom_id for r in batch)
         running = list(self.inflight)[: self.settings.window]
         if any(cid in OomOnWorker.oom_on for cid in running):
-            self._die("fatal", {"oom": True, "message": "OutOfMemoryError: CUDA out of memory"})
+            self._die(Fatal(oom=True, message="OutOfMemoryError: CUDA out of memory"))
             return
         outcomes = [
             Outcome(custom_id=r.custom_id, ok=True, status_code=200, body={"ok": True})
             for r in batch
         ]
-        self._inbox.put((self.index, self.generation, "results", outcomes))
+        self._inbox.put((self.index, self.generation, Results(outcomes)))
 
-    def start(self, inbox: queue.Queue[tuple[int, int, str, Any]]) -> None:
+    def start(self, inbox: Inbox) -> None:
         super().start(inbox)
 
 

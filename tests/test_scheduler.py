@@ -1,7 +1,7 @@
 """The scheduler in process, driven by fake workers: poison isolation, requeue, OOM back-off, give-up.
 
-The fake worker answers through the same inbox messages a real worker sends ("ready", "results",
-"fatal", "eof"), so everything the scheduler decides is exercised; only the process is missing.
+The fake worker answers through the same inbox messages a real worker sends (`Ready`, `Results`,
+`Fatal`, `Eof`: workers/messages.py), so everything the scheduler decides is exercised; only the process is missing.
 The same behaviour through real worker processes and the CLI is in tests/test_poison.py.
 """
 
@@ -29,6 +29,7 @@ from batchrun.run.memory import fewer_collections
 from batchrun.run.recording import JournalSink
 from batchrun.run.scheduler import Scheduler
 from batchrun.workers.child import GC_THRESHOLD
+from batchrun.workers.messages import Eof, Results
 
 
 @pytest.fixture(autouse=True)
@@ -112,7 +113,7 @@ def test_a_death_without_poison_costs_one_restart_and_nothing_is_lost(tmp_path: 
         if calls["n"] == 2:
             for r in batch:
                 self.inflight[r.custom_id] = r
-            self._inbox.put((self.index, self.generation, "eof", None))
+            self._inbox.put((self.index, self.generation, Eof()))
             return
         original(self, batch)
 
@@ -269,7 +270,7 @@ def test_failed_outcomes_are_plain_outcomes_not_deaths(tmp_path: Path) -> None:
         outcomes = [
             failure(r, "engine_error", "boom", status_code=500, retryable=True) for r in batch
         ]
-        self._inbox.put((self.index, self.generation, "results", outcomes))
+        self._inbox.put((self.index, self.generation, Results(outcomes)))
 
     FakeWorker.send = fails  # type: ignore[method-assign]
     try:
@@ -294,8 +295,8 @@ class WireWorker(FakeWorker):
             )
             for r in requests
         ]  # fmt: skip
-        message = pickle.loads(bytes(ForkingPickler.dumps(("results", outcomes))))
-        self._inbox.put((self.index, self.generation, *message))
+        message = pickle.loads(bytes(ForkingPickler.dumps(Results(outcomes))))
+        self._inbox.put((self.index, self.generation, message))
 
 
 def test_results_sent_as_json_are_journaled_byte_for_byte_as_json_writes_them(

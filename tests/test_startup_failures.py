@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import stat
 import sys
@@ -37,6 +36,7 @@ from batchrun.job.state import JobState
 from batchrun.run.recording import JournalSink
 from batchrun.run.scheduler import Scheduler
 from batchrun.workers.holders import memory_holders, parse_compute_apps
+from batchrun.workers.messages import Eof, Fatal, Inbox
 from batchrun.workers.process import Worker
 
 FREE_MEMORY = (
@@ -355,7 +355,7 @@ class RankFailingWorker(Worker):
     starts: ClassVar[int] = 0
     windows: ClassVar[list[int]] = []
 
-    def start(self, inbox: queue.Queue[tuple[int, int, str, Any]]) -> None:
+    def start(self, inbox: Inbox) -> None:
         self.process = object()
         self.generation += 1
         self.ready = False
@@ -365,9 +365,10 @@ class RankFailingWorker(Worker):
         assert self.log is not None
         with open(self.log, "a") as f:
             f.write(f"\n=== worker 0, pid 1, 2026-11-25 10:00:00 ===\n{RANK_OOM_LOG}")
-        message = {"oom": False, "message": f"RuntimeError: {WORKER_PROC}"}
-        inbox.put((self.index, self.generation, "fatal", message))
-        inbox.put((self.index, self.generation, "eof", None))
+        inbox.put(
+            (self.index, self.generation, Fatal(oom=False, message=f"RuntimeError: {WORKER_PROC}"))
+        )
+        inbox.put((self.index, self.generation, Eof()))
 
     def _on_eof(self) -> None:
         pass

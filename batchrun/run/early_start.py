@@ -29,7 +29,6 @@ import queue
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from batchrun.config import EngineSettings
 from batchrun.job.manifest import Manifest, find_input
@@ -42,6 +41,7 @@ from batchrun.run.restarts import start_events
 from batchrun.run.source import InputIndex
 from batchrun.run.tuning import cached_size
 from batchrun.workers.devices import cache_device, search_ceiling
+from batchrun.workers.messages import Inbox
 from batchrun.workers.plan import plan_workers
 from batchrun.workers.process import Worker
 
@@ -57,7 +57,7 @@ class StartedWorkers:
     worker_class: type[Worker]
     envs: list[dict[str, str]]
     workers: list[Worker]
-    inbox: queue.Queue[tuple[int, int, str, Any]]
+    inbox: Inbox
 
     def fits(self, settings: EngineSettings) -> bool:
         """Whether the workers run what `settings` (as validation left them) ask for."""
@@ -102,7 +102,7 @@ def start_early(
         size = search_top(options, settings, envs)
     elif not size:
         size = first_size(options, settings, envs)
-    inbox: queue.Queue[tuple[int, int, str, Any]] = queue.Queue()
+    inbox: Inbox = queue.Queue()
     started = StartedWorkers(worker_class, envs, [], inbox)
     try:
         for i, env in enumerate(envs):

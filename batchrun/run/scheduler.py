@@ -51,6 +51,7 @@ from batchrun.run.recording import Recording, ResultSink
 from batchrun.run.reporting import Reporter, RunStats
 from batchrun.run.restarts import RestartPolicy, restart_reason, start_events
 from batchrun.run.watchdog import HangPolicy, Watchdog
+from batchrun.workers.messages import Eof, Inbox, Ready, Restart
 from batchrun.workers.process import Worker
 
 # What makes two workers' engines the same model (a worker switched to its own stays up).
@@ -94,7 +95,7 @@ class Scheduler:
         events: Events | None = None,
         live: Callable[[], bool] | None = None,
         model: str | None = None,
-        started: tuple[Sequence[Worker], queue.Queue[tuple[int, int, str, Any]]] | None = None,
+        started: tuple[Sequence[Worker], Inbox] | None = None,
     ) -> None:
         """`sink`: where outcomes go (run/recording.py); `job_dir`: the job's directory, for the
         commands a message suggests; `on_back_off`: told the new size after an out-of-memory
@@ -108,9 +109,7 @@ class Scheduler:
         scheduler's own instead of new ones."""
         self.sink = sink
         self.reporter = reporter
-        self.inbox: queue.Queue[tuple[int, int, str, Any]] = (
-            queue.Queue() if started is None else started[1]
-        )
+        self.inbox: Inbox = queue.Queue() if started is None else started[1]
         self.workers = (
             [
                 worker_class(index=i, settings=dataclasses.replace(settings), env=dict(env))
@@ -426,16 +425,16 @@ class Scheduler:
         outcomes: list[Outcome] = []
         plain = True
         while True:
-            index, generation, kind, payload = item
+            index, generation, message = item
             w = self.workers[index]
             if generation == w.generation and w.process is not None:
-                self.watchdog.heard(w, kind)
-                pairs = w.handle(kind, payload)
+                self.watchdog.heard(w, message.kind)
+                pairs = w.handle(message)
                 if pairs:
                     self.metrics.results(pairs)
                     self.isolator.on_success(len(pairs))
                     plain = self.recording.records(pairs, index, records, outcomes) and plain
-                if kind == "ready":
+                if isinstance(message, Ready):
                     w.start_failures = 0
                     self.on_ready(w)
                     self.events.write(
@@ -448,7 +447,7 @@ class Scheduler:
                     if w.sampling_defaults and not self._defaults_said:
                         self._defaults_said = True
                         self.reporter.event(sampling_defaults_line(w.sampling_defaults))
-                if kind == "eof":
+                if isinstance(message, Eof):
                     # Journal what the worker finished before it died, then deal with the death.
                     self.recording.journal_records(records, outcomes, stats, plain)
                     records, outcomes, plain = [], [], True
@@ -457,11 +456,11 @@ class Scheduler:
                         self.metrics.results(crashed)
                     plain = self.recording.records(crashed, index, records, outcomes)
                     stats.crashed += len(crashed)
-                if kind == "restart":
+                if isinstance(message, Restart):
                     # Its engine cannot abort a timed-out request (workers/child.py): it holds
                     # a slot until it finishes, if ever; a fresh engine holds none.
                     self._stopped_for[w.index] = "request_timeout"
-                    self.hangs.replace(w, str(payload))
+                    self.hangs.replace(w, message.reason)
             try:
                 item = self.inbox.get_nowait()
             except queue.Empty:

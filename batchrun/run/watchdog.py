@@ -36,6 +36,7 @@ from batchrun.config import (
 )
 from batchrun.console.text import plural
 from batchrun.run.restarts import MAX_DEATHS_WITHOUT_PROGRESS, RestartPolicy
+from batchrun.workers.messages import MessageKind
 from batchrun.workers.process import Worker, WorkerDeath
 
 if TYPE_CHECKING:
@@ -90,14 +91,14 @@ class Watchdog:
         """A process of `w` was just started: its clocks begin now."""
         self._heard[w.index] = _Heard(w.generation, time.monotonic() if now is None else now)
 
-    def heard(self, w: Worker, kind: str, now: float | None = None) -> None:
+    def heard(self, w: Worker, kind: MessageKind, now: float | None = None) -> None:
         """`w`'s current process sent a message of `kind` (any message is a sign of life)."""
         at = time.monotonic() if now is None else now
         h = self._heard.get(w.index)
         if h is None or h.generation != w.generation:
             h = self._heard[w.index] = _Heard(w.generation, at)
         h.at = at
-        if kind == "heartbeat":
+        if kind is MessageKind.HEARTBEAT:
             h.beats = True
 
     def overdue(self, workers: Iterable[Worker], now: float | None = None) -> list[Stall]:

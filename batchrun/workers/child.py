@@ -1,16 +1,8 @@
 """The worker process: runs one engine, keeps a window of requests in it, streams outcomes back.
 
-Messages, parent -> worker: ``("add", [Request, ...])``, ``("window", int)``, ``("stop", None)``.
-Worker -> parent: ``("ready", info)``, ``("results", [Outcome, ...])`` (each body pre-encoded,
-a ``msgspec.Raw`` of its journal JSON: see journal.encode_body; a step's outcomes in messages of
-at most MESSAGE_BYTES of bodies),
-``("cache", (queries, hits))`` (an engine's prefix-cache counters since it started, sent before
-the results of a step that changed them, so the parent has them with the last result),
-``("stats", {...})`` (every HEARTBEAT_S while the engine runs: the heartbeat),
-``("heartbeat", seconds)`` (once, before the first step: this worker beats that often),
-``("restart", reason)`` (a request timed out in an engine that cannot abort it: replace me),
-``("fatal", {"oom": bool, "message": str, "stops_job": bool})`` (an engine's StopsJob: the
-job stops). A flow-controlled engine's "stats" carry its window (``"window": int``).
+What it says and hears: workers/messages.py. A step's outcomes go back with each body
+pre-encoded (a ``msgspec.Raw`` of its journal JSON: see journal.encode_body), in `Results` of at
+most MESSAGE_BYTES of bodies each.
 
 The worker never waits for a group of requests to finish: after every engine step it sends what
 finished and tops the engine up from its local queue, so vLLM's continuous batching stays busy.
@@ -30,7 +22,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, assert_never
 
 import msgspec
 
@@ -46,6 +38,19 @@ from batchrun.engines.base import (
 from batchrun.job.journal import encode_body
 from batchrun.openai.records import Outcome, Request
 from batchrun.openai.responses import failure, holds_no_float
+from batchrun.workers.messages import (
+    Add,
+    Cache,
+    Fatal,
+    Heartbeat,
+    Ready,
+    Restart,
+    Results,
+    Stats,
+    Stop,
+    ToWorker,
+    Window,
+)
 from batchrun.workers.platform_env import apply_worker_environment
 from batchrun.workers.process_group import die_with_parent, lead_own_group
 
@@ -140,19 +145,13 @@ def worker_main(
     if 0 < threshold[0] < GC_THRESHOLD:
         gc.set_threshold(GC_THRESHOLD, *threshold[1:])
     conn.send(
-        (
-            "ready",
-            {
-                "pid": os.getpid(),
-                "start_s": time.monotonic() - started,
-                "peak_memory_mb": peak_memory_mb(),
-                # [tokens, tokens a block] or None: the planner's KV budget (run/admission.py).
-                "kv_cache": engine.kv_cache_size() if isinstance(engine, KvCacheSized) else None,
-                # The model's sampling defaults for unset fields (engines/vllm/model_defaults.py).
-                "sampling_defaults": getattr(engine, "sampling_defaults", None),
-                # Its start's moments (batchrun/timeline.py), for the job's event log.
-                "timeline": _ready_marks(),
-            },
+        Ready(
+            pid=os.getpid(),
+            start_s=time.monotonic() - started,
+            peak_memory_mb=peak_memory_mb(),
+            kv_cache=engine.kv_cache_size() if isinstance(engine, KvCacheSized) else None,
+            sampling_defaults=getattr(engine, "sampling_defaults", None),
+            timeline=_ready_marks(),
         )
     )
     try:
@@ -215,12 +214,7 @@ def _send_fatal(conn: Connection, exc: BaseException) -> None:
         sys.stderr.write(text)
         sys.stderr.flush()
     with contextlib.suppress(Exception):
-        conn.send(
-            (
-                "fatal",
-                {"oom": is_oom(exc), "message": message, "traceback": text, "stops_job": stops},
-            )
-        )
+        conn.send(Fatal(oom=is_oom(exc), message=message, traceback=text, stops_job=stops))
 
 
 class Feeder:
@@ -345,7 +339,7 @@ def _loop(conn: Connection, engine: Any, window: int, request_timeout: float | N
     feeder = Feeder(engine, window, request_timeout)
     # The parent watches a worker that beats (run/watchdog.py): say so before the first step,
     # which may be the one that never returns.
-    conn.send(("heartbeat", HEARTBEAT_S))
+    conn.send(Heartbeat(HEARTBEAT_S))
     last_stats = time.monotonic()
     # An engine with a prefix cache counts its lookups (engines/base.py, CacheCounting).
     counters = engine.prefix_cache_counters if isinstance(engine, CacheCounting) else None
@@ -355,32 +349,33 @@ def _loop(conn: Connection, engine: Any, window: int, request_timeout: float | N
     while True:
         # Block only when there is nothing to do; otherwise just drain what has arrived.
         while conn.poll(None if feeder.idle else 0):
-            kind, payload = conn.recv()
-            if kind == "stop":
-                return
-            if kind == "window":
-                feeder.window = int(payload)
-            else:
-                feeder.add(payload)
+            message: ToWorker = conn.recv()
+            match message:
+                case Add():
+                    feeder.add(message.requests)
+                case Window():
+                    feeder.window = message.size
+                case Stop():
+                    return
+                case _:
+                    assert_never(message)
         out = feeder.pump()
         if out:
             if counters is not None and (cache := counters()) != cache_sent:
-                conn.send(("cache", cache))
+                conn.send(Cache(*cache))
                 cache_sent = cache
             if flow is not None and (window := flow()) != window_sent:
                 # Before the results, so the parent has it with the last one (its batch size).
-                conn.send(("stats", {"window": window}))
+                conn.send(Stats(window=window))
                 window_sent = window
             for part in _messages(out):
-                conn.send(("results", part))
+                conn.send(Results(part))
             if feeder.restart is not None:
-                conn.send(("restart", feeder.restart))
+                conn.send(Restart(feeder.restart))
                 feeder.restart = None
         now = time.monotonic()
         if now - last_stats >= HEARTBEAT_S:
             # Also the heartbeat: sent between steps, so a step that never returns stops it.
-            stats: dict[str, Any] = {"peak_memory_mb": peak_memory_mb()}
-            if flow is not None:
-                stats["window"] = flow()  # the batch size the job shows
-            conn.send(("stats", stats))
+            # With a flow-controlled engine's window: the batch size the job shows.
+            conn.send(Stats(peak_memory_mb(), window=flow() if flow is not None else None))
             last_stats = now

@@ -8,7 +8,6 @@ import multiprocessing as mp
 import multiprocessing.util  # registers its exit handler now, so that ours runs before it
 import operator
 import os
-import queue
 import signal
 import threading
 import time
@@ -17,13 +16,28 @@ from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, assert_never
 
 from batchrun import timeline
 from batchrun.config import EngineSettings
 from batchrun.openai.records import Outcome, Request
 from batchrun.workers.child import worker_main
 from batchrun.workers.gpu_release import wait_for_gpus
+from batchrun.workers.messages import (
+    Add,
+    Cache,
+    Eof,
+    Fatal,
+    FromWorker,
+    Heartbeat,
+    Inbox,
+    Ready,
+    Restart,
+    Results,
+    Stats,
+    Stop,
+    Window,
+)
 from batchrun.workers.process_group import kill_group, wait_group_gone
 
 _QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
@@ -110,8 +124,8 @@ class Worker:
         gpus = self.env.get("CUDA_VISIBLE_DEVICES")
         return f"worker {self.index}" + (f" (GPU {gpus})" if gpus else "")
 
-    def start(self, inbox: queue.Queue[tuple[int, int, str, Any]]) -> None:
-        """Spawn the process; its messages arrive in `inbox` as (index, generation, kind, payload)."""
+    def start(self, inbox: Inbox) -> None:
+        """Spawn the process; its messages arrive in `inbox` as (index, generation, message)."""
         self._clear_gpus()
         timeline.mark("worker_spawn")
         ctx = mp.get_context("spawn")
@@ -160,46 +174,51 @@ class Worker:
         self.inflight.update(zip(map(_CUSTOM_ID, requests), requests, strict=True))
         # A dead worker's death is noticed through its pipe's end-of-file, not here.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):
-            self.conn.send(("add", requests if type(requests) is list else list(requests)))
+            self.conn.send(Add(requests if type(requests) is list else list(requests)))
 
-    def handle(self, kind: str, payload: Any) -> list[tuple[Outcome, Request]]:
+    def handle(self, message: FromWorker) -> list[tuple[Outcome, Request]]:
         """Apply one message from the worker; return the outcomes it carried with their requests."""
-        if kind == "results":
-            pairs: list[tuple[Outcome, Request]] = []
-            for o in payload:
-                request = self.inflight.pop(o.custom_id, None)
-                if request is not None:  # else a stale answer for a request already re-queued
-                    pairs.append((o, request))
-            self.results += len(pairs)
-            return pairs
-        if kind == "cache":
-            # The engine's counters since it started: add what is new since the last report.
-            queries, hits = payload
-            self.cache_queries += queries - self.cache_seen[0]
-            self.cache_hits += hits - self.cache_seen[1]
-            self.cache_seen = (queries, hits)
-        elif kind == "stats":
-            self.peak_memory_mb = payload.get("peak_memory_mb", self.peak_memory_mb)
-            if "window" in payload:
-                self.flow_window = int(payload["window"])
-        elif kind == "ready":
-            self.ready = True
-            self.start_s = float(payload.get("start_s", 0.0))
-            self.timeline = dict(payload.get("timeline") or {})
-            self.peak_memory_mb = payload.get("peak_memory_mb")
-            kv = payload.get("kv_cache")
-            self.kv_cache = (int(kv[0]), int(kv[1])) if kv else None
-            self.sampling_defaults = payload.get("sampling_defaults") or None
-        elif kind == "fatal":
-            self.death = WorkerDeath(
-                oom=bool(payload.get("oom")),
-                message=str(payload.get("message", "")),
-                during_start=not self.ready,
-                traceback=payload.get("traceback"),
-                stops_job=bool(payload.get("stops_job")),
-            )
-        elif kind == "eof":
-            self._on_eof()
+        match message:
+            case Results():
+                pairs: list[tuple[Outcome, Request]] = []
+                pop = self.inflight.pop
+                for o in message.outcomes:
+                    request = pop(o.custom_id, None)
+                    if request is not None:  # else a stale answer for a request already re-queued
+                        pairs.append((o, request))
+                self.results += len(pairs)
+                return pairs
+            case Cache(queries=queries, hits=hits):
+                # The engine's counters since it started: add what is new since the last report.
+                self.cache_queries += queries - self.cache_seen[0]
+                self.cache_hits += hits - self.cache_seen[1]
+                self.cache_seen = (queries, hits)
+            case Stats():
+                if message.peak_memory_mb is not None:
+                    self.peak_memory_mb = message.peak_memory_mb
+                if message.window is not None:
+                    self.flow_window = message.window
+            case Ready():
+                self.ready = True
+                self.start_s = message.start_s
+                self.timeline = dict(message.timeline)
+                self.peak_memory_mb = message.peak_memory_mb
+                self.kv_cache = message.kv_cache
+                self.sampling_defaults = message.sampling_defaults or None
+            case Fatal():
+                self.death = WorkerDeath(
+                    oom=message.oom,
+                    message=message.message,
+                    during_start=not self.ready,
+                    traceback=message.traceback,
+                    stops_job=message.stops_job,
+                )
+            case Eof():
+                self._on_eof()
+            case Heartbeat() | Restart():
+                pass  # the watchdog's and the scheduler's
+            case _:
+                assert_never(message)
         return []
 
     def _on_eof(self) -> None:
@@ -232,7 +251,7 @@ class Worker:
         self.settings.window = window
         assert self.conn is not None
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):
-            self.conn.send(("window", window))
+            self.conn.send(Window(window))
 
     def take_inflight(self) -> list[Request]:
         """Remove and return the requests the worker held (to go back to pending)."""
@@ -254,7 +273,7 @@ class Worker:
         try:
             if self.conn is not None:
                 with contextlib.suppress(Exception):
-                    self.conn.send(("stop", None))
+                    self.conn.send(Stop())
             if leave:
                 if self.said_bye.wait(timeout) and self.process.is_alive():
                     self._leave()
@@ -380,7 +399,7 @@ def _kill_leftover_workers() -> None:
 
 def _pump(
     conn: Connection,
-    inbox: queue.Queue[tuple[int, int, str, Any]],
+    inbox: Inbox,
     index: int,
     gen: int,
     said_bye: threading.Event,
@@ -388,10 +407,9 @@ def _pump(
     """Forward every message of one worker to the scheduler's inbox, then an "eof"."""
     try:
         while True:
-            kind, payload = conn.recv()
-            inbox.put((index, gen, kind, payload))
+            inbox.put((index, gen, conn.recv()))
     except (EOFError, OSError, TypeError, ValueError):
         # EOF: the worker is gone. The others: the parent closed this end while stopping it.
         pass
     said_bye.set()
-    inbox.put((index, gen, "eof", None))
+    inbox.put((index, gen, Eof()))

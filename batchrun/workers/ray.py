@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -31,6 +30,17 @@ from batchrun.engines.base import CacheCounting
 from batchrun.errors import BatchrunError
 from batchrun.openai.records import Outcome, Request
 from batchrun.workers import ray_start
+from batchrun.workers.messages import (
+    Cache,
+    Eof,
+    Fatal,
+    Heartbeat,
+    Inbox,
+    PollReply,
+    Ready,
+    Results,
+    Stats,
+)
 from batchrun.workers.platform_env import is_cpu_only as platform_cpu_only
 from batchrun.workers.platform_env import platform_settings
 from batchrun.workers.process import Worker, WorkerDeath
@@ -181,7 +191,7 @@ class EngineActor:
         # The most memory in use seen on each of its GPUs (NVML), in MiB.
         self.gpu_peaks: list[float] | None = None
 
-    def start(self) -> dict[str, Any]:
+    def start(self) -> Ready | Fatal:
         """Start the engine; report where it runs, or why it could not start."""
         import ray
 
@@ -193,21 +203,21 @@ class EngineActor:
         try:
             engine = create_engine(self.settings)
         except BaseException as e:  # reported to the supervisor
-            return {"fatal": True, "oom": is_oom(e), "message": f"{type(e).__name__}: {e}"}
+            return Fatal(oom=is_oom(e), message=f"{type(e).__name__}: {e}")
         # --request-timeout holds on Ray as on a local worker: the engine aborts the request.
         self.feeder = Feeder(engine, self.settings.window, self.settings.request_timeout)
         if isinstance(engine, CacheCounting):
             self.counters = engine.prefix_cache_counters
-        return {
-            "pid": os.getpid(),
-            "node": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
-            "gpus": self.gpus,
-            "start_s": time.monotonic() - started,
-            "sampling_defaults": getattr(engine, "sampling_defaults", None),
-            **self.stats(),
-        }
+        return Ready(
+            pid=os.getpid(),
+            start_s=time.monotonic() - started,
+            peak_memory_mb=self.stats().peak_memory_mb,
+            sampling_defaults=getattr(engine, "sampling_defaults", None),
+            node=ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
+            gpus=self.gpus,
+        )
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> Stats:
         """Peak memory: the most in use on any one of its GPUs (NVML) when it has GPUs and NVML
         reads them (the engine's ranks and engine process are not this process), else this
         process's own peak (workers/child.py)."""
@@ -216,10 +226,10 @@ class EngineActor:
 
         used = gpu_memory_mb(self.gpus)
         if used is None:
-            return {"peak_memory_mb": peak_memory_mb()}
+            return Stats(peak_memory_mb())
         peaks = self.gpu_peaks or [0.0] * len(used)
         self.gpu_peaks = [max(a, b) for a, b in zip(peaks, used, strict=True)]
-        return {"peak_memory_mb": max(self.gpu_peaks), "gpu_memory_mb": self.gpu_peaks}
+        return Stats(max(self.gpu_peaks), gpu_memory_mb=self.gpu_peaks)
 
     def add(self, requests: list[Request]) -> None:
         """Queue requests."""
@@ -229,9 +239,7 @@ class EngineActor:
         """Change the number of requests kept inside the engine."""
         self.feeder.window = window
 
-    def poll(
-        self, max_wait: float
-    ) -> tuple[list[Outcome], dict[str, Any] | None, tuple[int, int] | None]:
+    def poll(self, max_wait: float) -> PollReply:
         """Run the engine for up to `max_wait` seconds; return what finished, a fatal error, and
         the engine's prefix-cache counters (None when it keeps none)."""
         from batchrun.engines.oom import is_oom
@@ -245,9 +253,10 @@ class EngineActor:
                 else:
                     out.extend(self.feeder.pump())
                 if out or time.monotonic() >= deadline:
-                    return out, None, self.counters() if self.counters is not None else None
+                    counters = self.counters() if self.counters is not None else None
+                    return PollReply(out, cache=None if counters is None else Cache(*counters))
         except BaseException as e:  # the engine is broken: say so, then die
-            return out, {"oom": is_oom(e), "message": f"{type(e).__name__}: {e}"}, None
+            return PollReply(out, fatal=Fatal(oom=is_oom(e), message=f"{type(e).__name__}: {e}"))
 
 
 class RayWorker(Worker):
@@ -262,7 +271,7 @@ class RayWorker(Worker):
             f" ({self.node})" if getattr(self, "node", None) else ""
         )
 
-    def start(self, inbox: queue.Queue[tuple[int, int, str, Any]]) -> None:
+    def start(self, inbox: Inbox) -> None:
         """Create the actor (in a placement group of its own on a GPU cluster) and a thread that
         waits for it to start, then relays its outcomes to `inbox`."""
         ray = import_ray()
@@ -300,7 +309,7 @@ class RayWorker(Worker):
 
     def _await_start(
         self, ray: Any, actor: Any, placement: Any, timeouts: ray_start.StartTimeouts
-    ) -> dict[str, Any]:
+    ) -> Ready | Fatal:
         """Wait, each step bounded, for the placement group, the actor, then its engine."""
         if placement is not None:
             tp = self.settings.tensor_parallel_size
@@ -317,7 +326,7 @@ class RayWorker(Worker):
             timeouts.actor,
             f"the Ray actor of {self.label} to be created",
         )
-        info: dict[str, Any] = ray_start.wait(
+        info: Ready | Fatal = ray_start.wait(
             ray, actor.start.remote(), timeouts.engine, f"the engine of {self.label} to start"
         )
         return info
@@ -327,52 +336,52 @@ class RayWorker(Worker):
         actor: Any,
         placement: Any,
         timeouts: ray_start.StartTimeouts,
-        inbox: queue.Queue[tuple[int, int, str, Any]],
+        inbox: Inbox,
         gen: int,
     ) -> None:
         ray = import_ray()
         put = inbox.put
         try:
             info = self._await_start(ray, actor, placement, timeouts)
-            if info.get("fatal"):
-                put((self.index, gen, "fatal", info))
+            if isinstance(info, Fatal):
+                put((self.index, gen, info))
                 self._discard(ray, actor, placement)
                 return
-            self.pid, self.node = info.get("pid"), info.get("node")
-            put((self.index, gen, "ready", info))
-            cache_sent = (0, 0)
+            self.pid, self.node = info.pid, info.node
+            put((self.index, gen, info))
+            cache_sent = Cache(0, 0)
             stats_at = beat_at = time.monotonic()
             # Heartbeats as a local worker's (workers/child.py): a poll that returns is an engine
             # still stepping, so the stall watchdog (run/watchdog.py) watches actors too; a poll
             # stuck in a hung engine step sends none.
-            put((self.index, gen, "heartbeat", HEARTBEAT_S))
+            put((self.index, gen, Heartbeat(HEARTBEAT_S)))
             while not self._stopping.is_set():
-                outcomes, fatal, cache = ray.get(actor.poll.remote(POLL_S))
+                reply: PollReply = ray.get(actor.poll.remote(POLL_S))
                 if time.monotonic() - beat_at >= HEARTBEAT_S:
-                    put((self.index, gen, "heartbeat", HEARTBEAT_S))
+                    put((self.index, gen, Heartbeat(HEARTBEAT_S)))
                     beat_at = time.monotonic()
-                if cache is not None and cache != cache_sent:
+                if reply.cache is not None and reply.cache != cache_sent:
                     # Before the results, as a local worker sends them (workers/child.py).
-                    put((self.index, gen, "cache", cache))
-                    cache_sent = cache
-                if outcomes:
-                    put((self.index, gen, "results", outcomes))
-                if fatal is not None:
-                    put((self.index, gen, "fatal", fatal))
+                    put((self.index, gen, reply.cache))
+                    cache_sent = reply.cache
+                if reply.outcomes:
+                    put((self.index, gen, Results(reply.outcomes)))
+                if reply.fatal is not None:
+                    put((self.index, gen, reply.fatal))
                     self._discard(ray, actor, placement)
                     return
                 if time.monotonic() - stats_at >= STATS_EVERY_S:
-                    put((self.index, gen, "stats", ray.get(actor.stats.remote())))
+                    put((self.index, gen, ray.get(actor.stats.remote())))
                     stats_at = time.monotonic()
         except StartTimeout as e:
             if not self._stopping.is_set():
-                put((self.index, gen, "fatal", {"oom": False, "message": str(e)}))
+                put((self.index, gen, Fatal(oom=False, message=str(e))))
             self._discard(ray, actor, placement)
         except Exception as e:  # an actor or node lost: Ray raises its own types
             if not self._stopping.is_set():
-                put((self.index, gen, "fatal", lost(e)))
+                put((self.index, gen, lost(e)))
         finally:
-            put((self.index, gen, "eof", None))
+            put((self.index, gen, Eof()))
 
     @staticmethod
     def _discard(ray: Any, actor: Any, placement: Any) -> None:
@@ -420,7 +429,7 @@ class RayWorker(Worker):
         self.stop()
 
 
-def lost(exc: BaseException) -> dict[str, Any]:
+def lost(exc: BaseException) -> Fatal:
     """The fatal report for a failed call to an actor: out of memory when Ray's memory monitor
     killed it (its words about memory quoted), else "lost" with the first line of Ray's words."""
     text = str(exc).strip()
@@ -430,9 +439,9 @@ def lost(exc: BaseException) -> dict[str, Any]:
             (line for line in lines if any(f in line.lower() for f in RAY_OOM_FRAGMENTS)),
             lines[0] if lines else type(exc).__name__,
         )
-        return {"oom": True, "message": f"Ray killed the actor for memory: {said}"}
+        return Fatal(oom=True, message=f"Ray killed the actor for memory: {said}")
     message = lines[0] if lines else type(exc).__name__
-    return {"oom": False, "message": f"the Ray actor was lost: {message}"}
+    return Fatal(oom=False, message=f"the Ray actor was lost: {message}")
 
 
 def _cluster_has_gpus(ray: Any) -> bool:

@@ -4,13 +4,13 @@ size, or fails to start, as its class attributes say (reset them between tests).
 
 from __future__ import annotations
 
-import queue
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from batchrun.job.journal import read_records
 from batchrun.openai.records import CHAT, Outcome, Request
+from batchrun.workers.messages import Eof, Fatal, Inbox, Ready, Results
 from batchrun.workers.process import Worker, WorkerDeath
 
 
@@ -38,7 +38,7 @@ class FakeWorker(Worker):
     starts: ClassVar[int] = 0
     received: ClassVar[list[str]] = []
 
-    def start(self, inbox: queue.Queue[tuple[int, int, str, Any]]) -> None:
+    def start(self, inbox: Inbox) -> None:
         self.process = object()
         self.generation += 1
         self.ready = False
@@ -47,16 +47,16 @@ class FakeWorker(Worker):
         self._inbox = inbox
         FakeWorker.starts += 1
         if FakeWorker.fail_start:
-            self._die("fatal", {"oom": False, "message": "RuntimeError: no engine"})
+            self._die(Fatal(oom=False, message="RuntimeError: no engine"))
             return
         if FakeWorker.fail_start_oom is not None:
-            self._die("fatal", {"oom": True, "message": FakeWorker.fail_start_oom})
+            self._die(Fatal(oom=True, message=FakeWorker.fail_start_oom))
             return
-        inbox.put((self.index, self.generation, "ready", {"start_s": 0.0}))
+        inbox.put((self.index, self.generation, Ready(pid=1, start_s=0.0)))
 
-    def _die(self, kind: str, payload: Any) -> None:
-        self._inbox.put((self.index, self.generation, kind, payload))
-        self._inbox.put((self.index, self.generation, "eof", None))
+    def _die(self, last_words: Fatal) -> None:
+        self._inbox.put((self.index, self.generation, last_words))
+        self._inbox.put((self.index, self.generation, Eof()))
 
     def send(self, requests: Sequence[Request]) -> None:
         for r in requests:
@@ -64,17 +64,17 @@ class FakeWorker(Worker):
         FakeWorker.received.extend(r.custom_id for r in requests)
         if any(r.custom_id in FakeWorker.poison for r in requests):
             # Like a native crash: the whole batch is lost with the process, no last words.
-            self._inbox.put((self.index, self.generation, "eof", None))
+            self._inbox.put((self.index, self.generation, Eof()))
             return
         running = min(len(self.inflight), self.settings.window)  # the rest wait in its queue
         if FakeWorker.oom_above is not None and running > FakeWorker.oom_above:
-            self._die("fatal", {"oom": True, "message": "OutOfMemoryError: CUDA out of memory"})
+            self._die(Fatal(oom=True, message="OutOfMemoryError: CUDA out of memory"))
             return
         outcomes = [
             Outcome(custom_id=r.custom_id, ok=True, status_code=200, body={"ok": True})
             for r in requests
         ]
-        self._inbox.put((self.index, self.generation, "results", outcomes))
+        self._inbox.put((self.index, self.generation, Results(outcomes)))
 
     def _on_eof(self) -> None:
         if self.death is None:
