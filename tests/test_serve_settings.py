@@ -95,6 +95,11 @@ def test_another_engine_is_refused_while_a_batch_is_unfinished_other_options_app
     batch = create_batch(first.client(), requests_file(tmp_path / "in.jsonl", 300))
     wait_until(results_at_least(first.batch_dir(batch.id), 30), "30 requests finish")
     stop_server(first, signal.SIGTERM)
+    assert (
+        first.log.read_text()
+        .splitlines()[0]
+        .endswith("; no API key: open to anyone who can reach this loopback address")
+    )
     refused = cli("serve", "--root", str(root), "--engine", "vllm")
     assert refused.returncode == 2
     assert refused.stderr.strip() == (

@@ -96,6 +96,7 @@ def test_an_unexpected_error_is_a_json_500_with_an_id_that_is_logged(tmp_path: P
 
     from batchrun.serve.app import Services, create_app
     from batchrun.serve.files import FileStore
+    from batchrun.serve.keys import Keys
     from batchrun.serve.metrics import Metrics
     from batchrun.serve.runner import Runner
 
@@ -107,7 +108,7 @@ def test_an_unexpected_error_is_a_json_500_with_an_id_that_is_logged(tmp_path: P
     # The runner is never started: no lifespan runs here.
     runner = cast(Runner, None)
     services = Services(
-        FileStore(tmp_path), Broken(tmp_path), runner, Metrics(), "m", None, 1000, logged.append
+        FileStore(tmp_path), Broken(tmp_path), runner, Metrics(), "m", Keys([]), 1000, logged.append
     )
     client = TestClient(create_app(services), raise_server_exceptions=False)
     answer = client.get("/v1/batches", headers={"X-Client-Request-Id": "trace-1"})

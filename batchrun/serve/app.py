@@ -99,6 +99,8 @@ def create_app(services: Services) -> FastAPI:
     # Outside the guard: its refusals carry a request id too.
     app.add_middleware(RequestIds, say=services.say)
     auth = [Depends(_authorize(services.keys))]
+    # The tenant a request's key is (serve/tenants.py): what each route lets it see.
+    who = _authorize(services.keys)
     files, batches = services.files, services.batches
 
     @app.get("/health")
@@ -125,7 +127,7 @@ def create_app(services: Services) -> FastAPI:
         return services.metrics.render()
 
     @app.post("/v1/files", dependencies=auth)
-    async def upload(request: Request) -> dict[str, Any]:
+    async def upload(request: Request, tenant: str | None = Depends(who)) -> dict[str, Any]:
         tmp = files.temp_path()
         got = await receive_upload(request, tmp, services.max_file_bytes)
         purpose = got.fields.get("purpose")
@@ -145,7 +147,7 @@ def create_app(services: Services) -> FastAPI:
         if problem is not None:
             tmp.unlink(missing_ok=True)
             raise problem
-        return files.add(tmp, got.filename, "batch", expires_after)
+        return files.add(tmp, got.filename, "batch", expires_after, owner=tenant)
 
     @app.get("/v1/files", dependencies=auth)
     def list_files(
@@ -153,39 +155,41 @@ def create_app(services: Services) -> FastAPI:
         limit: Annotated[int, Query(ge=1, le=10000)] = 10000,
         after: str | None = None,
         order: Literal["asc", "desc"] = "desc",
+        tenant: str | None = Depends(who),
     ) -> dict[str, Any]:
-        records = files.list(purpose)
+        records = files.list(purpose, tenant)
         if order == "asc":
             records.reverse()
         return _page(records, limit, after)
 
     @app.get("/v1/files/{file_id}", dependencies=auth)
-    def get_file(file_id: str) -> dict[str, Any]:
-        record = files.get(file_id)
+    def get_file(file_id: str, tenant: str | None = Depends(who)) -> dict[str, Any]:
+        record = files.get(file_id, tenant)
         if record is None:
             raise not_found("file", file_id)
         return record
 
     @app.get("/v1/files/{file_id}/content", dependencies=auth)
-    def file_content(file_id: str) -> FileResponse:
-        record = files.get(file_id)
+    def file_content(file_id: str, tenant: str | None = Depends(who)) -> FileResponse:
+        record = files.get(file_id, tenant)
         if record is None:
             raise not_found("file", file_id)
         return FileResponse(files.content(file_id), media_type="application/octet-stream")
 
     @app.delete("/v1/files/{file_id}", dependencies=auth)
-    def delete_file(file_id: str) -> dict[str, Any]:
-        if not files.delete(file_id):
+    def delete_file(file_id: str, tenant: str | None = Depends(who)) -> dict[str, Any]:
+        if not files.delete(file_id, tenant):
             raise not_found("file", file_id)
         return {"id": file_id, "object": "file", "deleted": True}
 
     @app.post("/v1/batches", dependencies=auth)
-    def create_batch(body: CreateBatch) -> dict[str, Any]:
+    def create_batch(body: CreateBatch, tenant: str | None = Depends(who)) -> dict[str, Any]:
         check_endpoint(body.endpoint)
         window_s = window_seconds(body.completion_window)
         expiry_seconds(body.output_expires_after)  # refused here, used when the output is made
         priority = check_metadata(body.metadata)
-        record = files.get(body.input_file_id)
+        # Another tenant's file is, to this one, a file that does not exist (serve/tenants.py).
+        record = files.get(body.input_file_id, tenant)
         if record is None or record.get("purpose") != "batch":
             raise ApiError(
                 400,
@@ -205,7 +209,7 @@ def create_app(services: Services) -> FastAPI:
         )
         if body.output_expires_after is not None:
             batch["output_expires_after"] = body.output_expires_after
-        new = BatchRecord(batch, priority)
+        new = BatchRecord(batch, priority, owner=tenant)
         batches.add(new)
         services.runner.submit(new.id)
         return _shown(new)
@@ -215,26 +219,29 @@ def create_app(services: Services) -> FastAPI:
         limit: Annotated[int, Query(ge=1, le=100)] = 20,
         after: str | None = None,
         order: Literal["asc", "desc"] = "desc",
+        tenant: str | None = Depends(who),
     ) -> dict[str, Any]:
-        page, more = batches.page(limit, after, order)
+        page, more = batches.page(limit, after, order, tenant)
         return _listing(page, more)
 
     @app.get("/v1/batches/{batch_id}", dependencies=auth)
-    def get_batch(batch_id: str) -> dict[str, Any]:
-        record = batches.get(batch_id)
+    def get_batch(batch_id: str, tenant: str | None = Depends(who)) -> dict[str, Any]:
+        record = batches.get(batch_id, tenant)
         if record is None:
             raise not_found("batch", batch_id)
         return _shown(record)
 
     @app.post("/v1/batches/{batch_id}/cancel", dependencies=auth)
-    def cancel_batch(batch_id: str) -> dict[str, Any]:
+    def cancel_batch(batch_id: str, tenant: str | None = Depends(who)) -> dict[str, Any]:
         # Decided against the batch's record as it is (runner.cancel): a validating or running
         # batch is cancelling and ends cancelled; a cancelling or finalizing one is answered
         # unchanged; an ended one is OpenAI's 400.
+        if batches.get(batch_id, tenant) is None:  # another tenant's: as if there were none
+            raise not_found("batch", batch_id)
         cancelled = services.runner.cancel(batch_id)
         if cancelled is not None:
             return _shown(cancelled)
-        record = batches.get(batch_id)
+        record = batches.get(batch_id, tenant)
         if record is None:
             raise not_found("batch", batch_id)
         if record.status in TERMINAL:

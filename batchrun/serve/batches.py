@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from batchrun.job.files import make_dirs, write_json_atomic
 from batchrun.serve.ids import is_batch_id
+from batchrun.serve.tenants import EVERYONE, visible
 
 RECORD_NAME = "batch.json"
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
@@ -56,6 +57,8 @@ class BatchRecord:
     # The order of creation within the root (`created_at` is whole seconds, OpenAI's shape, so
     # batches made in the same second need it); 0 in records written before it was kept.
     seq: int = 0
+    # The tenant that made it (serve/tenants.py); None: made before the server had keys.
+    owner: str | None = None
 
     @property
     def id(self) -> str:
@@ -82,6 +85,7 @@ class BatchRecord:
             "priority": self.priority,
             "final": self.final,
             "seq": self.seq,
+            "owner": self.owner,
         }
 
 
@@ -133,6 +137,9 @@ class BatchStore:
         self._order: list[Created] = []  # ascending creation order
         self._by_status: dict[str, int] = {}
         self._totals = dict.fromkeys(COUNT_KEYS, 0)
+        # By tenant: its batches by status and its request counts summed (/metrics).
+        self._tenant_status: dict[tuple[str, str], int] = {}
+        self._tenant_totals: dict[tuple[str, str], int] = {}
         self._counts_saved: dict[str, float] = {}
         for path in self.dir.glob(f"*/{RECORD_NAME}"):
             if is_batch_id(path.parent.name) and (record := _load(path)) is not None:
@@ -153,13 +160,16 @@ class BatchStore:
             self._save(record)
             self._index(record)
 
-    def get(self, batch_id: str) -> BatchRecord | None:
-        """A copy of a batch's record, or None when there is no such batch."""
+    def get(self, batch_id: str, tenant: str | None = EVERYONE) -> BatchRecord | None:
+        """A copy of a batch's record, or None when there is no such batch or `tenant` does not
+        see it (serve/tenants.py)."""
         if not is_batch_id(batch_id):
             return None
         with self._lock:
             record = self._records.get(batch_id)
-            return copy.deepcopy(record) if record is not None else None
+            if record is None or not visible(record.owner, tenant):
+                return None
+            return copy.deepcopy(record)
 
     def all(self) -> list[BatchRecord]:
         """Copies of every record, newest first (for a start: pages use `page`)."""
@@ -167,23 +177,51 @@ class BatchStore:
             return [copy.deepcopy(self._records[key[2]]) for key in reversed(self._order)]
 
     def page(
-        self, limit: int, after: str | None = None, order: Literal["asc", "desc"] = "desc"
+        self,
+        limit: int,
+        after: str | None = None,
+        order: Literal["asc", "desc"] = "desc",
+        tenant: str | None = EVERYONE,
     ) -> tuple[list[dict[str, Any]], bool]:
-        """The Batch objects of one page (newest first unless `order` is asc), from the one after
-        the batch `after` (none when it is unknown), and whether more follow; only the page is
-        copied."""
+        """The Batch objects `tenant` sees of one page (newest first unless `order` is asc),
+        from the one after the batch `after` (none when it is unknown, or not the tenant's),
+        and whether more follow; only the page is copied."""
         with self._lock:
             if after is None:
                 start = 0
             else:
                 known = self._records.get(after)
-                if known is None:
+                if known is None or not visible(known.owner, tenant):
                     return [], False
                 at = bisect.bisect_left(self._order, known.created())
                 start = (len(self._order) - at) if order == "desc" else at + 1
-            keys = _slice(self._order, start, limit + 1, order)
+            if tenant is EVERYONE:
+                keys = _slice(self._order, start, limit + 1, order)
+            else:
+                keys = self._visible_keys(start, limit + 1, order, tenant)
             shown = [copy.deepcopy(self._records[key[2]].batch) for key in keys[:limit]]
             return shown, len(keys) > limit
+
+    def _visible_keys(
+        self, start: int, n: int, direction: str, tenant: str | None
+    ) -> list[Created]:
+        """`n` keys `tenant` sees, from position `start` of the creation order read in
+        `direction` (under the lock)."""
+        found: list[Created] = []
+        at = start
+        while len(found) < n and at < len(self._order):
+            key = self._order[at] if direction == "asc" else self._order[len(self._order) - 1 - at]
+            if visible(self._records[key[2]].owner, tenant):
+                found.append(key)
+            at += 1
+        return found
+
+    def tenant_counts(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+        """By (tenant, status), the number of batches; by (tenant, count), the sum of their
+        request_counts (batches made before the server had keys are in neither)."""
+        with self._lock:
+            by_status = {k: v for k, v in self._tenant_status.items() if v}
+            return by_status, dict(self._tenant_totals)
 
     def counts(self) -> tuple[dict[str, int], dict[str, int]]:
         """The number of batches by status, and the sum of every batch's request_counts."""
@@ -257,6 +295,10 @@ class BatchStore:
         if record.status != old_status:
             self._by_status[old_status] -= 1
             self._by_status[record.status] = self._by_status.get(record.status, 0) + 1
+            if record.owner is not None:
+                self._tenant_status[(record.owner, old_status)] -= 1
+                key = (record.owner, record.status)
+                self._tenant_status[key] = self._tenant_status.get(key, 0) + 1
         self._save(record)
 
     def _recount(self, record: BatchRecord, counts: dict[str, int]) -> None:
@@ -264,6 +306,11 @@ class BatchStore:
         record.batch["request_counts"] = {k: int(counts.get(k, 0)) for k in COUNT_KEYS}
         for k in COUNT_KEYS:
             self._totals[k] += record.batch["request_counts"][k] - old[k]
+            if record.owner is not None:
+                key = (record.owner, k)
+                self._tenant_totals[key] = (
+                    self._tenant_totals.get(key, 0) + record.batch["request_counts"][k] - old[k]
+                )
 
     def _index(self, record: BatchRecord) -> None:
         self._records[record.id] = record
@@ -271,6 +318,13 @@ class BatchStore:
         self._by_status[record.status] = self._by_status.get(record.status, 0) + 1
         for k, v in _counts(record).items():
             self._totals[k] += v
+        if record.owner is not None:
+            key = (record.owner, record.status)
+            self._tenant_status[key] = self._tenant_status.get(key, 0) + 1
+            for k, v in _counts(record).items():
+                self._tenant_totals[(record.owner, k)] = (
+                    self._tenant_totals.get((record.owner, k), 0) + v
+                )
 
     def _save(self, record: BatchRecord) -> None:
         write_json_atomic(self.job_dir(record.id) / RECORD_NAME, record.to_dict())
@@ -300,11 +354,13 @@ def _load(path: Path) -> BatchRecord | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         seq = data.get("seq", 0)
+        owner = data.get("owner")
         record = BatchRecord(
             data["batch"],
             data.get("priority", "normal"),
             data.get("final"),
             seq if isinstance(seq, int) and not isinstance(seq, bool) else 0,
+            owner if isinstance(owner, str) else None,
         )
         record.created()  # a record without its creation time cannot be listed
         return record

@@ -29,6 +29,7 @@ class JobEnding:
     files: FileStore
     batches: BatchStore
     active: dict[str, ActiveJob]
+    tenants: dict[str, str | None]
     pool: Scheduler | None
     _last_sweep: float
     _to_finalize: queue.Queue[str | None]
@@ -65,6 +66,7 @@ class JobEnding:
         """Close a job with nothing out and hand it to the finisher."""
         if self.active.pop(job.slot, None) is None:
             return
+        self.tenants.pop(job.slot, None)
         self._changed()
         final = job.stop or "completed"
         try:

@@ -18,11 +18,14 @@ from typing import Any
 
 from batchrun.job.files import fsync_dir, make_dirs, write_json_atomic
 from batchrun.serve.ids import is_file_id, new_file_id
+from batchrun.serve.tenants import EVERYONE, visible
 
 TMP_PREFIX = ".upload-"
 # The key of a file's creation sequence in its record on disk (not shown: files made in one
 # second are listed in the order they were made, across restarts).
 SEQ_KEY = "_seq"
+# The key of the tenant that owns a file in its record on disk (not shown; serve/tenants.py).
+OWNER_KEY = "_owner"
 
 
 class FileStore:
@@ -34,6 +37,7 @@ class FileStore:
         self._lock = threading.Lock()
         self._records: dict[str, dict[str, Any]] = {}
         self._seq: dict[str, int] = {}
+        self._owner: dict[str, str] = {}  # files of no tenant (made before keys) are not in it
         # The earliest `expires_at` of any file (None: none expires), so that asking for files
         # looks through them all only when one is due.
         self._next_expiry: float | None = None
@@ -58,6 +62,9 @@ class FileStore:
             ):
                 seq = record.pop(SEQ_KEY, 0)
                 self._seq[meta.stem] = seq if isinstance(seq, int) else 0
+                owner = record.pop(OWNER_KEY, None)
+                if isinstance(owner, str):
+                    self._owner[meta.stem] = owner
                 self._records[meta.stem] = record
                 self._expires(record)
         for data in self.dir.glob("*.jsonl"):
@@ -73,14 +80,19 @@ class FileStore:
         return self.dir / f"{TMP_PREFIX}{os.getpid()}-{new_file_id()}.tmp"
 
     def add(
-        self, tmp: Path, filename: str, purpose: str, expires_after: int | None = None
+        self,
+        tmp: Path,
+        filename: str,
+        purpose: str,
+        expires_after: int | None = None,
+        owner: str | None = None,
     ) -> dict[str, Any]:
-        """Make the finished, fsync'd temporary file `tmp` a file (deleted `expires_after`
-        seconds after its creation, when given); return its record."""
+        """Make the finished, fsync'd temporary file `tmp` a file of `owner` (deleted
+        `expires_after` seconds after its creation, when given); return its record."""
         file_id = new_file_id()
         os.replace(tmp, self.content(file_id))
         fsync_dir(self.dir)
-        return self._publish(file_id, filename, purpose, expires_after)
+        return self._publish(file_id, filename, purpose, expires_after, owner)
 
     def add_copy(
         self,
@@ -89,10 +101,12 @@ class FileStore:
         purpose: str,
         expires_after: int | None = None,
         file_id: str | None = None,
+        owner: str | None = None,
     ) -> dict[str, Any]:
-        """Make a file of `source` (a batch's output): a hard link, else a copy; with
-        `expires_after`, deleted that many seconds after its creation. With `file_id`, a file
-        of that id made before is kept and returned (made again it would be the same)."""
+        """Make a file of `source` (a batch's output, `owner`'s as its batch is): a hard link,
+        else a copy; with `expires_after`, deleted that many seconds after its creation. With
+        `file_id`, a file of that id made before is kept and returned (made again it would be
+        the same)."""
         if file_id is None:
             file_id = new_file_id()
         elif (known := self.get(file_id)) is not None:
@@ -106,10 +120,15 @@ class FileStore:
                 os.fsync(f.fileno())
         os.replace(tmp, self.content(file_id))
         fsync_dir(self.dir)
-        return self._publish(file_id, filename, purpose, expires_after)
+        return self._publish(file_id, filename, purpose, expires_after, owner)
 
     def _publish(
-        self, file_id: str, filename: str, purpose: str, expires_after: int | None = None
+        self,
+        file_id: str,
+        filename: str,
+        purpose: str,
+        expires_after: int | None = None,
+        owner: str | None = None,
     ) -> dict[str, Any]:
         now = int(time.time())
         record: dict[str, Any] = {
@@ -125,7 +144,11 @@ class FileStore:
         }
         with self._lock:
             seq, self._next_seq = self._next_seq, self._next_seq + 1
-            write_json_atomic(self.dir / f"{file_id}.json", {**record, SEQ_KEY: seq})
+            hidden: dict[str, Any] = {SEQ_KEY: seq}
+            if owner is not None:
+                hidden[OWNER_KEY] = owner
+                self._owner[file_id] = owner
+            write_json_atomic(self.dir / f"{file_id}.json", {**record, **hidden})
             self._seq[file_id] = seq
             self._records[file_id] = record
             self._expires(record)
@@ -136,23 +159,34 @@ class FileStore:
         if at is not None and (self._next_expiry is None or at < self._next_expiry):
             self._next_expiry = at
 
-    def get(self, file_id: str) -> dict[str, Any] | None:
-        """A file's record, or None when there is no such file (an expired one is deleted)."""
+    def get(self, file_id: str, tenant: str | None = EVERYONE) -> dict[str, Any] | None:
+        """A file's record, or None when there is no such file (an expired one is deleted) or
+        `tenant` does not see it (serve/tenants.py)."""
         if not is_file_id(file_id):
             return None
         self.delete_expired()
         with self._lock:
             record = self._records.get(file_id)
-        return dict(record) if record is not None else None
+            if record is None or not visible(self._owner.get(file_id), tenant):
+                return None
+        return dict(record)
 
-    def list(self, purpose: str | None = None) -> list[dict[str, Any]]:
-        """Every file's record (of one purpose, when given), newest first."""
+    def owner(self, file_id: str) -> str | None:
+        """The tenant that owns a file (None: made before the server had keys, or no file)."""
+        with self._lock:
+            return self._owner.get(file_id)
+
+    def list(
+        self, purpose: str | None = None, tenant: str | None = EVERYONE
+    ) -> list[dict[str, Any]]:
+        """Every file's record that `tenant` sees (of one purpose, when given), newest first."""
         self.delete_expired()
         with self._lock:
             keyed = [
                 ((r.get("created_at", 0), self._seq.get(i, 0), i), r)
                 for i, r in self._records.items()
-                if not purpose or r.get("purpose") == purpose
+                if (not purpose or r.get("purpose") == purpose)
+                and visible(self._owner.get(i), tenant)
             ]
         # Newest first, stable: by creation second, then the order made in, then id.
         keyed.sort(key=lambda pair: pair[0], reverse=True)
@@ -178,14 +212,17 @@ class FileStore:
         for file_id in expired:
             self.delete(file_id)
 
-    def delete(self, file_id: str) -> bool:
-        """Remove a file (its record first, so it is never listed without its bytes)."""
+    def delete(self, file_id: str, tenant: str | None = EVERYONE) -> bool:
+        """Remove a file `tenant` sees (its record first, so it is never listed without its
+        bytes); False when there is none."""
         if not is_file_id(file_id):
             return False
         with self._lock:
-            if self._records.pop(file_id, None) is None:
+            if file_id not in self._records or not visible(self._owner.get(file_id), tenant):
                 return False
+            del self._records[file_id]
             self._seq.pop(file_id, None)
+            self._owner.pop(file_id, None)
         (self.dir / f"{file_id}.json").unlink(missing_ok=True)
         fsync_dir(self.dir)
         with contextlib.suppress(OSError):

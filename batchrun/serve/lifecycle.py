@@ -190,6 +190,7 @@ def finalize(batches: BatchStore, files: FileStore, batch_id: str) -> None:
             "batch_output",
             expires_after=expiry_seconds(record.batch.get("output_expires_after")),
             file_id=output_file_id(batch_id, label),
+            owner=record.owner,  # the batch's tenant's, as the batch is
         )
         ids[key] = made["id"]
         _fault_pause()

@@ -20,6 +20,9 @@ from batchrun.metrics import names
 from batchrun.metrics.recorder import RunMetrics
 from batchrun.openai.records import Outcome, Request
 
+# Per tenant (serve/tenants.py): its batches by status, its requests by outcome.
+TENANT_BATCHES = "batchrun_tenant_batches"
+TENANT_REQUESTS = "batchrun_tenant_requests"
 SEP = "\x00"  # the pool's request ids: "<slot>\x00<custom_id>" (serve/router.py)
 # The OpenAI Batch object's statuses: each is a series from the first scrape (0 until a batch
 # has it), so that a panel or an alert on one has data before the first batch.
@@ -84,7 +87,20 @@ class Metrics:
         by_status = {**dict.fromkeys(BATCH_STATUSES, 0), **dict(self._gauge("batches", {}))}
         for status, n in sorted(by_status.items()):
             family.add_metric([str(status)], n)
-        return [family]
+        # Per tenant, named as the keys file names it (or key- and 8 hex digits), never by key.
+        batches = GaugeMetricFamily(
+            TENANT_BATCHES, "Batches by tenant and status.", labels=["tenant", "status"]
+        )
+        for (tenant, status), n in sorted(dict(self._gauge("tenant_batches", {})).items()):
+            batches.add_metric([str(tenant), str(status)], n)
+        requests = GaugeMetricFamily(
+            TENANT_REQUESTS,
+            "Requests by tenant and outcome (its batches' request_counts summed).",
+            labels=["tenant", "outcome"],
+        )
+        for (tenant, outcome), n in sorted(dict(self._gauge("tenant_requests", {})).items()):
+            requests.add_metric([str(tenant), str(outcome)], n)
+        return [family, batches, requests]
 
 
 def _by_slot(jobs: Mapping[str, Any]) -> Callable[[Request], float | None]:

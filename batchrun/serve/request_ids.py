@@ -13,7 +13,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 
-from batchrun.serve.guard import Asgi, Message, Receive, Scope, Send
+from batchrun.serve.guard import TENANT_SCOPE_KEY, Asgi, Message, Receive, Scope, Send
 
 # Where the id of the request being answered is kept in its ASGI scope (for the 500 handler).
 SCOPE_KEY = "batchrun.request_id"
@@ -70,7 +70,11 @@ class RequestIds:
                 message["headers"] = [*message.get("headers", []), *id_headers(scope)]
                 status = int(message["status"])
                 if method not in _QUIET_METHODS or status >= 400 or client_id is not None:
-                    self.say(f"request {describe(request_id, client_id)}: {method} {path} {status}")
+                    # The tenant by its name (serve/tenants.py), never by its key.
+                    tenant = scope.get(TENANT_SCOPE_KEY)
+                    of = f" (tenant {tenant})" if isinstance(tenant, str) else ""
+                    said = f"request {describe(request_id, client_id)}: {method} {path} {status}"
+                    self.say(said + of)
             await send(message)
 
         await self.app(scope, receive, send_with_id)

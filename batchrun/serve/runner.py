@@ -80,7 +80,12 @@ class Runner(JobEnding):
         self.active: dict[str, ActiveJob] = {}  # by slot
         self._slots = itertools.count()
         self._version = 0  # changes whenever which job to feed may change
-        self._top: dict[str, tuple[int, ActiveJob | None]] = {}
+        # By kind: each tenant's first job to feed at the best priority (cached per version),
+        # and the turn that says whose request goes next (round-robin: fair across tenants).
+        self._top: dict[str, tuple[int, list[ActiveJob]]] = {}
+        self._turn = 0
+        # The tenant each active job's batch belongs to, by slot (serve/tenants.py).
+        self.tenants: dict[str, str | None] = {}
         self._stopping = False
         self._last_sweep = 0.0
         self.pool: Scheduler | None = None
@@ -183,11 +188,18 @@ class Runner(JobEnding):
             restarts = self.restarts + (self._pool_restarts(self.pool) if self.pool else 0)
         by_status, totals = self.batches.counts()
         requests = {"succeeded": totals["completed"], "failed": totals["failed"]}
+        tenant_batches, tenant_totals = self.batches.tenant_counts()
         return {
             "queue_depth": depth,
             "batches": by_status,
             "engine_restarts": restarts,
             "requests": requests,
+            "tenant_batches": tenant_batches,
+            "tenant_requests": {
+                (tenant, "succeeded" if k == "completed" else k): v
+                for (tenant, k), v in tenant_totals.items()
+                if k in ("completed", "failed")
+            },
         }
 
     # -- validation and finalizing --------------------------------------------------------------
@@ -221,6 +233,7 @@ class Runner(JobEnding):
             done.locks.close()
             raise
         job.index = done.index
+        self.tenants[slot] = record.owner
         if self.route.known is not None:  # several models: the batch runs model by model
             job.models = job_models(job.manifest, self.route.names, self.route.known.base_of)
         # Restarted with other models: its lines of models this server lacks end (unserved_models.py).
@@ -403,14 +416,31 @@ class Runner(JobEnding):
         return min(jobs, key=lambda j: j.order) if jobs else None
 
     def top(self, kind: str) -> ActiveJob | None:
-        """The first job of `kind` to feed (cached until the queue changes)."""
+        """The next job of `kind` to feed a request of: of the batches at the best priority,
+        each tenant's first in the queue's order, in turn (so one tenant's flood never starves
+        another's batch); with one tenant, simply the first in the queue's order."""
         cached = self._top.get(kind)
-        if cached is not None and cached[0] == self._version:
-            return cached[1]
-        jobs = [j for j in self.active.values() if j.kind == kind and self._feedable(j)]
-        job = min(jobs, key=lambda j: j.order) if jobs else None
-        self._top[kind] = (self._version, job)
-        return job
+        if cached is None or cached[0] != self._version:
+            cached = (self._version, self._heads(kind))
+            self._top[kind] = cached
+        heads = cached[1]
+        if len(heads) <= 1:
+            return heads[0] if heads else None
+        self._turn += 1
+        return heads[self._turn % len(heads)]
+
+    def _heads(self, kind: str) -> list[ActiveJob]:
+        """Each tenant's first job of `kind` to feed, of those at the best priority."""
+        jobs = sorted(
+            (j for j in self.active.values() if j.kind == kind and self._feedable(j)),
+            key=lambda j: j.order,
+        )
+        firsts: dict[str | None, ActiveJob] = {}
+        for job in jobs:
+            if job.order[0] != jobs[0].order[0]:
+                break
+            firsts.setdefault(self.tenants.get(job.slot), job)
+        return list(firsts.values())
 
     def take(self, job: ActiveJob) -> Request | None:
         """The next request of `job` for the pool, or None when it has none to give now."""

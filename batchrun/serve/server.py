@@ -7,8 +7,10 @@ import errno
 import fcntl
 import os
 import shlex
+import signal
 import socket
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from batchrun.run.jobs import preflight
 from batchrun.run.model_routes import prepare_models
 from batchrun.run.options import RunOptions
 from batchrun.serve.keys import Keys
-from batchrun.serve.settings import LOOPBACK, Given, resolve
+from batchrun.serve.settings import LOOPBACK, Given, Settings, reread_keys, resolve
 from batchrun.serve.settings import save as save_settings
 
 ROOT_LOCK = "server.lock"
@@ -164,15 +166,41 @@ def serve(root: Path, given: Given) -> None:
             f"serving the OpenAI Files and Batches API on http://{host}:{port}/v1; "
             f"root {root}, {_models(options)} on {options.settings.engine}; {_access(keys)}"
         )
+        if settings.keys_file is not None:
+            _reread_on_sighup(root, settings, keys)
         config = uvicorn.Config(app, log_level="warning", access_log=False)
         uvicorn.Server(config).run(sockets=[sock])
+
+
+def _reread_on_sighup(root: Path, settings: Settings, keys: Keys) -> None:
+    """On SIGHUP, read the keys file again and take its keys from then on (in a thread: the
+    signal comes to the main thread, which runs the server's event loop)."""
+    assert settings.keys_file is not None
+    keys_file, lock = settings.keys_file, threading.Lock()
+
+    def reread() -> None:
+        with lock:
+            try:
+                entries = reread_keys(root, settings.saved, keys_file)
+            except BatchrunError as e:
+                say(f"SIGHUP: {e}; the keys stay as they were")
+                return
+            keys.replace(entries)
+            say(f"SIGHUP: read {keys_file} again; {_access(keys)}")
+
+    def on_sighup(signum: int, frame: object) -> None:
+        threading.Thread(target=reread, name="batchrun-keys", daemon=True).start()
+
+    signal.signal(signal.SIGHUP, on_sighup)
 
 
 def _access(keys: Keys) -> str:
     """The banner's words for who may use the server."""
     tenants = [e.tenant for e in keys.entries]
-    if not tenants:
+    if keys.open():
         return "no API key: open to anyone who can reach this loopback address"
+    if not tenants:
+        return "no API key in the keys file: nobody gets in until it holds one"
     many = "s" if len(tenants) > 1 else ""
     return f"API keys of {len(tenants)} tenant{many} ({', '.join(tenants)})"
 

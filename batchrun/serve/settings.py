@@ -32,6 +32,7 @@ from batchrun.serve.keys import (
     KeyEntry,
     check_distinct,
     entries_for,
+    matches,
     read_keys_file,
 )
 
@@ -160,9 +161,23 @@ def resolve(root: Path, given: Given) -> Settings:
     return Settings(options, host, port, max_file_bytes, keys, keys_file, new_saved, changes)
 
 
-def file_keys(keys_file: Path, known: list[KeyEntry]) -> list[KeyEntry]:
-    """The entries of the keys file as it is now (a key `known` holds keeps its tenant)."""
-    return entries_for(read_keys_file(keys_file), FROM_FILE, known)
+def reread_keys(root: Path, saved: Saved, keys_file: Path) -> list[KeyEntry]:
+    """The keys after reading the keys file again (on SIGHUP): the root's keys given with
+    --api-key, and the file's as it is now (a key known before keeps its tenant), remembered in
+    the root. BatchrunError (the keys stay as they were) for a file that cannot be read, or that
+    holds a key twice or a key given with --api-key."""
+    pairs = read_keys_file(keys_file)
+    from_option = [e for e in saved.keys if e.source == FROM_OPTION]
+    if any(matches(e, key) for e in from_option for _, key in pairs):
+        raise BatchrunError(
+            f"--api-keys-file {keys_file} holds a key given with --api-key (a key is one tenant)"
+        )
+    from_file = entries_for(pairs, FROM_FILE, saved.keys)
+    entries = from_option + from_file
+    check_distinct(entries, [key for _, key in pairs])
+    saved.keys = entries
+    save(root, saved)
+    return entries
 
 
 def _keys(saved: Saved, given: Given, keys_file: Path | None, changes: list[str]) -> list[KeyEntry]:
