@@ -17,6 +17,7 @@ from batchrun.config import DEFAULT_MAX_CONCURRENCY, EngineSettings
 from batchrun.console.progress import ProgressReporter
 from batchrun.console.render import JobSummary
 from batchrun.console.text import plural
+from batchrun.engines.remote.flow import START_WINDOW
 from batchrun.errors import BatchrunError
 from batchrun.job.cost import gpu_units
 from batchrun.job.events import EventLog
@@ -401,6 +402,9 @@ def _choose_size(
         cap = settings.max_concurrency or DEFAULT_MAX_CONCURRENCY
         reporter.event(f"flow control: at most {cap} requests in flight (--max-concurrency)")
         scheduler.resize(cap)
+        if not manifest.batch_size:  # what status shows until the run ends with the settled one
+            manifest.batch_size, manifest.batch_size_source = min(START_WINDOW, cap), "flow control"
+            save_manifest(paths, manifest)
         return
     # `search` (from `tune`) measures afresh, whatever an earlier job found.
     if not search and manifest.batch_size:

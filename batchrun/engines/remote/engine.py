@@ -108,9 +108,8 @@ class RemoteEngine:
         return None
 
     def step(self) -> list[Outcome]:
-        """The lines answered since the last step (waiting a moment for the first)."""
-        if self._fatal is not None:
-            raise self._fatal
+        """The lines answered since the last step (waiting a moment for the first); once they
+        are all handed back, the error that stops the job, if one came."""
         out: list[Outcome] = []
         try:
             out.append(self._done.get(timeout=STEP_WAIT_S))
@@ -156,6 +155,8 @@ class RemoteEngine:
 
     def _pump(self) -> None:
         """Send waiting lines while the window has room and no Retry-After holds them."""
+        if self._fatal is not None:
+            return  # the job stops: nothing more is sent
         now = time.monotonic()
         if self.flow.paused(now):
             if self._wake is None:
