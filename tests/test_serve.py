@@ -356,13 +356,13 @@ def test_ids_that_are_not_ours_are_404_and_reach_no_path(server: Server) -> None
 
 
 def test_bad_input_is_400_and_a_big_upload_413(server: Server, tmp_path: Path) -> None:
-    """Wrong purpose, missing file, wrong endpoint, bad window: 400; over the cap: 413, nothing
-    kept (a declared size, or a chunked body that runs over)."""
+    """Wrong purpose, wrong endpoint, bad window: 400; an input file that does not exist: 404;
+    over the cap: 413, nothing kept (a declared size, or a chunked body that runs over)."""
     client = server.client()
     small = requests_file(tmp_path / "small.jsonl", 2)
     with pytest.raises(openai.BadRequestError, match="purpose"):
         client.files.create(file=small.open("rb"), purpose="fine-tune")
-    with pytest.raises(openai.BadRequestError, match=r"no input file"):
+    with pytest.raises(openai.NotFoundError, match=r"No such file: 'file-f+' \(input_file_id\)"):
         client.batches.create(
             input_file_id="file-ffffffffffffffffffffffff",
             endpoint="/v1/chat/completions",

@@ -77,13 +77,13 @@ def test_two_tenants_see_their_own_whole_and_nothing_of_each_others(tmp_path: Pa
             _not_found(lambda o=other: o.batches.retrieve(ba.id))
             _not_found(lambda o=other: o.batches.cancel(ba.id))
             # A batch of a's file: as of a file that does not exist.
-            with pytest.raises(openai.BadRequestError) as mine:
+            with pytest.raises(openai.NotFoundError) as mine:
                 other.batches.create(
                     input_file_id=ba.input_file_id,
                     endpoint="/v1/chat/completions",
                     completion_window="24h",
                 )
-            with pytest.raises(openai.BadRequestError) as none:
+            with pytest.raises(openai.NotFoundError) as none:
                 other.batches.create(
                     input_file_id="file-" + "f" * 24,
                     endpoint="/v1/chat/completions",

@@ -188,12 +188,21 @@ def create_app(services: Services) -> FastAPI:
         window_s = window_seconds(body.completion_window)
         expiry_seconds(body.output_expires_after)  # refused here, used when the output is made
         priority = check_metadata(body.metadata)
-        # Another tenant's file is, to this one, a file that does not exist (serve/tenants.py).
+        # Another tenant's file is, to this one, a file that does not exist (serve/tenants.py):
+        # the same 404.
         record = files.get(body.input_file_id, tenant)
-        if record is None or record.get("purpose") != "batch":
+        if record is None:
+            raise ApiError(
+                404,
+                f"No such file: {body.input_file_id!r} (input_file_id)",
+                param="input_file_id",
+                code="not_found",
+            )
+        if record.get("purpose") != "batch":
             raise ApiError(
                 400,
-                f"no input file {body.input_file_id!r} with purpose 'batch'",
+                f"input file {body.input_file_id!r} has purpose {record.get('purpose')!r}, "
+                "not 'batch'",
                 param="input_file_id",
             )
         content = files.content(body.input_file_id)
