@@ -450,3 +450,21 @@ def vllm_rerank_job(vllm_pooling_server: dict[str, Any]) -> dict[str, Any]:
     """The rerank job: sample_data/rerank.jsonl (/v1/rerank), a batch of the pooling server."""
     result: dict[str, Any] = vllm_pooling_server["rerank"]
     return result
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The power-loss tests' figures (crash points, cuts, seeds: tests/test_powerloss.py), said
+    at the end of every run that ran them, passed or not (under xdist too: the reports carry
+    them as user properties)."""
+    lines = [
+        f"{report.nodeid.split('::')[-1]}: {value}"
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        for key, value in getattr(report, "user_properties", [])
+        if key == "powerloss"
+    ]
+    if lines:
+        terminalreporter.write_sep("-", "power cuts")
+        for line in sorted(lines):
+            terminalreporter.write_line(line)

@@ -23,8 +23,10 @@ import argparse
 import errno
 import os
 import random
+import re
 import shutil
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -125,8 +127,20 @@ class PowerFS(fuse.Operations):
 
     use_ns = True
 
-    def __init__(self, root: Node, cut_at: int | None, tear: int | None, out: Any) -> None:
+    def __init__(
+        self,
+        root: Node,
+        cut_at: int | None,
+        tear: int | None,
+        out: Any,
+        ignore_fsync: re.Pattern[str] | None = None,
+        mountpoint: str = "",
+    ) -> None:
         self.root = root
+        self.mountpoint = mountpoint
+        # A planted bug: fsyncs of matching paths do nothing, as if the product never made them
+        # (the harness must then report what they protected as lost).
+        self.ignore_fsync = ignore_fsync
         self.cut_at = cut_at
         self.tear = tear
         self.out = out
@@ -221,6 +235,10 @@ class PowerFS(fuse.Operations):
             elif command[0] == "release":
                 self.release_all()
                 self.say("released")
+        # The controller is gone (a test killed mid-way): unmount rather than leave a mount
+        # whose operations block for ever.
+        self.release_all()
+        subprocess.run(["fusermount3", "-u", "-z", self.mountpoint], capture_output=True)
 
     # --- lookups ----------------------------------------------------------------------------
 
@@ -406,10 +424,15 @@ class PowerFS(fuse.Operations):
         node.dirty_seq = self.seq
         node.touch()
 
+    def _ignored(self, path: str | None) -> bool:
+        return self.ignore_fsync is not None and self.ignore_fsync.search(path or "") is not None
+
     def fsync(self, path: str | None, datasync: int, fh: int) -> int:
         with self.mutex:
             self.step("fsync", path)
             node = self._node(path, fh)
+            if self._ignored(path):
+                return 0
             node.synced = bytes(node.data)
             node.dirty_seq = 0
         return 0
@@ -418,6 +441,8 @@ class PowerFS(fuse.Operations):
         with self.mutex:
             self.step("fsyncdir", path)
             node = self._node(path, fh)
+            if self._ignored(path):
+                return 0
             node.durable = dict(node.entries)
         return 0
 
@@ -511,9 +536,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cut-at", type=int, help="cut before the Nth mutating operation")
     parser.add_argument("--tear", type=int, help="tear the last unsynced append (this seed)")
     parser.add_argument("--trace", type=Path, help="write the mutating operations here")
+    parser.add_argument(
+        "--ignore-fsync", help="plant a bug: fsyncs of paths matching it do nothing"
+    )
     args = parser.parse_args(argv)
-    out = sys.stdout
-    fs = PowerFS(load(args.backing), args.cut_at, args.tear, out)
+    ignore = re.compile(args.ignore_fsync) if args.ignore_fsync else None
+    fs = PowerFS(
+        load(args.backing), args.cut_at, args.tear, sys.stdout, ignore, str(args.mountpoint)
+    )
     threading.Thread(target=fs.control, args=(sys.stdin,), daemon=True).start()
 
     def ready(_path: str) -> None:

@@ -18,14 +18,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 FS_SCRIPT = Path(__file__).with_name("fs.py")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class FuseUnavailable(RuntimeError):
@@ -93,6 +92,7 @@ class PowerMount:
         cut_at: int | None = None,
         tear: int | None = None,
         trace: Path | None = None,
+        ignore_fsync: str | None = None,
     ) -> None:
         self.backing, self.mountpoint = backing, mountpoint
         self.lines: queue.Queue[str] = queue.Queue()
@@ -106,6 +106,8 @@ class PowerMount:
             args += ["--tear", str(tear)]
         if trace is not None:
             args += ["--trace", str(trace)]
+        if ignore_fsync is not None:
+            args += ["--ignore-fsync", ignore_fsync]
         ensure_fuse()
         backing.mkdir(parents=True, exist_ok=True)
         mountpoint.mkdir(parents=True, exist_ok=True)
@@ -236,15 +238,18 @@ def run_and_cut(
     argv: list[str],
     *,
     env: dict[str, str] | None = None,
-    cwd: Path = ROOT,
+    cwd: Path | None = None,
     timeout: float = 120,
+    until: Callable[[], bool] | None = None,
 ) -> Cut:
     """Run `argv` (a process group of its own) until the mount's cut, killing its tree the same
-    instant, or until it exits, then cut; either way the file system is unmounted after."""
-    out, err = cwd / ".powerloss.stdout", cwd / ".powerloss.stderr"
+    instant, or until it exits (or `until` holds: a server), then cut; either way the file
+    system is unmounted after."""
+    logs = mount.mountpoint.parent
+    out, err = logs / ".powerloss.stdout", logs / ".powerloss.stderr"
     with out.open("w") as o, err.open("w") as e:
         proc = subprocess.Popen(
-            argv, stdout=o, stderr=e, env=env, cwd=cwd, start_new_session=True, text=True
+            argv, stdout=o, stderr=e, env=env, cwd=cwd or logs, start_new_session=True, text=True
         )
     deadline = time.monotonic() + timeout
     exit_code: int | None = None
@@ -259,6 +264,12 @@ def run_and_cut(
                 exit_code = proc.returncode if proc.returncode >= 0 else None
                 break
             code = proc.poll()
+            if code is None and until is not None and until():
+                mount.cut()
+                kill_tree(proc.pid)
+                mount.release()
+                proc.wait()
+                break
             if code is not None:
                 exit_code = code
                 mount.cut()
