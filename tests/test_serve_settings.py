@@ -125,6 +125,7 @@ def test_another_engine_is_refused_while_a_batch_is_unfinished_other_options_app
     )
 
 
+@pytest.mark.slow  # 2 s: the first serve in this process imports the server
 def test_no_key_is_refused_on_an_address_that_is_not_loopback(tmp_path: Path) -> None:
     root = tmp_path / "root"
     refused = cli("serve", "--root", str(root), "--engine", "echo", "--host", "0.0.0.0")
