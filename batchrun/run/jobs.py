@@ -26,7 +26,14 @@ from batchrun.run.inputs import (
 )
 from batchrun.run.model_prep import prepare_model
 from batchrun.run.model_routes import prepare_models
-from batchrun.run.options import Notify, RunOptions, merge_options, options_from, save_overrides
+from batchrun.run.options import (
+    Notify,
+    RunMode,
+    RunOptions,
+    merge_options,
+    options_from,
+    save_overrides,
+)
 from batchrun.run.passes import run_job
 from batchrun.run.sizing import Probe
 from batchrun.run.source import InputIndex
@@ -124,7 +131,7 @@ def submit(
                 for p in (paths.journal, paths.lock, *fetched):
                     p.unlink(missing_ok=True)
             raise
-        mode = "tune" if tune_only else "submit"
+        mode: RunMode = "tune" if tune_only else "submit"
         return run_job(
             paths, manifest, options, mode=mode, index=index, metrics=metrics, started=started
         )
@@ -230,7 +237,7 @@ def retry_failed(
 
 def _continue(
     job_dir: Path,
-    mode: str,
+    mode: RunMode,
     *,
     progress: bool,
     ray: str | None,
@@ -316,7 +323,7 @@ def _saved_cache_dir(cache_dir: Path, say: Notify) -> Path | None:
     return cache_dir
 
 
-def _work_left(state: JobState, manifest: Manifest, mode: str) -> bool:
+def _work_left(state: JobState, manifest: Manifest, mode: RunMode) -> bool:
     """Whether a `mode` run of the job has anything to run: a request with no finished attempt
     (resume), or one whose last attempt failed (retry)."""
     if mode == "retry":

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from batchrun.config import (
     DEFAULT_MAX_ATTEMPTS,
@@ -31,6 +31,9 @@ from batchrun.run.planner import DEFAULT_ORDER, ORDERS
 
 # Where the runner says what it does before a run starts (the model conversion, the overrides).
 Notify = Callable[[str], None]
+# What a command's run of a job does (the manifest's Run.mode): submit's run, tune's search
+# alone, resume's run of what is left, retry-failed's pass over what failed.
+RunMode = Literal["submit", "tune", "resume", "retry"]
 
 
 @dataclass
