@@ -15,7 +15,7 @@ from batchrun.errors import BatchrunError
 from batchrun.export.job import export_job
 from batchrun.export.jsonl import ERRORS_NAME, OUTPUT_NAME
 from batchrun.job.figures import job_figures
-from batchrun.job.files import fsync_dir
+from batchrun.job.files import fsync_dir, fsync_file
 from batchrun.job.journal import read_records
 from batchrun.job.lock import job_lock
 from batchrun.job.manifest import load_manifest
@@ -123,6 +123,7 @@ def _input_copy(files: FileStore, file_id: str, job_dir: Path) -> Path:
         os.link(source, tmp)
     except OSError:
         shutil.copyfile(source, tmp)
+        fsync_file(tmp)  # a copy's bytes on the disk before its name is
     os.replace(tmp, target)
     fsync_dir(job_dir)
     return target
