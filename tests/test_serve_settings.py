@@ -172,6 +172,9 @@ def test_a_key_given_again_keeps_its_tenant_and_salt_and_a_new_one_gets_its_own(
     assert keys.tenant("k3") == "team-a"
     assert keys.tenant("k2") is None and keys.tenant("") is None
     assert not keys.open() and Keys([]).open() and not Keys([], required=True).open()
+    # A key is compared as the bytes sent: UTF-8, as given on the command line.
+    accented = Keys(entries_for([("t", "sk-clé")], "option", []))
+    assert accented.tenant("sk-clé".encode()) == "t" and accented.tenant(b"sk-cl\xe9") is None
     # Two salts: the same key has two digests in two roots.
     assert entries_for([(None, "k1")], "option", [])[0].digest != first[0].digest
 

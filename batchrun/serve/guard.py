@@ -96,7 +96,7 @@ class Guard:
         scheme, _, given = headers.get("authorization", b"").partition(b" ")
         if scheme.lower() != b"bearer":
             return None
-        return self.keys.tenant(given.strip().decode("latin-1"))
+        return self.keys.tenant(given.strip())  # the bytes sent, as the key was given (UTF-8)
 
 
 async def _read_body(headers: dict[str, bytes], receive: Receive) -> bytes:

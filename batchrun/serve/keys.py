@@ -40,11 +40,12 @@ class KeyEntry(msgspec.Struct, kw_only=True):
     source: str = FROM_OPTION
 
 
-def _digest(key: str, salt: str) -> str:
-    return hmac.new(bytes.fromhex(salt), key.encode(), hashlib.sha256).hexdigest()
+def _digest(key: str | bytes, salt: str) -> str:
+    raw = key if isinstance(key, bytes) else key.encode()
+    return hmac.new(bytes.fromhex(salt), raw, hashlib.sha256).hexdigest()
 
 
-def matches(entry: KeyEntry, key: str) -> bool:
+def matches(entry: KeyEntry, key: str | bytes) -> bool:
     """Whether `key` is the key `entry` was made from (constant time)."""
     return hmac.compare_digest(_digest(key, entry.salt), entry.digest)
 
@@ -134,9 +135,9 @@ class Keys:
         """Whether the server takes requests without a key (it was started with none)."""
         return not self._required
 
-    def tenant(self, key: str) -> str | None:
-        """The tenant whose key `key` is; None when it is nobody's. Every entry is checked, so
-        the time taken does not say which one matched."""
+    def tenant(self, key: str | bytes) -> str | None:
+        """The tenant whose key `key` is (as sent: bytes); None when it is nobody's. Every entry
+        is checked, so the time taken does not say which one matched."""
         found = None
         for entry in self.entries:
             if matches(entry, key) and found is None:
