@@ -143,6 +143,24 @@ def test_a_torn_write_keeps_a_prefix_of_the_unsynced_bytes(fs: tuple[Path, Path]
     assert len(kept) > 2, f"six seeds tore at only {sorted(kept)}"
 
 
+def test_a_leak_writes_names_early_with_their_data_unsynced(fs: tuple[Path, Path]) -> None:
+    """--leak: a name can reach the disk before its directory's fsync, its bytes not."""
+    disk, mnt = fs
+    seen = set()
+    for seed in range(8):
+        shutil_rm(disk)
+        with mounted(disk, mnt, leak=seed) as m:
+            write(mnt / "state.tmp", b"never synced", sync=False)
+            os.replace(mnt / "state.tmp", mnt / "state")
+            m.cut()
+        names = sorted(p.name for p in disk.iterdir())
+        assert names in ([], ["state"])
+        if names:
+            assert (disk / "state").read_bytes() == b""
+        seen.add(tuple(names))
+    assert len(seen) == 2, f"eight seeds always left {seen}"
+
+
 def shutil_rm(path: Path) -> None:
     """Empty a directory tree (the backing directory between two mounts)."""
     import shutil

@@ -237,7 +237,10 @@ class CrashPoint:
             lo = 1 + i * steps // self.cuts
             at = rng.randint(lo, max(lo, (i + 1) * steps // self.cuts))
             tear = rng.randrange(1 << 30) if self.tear else None
-            cut, disk = self._run(cut_at=at, tear=tear)
+            # Every other cut also lets names reach the disk early (fs.py --leak): the strict
+            # model alone never shows a file renamed into place with its bytes unsynced.
+            leak = rng.randrange(1 << 30) if i % 2 else None
+            cut, disk = self._run(cut_at=at, tear=tear, leak=leak)
             where = f"{self.name} (seed {self.seed}), cut {i + 1} of {self.cuts}"
             print(f"[powerloss]   {where}: at {cut.cut} of {steps}, exit {cut.exit_code}")
             self.check(cut, disk, where)

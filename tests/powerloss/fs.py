@@ -10,10 +10,12 @@ every later operation blocks until the controller has killed the processes that 
 fails with EIO, so nothing those processes do after the cut reaches the "disk". The durable
 state (optionally with the last unsynced appended bytes torn at a random length, `--tear SEED`)
 is then written to the backing directory, which afterwards holds exactly what a disk would have
-kept. Unmounted without a cut, the backing directory gets everything, as after a clean shutdown.
+kept. `--leak SEED` also commits a random half of the directories' names without their files'
+data, as a file system that writes metadata early may. Unmounted without a cut, the backing directory gets everything, as after a clean shutdown.
 
 Run by `tests/powerloss/mount.py`:
-    python tests/powerloss/fs.py BACKING MOUNTPOINT [--cut-at N] [--tear SEED] [--trace FILE]
+    python tests/powerloss/fs.py BACKING MOUNTPOINT [--cut-at N] [--tear SEED] [--leak SEED]
+        [--trace FILE] [--ignore-fsync REGEX]
 stdin takes `cut`, `release`; stdout says `ready`, `cut N OP PATH`, `released`.
 """
 
@@ -135,8 +137,10 @@ class PowerFS(fuse.Operations):
         out: Any,
         ignore_fsync: re.Pattern[str] | None = None,
         mountpoint: str = "",
+        leak: int | None = None,
     ) -> None:
         self.root = root
+        self.leak = leak
         self.mountpoint = mountpoint
         # A planted bug: fsyncs of matching paths do nothing, as if the product never made them
         # (the harness must then report what they protected as lost).
@@ -179,13 +183,33 @@ class PowerFS(fuse.Operations):
         raise fuse.FuseOSError(errno.EIO)
 
     def power_cut(self, what: str) -> None:
-        """Stop the disk here: tear the last unsynced append if asked. Lock held."""
+        """Stop the disk here: tear the last unsynced append, and let names reach the disk
+        before their directory's fsync, when asked. Lock held."""
         if self.cut is not None:
             return
         self.cut = what
         if self.tear is not None:
             self.torn = self._tear(random.Random(self.tear))
+        if self.leak is not None:
+            self.torn += self._leak(random.Random(self.leak))
         self.say(f"cut {what}{self.torn}")
+
+    def _leak(self, rng: random.Random) -> str:
+        """Commit some directories' names without their files' data, as a file system that
+        writes metadata early does (ext4 with data=writeback, XFS): a renamed or created file
+        whose bytes were never synced is then on the disk empty, or as synced long before."""
+        leaked = 0
+        stack, seen = [self.root], set()
+        while stack:
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if node.durable != node.entries and rng.random() < 0.5:
+                node.durable = dict(node.entries)
+                leaked += 1
+            stack.extend(c for c in node.durable.values() if c.kind == stat.S_IFDIR)
+        return f" ({leaked} directories' names written early)"
 
     def _tear(self, rng: random.Random) -> str:
         """Let part of the most recent unsynced append reach the disk, as a torn write does."""
@@ -537,12 +561,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tear", type=int, help="tear the last unsynced append (this seed)")
     parser.add_argument("--trace", type=Path, help="write the mutating operations here")
     parser.add_argument(
+        "--leak", type=int, help="names reach the disk before their directory's fsync (seed)"
+    )
+    parser.add_argument(
         "--ignore-fsync", help="plant a bug: fsyncs of paths matching it do nothing"
     )
     args = parser.parse_args(argv)
     ignore = re.compile(args.ignore_fsync) if args.ignore_fsync else None
     fs = PowerFS(
-        load(args.backing), args.cut_at, args.tear, sys.stdout, ignore, str(args.mountpoint)
+        load(args.backing),
+        args.cut_at,
+        args.tear,
+        sys.stdout,
+        ignore,
+        str(args.mountpoint),
+        args.leak,
     )
     threading.Thread(target=fs.control, args=(sys.stdin,), daemon=True).start()
 

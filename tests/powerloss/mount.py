@@ -93,6 +93,7 @@ class PowerMount:
         tear: int | None = None,
         trace: Path | None = None,
         ignore_fsync: str | None = None,
+        leak: int | None = None,
     ) -> None:
         self.backing, self.mountpoint = backing, mountpoint
         self.lines: queue.Queue[str] = queue.Queue()
@@ -106,6 +107,8 @@ class PowerMount:
             args += ["--tear", str(tear)]
         if trace is not None:
             args += ["--trace", str(trace)]
+        if leak is not None:
+            args += ["--leak", str(leak)]
         if ignore_fsync is not None:
             args += ["--ignore-fsync", ignore_fsync]
         ensure_fuse()
