@@ -27,9 +27,11 @@ from serving import (
 )
 
 from batchrun.config import GivenOptions
+from batchrun.errors import BatchrunError
 from batchrun.run.options import RunOptions
+from batchrun.serve.batches import RECORD_NAME
 from batchrun.serve.keys import Keys, entries_for, read_keys_file
-from batchrun.serve.settings import SETTINGS_NAME, _other_model
+from batchrun.serve.settings import SETTINGS_NAME, Given, Saved, _other_model, resolve, save
 
 
 def _settings(**given: object):  # type: ignore[no-untyped-def]
@@ -135,6 +137,30 @@ def test_no_key_is_refused_on_an_address_that_is_not_loopback(tmp_path: Path) ->
         "--api-keys-file FILE), so that only your clients reach the server"
     )
     assert not root.exists()
+
+
+def test_a_model_given_where_the_root_had_the_default_is_refused_while_a_batch_runs(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    save(root, Saved(options={"engine": "echo"}))
+    record = root / "batches" / "batch_0123456789abcdef01234567" / RECORD_NAME
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"batch": {"status": "in_progress"}}), encoding="utf-8")
+    given = Given(GivenOptions(engine="echo", model="org/other"))
+    with pytest.raises(BatchrunError) as e:
+        resolve(root, given)
+    assert e.value.exit_code == 2
+    assert str(e.value) == (
+        "--model org/other differs from this root's --model (the default), which its 1 "
+        "unfinished batch was accepted on (a batch is never answered by two models): start it "
+        "without --model (or with --root alone) to finish them, or use another --root"
+    )
+    record.write_text(json.dumps({"batch": {"status": "completed"}}), encoding="utf-8")
+    taken = resolve(root, given)  # every batch ended: taken, and said
+    assert taken.changes == ["--model org/other (this root had (the default))"]
+    assert taken.saved.options == {"engine": "echo", "model": "org/other"}
 
 
 def test_which_changes_would_answer_a_line_with_another_model() -> None:

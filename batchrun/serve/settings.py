@@ -226,11 +226,12 @@ def _refuse_another_model(
     else:
         old, new = saved.options.get(name), merged.get(name)
     batches = f"{left} unfinished batch{'es were' if left > 1 else ' was'}"
+    flag = _flag(name)
+    then = f"with {flag} {_shown(old)}" if old is not None else f"without {flag}"
     raise BatchrunError(
-        f"{_flag(name)} {_shown(new)} differs from this root's {_flag(name)} {_shown(old)}, "
-        f"which its {batches} accepted on (a batch is never answered by two models): start "
-        f"it with {_flag(name)} {_shown(old)} (or with --root alone) to finish them, or use "
-        "another --root",
+        f"{flag} {_shown(new)} differs from this root's {flag} {_shown(old)}, which its "
+        f"{batches} accepted on (a batch is never answered by two models): start it {then} "
+        "(or with --root alone) to finish them, or use another --root",
         exit_code=2,
     )
 
