@@ -97,7 +97,7 @@ def reference() -> str:
         inspect.cleandoc(batchrun.BatchrunError.__doc__ or ""),
         "",
         "From Python it is raised with that message (a bad option's: the CLI's line, "
-        "`Invalid value for '--batch-size': ...`); `exit_code` says what the CLI would exit "
+        "`Invalid value for '--batch-size' ...`); `exit_code` says what the CLI would exit "
         "with (2: a usage error).",
         "",
         *options_table(),

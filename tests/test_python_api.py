@@ -22,7 +22,6 @@ from conftest import ROOT, cli, journal_records, wait_until, write_jsonl
 
 import batchrun
 from batchrun.api.options import ENGINE_OPTIONS, EngineOptions
-from batchrun.engine_registry import ENGINE_NAMES
 
 __all__ = ["api_process"]  # the fixture, used by name
 
@@ -101,19 +100,19 @@ def test_a_job_given_no_job_dir_goes_under_jobs(tmp_path: Path) -> None:
     assert batchrun.submit(src, **ECHO).job_dir == Path("jobs/batch")
 
 
-# (options, the CLI's line): checked by the core, with the words the CLI prints for them.
+# (options, the CLI's line): the parser's (a type, range, choice or the option's own check) or the
+# core's (options together); tests/test_python_api_options.py compares each range and choice of
+# the option table with what the CLI prints.
 BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
     (
         {"batch_size": 0},
-        "Invalid value for '--batch-size': must be at least 1 and at most 2048, got 0",
+        "Invalid value for '--batch-size' (env var: 'BATCHRUN_BATCH_SIZE'): 0 is not in the "
+        "range 1<=x<=2048.",
     ),
-    ({"workers": 0}, "Invalid value for '--workers': must be at least 1, got 0"),
-    ({"seed": -1}, "Invalid value for '--seed': must be at least 0 and at most 4294967295, got -1"),
-    ({"max_model_len": 0}, "Invalid value for '--max-model-len': must be at least 1, got 0"),
     (
         {"dtype": "banana"},
-        "Invalid value for '--dtype': must be one of auto, half, float16, bfloat16, float, "
-        "float32, got 'banana'",
+        "Invalid value for '--dtype' (env var: 'BATCHRUN_DTYPE'): 'banana' is not one of "
+        "'auto', 'half', 'float16', 'bfloat16', 'float', 'float32'.",
     ),
     (
         {"min_batch_size": 64, "max_batch_size": 8},
@@ -122,31 +121,52 @@ BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
     ),
     (
         {"gpu_memory_utilization": 1.5},
-        "Invalid value for '--gpu-memory-utilization': must be above 0 and at most 1, got 1.5",
+        "Invalid value for '--gpu-memory-utilization' (env var: "
+        "'BATCHRUN_GPU_MEMORY_UTILIZATION'): must be above 0 and at most 1, got 1.5",
     ),
     (
         {"gpus": "a,b"},
-        "Invalid value for '--gpus': takes GPU indices or UUIDs separated by commas (e.g. "
-        "0,1,2,3), got 'a,b'",
-    ),
-    ({"gpus": [0, 0]}, "Invalid value for '--gpus': names GPU 0 more than once"),
-    (
-        {"max_attempts": 101},
-        "Invalid value for '--max-attempts': must be at least 1 and at most 100, got 101",
+        "Invalid value for '--gpus' (env var: 'BATCHRUN_GPUS'): takes GPU indices or UUIDs "
+        "separated by commas (e.g. 0,1,2,3), got 'a,b'",
     ),
     (
-        {"order": "random"},
-        "Invalid value for '--order': must be one of auto, input, got 'random'",
+        {"gpus": [0, 0]},
+        "Invalid value for '--gpus' (env var: 'BATCHRUN_GPUS'): names GPU 0 more than once",
     ),
-    ({"stall_timeout": 1.0}, "Invalid value for '--stall-timeout': must be at least 2, got 1.0"),
     (
-        {"engine": "gpt"},
-        f"Invalid value for '--engine': must be one of {', '.join(ENGINE_NAMES)}, got 'gpt'",
+        {"stall_timeout": 1.0},
+        "Invalid value for '--stall-timeout' (env var: 'BATCHRUN_STALL_TIMEOUT'): must be at "
+        "least 2, got 1.0",
     ),
-    # A value the CLI's parser could never make: refused in the core's words.
-    ({"batch_size": "8"}, "Invalid value for '--batch-size': must be an integer, got '8'"),
-    ({"enforce_eager": 1}, "Invalid value for '--enforce-eager': must be true or false, got 1"),
-    ({"revision": 3}, "Invalid value for '--revision': must be a string, got 3"),
+    (
+        {"gpu_hour_cost": float("inf")},
+        "Invalid value for '--gpu-hour-cost' (env var: 'BATCHRUN_GPU_HOUR_COST'): must be a "
+        "finite number of USD, got inf",
+    ),
+    (
+        {"metrics_pushgateway": "ftp://gateway"},
+        "--metrics-pushgateway: must be an http:// or https:// URL, got 'ftp://gateway'",
+    ),
+    # A value the CLI's parser could never be given: refused in the same form.
+    (
+        {"batch_size": "8"},
+        "Invalid value for '--batch-size' (env var: 'BATCHRUN_BATCH_SIZE'): must be an "
+        "integer, got '8'",
+    ),
+    (
+        {"enforce_eager": 1},
+        "Invalid value for '--enforce-eager' (env var: 'BATCHRUN_ENFORCE_EAGER'): must be true "
+        "or false, got 1",
+    ),
+    (
+        {"revision": 3},
+        "Invalid value for '--revision' (env var: 'BATCHRUN_REVISION'): must be a string, got 3",
+    ),
+    (
+        {"metrics_port": 9400.0},
+        "Invalid value for '--metrics-port' (env var: 'BATCHRUN_METRICS_PORT'): must be an "
+        "integer, got 9400.0",
+    ),
 ]
 
 

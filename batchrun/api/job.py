@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from batchrun.api.inprocess import in_process
+from batchrun.api.metrics import monitoring, started
 from batchrun.api.options import given_options
 
 if TYPE_CHECKING:
@@ -56,10 +57,15 @@ class Job:
         progress: bool = True,
         cache_dir: str | os.PathLike[str] | None = None,
         api_key: str | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str | None = None,
+        metrics_pushgateway: str | None = None,
+        gpu_hour_cost: float | None = None,
         **options: Unpack[EngineOptions],
     ) -> Job:
         """Run what is not done yet (after Ctrl-C, a kill, a crash), as `batchrun resume` does;
-        engine options given replace the job's own (and are saved into it). Returns this job.
+        engine options given replace the job's own (and are saved into it); the metrics options
+        are this run's, as `run`'s. Returns this job.
 
         Args:
             force: run even if the input file changed since submit (`--force`).
@@ -68,15 +74,19 @@ class Job:
         from batchrun.run.jobs import resume
 
         with in_process(self.job_dir, api_key):
-            resume(
-                self.job_dir,
-                progress=progress,
-                force=force,
-                ray=ray,
-                input_path=Path(input) if input is not None else None,
-                given=given_options("resume", options),
-                cache_dir=Path(cache_dir) if cache_dir is not None else None,
-            )
+            given = given_options("resume", options, override=True)
+            asked = monitoring(metrics_port, metrics_host, metrics_pushgateway, gpu_hour_cost)
+            with started(asked) as metrics:
+                resume(
+                    self.job_dir,
+                    progress=progress,
+                    force=force,
+                    ray=ray,
+                    input_path=Path(input) if input is not None else None,
+                    given=given,
+                    metrics=metrics,
+                    cache_dir=Path(cache_dir) if cache_dir is not None else None,
+                )
         return self
 
     def retry_failed(
@@ -86,20 +96,28 @@ class Job:
         progress: bool = True,
         cache_dir: str | os.PathLike[str] | None = None,
         api_key: str | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str | None = None,
+        metrics_pushgateway: str | None = None,
+        gpu_hour_cost: float | None = None,
         **options: Unpack[EngineOptions],
     ) -> Job:
         """One more pass over the requests whose last attempt failed, as `batchrun
-        retry-failed` does (engine options as resume's). Returns this job."""
+        retry-failed` does (engine and metrics options as resume's). Returns this job."""
         from batchrun.run.jobs import retry_failed
 
         with in_process(self.job_dir, api_key):
-            retry_failed(
-                self.job_dir,
-                progress=progress,
-                ray=ray,
-                given=given_options("retry_failed", options),
-                cache_dir=Path(cache_dir) if cache_dir is not None else None,
-            )
+            given = given_options("retry_failed", options, override=True)
+            asked = monitoring(metrics_port, metrics_host, metrics_pushgateway, gpu_hour_cost)
+            with started(asked) as metrics:
+                retry_failed(
+                    self.job_dir,
+                    progress=progress,
+                    ray=ray,
+                    given=given,
+                    metrics=metrics,
+                    cache_dir=Path(cache_dir) if cache_dir is not None else None,
+                )
         return self
 
     def results(self, *, partial: bool = False) -> pa.Table:

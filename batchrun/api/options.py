@@ -2,15 +2,16 @@
 `--batch-size 8`), made into the core's RunOptions by the path the commands take, and a bad
 value refused with the line the CLI prints for it.
 
-The values are checked by the core's own checks (config.py, run/options.py, run/jobs.py), the
-ones that also guard what resume saves into a job; the CLI's parser (click) refuses a number out
-of range or a choice it does not list before they run, in its own words ("0 is not in the range
-1<=x<=2048"), where the API gives the core's ("must be at least 1 and at most 2048, got 0").
+Each value goes first through the click parameter the CLI's command declares for its flag
+(batchrun/options/: type, range, choices, the callback's check), so a number out of range or a
+choice not listed is refused in the parser's own line, as the CLI's is (`Invalid value for
+'--batch-size' (env var: 'BATCHRUN_BATCH_SIZE'): 0 is not in the range 1<=x<=2048.`); then by
+the core's checks (config.py, run/options.py, run/jobs.py: options together, such as the
+batch-size bounds), whose OptionError is said as the CLI's usage error says it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import typing
 from collections.abc import Iterator, Mapping
@@ -20,14 +21,14 @@ from typing import Any, TypedDict
 
 from batchrun.config import GivenOptions, OptionError
 from batchrun.models.named import split_model_values
+from batchrun.options import engine
+from batchrun.options.values import CliLine, cli_value
 from batchrun.run.options import RunOptions
 
-# The engine options by GivenOptions field (`models` is --model given NAME=PATH, made here).
-ENGINE_OPTIONS: tuple[str, ...] = tuple(
-    f.name for f in dataclasses.fields(GivenOptions) if f.name != "models"
-)
-# Options the CLI repeats (one value, or a list of them).
-_REPEATED = frozenset({"model", "lora_modules"})
+# The engine options by name (a GivenOptions field each; `models` is --model's NAME=PATH
+# values, made here), as the CLI's table declares them.
+_TABLE = {option.name: option for option in engine.ENGINE_OPTIONS}
+ENGINE_OPTIONS: tuple[str, ...] = tuple(_TABLE)
 
 
 class EngineOptions(TypedDict, total=False):
@@ -78,46 +79,27 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def given_options(function: str, values: Mapping[str, Any]) -> GivenOptions:
+def given_options(function: str, values: Mapping[str, Any], *, override: bool) -> GivenOptions:
     """The engine options given to `function` as the CLI's parser hands them to the core: an
-    unknown name is a TypeError naming it, as Python's own is; a value of the wrong kind is
-    refused with the core's words; `model` and `lora_modules` take one value or a list, `gpus`
-    a list too."""
-    hints = typing.get_type_hints(GivenOptions)
+    unknown name is a TypeError naming it, as Python's own is; each value converted as the
+    CLI's command converts its flag (`override`: resume's and retry-failed's, which replace the
+    job's own), a bad one refused in its line; `model` and `lora_modules` take one value or a
+    list, `gpus` a list too."""
     fields: dict[str, Any] = {}
     for name, value in values.items():
-        if name not in ENGINE_OPTIONS:
+        option = _TABLE.get(name)
+        if option is None:
             raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
         if value is None:
             continue  # not given, as a flag left out
-        if name in _REPEATED and isinstance(value, str):
-            value = [value]
+        if isinstance(value, str) and typing.get_origin(option.type) is list:
+            value = [value]  # a repeated option given once
         if name == "gpus" and isinstance(value, list | tuple):
             value = ",".join(str(g) for g in value)
-        _check_kind(name, value, hints[name])
-        fields[name] = value
+        fields[name] = cli_value(option, value, override=override)
     if "model" in fields:  # one plain --model, or NAME=PATH ones (models/named.py)
         fields["model"], fields["models"] = split_model_values(fields["model"])
     return GivenOptions(**fields)
-
-
-def _check_kind(name: str, value: Any, hint: Any) -> None:
-    """Refuse a value the CLI's parser could never have made for this option (OptionError)."""
-    kinds = [k for k in typing.get_args(hint) if k is not type(None)]
-    kind = typing.get_origin(kinds[0]) or kinds[0]
-    if kind is bool:
-        ok, what = isinstance(value, bool), "true or false"
-    elif kind is int:
-        ok, what = isinstance(value, int) and not isinstance(value, bool), "an integer"
-    elif kind is float:
-        ok, what = isinstance(value, int | float) and not isinstance(value, bool), "a number"
-    elif kind is list:
-        ok = isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
-        what = "a string or a list of strings"
-    else:
-        ok, what = isinstance(value, str), "a string"
-    if not ok:
-        raise OptionError(flag(name), f"must be {what}, got {value!r}")
 
 
 def new_job_options(
@@ -148,5 +130,7 @@ def cli_lines() -> Iterator[None]:
     """Raise a bad option as the CLI says it: an OptionError whose message is the CLI's line."""
     try:
         yield
+    except CliLine:
+        raise  # the parser's line already
     except OptionError as e:
         raise OptionError(e.options, usage_line(e), exit_code=e.exit_code) from None

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchrun.api.inprocess import in_process
 from batchrun.api.job import Job
+from batchrun.api.metrics import monitoring, started
 from batchrun.api.options import given_options, new_job_options
 from batchrun.api.requests import INPUT_NAME, write_requests
 from batchrun.errors import BatchrunError
@@ -31,6 +32,10 @@ def run(
     progress: bool = True,
     cache_dir: str | os.PathLike[str] | None = None,
     api_key: str | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str | None = None,
+    metrics_pushgateway: str | None = None,
+    gpu_hour_cost: float | None = None,
     **options: Unpack[EngineOptions],
 ) -> Job:
     """Run `requests` as a new job and return it when every request is answered.
@@ -40,11 +45,15 @@ def run(
     columns; streamed into JOB_DIR/requests.jsonl, the job's input file. Invalid lines and
     failed requests do not raise: they are in the job's status and results (as the CLI reports
     them, where it exits 1). Options: the CLI's (`engine="echo"`, `batch_size=8`, ...);
-    `api_key` the remote engine's (`--api-key`), for this call only, never saved in the job.
+    `api_key` the remote engine's (`--api-key`), for this call only, never saved in the job;
+    `metrics_port`, `metrics_host`, `metrics_pushgateway` and `gpu_hour_cost` the CLI's
+    metrics options (`--metrics-port`, ...), for this call's run: Prometheus metrics served
+    or pushed while it runs, and its time priced in the job's status and report.
 
     Raises:
-        BatchrunError: a bad option (the CLI's line; no job directory is made), a job_dir
-            that holds a job already, or a request no JSON can hold.
+        BatchrunError: a bad option (the CLI's line; no job directory is made), a metrics
+            port in use (the CLI's line), a job_dir that holds a job already, or a request no
+            JSON can hold.
         TypeError: an unknown option.
         KeyboardInterrupt: Ctrl-C, after the job is stopped as the CLI stops it; `resume()`
             continues it.
@@ -52,8 +61,12 @@ def run(
     job = Path(job_dir) if job_dir is not None else _new_job_dir()
     with in_process(job, api_key):
         job_options = new_job_options(
-            given_options("run", options), progress=progress, ray=ray, cache_dir=cache_dir
+            given_options("run", options, override=False),
+            progress=progress,
+            ray=ray,
+            cache_dir=cache_dir,
         )
+        asked = monitoring(metrics_port, metrics_host, metrics_pushgateway, gpu_hour_cost)
         from batchrun.run.jobs import check_submit, refuse_existing_job, submit
 
         warnings = check_submit(job, job_options)  # before anything is made
@@ -65,10 +78,11 @@ def run(
             )
         created = not job.exists()
         try:
-            job.mkdir(parents=True, exist_ok=True)
-            if write_requests(requests, input_path) == 0:
-                raise BatchrunError("no requests were given: a job needs at least one")
-            submit(input_path, job, job_options, checked=warnings)
+            with started(asked) as metrics:  # the port bound before the job is made
+                job.mkdir(parents=True, exist_ok=True)
+                if write_requests(requests, input_path) == 0:
+                    raise BatchrunError("no requests were given: a job needs at least one")
+                submit(input_path, job, job_options, metrics=metrics, checked=warnings)
         except BaseException:
             if not JobPaths(job).manifest.exists():  # no job was made: leave nothing behind
                 input_path.unlink(missing_ok=True)
@@ -86,6 +100,10 @@ def submit(
     progress: bool = True,
     cache_dir: str | os.PathLike[str] | None = None,
     api_key: str | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str | None = None,
+    metrics_pushgateway: str | None = None,
+    gpu_hour_cost: float | None = None,
     **options: Unpack[EngineOptions],
 ) -> Job:
     """Validate an OpenAI batch input file (a path, or an s3:// or fsspec URL), make a job of
@@ -95,11 +113,18 @@ def submit(
     job = Path(job_dir) if job_dir is not None else default_job_dir(source)
     with in_process(job, api_key):
         job_options = new_job_options(
-            given_options("submit", options), progress=progress, ray=ray, cache_dir=cache_dir
+            given_options("submit", options, override=False),
+            progress=progress,
+            ray=ray,
+            cache_dir=cache_dir,
         )
+        asked = monitoring(metrics_port, metrics_host, metrics_pushgateway, gpu_hour_cost)
+        from batchrun.run.jobs import check_submit
         from batchrun.run.jobs import submit as submit_job
 
-        submit_job(source, job, job_options)
+        warnings = check_submit(job, job_options)  # before the metrics port is bound
+        with started(asked) as metrics:
+            submit_job(source, job, job_options, metrics=metrics, checked=warnings)
     return Job(job)
 
 

@@ -13,14 +13,8 @@ import typer
 
 from batchrun import stopping
 from batchrun.cli.cache import CacheDir
-from batchrun.cli.exits import fail, finish, guarded, out, plain, say
-from batchrun.cli.metrics_options import (
-    GpuHourCost,
-    MetricsHost,
-    MetricsPort,
-    MetricsPushgateway,
-    Monitoring,
-)
+from batchrun.cli.exits import finish, guarded, out, plain, say
+from batchrun.cli.metrics_options import GpuHourCost, MetricsHost, MetricsPort, MetricsPushgateway
 from batchrun.cli.options import (
     InputFile,
     JobDir,
@@ -34,6 +28,7 @@ from batchrun.job.paths import command, default_job_dir
 
 if TYPE_CHECKING:
     from batchrun.console.render import JobSummary
+    from batchrun.metrics.monitoring import Monitoring
     from batchrun.metrics.recorder import RunMetrics
 
 
@@ -94,7 +89,7 @@ def submit(
     ray: RayAddress = None,
     no_progress: NoProgress = False,
     metrics_port: MetricsPort = None,
-    metrics_host: MetricsHost = "127.0.0.1",
+    metrics_host: MetricsHost = None,
     metrics_pushgateway: MetricsPushgateway = None,
     gpu_hour_cost: GpuHourCost = None,
     cache_dir: CacheDir = None,
@@ -110,7 +105,7 @@ def submit(
         ray=ray,
         no_progress=no_progress,
         tune_only=False,
-        monitoring=Monitoring(metrics_port, metrics_host, gpu_hour_cost, metrics_pushgateway),
+        monitoring=_monitoring(metrics_port, metrics_host, gpu_hour_cost, metrics_pushgateway),
         cache_dir=cache_dir,
     )
 
@@ -153,7 +148,7 @@ def resume(
     ray: RayAddress = None,
     no_progress: NoProgress = False,
     metrics_port: MetricsPort = None,
-    metrics_host: MetricsHost = "127.0.0.1",
+    metrics_host: MetricsHost = None,
     metrics_pushgateway: MetricsPushgateway = None,
     gpu_hour_cost: GpuHourCost = None,
     cache_dir: CacheDir = None,
@@ -165,7 +160,7 @@ def resume(
     from batchrun.run.jobs import resume as run_resume
 
     stopping.set_job(job_dir)
-    monitoring = Monitoring(metrics_port, metrics_host, gpu_hour_cost, metrics_pushgateway)
+    monitoring = _monitoring(metrics_port, metrics_host, gpu_hour_cost, metrics_pushgateway)
     try:
         summary = guarded(
             ctx,
@@ -193,7 +188,7 @@ def retry_failed(
     ray: RayAddress = None,
     no_progress: NoProgress = False,
     metrics_port: MetricsPort = None,
-    metrics_host: MetricsHost = "127.0.0.1",
+    metrics_host: MetricsHost = None,
     metrics_pushgateway: MetricsPushgateway = None,
     gpu_hour_cost: GpuHourCost = None,
     cache_dir: CacheDir = None,
@@ -205,7 +200,7 @@ def retry_failed(
     from batchrun.run.jobs import retry_failed as run_retry
 
     stopping.set_job(job_dir)
-    monitoring = Monitoring(metrics_port, metrics_host, gpu_hour_cost, metrics_pushgateway)
+    monitoring = _monitoring(metrics_port, metrics_host, gpu_hour_cost, metrics_pushgateway)
     try:
         summary = guarded(
             ctx,
@@ -224,14 +219,17 @@ def retry_failed(
     finish(summary, "retry-failed")
 
 
+def _monitoring(
+    port: int | None, host: str | None, gpu_hour_cost: float | None, pushgateway: str | None
+) -> Monitoring:
+    """What the metrics options ask for, started once the options are checked (metrics/ is
+    imported here, not with the CLI: prometheus_client costs `batchrun --help` ~140 ms)."""
+    from batchrun.metrics.monitoring import Monitoring
+
+    return Monitoring(gpu_hour_cost=gpu_hour_cost, port=port, host=host, pushgateway=pushgateway)
+
+
 def _monitor(monitoring: Monitoring | None) -> RunMetrics | None:
     """Start the run's metrics (binding --metrics-port); a port that cannot be bound is one
-    line and exit 2, before anything is made or changed."""
-    if monitoring is None:
-        return None
-    from batchrun.config import OptionError
-
-    try:
-        return monitoring.start(say)
-    except OptionError as e:
-        fail(f"{' / '.join(e.options)}: {e}", 2)
+    line and exit 2 (a BatchrunError for `guarded`), before anything is made or changed."""
+    return monitoring.start(say) if monitoring is not None else None
