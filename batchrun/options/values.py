@@ -3,9 +3,10 @@ through the click parameter the CLI's command declares (its type, range, choices
 so that a bad value is refused in the CLI's own line (`Invalid value for '--batch-size' (env
 var: 'BATCHRUN_BATCH_SIZE'): 0 is not in the range 1<=x<=2048.`), word for word.
 
-The line is click's `BadParameter.format_message()` (Typer's own copy of click), the text the CLI prints in its error panel
-(under its usage lines, which are decoration); it names the option's environment variable where
-the command reads one, as the CLI's does, even though the Python API reads none.
+The line is click's `BadParameter.format_message()` (Typer's own copy of click): the text the
+CLI prints in its error panel (under its usage lines, which are decoration). It names the
+option's environment variable where the command reads one, as the CLI's does, even though the
+Python API reads none: one line for one mistake, whichever way it was made.
 """
 
 from __future__ import annotations
