@@ -220,3 +220,21 @@ def test_a_keys_file_line_that_is_not_one_is_refused_naming_the_line_not_the_key
     with pytest.raises(Exception) as e:
         read_keys_file(odd)
     assert "sk-ccc" not in str(e.value) and "line 1" in str(e.value)
+
+
+def test_a_key_in_the_keys_file_and_given_with_api_key_is_refused(tmp_path: Path) -> None:
+    keys = write_jsonl(tmp_path / "keys", ["team-a sk-same"])
+    given = Given(GivenOptions(engine="echo"), api_keys=["sk-same"], api_keys_file=keys)
+    with pytest.raises(BatchrunError) as e:
+        resolve(tmp_path / "root", given)
+    assert e.value.exit_code == 2
+    assert str(e.value) == (
+        f"--api-keys-file {keys} holds a key given with --api-key (a key is one tenant)"
+    )
+    assert "sk-same" not in str(e.value)
+    first = resolve(tmp_path / "root", Given(GivenOptions(), api_keys=["sk-1"]))
+    (tmp_path / "root").mkdir()
+    save(tmp_path / "root", first.saved)
+    again = resolve(tmp_path / "root", Given(GivenOptions(), api_keys=["sk-1", "sk-2"]))
+    assert again.changes == ["--api-key: 2 given (this root had 1 other)"]
+    assert again.keys[0] == first.keys[0]  # sk-1 keeps its tenant

@@ -184,18 +184,24 @@ def _keys(saved: Saved, given: Given, keys_file: Path | None, changes: list[str]
     """The keys this start takes: the ones given now, else the root's (the keys file read again
     whenever there is one: it is where its keys live)."""
     known = saved.keys
+    had = [e for e in known if e.source == FROM_OPTION]
     if given.api_keys is not None:
         from_option = entries_for([(None, k) for k in given.api_keys], FROM_OPTION, known)
-        if known and {e.digest for e in from_option} != {
-            e.digest for e in known if e.source == FROM_OPTION
-        }:
-            changes.append(f"--api-key: {len(from_option)} given (this root had others)")
+        if {e.digest for e in from_option} != {e.digest for e in had}:
+            before = f"{len(had)} other{'s' if len(had) != 1 else ''}" if had else "none"
+            changes.append(f"--api-key: {len(from_option)} given (this root had {before})")
     else:
-        from_option = [e for e in known if e.source == FROM_OPTION]
+        from_option = had
     from_file: list[KeyEntry] = []
     clear = list(given.api_keys or [])
     if keys_file is not None:
         pairs = read_keys_file(keys_file)
+        if any(matches(e, key) for e in from_option for _, key in pairs):
+            raise BatchrunError(
+                f"--api-keys-file {keys_file} holds a key given with --api-key (a key is one "
+                "tenant)",
+                exit_code=2,
+            )
         clear += [k for _, k in pairs]
         from_file = entries_for(pairs, FROM_FILE, known)
     entries = from_option + from_file
