@@ -215,9 +215,9 @@ class CrashPoint:
         argv = self.argv(self.root / "mnt")
         return run_and_cut(mount, argv, env=self.env, until=self.until), disk
 
-    def state_at(self, at: int) -> Path:
+    def state_at(self, at: int, tear: int | None = None) -> Path:
         """The disk as a cut before operation `at` leaves it (a start for another point)."""
-        return self._run(cut_at=at)[1]
+        return self._run(cut_at=at, tear=tear)[1]
 
     def run(self) -> int:
         """Run the command to its end and cut after, then cut it `cuts` times; return the
