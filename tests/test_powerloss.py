@@ -148,10 +148,10 @@ def test_retry_failed_survives_power_cuts(tmp_path: Path, spec: Spec, record_pro
     record_property("powerloss", said)
 
 
-@pytest.mark.parametrize("parquet", [False, True], ids=["jsonl", "parquet"])
-def test_export_survives_power_cuts(
-    tmp_path: Path, spec: Spec, parquet: bool, record_property: Any
-) -> None:
+def export_point(
+    tmp_path: Path, spec: Spec, parquet: bool, cuts: int, ignore_fsync: str | None = None
+) -> CrashPoint:
+    """`export` (or `export --parquet`) of a finished job, cut `cuts` times."""
     start = finished_job(tmp_path, spec)
     flag = ["--parquet"] if parquet else []
     names = ["results.parquet"] if parquet else ["output.jsonl", "errors.jsonl"]
@@ -172,15 +172,23 @@ def test_export_survives_power_cuts(
         assert again.returncode == 0, again.stderr
         check_export(job, spec, f"{where}, exported again", parquet=parquet)
 
-    point = CrashPoint(
+    return CrashPoint(
         f"export {'parquet' if parquet else 'jsonl'}",
         tmp_path / "export",
         lambda mnt: [*BATCHRUN, "export", "--job-dir", str(mnt / "job"), *flag],
         check,
         template=start,
-        cuts=2,
+        cuts=cuts,
         seed=SEED + 3,
+        ignore_fsync=ignore_fsync,
     )
+
+
+@pytest.mark.parametrize("parquet", [False, True], ids=["jsonl", "parquet"])
+def test_export_survives_power_cuts(
+    tmp_path: Path, spec: Spec, parquet: bool, record_property: Any
+) -> None:
+    point = export_point(tmp_path, spec, parquet, cuts=2)
     said = f"1 crash point ({point.name}), {point.run()} cuts, seed {point.seed}"
     print(f"[powerloss] {said}")
     record_property("powerloss", said)
@@ -282,3 +290,16 @@ def test_the_harness_reports_a_missing_fsync(
     print(f"[powerloss] planted (fsyncs of {planted} dropped): reported {found.value}")
     assert "gone" in str(found.value) or "no result" in str(found.value)
     record_property("powerloss", f"planted bug (fsyncs of {planted} dropped) reported")
+
+
+def test_the_harness_reports_an_export_whose_bytes_were_not_synced(
+    tmp_path: Path, spec: Spec, record_property: Any
+) -> None:
+    """With the fsync of output.jsonl's temporary file planted away, a cut just after an export
+    that exited 0 leaves the name without its bytes: reported, not taken for whole."""
+    point = export_point(tmp_path, spec, False, cuts=0, ignore_fsync=r"/\.output\.jsonl\.")
+    with pytest.raises(Violation) as found:
+        point.run()
+    print(f"[powerloss] planted (output.jsonl's fsync dropped): reported {found.value}")
+    assert "output.jsonl has 0 lines" in str(found.value)
+    record_property("powerloss", "planted bug (output.jsonl's fsync dropped) reported")
