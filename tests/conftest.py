@@ -18,6 +18,8 @@ from typing import Any
 import psutil
 import pytest
 
+from batchrun.job.vectors import VectorReader, inline
+
 ROOT = Path(__file__).resolve().parent.parent
 # The KV cache of every engine the tests start (see isolated_cache).
 TEST_KV_CACHE_BYTES = 1 << 30
@@ -288,10 +290,13 @@ def reference_run(command: list[str], log: Path) -> Iterator[Callable[[], str]]:
 
 def journal_records(job_dir: Path) -> list[dict[str, Any]]:
     """The job's journal records: its whole lines (one being written while a job runs is not
-    one yet, as the journal's own reader says)."""
-    text = (job_dir / "journal.jsonl").read_text(encoding="utf-8")
-    whole = text[: text.rfind("\n") + 1]
-    return [json.loads(x) for x in whole.splitlines() if x.strip()]
+    one yet, as the journal's own reader says), their vectors in their bodies."""
+    data = (job_dir / "journal.jsonl").read_bytes()
+    whole = data[: data.rfind(b"\n") + 1]
+    # Each line with its vectors back from the side file (job/vectors.py): the record as an
+    # earlier version wrote it, its embeddings base64 in the body.
+    with VectorReader(job_dir / "journal.jsonl") as vectors:
+        return [json.loads(inline(x + b"\n", vectors)) for x in whole.split(b"\n") if x.strip()]
 
 
 def worker_pids(parent_pid: int) -> list[int]:

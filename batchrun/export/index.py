@@ -35,6 +35,7 @@ from batchrun.job.state import (
     PENDING,
     attempt_status,
 )
+from batchrun.job.vectors import VectorReader, inline
 
 # A request's status in the index is job/state.py's RequestStatus: PENDING is a request of a
 # forced resume's input map with no finished attempt, never written out.
@@ -130,6 +131,8 @@ class _IndexRecord(msgspec.Struct):
     ok: Any = msgspec.UNSET
     retryable: Any = None
     generation: Any = None
+    # Where a record's vectors are in the side file (job/vectors.py); None: its body is whole.
+    vectors: Any = None
 
 
 class _Message(msgspec.Struct):
@@ -247,7 +250,9 @@ def latest_by_request(
             except (KeyError, TypeError, ValueError):
                 raise _corrupt(journal_path, lineno) from None
             if not index.job_salt:
-                index.job_salt = hashlib.sha256(raw).digest()
+                # Of the line as an earlier version wrote it: ids stay what they were.
+                with VectorReader(journal_path) as vectors:
+                    index.job_salt = hashlib.sha256(inline(raw, vectors)).digest()
             if status == INVALID:
                 # Untagged: submit's reading of the file; tagged: a forced resume's (see InputMap).
                 if rec.generation != generation:
@@ -263,6 +268,8 @@ def latest_by_request(
                 raise _corrupt(journal_path, lineno)
             if status == OK and shapes and isinstance(rec, _ShapedRecord | _JsonRecord):
                 _note_body(index, rec.body)
+                if type(rec.vectors) is list:  # split out: the sizes are the record's
+                    index.embedding_dims.update(size // 4 for size in rec.vectors[1:])
             if line >= len(statuses):
                 index.grow(line)
             if statuses[line] == NONE:
@@ -294,6 +301,7 @@ class _JsonRecord:
     ok: Any
     retryable: Any
     generation: Any
+    vectors: Any
 
 
 def _json_index_record(raw: bytes) -> _JsonRecord:
@@ -308,10 +316,14 @@ def _json_index_record(raw: bytes) -> _JsonRecord:
         ok=rec.get("ok", msgspec.UNSET),
         retryable=rec.get("retryable"),
         generation=rec.get("generation"),
+        vectors=rec.get("vectors"),
     )
 
 
 # --- what the bodies hold ----------------------------------------------------------------
+
+# An embedding split out to the side file, as the body holds it (openai/vectors.py PLACEHOLDER).
+_SPLIT = msgspec.Raw(b'""')
 
 
 def _note_body(index: JournalIndex, body: object) -> None:
@@ -328,6 +340,8 @@ def _note_body(index: JournalIndex, body: object) -> None:
         if body.data and bytes(body.data[0].score) != b"null":
             index.has_scores = True
         for item in body.data:
+            if item.embedding == _SPLIT:
+                continue  # its vector is in the side file: counted from the record's sizes
             size = raw_embedding_size(item.embedding)
             if size is not None:
                 index.embedding_dims.add(size)
@@ -362,7 +376,7 @@ def _note_decoded_body(index: JournalIndex, body: object) -> None:
     if isinstance(data, list):
         for item in data:
             vector = embedding(item.get("embedding")) if isinstance(item, dict) else None
-            if vector is not None:
+            if vector is not None and item.get("embedding") != "":  # "": split out
                 index.embedding_dims.add(len(vector))
         return
     choices = body.get("choices")
@@ -404,6 +418,8 @@ def read_back(index: JournalIndex, statuses: Collection[int]) -> Iterator[tuple[
         raise BatchrunError(f"cannot read the journal {index.path}: {e.strerror or e}") from e
     offsets, lengths, attempts = index.offsets, index.lengths, index.attempts
     pread = os.pread
+    # Lines whose vectors are in the side file come back whole: as an earlier version wrote them.
+    vectors = VectorReader(index.path)
     try:
         for line, status in enumerate(index.statuses):
             if status not in wanted:
@@ -412,9 +428,13 @@ def read_back(index: JournalIndex, statuses: Collection[int]) -> Iterator[tuple[
             # requests finished (the plan's, not the file's), and a buffered reader would read
             # a whole buffer again for every jump back.
             offset = offsets[line]
-            yield Entry(offset, line, attempts[line], status), pread(fd, lengths[line], offset)
+            raw = pread(fd, lengths[line], offset)
+            if raw.endswith(b"]}\n"):  # (the cheap test first: see job/vectors.py)
+                raw = inline(raw, vectors)
+            yield Entry(offset, line, attempts[line], status), raw
     finally:
         os.close(fd)
+        vectors.close()
 
 
 def changed(index: JournalIndex) -> BatchrunError:

@@ -12,6 +12,10 @@ Record shapes (one JSON object a line; typed in batchrun.job.records):
 - ``{"kind": "invalid", "custom_id", "line", "error", "time"}``: an input line that failed
   validation (``custom_id`` is null when none could be read). A forced resume's reading of a
   changed input adds ``"generation"``, its input map's (see job.InputMap).
+
+An embeddings result whose worker split its vectors out (openai/vectors.py) keeps them in the
+side file `journal.f32`, as float32 bytes, and its record ends with ``"vectors": [at, n1, ...]``
+(job/vectors.py: `inline` gives the line with its base64 back, as earlier versions wrote it).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from batchrun.job.records import InvalidRecord as InvalidRecord
 from batchrun.job.records import ResultRecord as ResultRecord
 from batchrun.job.records import invalid_record as invalid_record
 from batchrun.job.records import result_record as result_record
+from batchrun.job.vectors import VectorWriter, drop_unbacked, vectors_path
 from batchrun.openai.records import Outcome
 
 JOURNAL_NAME = "journal.jsonl"
@@ -269,11 +274,14 @@ class JournalWriter:
     offset: int = field(default=0, init=False)
     # Told of each write and of the close (None: nobody watches).
     watcher: JournalWatcher | None = field(default=None, init=False)
+    # The side file of the vectors (job/vectors.py), opened by the first record that has some.
+    _vectors: VectorWriter | None = field(default=None, init=False)
 
     def open(self) -> JournalWriter:
         """Repair a torn tail and open for appending."""
         try:
             repair_tail(self.path)
+            drop_unbacked(self.path)
             created = not self.path.exists()
             # buffering=0: every write() reaches the kernel, so a killed process loses nothing.
             self._f = open(self.path, "ab", buffering=0)  # noqa: SIM115
@@ -296,12 +304,17 @@ class JournalWriter:
         embeddings is 6 MB. A kill between two writes leaves whole records: a request's record,
         or none (a deduplicated copy follows its representative, so at worst the copy runs again).
         `plain`: see `encode_records`.
+
+        A record whose `vectors` are float32 bytes (a worker split them out of its body) has
+        them appended to the side file first, in one system call for the call's records, and
+        the field made their place there (`[at, n1, ...]`, moved last: job/vectors.py).
         """
         assert self._f is not None, "journal not open"
         if not isinstance(records, Sequence):
             records = list(records)
         if not records:
             return
+        self._place_vectors(records)
         start, size = 0, 0
         for i, rec in enumerate(records):
             body = rec.get("body")
@@ -312,6 +325,22 @@ class JournalWriter:
                 start, size = i, 0
             size += n
         self._write(encode_records(records[start:], plain=plain), len(records) - start)
+
+    def _place_vectors(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Write the records' vectors to the side file; each record's field becomes where."""
+        # (Bytes: not placed yet; a record appended again names its place already.)
+        held = [rec for rec in records if "vectors" in rec and type(rec["vectors"][0]) is bytes]
+        if not held:
+            return
+        if self._vectors is None:
+            self._vectors = VectorWriter(vectors_path(self.path))
+        chunks = [v for rec in held for v in rec["vectors"]]
+        at = self._vectors.write(chunks)
+        for rec in held:
+            vectors = rec.pop("vectors")  # type: ignore[attr-defined]
+            sizes = [len(v) for v in vectors]
+            rec["vectors"] = [at, *sizes]  # type: ignore[index]
+            at += sum(sizes)
 
     def _write(self, data: bytes, count: int) -> None:
         """Write `count` encoded journal lines in one system call."""
@@ -365,6 +394,8 @@ class JournalWriter:
                 error: OSError | None = None
                 cond.release()
                 try:
+                    if self._vectors is not None:  # first: no synced record lacks its vectors
+                        self._vectors.fsync()
                     os.fsync(f.fileno())
                 except (OSError, ValueError) as e:  # ValueError: closed under us
                     error = e if isinstance(e, OSError) else OSError(str(e))
@@ -391,6 +422,8 @@ class JournalWriter:
                 return
             self._unsynced, self._dirty_since, self._urgent = 0, None, False
         try:
+            if self._vectors is not None:
+                self._vectors.fsync()
             os.fsync(self._f.fileno())
         except OSError as e:
             raise BatchrunError(f"cannot sync the journal {self.path}: {e.strerror or e}") from e
@@ -413,6 +446,9 @@ class JournalWriter:
         finally:
             self._f.close()
             self._f = None
+            if self._vectors is not None:
+                self._vectors.close()
+                self._vectors = None
 
     def __enter__(self) -> JournalWriter:
         return self.open()

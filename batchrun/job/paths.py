@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchrun.job.journal import JOURNAL_NAME
+from batchrun.job.vectors import vectors_path
 
 MANIFEST_NAME = "manifest.json"
 
@@ -38,6 +39,11 @@ class JobPaths:
     def journal(self) -> Path:
         """The journal file."""
         return self.root / JOURNAL_NAME
+
+    @property
+    def vectors(self) -> Path:
+        """The journal's side file of vectors (job/vectors.py)."""
+        return vectors_path(self.journal)
 
     @property
     def lock(self) -> Path:

@@ -41,6 +41,10 @@ class ResultRecord(TypedDict):
     # The model its line named (a base model or an adapter; run/model_routes.py), in a job of
     # several models or with adapters: status counts per model.
     model: NotRequired[str]
+    # The vectors of an embeddings body the worker split them out of (openai/vectors.py): their
+    # float32 bytes until the journal writes them to its side file, then where they are there,
+    # `[at, n1, n2, ...]`, the record's last field (job/vectors.py).
+    vectors: NotRequired[list[bytes] | list[int]]
 
 
 class InvalidRecord(TypedDict):
@@ -84,6 +88,8 @@ def result_record(
             rec["copy_of"] = extra["copy_of"]
         if extra.get("cached"):  # answered from the cross-job cache (run/answer_cache.py)
             rec["cached"] = True
+    if outcome.vectors is not None:
+        rec["vectors"] = outcome.vectors
     return rec
 
 

@@ -85,3 +85,7 @@ class Outcome(msgspec.Struct, gc=False):
     # Seconds from entering the engine to the first token, where the engine reports it (vLLM's
     # RequestOutput.metrics); None elsewhere. Not journaled: /metrics exports it.
     ttft_s: float | None = None
+    # An embeddings body's vectors as float32 bytes, taken out of `body` by the worker
+    # (openai/vectors.py split_vectors: each embedding there an empty text, in order): the
+    # journal keeps them once, as binary, in its side file (job/vectors.py). None: `body` is whole.
+    vectors: list[bytes] | None = None

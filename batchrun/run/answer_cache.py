@@ -37,6 +37,7 @@ from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
 from batchrun.openai.answers import answer_problem
 from batchrun.openai.records import Outcome, Request
+from batchrun.openai.vectors import fill_vectors
 from batchrun.run.dedup import copy_outcome, dedup_key
 from batchrun.version import __version__
 
@@ -169,6 +170,9 @@ class AnswerCache:
             if key is None:
                 continue
             body = outcome.body
+            if outcome.vectors is not None and isinstance(body, msgspec.Raw):
+                # An entry holds its answer whole: the vectors back in as base64.
+                body = msgspec.Raw(fill_vectors(bytes(body), outcome.vectors))
             data: Any = _DECODE.decode(body) if isinstance(body, msgspec.Raw) else body
             entry = {
                 "batchrun": __version__,

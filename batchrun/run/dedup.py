@@ -114,6 +114,7 @@ def copy_outcome(outcome: Outcome, duplicate: Request) -> Outcome:
         latency_s=outcome.latency_s,
         retryable=outcome.retryable,
         extra={"copy_of": outcome.custom_id},
+        vectors=outcome.vectors,  # the placeholders stay where they were: they pair up still
     )
 
 

@@ -41,6 +41,7 @@ def discard_unfinished_validation(paths: JobPaths) -> None:
     kinds = {rec.get("kind") for rec in read_records(paths.journal, strict=False)}
     if kinds <= {"invalid"}:
         paths.journal.unlink()
+        paths.vectors.unlink(missing_ok=True)
         return
     raise BatchrunError(
         f"{paths.root} holds a journal with finished requests but no {paths.manifest.name}; "

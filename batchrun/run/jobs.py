@@ -128,7 +128,7 @@ def submit(
             else:
                 # (The fetched copy only: a local input may well lie in the job directory.)
                 fetched = [paths.root / FETCHED_NAME] if url is not None else []
-                for p in (paths.journal, paths.lock, *fetched):
+                for p in (paths.journal, paths.vectors, paths.lock, *fetched):
                     p.unlink(missing_ok=True)
             raise
         mode: RunMode = "tune" if tune_only else "submit"

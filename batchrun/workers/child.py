@@ -38,6 +38,7 @@ from batchrun.engines.base import (
 from batchrun.job.journal import encode_body
 from batchrun.openai.records import Outcome, Request
 from batchrun.openai.responses import failure, holds_no_float
+from batchrun.openai.vectors import PLACEHOLDER, split_vectors
 from batchrun.workers.messages import (
     Add,
     Cache,
@@ -325,14 +326,30 @@ def _messages(out: list[Outcome]) -> list[list[Outcome]]:
     for outcome in out:
         body = outcome.body
         if type(body) is dict:
-            body = outcome.body = encode_body(body, floats=not holds_no_float(body))
+            body = outcome.body = _encode(outcome, body)
         n = len(body) if type(body) is msgspec.Raw else 0
+        if outcome.vectors is not None:  # they travel in the same message
+            n += sum(map(len, outcome.vectors))
         if size + n > MESSAGE_BYTES and messages[-1]:
             messages.append([])
             size = 0
         messages[-1].append(outcome)
         size += n
     return messages
+
+
+def _encode(outcome: Outcome, body: dict[str, Any]) -> dict[str, Any] | msgspec.Raw:
+    """A body as its journal JSON; an embeddings body's vectors split out into
+    `outcome.vectors` (float32 bytes, which the journal keeps once, as binary: job/vectors.py)."""
+    split = split_vectors(body)
+    if split is not None:
+        rest, vectors = split
+        data = encode_body(rest, floats=not holds_no_float(rest))
+        # Each placeholder must pair with its vector (see openai/vectors.py PLACEHOLDER).
+        if type(data) is msgspec.Raw and bytes(data).count(PLACEHOLDER) == len(vectors):
+            outcome.vectors = vectors
+            return data
+    return encode_body(body, floats=not holds_no_float(body))
 
 
 def _loop(conn: Connection, engine: Any, window: int, request_timeout: float | None = None) -> None:
