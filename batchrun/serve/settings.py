@@ -147,7 +147,7 @@ def resolve(root: Path, given: Given) -> Settings:
     port = given.port or saved.port or DEFAULT_PORT
     max_file_bytes = given.max_file_bytes or saved.max_file_bytes or DEFAULT_MAX_FILE_BYTES
     keys_file = given.api_keys_file or (Path(saved.keys_file) if saved.keys_file else None)
-    keys = _keys(saved, given, keys_file, changes)
+    keys = _keys(saved, given, keys_file, changes if loaded is not None else [])
     new_saved = Saved(
         options=merged,
         host=host,
