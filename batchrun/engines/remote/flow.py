@@ -129,12 +129,15 @@ class FlowWindow:
             self.long_latency += LONG_WEIGHT * (sample - self.long_latency)
             self.short_rate += SHORT_WEIGHT * (rate - self.short_rate)
             self.long_rate += LONG_WEIGHT * (rate - self.long_rate)
-        saturated = self._round_trip(rate)
+        # A window not in use (a job's last lines, fewer than it holds) says nothing of the
+        # server: its rate falls with the lines left, not with the server's capacity.
+        in_use = in_flight + 1 >= self.limit()
+        saturated = in_use and self._round_trip(rate)
         if saturated or (self.samples >= MIN_SAMPLES and self._jumped()):
             self._decrease(now, LATENCY_FACTOR)
             return
-        if in_flight + 1 < self.limit():
-            return  # not using the window: a larger one would tell nothing
+        if not in_use:
+            return  # a larger window would tell nothing either
         if self.window < self.ssthresh:
             self.window = min(float(self.cap), self.window + 1.0)
         else:
