@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from batchrun import timeline
 from batchrun.config import DEFAULT_MAX_CONCURRENCY, EngineSettings
@@ -34,7 +34,7 @@ from batchrun.run.dedup import Duplicates
 from batchrun.run.early_start import StartedWorkers, search_top
 from batchrun.run.lanes import Lane, RoutedAnswers
 from batchrun.run.model_routes import ModelRoute
-from batchrun.run.options import RunOptions
+from batchrun.run.options import RunMode, RunOptions
 from batchrun.run.planner import plan
 from batchrun.run.recording import JournalSink
 from batchrun.run.scheduler import Scheduler
@@ -42,16 +42,20 @@ from batchrun.run.source import InputIndex, requests
 from batchrun.run.tuning import cached_size, lower_size, remember_size, search_batch_size
 from batchrun.workers.devices import cache_device
 from batchrun.workers.plan import plan_workers
+from batchrun.workers.process import Worker
 
 if TYPE_CHECKING:
     from batchrun.metrics import RunMetrics
+
+# How a run ended, before its manifest says whether the job is complete (_finish_manifest).
+RunEnd = Literal["completed", "failed", "interrupted"]
 
 
 def run_job(
     paths: JobPaths,
     manifest: Manifest,
     options: RunOptions,
-    mode: str,
+    mode: RunMode,
     index: InputIndex | None = None,
     state: JobState | None = None,
     metrics: RunMetrics | None = None,
@@ -74,59 +78,30 @@ def run_job(
     try:
         # Of the input as it is now: after a forced resume, only the requests still in the file.
         state = replay(paths, manifest) if state is None else state
-        if started is not None:
-            worker_class, envs = started.worker_class, started.envs
-        else:
-            worker_class, envs = plan_workers(
-                settings,
-                ray=options.ray,
-                gpus=options.gpus,
-                workers=options.workers,
-                logs=paths.logs,
-            )
+        worker_class, envs = _workers_of(paths, options, started)
     except BaseException:
         if started is not None:
             started.stop()
         raise
     # Cached batch sizes are the workers' devices' (their GPUs' model, memory, MIG profile).
     device = cache_device(settings.spec, envs)
-    requests_total = manifest.requests
-    if mode == "retry":
-        failed_ids = state.failed_ids()
-        total, initial = len(failed_ids), 0
-    else:
-        total, initial = requests_total, state.done
+    failed_ids = state.failed_ids() if mode == "retry" else set()
     reporter = ProgressReporter(
-        total=total,
-        initial=initial,
+        total=len(failed_ids) if mode == "retry" else manifest.requests,
+        initial=0 if mode == "retry" else state.done,
         desc="retry" if mode == "retry" else "requests",
         enabled=options.progress,
     )
-    manifest.status = "running"
-    settle_runs(paths, manifest)  # a killed run's time, kept by its clock
-    rate = metrics.cost.usd_per_hour if metrics is not None and metrics.cost else None
-    run_info = Run(
-        mode=mode,
-        started_at=time.time(),
-        pid=os.getpid(),
-        usd_per_hour=rate,
-        units=gpu_units(envs),
-    )
-    manifest.runs.append(run_info)
-    save_manifest(paths, manifest)
+    run_info = _open_run(paths, manifest, mode, metrics, envs)
     clock = RunClock(paths, run_info).start()
-    scheduler: Scheduler | None = None
-    outcomes_before = state.attempts.total()
-    tokens_before = state.completion_tokens
-    engine_tokens_before = state.engine_completion_tokens
-    deduplicated_before = state.deduplicated
-    cached_before = state.cache_hits
+    before = _Counts.of(state)
     duplicates = Duplicates() if options.order == "auto" else None
 
     def planned(source: Iterator[Request]) -> Iterator[Request]:
         return plan(source, options.order, duplicates)
 
-    status = "failed"
+    scheduler: Scheduler | None = None
+    status: RunEnd = "failed"
     events = EventLog(paths.root)
     timeline.mark("run_start")
     try:
@@ -136,40 +111,13 @@ def run_job(
             # Several models or adapters: each record names its model (status counts per model).
             named = route.known is not None or settings.lora_modules
             sink = JournalSink(journal, state, duplicates, route.record_name if named else None)
-            scheduler = Scheduler(
-                settings,
-                envs,
-                sink,
-                reporter,
-                worker_class,
-                job_dir=paths.root,
-                on_back_off=_keep_backed_off_size(paths, manifest, settings, device),
-                answers=(
-                    AnswerCache.open(options.cache_dir, settings)
-                    if options.cache_dir is not None
-                    else None
-                ),
-                metrics=metrics,
-                events=events,
-                started=(started.workers, started.inbox) if started is not None else None,
-            )
-            if metrics is not None:
-                from batchrun.metrics.run import watch_run
-
-                watch_run(
-                    metrics, scheduler, reporter, envs, options.max_attempts, state, mode,
-                    job=(paths, manifest),
-                )  # fmt: skip
+            scheduler = _new_scheduler(
+                paths, manifest, options, (worker_class, envs, device), sink, reporter,
+                metrics=metrics, events=events, started=started, watched=(state, mode),
+            )  # fmt: skip
             try:
                 passes = _Passes(manifest, options, paths, state, reporter, device, envs)
-                passes.run(
-                    scheduler,
-                    route,
-                    mode,
-                    index,
-                    planned,
-                    failed_ids if mode == "retry" else set(),
-                )
+                passes.run(scheduler, route, mode, index, planned, failed_ids)
             finally:
                 # The command ends here: the workers' exit (the kernel freeing an engine's
                 # memory) is not waited for once they have said all.
@@ -184,20 +132,10 @@ def run_job(
         reporter.close()
         if scheduler is None and started is not None:
             started.stop()  # the run ended before it took them over
-        if metrics is not None and scheduler is not None:
-            from batchrun.metrics.run import end_run
-
-            end_run(metrics, scheduler)
         if scheduler is not None:
-            manifest.worker_info = scheduler.worker_info
-            if settings.spec.flow_control and scheduler.batch_size:
-                # The window the engine settled on is the job's batch size (engines/remote/).
-                manifest.batch_size = scheduler.batch_size
-                manifest.batch_size_source = "flow control"
-            queries, hits = scheduler.prefix_cache()
-            _count_cache(manifest, run_info, queries, hits)
+            _keep_from_scheduler(manifest, run_info, settings, scheduler, metrics)
         run_info.ray = options.ray
-        run_info.deduplicated = state.deduplicated - deduplicated_before
+        run_info.deduplicated = state.deduplicated - before.deduplicated
         clock.stop()
         _finish_manifest(paths, manifest, state, status, run_info, began)
         timeline.mark("manifest_saved")
@@ -207,19 +145,152 @@ def run_job(
             from batchrun.workers import ray as ray_backend
 
             ray_backend.shutdown()
-    return JobSummary(
-        job_dir=paths.root,
-        manifest=manifest,
-        state=state,
-        wall_s=time.monotonic() - began,
-        run_completion_tokens=state.completion_tokens - tokens_before,
-        run_outcomes=state.attempts.total() - outcomes_before,
-        run_cache_queries=(run_info.prefix_cache or {}).get("queries", 0),
-        run_cache_hits=(run_info.prefix_cache or {}).get("hits", 0),
-        run_deduplicated=run_info.deduplicated or 0,
-        run_cached=state.cache_hits - cached_before,
-        run_engine_tokens=state.engine_completion_tokens - engine_tokens_before,
+    return before.summary(paths, manifest, state, run_info, time.monotonic() - began)
+
+
+def _workers_of(
+    paths: JobPaths, options: RunOptions, started: StartedWorkers | None
+) -> tuple[type[Worker], list[dict[str, str]]]:
+    """The run's kind of worker and each worker's environment: the started workers', or planned."""
+    if started is not None:
+        return started.worker_class, started.envs
+    return plan_workers(
+        options.settings,
+        ray=options.ray,
+        gpus=options.gpus,
+        workers=options.workers,
+        logs=paths.logs,
     )
+
+
+def _open_run(
+    paths: JobPaths,
+    manifest: Manifest,
+    mode: RunMode,
+    metrics: RunMetrics | None,
+    envs: Sequence[Mapping[str, str]],
+) -> Run:
+    """Mark the job running and add this run to the manifest (saved), a killed run's time settled."""
+    manifest.status = "running"
+    settle_runs(paths, manifest)  # a killed run's time, kept by its clock
+    rate = metrics.cost.usd_per_hour if metrics is not None and metrics.cost else None
+    run_info = Run(
+        mode=mode,
+        started_at=time.time(),
+        pid=os.getpid(),
+        usd_per_hour=rate,
+        units=gpu_units(envs),
+    )
+    manifest.runs.append(run_info)
+    save_manifest(paths, manifest)
+    return run_info
+
+
+def _new_scheduler(
+    paths: JobPaths,
+    manifest: Manifest,
+    options: RunOptions,
+    workers: tuple[type[Worker], Sequence[dict[str, str]], str],
+    sink: JournalSink,
+    reporter: ProgressReporter,
+    *,
+    metrics: RunMetrics | None,
+    events: EventLog,
+    started: StartedWorkers | None,
+    watched: tuple[JobState, RunMode],
+) -> Scheduler:
+    """The run's scheduler: `workers` (their class, environments and device) fed from the job,
+    every outcome to `sink`; the started workers taken over, if any; `metrics` fed from it
+    (`watched`: the job's state and the run's mode, for them)."""
+    worker_class, envs, device = workers
+    settings = options.settings
+    scheduler = Scheduler(
+        settings,
+        envs,
+        sink,
+        reporter,
+        worker_class,
+        job_dir=paths.root,
+        on_back_off=_keep_backed_off_size(paths, manifest, settings, device),
+        answers=(
+            AnswerCache.open(options.cache_dir, settings) if options.cache_dir is not None else None
+        ),
+        metrics=metrics,
+        events=events,
+        started=(started.workers, started.inbox) if started is not None else None,
+    )
+    if metrics is not None:
+        from batchrun.metrics.run import watch_run
+
+        state, mode = watched
+        watch_run(
+            metrics, scheduler, reporter, envs, options.max_attempts, state, mode,
+            job=(paths, manifest),
+        )  # fmt: skip
+    return scheduler
+
+
+def _keep_from_scheduler(
+    manifest: Manifest,
+    run_info: Run,
+    settings: EngineSettings,
+    scheduler: Scheduler,
+    metrics: RunMetrics | None,
+) -> None:
+    """What the run's scheduler leaves the job: its metrics ended, where its workers ran, the
+    window a flow-controlled engine settled on, the prefix-cache counters."""
+    if metrics is not None:
+        from batchrun.metrics.run import end_run
+
+        end_run(metrics, scheduler)
+    manifest.worker_info = scheduler.worker_info
+    if settings.spec.flow_control and scheduler.batch_size:
+        # The window the engine settled on is the job's batch size (engines/remote/).
+        manifest.batch_size = scheduler.batch_size
+        manifest.batch_size_source = "flow control"
+    queries, hits = scheduler.prefix_cache()
+    _count_cache(manifest, run_info, queries, hits)
+
+
+@dataclass(frozen=True)
+class _Counts:
+    """The job's counters as a run began, so that its summary says what this run added."""
+
+    outcomes: int
+    completion_tokens: int
+    engine_completion_tokens: int
+    deduplicated: int
+    cache_hits: int
+
+    @classmethod
+    def of(cls, state: JobState) -> _Counts:
+        """The counters of `state` now."""
+        return cls(
+            outcomes=state.attempts.total(),
+            completion_tokens=state.completion_tokens,
+            engine_completion_tokens=state.engine_completion_tokens,
+            deduplicated=state.deduplicated,
+            cache_hits=state.cache_hits,
+        )
+
+    def summary(
+        self, paths: JobPaths, manifest: Manifest, state: JobState, run_info: Run, wall_s: float
+    ) -> JobSummary:
+        """What the job is after the run, with what the run added since these counts."""
+        cache = run_info.prefix_cache or {}
+        return JobSummary(
+            job_dir=paths.root,
+            manifest=manifest,
+            state=state,
+            wall_s=wall_s,
+            run_completion_tokens=state.completion_tokens - self.completion_tokens,
+            run_outcomes=state.attempts.total() - self.outcomes,
+            run_cache_queries=cache.get("queries", 0),
+            run_cache_hits=cache.get("hits", 0),
+            run_deduplicated=run_info.deduplicated or 0,
+            run_cached=state.cache_hits - self.cache_hits,
+            run_engine_tokens=state.engine_completion_tokens - self.engine_completion_tokens,
+        )
 
 
 @dataclass
@@ -239,7 +310,7 @@ class _Passes:
         self,
         scheduler: Scheduler,
         route: ModelRoute,
-        mode: str,
+        mode: RunMode,
         index: InputIndex | None,
         planned: Callable[[Iterator[Request]], Iterator[Request]],
         failed_ids: set[str],
@@ -476,14 +547,13 @@ def _finish_manifest(
     paths: JobPaths,
     manifest: Manifest,
     state: JobState,
-    status: str,
+    status: RunEnd,
     run_info: Run,
     started: float,
 ) -> None:
-    if status == "completed":
-        # "completed" only when every valid request has a finished attempt.
-        status = "incomplete" if state.pending(manifest.requests) else "completed"
-    manifest.status = status
+    # "completed" only when every valid request has a finished attempt.
+    ended = "incomplete" if status == "completed" and state.pending(manifest.requests) else status
+    manifest.status = ended
     manifest.counts = {
         "total": manifest.requests + state.invalid,
         "succeeded": state.succeeded,
@@ -494,6 +564,6 @@ def _finish_manifest(
     manifest.tokens = {"prompt": state.prompt_tokens, "completion": state.completion_tokens}
     run_info.ended_at = time.time()
     run_info.wall_s = round(time.monotonic() - started, 3)
-    run_info.status = status
+    run_info.status = ended
     with contextlib.suppress(BatchrunError):
         save_manifest(paths, manifest)
