@@ -115,7 +115,7 @@ class Watchdog:
             if h is None or h.generation != w.generation:
                 h = self._heard[w.index] = _Heard(w.generation, now)
             if not w.ready:
-                if w.describe().get("kind") != "process":
+                if not w.start_watched:
                     continue  # a Ray actor bounds each step of its start (workers/ray_start.py)
                 limit = start_limit(w.settings)
                 if now - h.at > limit:

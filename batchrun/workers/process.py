@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any, assert_never
+from typing import Any, ClassVar, assert_never
 
 from batchrun import timeline
 from batchrun.config import EngineSettings
@@ -70,6 +70,10 @@ class Suspects:
 @dataclass
 class Worker:
     """One engine worker process and the requests it holds."""
+
+    # Whether the parent's watchdog bounds its start (run/watchdog.py): a Ray actor bounds each
+    # step of its own (workers/ray_start.py).
+    start_watched: ClassVar[bool] = True
 
     index: int
     settings: EngineSettings

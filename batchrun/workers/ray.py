@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from batchrun.config import EngineSettings
 from batchrun.engines.base import CacheCounting
@@ -263,6 +263,7 @@ class RayWorker(Worker):
     """A worker that is a Ray actor; the scheduler drives it like a local worker process."""
 
     address: str = "local"
+    start_watched: ClassVar[bool] = False
 
     @property
     def label(self) -> str:
