@@ -1,21 +1,24 @@
-"""What a worker and its parent say to each other: one kind per message, one typed Struct each.
+"""Every message between a worker and its parent: one kind each, one typed Struct each.
 
 Parent -> worker process: `Add` (requests to run), `Window` (how many to keep in the engine),
 `Stop`. Worker -> parent: `Ready` (the engine started), `Results` (outcomes, each body
 pre-encoded: workers/child.py), `Cache` (the engine's prefix-cache counters, sent before the
 results of a step that changed them), `Stats` (a local worker's heartbeat, every
-child.HEARTBEAT_S; a flow-controlled engine's window), `Heartbeat` (how often this worker beats,
-before its first step; a Ray actor's relay sends one every second its polls return), `Restart` (replace
-me: a request timed out in an engine that cannot abort it), `Fatal` (the engine failed; its last
-words). `Eof` is never sent: the parent's reader of a worker says with it that the worker's channel
-closed. A Ray actor answers its calls with the same Structs (`Ready` or `Fatal` from its start,
-`PollReply` from a poll, `Stats`), which its relay thread turns into the same messages.
+child.HEARTBEAT_S; a flow-controlled engine's window), `Heartbeat` (this worker beats that
+often: sent before its first step; a Ray actor's relay sends one each second its polls return),
+`Restart` (replace me: a request timed out in an engine that cannot abort it), `Fatal` (the
+engine failed: its last words). `Eof` is never sent: the parent's reader of a worker puts it in
+the inbox when the worker's channel closes. A Ray actor answers its calls with the same Structs
+(`Ready` or `Fatal` from its start, `PollReply` from a poll, `Stats`), which its relay thread
+passes on as the same messages.
 
 Every message crosses a process boundary pickled (a multiprocessing pipe, a Ray call): a Struct
-pickles as its class and its fields, and is not tracked by the cyclic garbage collector (gc=False: a message refers to plain values,
-requests and outcomes, never back to itself). A reader dispatches on the Struct's type (`match`),
-so mypy checks the fields each kind has; the kind enum names a message where its type is not
-needed (the watchdog's heartbeat, a log line).
+pickles as its class and its fields, and is not tracked by the cyclic garbage collector
+(gc=False: a message refers to plain values, requests and outcomes, never back to itself). A
+`Results` costs a few microseconds more to pickle and unpickle than the `("results", list)` tuple
+it replaced, once per message of some hundreds of outcomes. A reader dispatches on the Struct's
+type (`match`, ending in `assert_never`), so mypy checks the fields of each kind and that every
+kind is handled; the kind enum names a message where its fields are not needed (the watchdog).
 """
 
 from __future__ import annotations
