@@ -169,6 +169,12 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     saved_argv = sys.argv
     sys.argv = [str(ROOT / "batchrun" / "__main__.py"), *args]  # as `python -m batchrun` has it
     os.chdir(ROOT)
+    # The CLI's rich consoles are made once, at their first import in this process, and one made
+    # while COLUMNS was set keeps that width: a process of its own reads this call's COLUMNS.
+    from batchrun.cli import exits
+
+    for console in (exits.out, exits.err):
+        console._width = console._height = None
     try:
         result = runner.invoke(
             _COMMAND[0], list(args), env=env, prog_name="python -m batchrun", catch_exceptions=True
