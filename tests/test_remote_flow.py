@@ -124,8 +124,10 @@ def test_latency_that_buys_throughput_is_no_reason_to_shrink() -> None:
 def test_a_saturated_server_s_window_stops_growing_without_losing_throughput() -> None:
     """A server that runs 32 at once and queues the rest: past 32, latency grows with the
     window and the rate does not. The window comes down from the cap it would otherwise reach,
-    and stays at or above 32, where the rate is the best."""
-    flow = FlowWindow(cap=256)
+    and stays at or above 32, where the rate is the best. (A window that starts above a
+    server's capacity finds no better rate below it: it leaves the server its queue, which
+    costs the job no throughput.)"""
+    flow = FlowWindow(cap=256, window=16.0)
     seen = []
     for i in range(3000):
         w = flow.limit()
