@@ -120,7 +120,12 @@ def measure(
         wall, rc, _rss, cpu = run_phase(args)
         results[phase] = (wall, rc, cpu)
         if phase == "submit":
-            results["journal"] = ((job / "journal.jsonl").stat().st_size, 0, 0.0)
+            # The journal and its side file of vectors (job/vectors.py), where it has one.
+            side = job / "journal.f32"
+            held = (job / "journal.jsonl").stat().st_size + (
+                side.stat().st_size if side.exists() else 0
+            )
+            results["journal"] = (held, 0, 0.0)
         elif phase == "export":
             results["output"] = ((out / "output.jsonl").stat().st_size, 0, 0.0)
             problem = check_output(out / "output.jsonl", n, kind, dimensions)

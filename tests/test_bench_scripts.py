@@ -31,6 +31,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
         "bench_lora",
         "bench_models",
         "bench_embeddings",
+        "bench_parent",
         "bench_pooling",
         "bench_remote",
         "bench_import",
@@ -82,6 +83,23 @@ def test_the_embeddings_benchmark_runs_small(tmp_path: Path) -> None:
     assert int(journal.group(1).replace(",", "")) <= 1.5 * 4096
     assert "; target at most 1.5x): met" in r.stdout
     assert "embeddings submit requests/s over chat's, by round: " in r.stdout
+
+
+@pytest.mark.slow
+def test_the_parent_benchmark_runs_small(tmp_path: Path) -> None:
+    """bench_parent.py on 300 requests of each kind, 2 workers: both submits exited 0, the
+    parent's CPU per request and the job directory's size against float32 are printed."""
+    r = run(
+        str(SCRIPTS / "bench_parent.py"),
+        "--requests", "300", "--no-docs", "--work-dir", str(tmp_path),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr + r.stdout
+    for job in ("embeddings", "chat"):
+        assert re.search(rf"^\s*{job}\s+[\d.]+\s", r.stdout, re.MULTILINE), r.stdout
+    per = re.search(r"parent CPU per request: embeddings ([\d.]+) us, chat ([\d.]+) us", r.stdout)
+    assert per is not None and float(per.group(1)) > 0 and float(per.group(2)) > 0, r.stdout
+    size = re.search(r"embeddings job directory: ([\d.]+)x", r.stdout)
+    assert size is not None and float(size.group(1)) > 1.0, r.stdout
 
 
 @pytest.mark.slow

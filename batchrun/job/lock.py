@@ -11,6 +11,7 @@ from pathlib import Path
 
 from batchrun.errors import BatchrunError
 from batchrun.job.paths import INPUT_MAP_PREFIX, MANIFEST_NAME, JobPaths
+from batchrun.job.vectors import drop_unbacked
 
 
 def lock_holder(paths: JobPaths) -> int | None:
@@ -85,6 +86,9 @@ def job_lock(paths: JobPaths) -> Iterator[None]:
             for pattern in (f".{MANIFEST_NAME}.*.tmp", f".{INPUT_MAP_PREFIX}*.tmp"):
                 for stale in paths.root.glob(pattern):
                     stale.unlink(missing_ok=True)
+            # Before anything reads the journal to learn what is done: records whose vectors a
+            # power cut lost are not done (job/vectors.py), for the replay as for the writer.
+            drop_unbacked(paths.journal)
         except OSError as e:
             raise _lock_error(paths, e) from None
         try:
