@@ -20,7 +20,14 @@ from test_embedding_vectors import embedding_line, export_all, lines, vector_of
 from batchrun.engines.echo import echo_vector_bytes
 from batchrun.job.journal import JournalWriter, encode_record
 from batchrun.job.records import result_record
-from batchrun.job.vectors import VectorReader, drop_unbacked, inline, vector_ref, vectors_path
+from batchrun.job.vectors import (
+    VectorReader,
+    VectorWriter,
+    drop_unbacked,
+    inline,
+    vector_ref,
+    vectors_path,
+)
 from batchrun.openai.records import EMBEDDINGS, Outcome, Request
 from batchrun.openai.responses import embedding_success
 from batchrun.openai.vectors import PLACEHOLDER, fill_vectors, split_vectors
@@ -79,6 +86,27 @@ def test_a_journaled_line_with_its_vectors_put_back_is_the_old_line(tmp_path: Pa
     with VectorReader(path) as reader:
         assert [inline(x, reader) for x in lines_] == old
     assert b"base64" not in path.read_bytes() and len(path.read_bytes()) < sum(map(len, old))
+
+
+def test_the_side_file_takes_many_vectors_and_short_writes_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chunks = [bytes([i % 251]) * (4 * (1 + i % 7)) for i in range(2500)]  # over IOV_MAX
+    writer = VectorWriter(tmp_path / "journal.f32")
+    assert writer.write(chunks) == 0
+    real = os.writev
+    calls: list[int] = []
+
+    def short(fd: int, buffers: list[bytes]) -> int:
+        """A write the kernel cut short: at most 10 bytes, mid-vector."""
+        calls.append(len(buffers))
+        return real(fd, [bytes(b"".join(bytes(b) for b in buffers)[:10])])
+
+    monkeypatch.setattr(os, "writev", short)
+    assert writer.write(chunks[:5]) == sum(map(len, chunks))
+    writer.close()
+    assert (tmp_path / "journal.f32").read_bytes() == b"".join(chunks + chunks[:5])
+    assert len(calls) > 1
 
 
 def test_a_power_cut_that_kept_lines_but_not_their_vectors_cuts_the_journal_there(
