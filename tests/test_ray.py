@@ -97,6 +97,28 @@ def test_ray_results_match_a_single_machine_run(tmp_path: Path) -> None:
     assert sum(w["requests"] for w in workers) == 300
 
 
+def test_an_embeddings_job_on_ray_keeps_its_vectors_in_the_side_file(tmp_path: Path) -> None:
+    """An actor splits the vectors out as a worker process does (job/vectors.py): the journal
+    names them in journal.f32, 4 bytes a value, and export writes each request's own."""
+    from test_embedding_vectors import lines, vector_of
+
+    from batchrun.engines.echo import echo_vector_bytes
+
+    src = write_jsonl(tmp_path / "in.jsonl", lines(40, 256))
+    job = tmp_path / "job"
+    r = cli(
+        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress",
+        "--ray", "local", "--workers", "2",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (job / "journal.jsonl").read_bytes().count(b'"vectors":[') == 40
+    assert (job / "journal.f32").stat().st_size == 40 * 256 * 4
+    assert cli("export", "--job-dir", str(job)).returncode == 0
+    outputs = {o["custom_id"]: o for o in read_jsonl(job / "output.jsonl")}
+    for i in range(40):
+        assert vector_of(outputs[f"e{i}"]) == echo_vector_bytes(f"passage {i}", 256)
+
+
 def test_a_killed_actor_is_replaced_and_nothing_is_lost(tmp_path: Path) -> None:
     src = make_input(tmp_path, 600)
     job = tmp_path / "job"

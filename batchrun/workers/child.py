@@ -326,7 +326,7 @@ def _messages(out: list[Outcome]) -> list[list[Outcome]]:
     for outcome in out:
         body = outcome.body
         if type(body) is dict:
-            body = outcome.body = _encode(outcome, body)
+            body = outcome.body = encode_outcome(outcome, body)
         n = len(body) if type(body) is msgspec.Raw else 0
         if outcome.vectors is not None:  # they travel in the same message
             n += sum(map(len, outcome.vectors))
@@ -338,7 +338,7 @@ def _messages(out: list[Outcome]) -> list[list[Outcome]]:
     return messages
 
 
-def _encode(outcome: Outcome, body: dict[str, Any]) -> dict[str, Any] | msgspec.Raw:
+def encode_outcome(outcome: Outcome, body: dict[str, Any]) -> dict[str, Any] | msgspec.Raw:
     """A body as its journal JSON; an embeddings body's vectors split out into
     `outcome.vectors` (float32 bytes, which the journal keeps once, as binary: job/vectors.py)."""
     split = split_vectors(body)

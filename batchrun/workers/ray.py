@@ -253,10 +253,21 @@ class EngineActor:
                 else:
                     out.extend(self.feeder.pump())
                 if out or time.monotonic() >= deadline:
+                    _encode_bodies(out)
                     counters = self.counters() if self.counters is not None else None
                     return PollReply(out, cache=None if counters is None else Cache(*counters))
         except BaseException as e:  # the engine is broken: say so, then die
             return PollReply(out, fatal=Fatal(oom=is_oom(e), message=f"{type(e).__name__}: {e}"))
+
+
+def _encode_bodies(out: list[Outcome]) -> None:
+    """Each body as its journal JSON, an embeddings body's vectors split out, here in the
+    actor as a worker process does (workers/child.py): the parent writes them as they are."""
+    from batchrun.workers.child import encode_outcome
+
+    for outcome in out:
+        if type(outcome.body) is dict:
+            outcome.body = encode_outcome(outcome, outcome.body)
 
 
 class RayWorker(Worker):
