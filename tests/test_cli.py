@@ -176,9 +176,7 @@ def test_status_throughput_is_over_the_runs_wall_time(tmp_path: Path) -> None:
         "seconds": wall,
         "counts": "engine",
     }
-    assert "(the engine's, over the runs' wall time)" in (
-        run("status", "--job-dir", str(job))[1]
-    )
+    assert "(the engine's, over the runs' wall time)" in (run("status", "--job-dir", str(job))[1])
 
 
 def test_environment_variables_are_flag_twins(
