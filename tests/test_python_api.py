@@ -482,19 +482,19 @@ def test_api_key_is_in_the_environment_for_the_call_only(
 ) -> None:
     """api_key= (`--api-key`) reaches the run's workers through the environment, as the CLI's
     does, and leaves with the call: never saved into the job, never left in a notebook."""
-    monkeypatch.delenv("BATCHRUN_API_KEY", raising=False)
+    monkeypatch.delenv("BATCHRUN_REMOTE_API_KEY", raising=False)
     seen: list[str | None] = []
     from batchrun.run import jobs
 
     real = jobs.submit
 
     def submit(*args: Any, **kwargs: Any) -> Any:
-        seen.append(os.environ.get("BATCHRUN_API_KEY"))
+        seen.append(os.environ.get("BATCHRUN_REMOTE_API_KEY"))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(jobs, "submit", submit)
     job = batchrun.run(chat_requests(1), job_dir=tmp_path / "job", api_key="sk-test", **ECHO)
-    assert seen == ["sk-test"] and "BATCHRUN_API_KEY" not in os.environ
+    assert seen == ["sk-test"] and "BATCHRUN_REMOTE_API_KEY" not in os.environ
     assert "sk-test" not in (job.job_dir / "manifest.json").read_text(encoding="utf-8")
     with pytest.raises(batchrun.BatchrunError) as raised:
         job.resume(api_key=" ", progress=False)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import chat_line, write_jsonl
 from fakes.openai_server import MODEL, answer, fake_openai_server
-from serving import create_batch, lines_of, start_server, stop_server, wait_done
+from serving import API_KEY, create_batch, lines_of, start_server, stop_server, wait_done
 
 pytestmark = pytest.mark.slow  # a serve process
 
@@ -17,8 +17,11 @@ pytestmark = pytest.mark.slow  # a serve process
 def test_a_serve_root_on_a_remote_server_answers_a_batch_with_the_server_s_answers(
     tmp_path: Path,
 ) -> None:
-    with fake_openai_server() as remote:
-        server = start_server(tmp_path / "root", "--base-url", remote.url, engine=None)
+    # Two keys: serve's own for its clients, and the remote server's (OPENAI_API_KEY). Only the
+    # second may reach the server: it refuses any other.
+    with fake_openai_server(key="server-key") as remote:
+        env = {"BATCHRUN_API_KEY": API_KEY, "OPENAI_API_KEY": "server-key"}
+        server = start_server(tmp_path / "root", "--base-url", remote.url, env=env, engine=None)
         try:
             client = server.client()
             # Lines that name the server's model, and lines that name none (the server's one).
@@ -44,4 +47,8 @@ def test_a_serve_root_on_a_remote_server_answers_a_batch_with_the_server_s_answe
         expected = answer("/v1/chat/completions", sent[f"hello {i}"])
         assert line["response"]["status_code"] == 200
         assert line["response"]["body"]["choices"] == expected["choices"]
-    assert "model fake-model on remote" in server.log.read_text()
+    log = server.log.read_text()
+    assert "model fake-model on remote" in log and API_KEY not in log
+    for path in (tmp_path / "root").rglob("*"):
+        if path.is_file():
+            assert "server-key" not in path.read_text(errors="replace"), path

@@ -76,7 +76,7 @@ NewJobDir = Annotated[
 
 # --api-key: the remote engine's key. Not an engine option: those are saved into the job, and
 # the key must never be. It reaches the workers through this process's environment.
-API_KEY_ENV = "BATCHRUN_API_KEY"
+API_KEY_ENV = "BATCHRUN_REMOTE_API_KEY"  # engines/remote/urls.py reads it
 _API_KEY = inspect.Parameter(
     "api_key",
     inspect.Parameter.KEYWORD_ONLY,

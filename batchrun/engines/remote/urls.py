@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 
-# --api-key's way to the workers (the CLI sets it), then the OpenAI client's own variable.
-API_KEY_VARS = ("BATCHRUN_API_KEY", "OPENAI_API_KEY")
+# --api-key's way to the workers (the CLI and the Python API set it), then the OpenAI client's
+# own variable. Not BATCHRUN_API_KEY: that is serve's own key for its clients, which a serve root
+# on a remote server must never send on to that server.
+API_KEY_VARS = ("BATCHRUN_REMOTE_API_KEY", "OPENAI_API_KEY")
 
 
 def api_key() -> str | None:
