@@ -26,7 +26,24 @@ from typing import Any
 ENGINE, COPY, CACHED = 0, 1, 2
 
 
-class ActiveTime:
+class _Dumped:
+    """Figures compared and shown by what the summary file keeps of them (`dump`)."""
+
+    __slots__ = ()
+    __hash__ = None  # type: ignore[assignment]  # mutable: never a dict key
+
+    def dump(self) -> Any:
+        """As the summary file keeps it."""
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self.dump() == other.dump()  # type: ignore[attr-defined]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.dump()!r})"
+
+
+class ActiveTime(_Dumped):
     """The union of [start, end] intervals, folded in the order their ends come (the journal's):
     the time covered by at least one, gaps left out, in O(1) memory.
 
@@ -86,18 +103,17 @@ class ActiveTime:
             settled.closed + (settled.prev_end - settled.prev_start) + (settled.end - settled.start)
         )
 
+    def rate(self, amount: int, digits: int) -> float | None:
+        """`amount` a second of the time covered, to `digits` places; None before any time."""
+        seconds = self.seconds
+        return round(amount / seconds, digits) if seconds > 0 else None
+
     def dump(self) -> list[float]:
         """As the summary file keeps it."""
         return [
             self.closed, self.prev_start, self.prev_end, self.start, self.end,
             self.pend_start, self.pend_end,
         ]  # fmt: skip
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self.dump() == other.dump()  # type: ignore[attr-defined]
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.dump()!r})"
 
     @classmethod
     def load(cls, data: list[float]) -> ActiveTime:
@@ -107,11 +123,10 @@ class ActiveTime:
         return cls(*(float(x) for x in data))
 
 
-class WorkerFigures:
+class WorkerFigures(_Dumped):
     """One worker's engine attempts, their generated tokens, and its active time."""
 
     __slots__ = ("active", "attempts", "completion_tokens")
-    __hash__ = None  # type: ignore[assignment]
 
     def __init__(
         self, attempts: int = 0, completion_tokens: int = 0, active: ActiveTime | None = None
@@ -122,23 +137,15 @@ class WorkerFigures:
 
     def tokens_per_s(self) -> float | None:
         """Generated tokens a second of its active time; None before any."""
-        seconds = self.active.seconds
-        return round(self.completion_tokens / seconds, 2) if seconds > 0 else None
+        return self.active.rate(self.completion_tokens, 2)
 
     def requests_per_s(self) -> float | None:
         """Engine attempts a second of its active time; None before any."""
-        seconds = self.active.seconds
-        return round(self.attempts / seconds, 3) if seconds > 0 else None
+        return self.active.rate(self.attempts, 3)
 
     def dump(self) -> list[Any]:
         """As the summary file keeps it."""
         return [self.attempts, self.completion_tokens, self.active.dump()]
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self.dump() == other.dump()  # type: ignore[attr-defined]
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.dump()!r})"
 
     @classmethod
     def load(cls, data: list[Any]) -> WorkerFigures:
@@ -147,7 +154,7 @@ class WorkerFigures:
         return cls(int(attempts), int(tokens), ActiveTime.load(active))
 
 
-class ModelFigures:
+class ModelFigures(_Dumped):
     """One model's (or adapter's) requests done and succeeded, tokens, engine attempts, and its
     active time."""
 
@@ -172,8 +179,7 @@ class ModelFigures:
 
     def tokens_per_s(self) -> float | None:
         """The engine's generated tokens a second of this model's active time."""
-        seconds = self.active.seconds
-        return round(self.engine_completion_tokens / seconds, 2) if seconds > 0 else None
+        return self.active.rate(self.engine_completion_tokens, 2)
 
     def dump(self) -> list[Any]:
         """As the summary file keeps it."""
@@ -187,14 +193,8 @@ class ModelFigures:
             self.active.dump(),
         ]
 
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self.dump() == other.dump()  # type: ignore[attr-defined]
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.dump()!r})"
-
-
-class Tally:
+class Tally(_Dumped):
     """A job's counts over the results and invalid lines folded so far (see the module
     docstring); `add` is the one per-result step."""
 
@@ -373,12 +373,6 @@ class Tally:
             "per_worker": {k: w.dump() for k, w in self.per_worker.items()},
             "per_model": {k: m.dump() for k, m in self.per_model.items()},
         }
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self.dump() == other.dump()  # type: ignore[attr-defined]
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.dump()!r})"
 
     @classmethod
     def load(cls, data: dict[str, Any]) -> Tally:
