@@ -109,7 +109,7 @@ def run_round(work: Path, model: Path, src: Path, args: argparse.Namespace) -> d
     ready = next(t for t, _, x in run.lines if "ready (pid" in x)
     # The last answer's time (the journal's summary): the process's own exit (the engine's
     # shutdown, the summary) is not generation.
-    end = json.loads((job / "summary.json").read_text())["last_time"]
+    end = json.loads((job / "summary.json").read_text())["tally"]["last_time"]
     subprocess.run([*batchrun_cmd(), "export", "--job-dir", str(job)], check=True, cwd=ROOT)
     texts, tokens = {}, 0
     for line in (job / "output.jsonl").read_text().splitlines():

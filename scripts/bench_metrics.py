@@ -75,8 +75,9 @@ def child_run(inp: str, job: str, metrics: bool) -> None:
 
 def one_run(inp: Path, job: Path, metrics: bool) -> tuple[float, float, int, float]:
     """Run `inp` into `job` in a fresh process, its /metrics scraped every second from this one
-    (as Prometheus would, from outside); (results/s first to last result, wall seconds, scrapes
-    made, CPU seconds of the parent process alone: its worker's are not counted)."""
+    (as Prometheus would, from outside); (results/s over the run time, as status --json gives
+    it, wall seconds, scrapes made, CPU seconds of the parent process alone: its worker's are
+    not counted)."""
     shutil.rmtree(job, ignore_errors=True)
     argv = [sys.executable, __file__, "--_child", str(inp), str(job), "on" if metrics else "off"]
     proc = subprocess.Popen(
@@ -187,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         verdict = "met" if cpu_cost <= TARGET else "NOT met"
         line = (
             f"metrics on cost {cpu_cost:+.1%} of the parent's CPU time per request (target <= 3%: "
-            f"{verdict}); its throughput, first to last result, moved {-cost:+.1%} (medians)"
+            f"{verdict}); its throughput over the run time moved {-cost:+.1%} (medians)"
         )
         print(line)
         hook = hook_ns_per_request()
