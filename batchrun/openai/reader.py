@@ -109,10 +109,7 @@ def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request
     offsets = seen.offsets  # where every OFFSET_EVERY-th line starts, to read it again
     pos = 0
     estimate_at = 1025  # where the file's line count is estimated from its lines so far
-    file_url: str | None = None
-    url_line = 0
-    file_model: str | None = None
-    model_line = 0
+    urls, models = _First("url"), _First("model")  # every line must agree with the first
     has_surrogate_escape = SURROGATE_ESCAPE.search  # bound once: this loop is hot
     with path.open("rb", buffering=READ_BUFFER) as f, contextlib.closing(seen):
         size = os.fstat(f.fileno()).st_size
@@ -141,17 +138,8 @@ def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request
             # Before `raw` goes: a key given twice is found in the line's text (parsers keep the last).
             duplicate = duplicate_key(raw, obj) if isinstance(obj, dict) else None
             del raw  # not held (a 50 MB line: 50 MB) while the consumer works on this line
-            if isinstance(obj, _Unparsable):
-                yield LineError(lineno, obj.custom_id, "invalid_json", obj.message)
-                continue
             if not isinstance(obj, dict):
-                yield LineError(
-                    lineno,
-                    None,
-                    "invalid_request",
-                    f"line is a JSON {json_type(obj)}, expected an object "
-                    '{"custom_id", "method", "url", "body"}',
-                )
+                yield _not_an_object(lineno, obj)
                 continue
             custom_id: str | None = None
             if duplicate == ("", "custom_id"):  # which of the two is the line's? Neither is named.
@@ -179,12 +167,8 @@ def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request
                     continue
                 check_method(obj)
                 url = check_url(obj)
-                if file_url is None:
-                    file_url, url_line = url, lineno
-                elif url != file_url:
-                    yield LineError(
-                        lineno, custom_id, "mixed_urls", _mixed("url", url, file_url, url_line)
-                    )
+                if url != urls.value and (mixed := urls.differs(url, lineno)):
+                    yield LineError(lineno, custom_id, "mixed_urls", mixed)
                     continue
                 body = check_body(url, obj, scan_text=escaped)
             except InvalidLine as e:
@@ -197,18 +181,42 @@ def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request
                         lineno, custom_id, MODEL_NOT_FOUND, known.unknown(model or None)
                     )
                     continue
-            elif model:
-                if file_model is None:
-                    file_model, model_line = model, lineno
-                elif model != file_model:
-                    yield LineError(
-                        lineno,
-                        custom_id,
-                        "mixed_models",
-                        _mixed("model", model, file_model, model_line),
-                    )
-                    continue
+            elif model and model != models.value and (mixed := models.differs(model, lineno)):
+                yield LineError(lineno, custom_id, "mixed_models", mixed)
+                continue
             yield Request(custom_id, lineno, url, body)
+
+
+def _not_an_object(lineno: int, obj: object) -> LineError:
+    """The error record of a line that is not a JSON object (or not JSON at all)."""
+    if isinstance(obj, _Unparsable):
+        return LineError(lineno, obj.custom_id, "invalid_json", obj.message)
+    return LineError(
+        lineno,
+        None,
+        "invalid_request",
+        f"line is a JSON {json_type(obj)}, expected an object "
+        '{"custom_id", "method", "url", "body"}',
+    )
+
+
+class _First:
+    """The value a field took on the file's first line that set it, and that line: every later
+    line must give the same."""
+
+    __slots__ = ("field", "line", "value")
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+        self.value: str | None = None
+        self.line = 0
+
+    def differs(self, value: str, lineno: int) -> str | None:
+        """None when `value` agrees (or is the first); else the message of a mixed file."""
+        if self.value is None:
+            self.value, self.line = value, lineno
+            return None
+        return None if value == self.value else _mixed(self.field, value, self.value, self.line)
 
 
 def _mixed(field: str, value: str, first: str, first_line: int) -> str:
