@@ -47,6 +47,32 @@ _CUSTOM_ID = operator.attrgetter("custom_id")
 _GROUPS: set[int] = set()
 
 
+class _Channel:
+    """The parent's end of a worker's pipe, closed once both of its users are done with it: the
+    scheduler's thread (which sends) and the reader thread (which receives, see _pump).
+
+    Neither closes it under the other. A close while the reader is inside `recv` (between
+    taking the descriptor's number and reading it) frees the number for the next worker's new
+    pipe: the old reader then reads, and garbles, the new worker's messages, and the new
+    worker's own reader, seeing a stream cut mid-message, reports it dead while it runs. A
+    close by the reader under a send would turn the number over to any file opened next (a
+    journal), and the send would write into it.
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._users = 2
+        self._lock = threading.Lock()
+
+    def let_go(self) -> None:
+        """One user is done with the channel; the last one closes it."""
+        with self._lock:
+            self._users -= 1
+            last = self._users == 0
+        if last:
+            self.conn.close()
+
+
 @dataclass
 class WorkerDeath:
     """Why a worker went away: its last words (if any) and whether it was an out-of-memory failure."""
@@ -116,6 +142,7 @@ class Worker:
     sampling_defaults: dict[str, Any] | None = None
     # A flow-controlled engine's window as it last reported it (engines/base.py FlowControlled).
     flow_window: int | None = None
+    _channel: _Channel | None = field(default=None, repr=False)
 
     @property
     def log(self) -> str | None:
@@ -130,6 +157,7 @@ class Worker:
 
     def start(self, inbox: Inbox) -> None:
         """Spawn the process; its messages arrive in `inbox` as (index, generation, message)."""
+        self._let_go()  # a dead process's channel, if its death was not followed by a stop
         self._clear_gpus()
         timeline.mark("worker_spawn")
         ctx = mp.get_context("spawn")
@@ -155,6 +183,7 @@ class Worker:
         self.process = process
         child_conn.close()
         self.conn = parent_conn
+        self._channel = _Channel(parent_conn)
         self.pid = self.process.pid
         _GROUPS.add(self.pid)  # the worker makes its pid its group's id first thing
         self.ready = False
@@ -168,7 +197,7 @@ class Worker:
         # on a full pipe buffer.
         threading.Thread(
             target=_pump,
-            args=(parent_conn, inbox, self.index, self.generation, self.said_bye),
+            args=(self._channel, inbox, self.index, self.generation, self.said_bye),
             daemon=True,
         ).start()
 
@@ -246,6 +275,14 @@ class Worker:
                 during_start=not self.ready,
             )
 
+    def _let_go(self) -> None:
+        """Send nothing more to the current process (its channel closes once its reader is
+        done with it too)."""
+        if self._channel is not None:
+            self._channel.let_go()
+        self._channel = None
+        self.conn = None
+
     def describe(self) -> dict[str, Any]:
         """Where the worker runs, for `status`."""
         return {"kind": "process", "pid": self.pid, "gpus": self.env.get("CUDA_VISIBLE_DEVICES")}
@@ -297,10 +334,8 @@ class Worker:
         if self.process.is_alive():
             self.process.kill()
             self.process.join(timeout=5)
-        if self.conn is not None:
-            self.conn.close()
+        self._let_go()
         self.process = None
-        self.conn = None
         self._end_group()
 
     def _leave(self) -> None:
@@ -310,10 +345,8 @@ class Worker:
         # the command's exit (it dies with it in any case: die_with_parent).
         mp_children: set[Any] = getattr(mp.process, "_children", set())
         mp_children.discard(process)
-        if self.conn is not None:
-            self.conn.close()
+        self._let_go()
         self.process = None
-        self.conn = None
         timeline.stamp("worker_left")
 
         def reap() -> None:
@@ -402,7 +435,7 @@ def _kill_leftover_workers() -> None:
 
 
 def _pump(
-    conn: Connection,
+    channel: _Channel,
     inbox: Inbox,
     index: int,
     gen: int,
@@ -411,9 +444,12 @@ def _pump(
     """Forward every message of one worker to the scheduler's inbox, then an "eof"."""
     try:
         while True:
-            inbox.put((index, gen, conn.recv()))
-    except (EOFError, OSError, TypeError, ValueError):
-        # EOF: the worker is gone. The others: the parent closed this end while stopping it.
+            inbox.put((index, gen, channel.conn.recv()))
+    except Exception:
+        # EOF: the worker is gone. Anything else (a message cut short as it died, one that does
+        # not unpickle) leaves the channel unusable all the same: its end, never a silent thread.
         pass
+    finally:
+        channel.let_go()
     said_bye.set()
     inbox.put((index, gen, Eof()))
