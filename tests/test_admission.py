@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from conftest import chat_line, cli, journal_records, write_jsonl
-from fakes.workers import Events
+from support.cli import cli
+from support.fakes.workers import Events
+from support.jobs import journal_records
+from support.lines import chat_line, write_jsonl
 
 from batchrun.config import EngineSettings
 from batchrun.job.journal import JournalWriter, read_records

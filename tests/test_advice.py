@@ -16,17 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from advice import advised, follow, last_line
-from conftest import (
-    chat_line,
-    cli,
-    journal_records,
-    read_jsonl,
-    results_at_least,
-    start_cli,
-    wait_until,
-    write_jsonl,
-)
+from support.advice import advised, follow, last_line
+from support.cli import cli, start_cli
+from support.jobs import journal_records
+from support.lines import chat_line, read_jsonl, write_jsonl
+from support.waits import results_at_least, wait_until
 
 ECHO = ("--engine", "echo", "--no-progress")
 # Wide enough that no table row wraps.

@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import chat_line, cli, journal_records, start_cli, wait_until, write_jsonl
 from mm_models import wav_bytes
-from serving import start_server, stop_server, wait_done
+from support.cli import cli, start_cli
+from support.jobs import journal_records
+from support.lines import chat_line, write_jsonl
+from support.serving import start_server, stop_server, wait_done
+from support.waits import wait_until
 
 from batchrun.config import EngineSettings
 from batchrun.engines.echo import EchoEngine

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakes.openai_server import fake_openai_server
+from support.fakes.openai_server import fake_openai_server
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 
 

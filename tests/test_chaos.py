@@ -27,17 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from advice import advised, follow
-from conftest import (
-    ROOT,
-    chat_line,
-    cli,
-    journal_records,
-    read_jsonl,
-    start_cli,
-    wait_until,
-    write_jsonl,
-)
+from support.advice import advised, follow
+from support.cli import cli, start_cli
+from support.jobs import journal_records
+from support.lines import chat_line, read_jsonl, write_jsonl
+from support.paths import ROOT
+from support.waits import wait_until
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT
+from support.paths import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from chaos_check import Checker, Expected, read_journal

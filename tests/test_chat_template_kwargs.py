@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, write_jsonl
+from support.lines import write_jsonl
+from support.paths import ROOT
 from test_responses_api import default_model_dir
 
 from batchrun.engines.vllm.prompts import prompt_token_ids

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import chat_line, cli, write_jsonl
+from support.cli import cli
+from support.lines import chat_line, write_jsonl
 from typer.testing import CliRunner
 
 from batchrun.cli import app

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes.gpus import A100, gpu, install_nvidia_smi, mig, no_nvidia_smi_path
+from support.fakes.gpus import A100, gpu, install_nvidia_smi, mig, no_nvidia_smi_path
 
 from batchrun.errors import BatchrunError
 from batchrun.workers import devices, nvidia

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
-from fakes.gpus import fake_packages, gpu, install_nvidia_smi
+from support.fakes.gpus import fake_packages, gpu, install_nvidia_smi
+from support.paths import ROOT
 
 TOOLS = ("grep", "head", "tr", "timeout", "sed", "sort", "tail", "cat", "sh", "env")
 

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, chat_line, write_jsonl
-from fakes.gpus import gpu, install_nvidia_smi, no_nvidia_smi_path
+from support.fakes.gpus import gpu, install_nvidia_smi, no_nvidia_smi_path
+from support.lines import chat_line, write_jsonl
+from support.paths import ROOT
 from typer.testing import CliRunner
 
 from batchrun.cli import app
@@ -483,7 +484,7 @@ def cuda_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, torch: str) -
 
 
 def builds_at(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **versions: str) -> builds.Builds:
-    from fakes.gpus import fake_packages
+    from support.fakes.gpus import fake_packages
 
     folder = tmp_path / "-".join(f"{k}{v}" for k, v in versions.items())
     monkeypatch.setattr(builds, "SEARCH_PATH", fake_packages(folder, **versions))

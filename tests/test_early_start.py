@@ -11,20 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli import cli, cli_process, start_cli
+from support.lines import chat_line, write_jsonl
+from support.processes import group_alive
+from support.waits import results_at_least, wait_until
 
 from batchrun.openai.records import EMBEDDINGS
 from batchrun.run.early_start import PEEK_LINES, first_endpoint
 from batchrun.run.source import InputIndex
-from tests.conftest import (
-    chat_line,
-    cli,
-    cli_process,
-    group_alive,
-    results_at_least,
-    start_cli,
-    wait_until,
-    write_jsonl,
-)
 
 pytestmark = pytest.mark.usefixtures("fresh_size_cache")
 

@@ -15,16 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (
-    chat_line,
-    cli,
-    journal_records,
-    read_jsonl,
-    results_at_least,
-    start_cli,
-    wait_until,
-    write_jsonl,
-)
+from support.cli import cli, start_cli
+from support.jobs import journal_records
+from support.lines import chat_line, read_jsonl, write_jsonl
+from support.waits import results_at_least, wait_until
 
 
 def make_input(tmp_path: Path, n: int, name: str = "in.jsonl") -> Path:
@@ -509,7 +503,7 @@ def test_resume_force_runs_the_changed_file_without_rerunning_finished_work(tmp_
 
 @pytest.mark.slow
 def test_kill_9_of_the_worker_alone_loses_nothing(tmp_path: Path) -> None:
-    from conftest import worker_pids
+    from support.processes import worker_pids
 
     src = make_input(tmp_path, 400)
     job = tmp_path / "job"

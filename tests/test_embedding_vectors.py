@@ -19,7 +19,10 @@ from typing import Any
 
 import pandas as pd
 import pyarrow.parquet as pq
-from conftest import cli, journal_records, start_cli, wait_until, write_jsonl
+from support.cli import cli, start_cli
+from support.jobs import journal_records
+from support.lines import write_jsonl
+from support.waits import wait_until
 
 from batchrun.config import EngineSettings
 from batchrun.engines.echo import (

@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, chat_line, cli, write_jsonl
-from fakes.gpus import gpu, install_nvidia_smi
+from support.cli import cli
+from support.fakes.gpus import gpu, install_nvidia_smi
+from support.lines import chat_line, write_jsonl
+from support.paths import ROOT
 
 from batchrun.config import EngineSettings, OptionError
 from batchrun.engine_registry import (

@@ -13,15 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
-    chat_line,
-    cli,
-    journal_records,
-    results_at_least,
-    start_cli,
-    wait_until,
-    write_jsonl,
-)
+from support.cli import cli, start_cli
+from support.jobs import journal_records
+from support.lines import chat_line, write_jsonl
+from support.waits import results_at_least, wait_until
 
 from batchrun.job.run_clock import INTERVAL_S
 

@@ -10,11 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakes.gpus import path_without_nvidia_smi
+from support.fakes.gpus import path_without_nvidia_smi
+from support.paths import ROOT
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_gpu_check_without_a_gpu_passes_what_it_can_and_names_what_it_skipped(

@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from conftest import chat_line, cli, journal_records, read_jsonl, wait_until, write_jsonl
-from serving import create_batch, lines_of, requests_file, start_server, stop_server
+from support.cli import cli
+from support.jobs import journal_records
+from support.lines import chat_line, read_jsonl, write_jsonl
+from support.serving import create_batch, lines_of, requests_file, start_server, stop_server
+from support.waits import wait_until
 
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import typer
+from support.paths import ROOT
 
 from batchrun.cli import app
 
-ROOT = Path(__file__).resolve().parent.parent
 BATCHRUN = Path(sys.executable).parent / "batchrun"
 WIDTH = 80
 MIN_HELP = 30  # columns the help text keeps at the least

@@ -14,7 +14,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import ROOT
+
 PACKAGE = ROOT / "batchrun"
 CORE = ("job", "run", "export", "openai")
 ARCHITECTURE = ROOT / "docs" / "architecture.md"

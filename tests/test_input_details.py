@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import chat_line, cli, read_jsonl, write_jsonl
+from support.cli import cli
+from support.lines import chat_line, read_jsonl, write_jsonl
 
 from batchrun.openai.reader import read_input
 from batchrun.openai.records import LineError, Request

@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, chat_line, cli, journal_records, read_jsonl, start_cli, write_jsonl
+from support.cli import cli, start_cli
+from support.jobs import journal_records
+from support.lines import chat_line, read_jsonl, write_jsonl
+from support.paths import ROOT
 
 
 def make_input(path: Path, ids: list[str]) -> Path:

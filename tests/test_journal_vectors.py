@@ -14,7 +14,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import cli, journal_records, start_cli, wait_until, write_jsonl
+from support.cli import cli, start_cli
+from support.jobs import journal_records
+from support.lines import write_jsonl
+from support.waits import wait_until
 from test_embedding_vectors import embedding_line, export_all, lines, vector_of
 
 from batchrun.engines.echo import echo_vector_bytes

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from support.paths import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_scale import write_long_prompts  # the benchmark's own file of long prompts

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli, model_line, read_jsonl, write_jsonl
 from lora_models import make_adapter
+from support.cli import cli
+from support.lines import model_line, read_jsonl, write_jsonl
 
 from batchrun.openai.reader import read_input
 from batchrun.openai.records import CHAT, LineError, Request
@@ -292,7 +293,7 @@ def test_prefix_groups_still_form_within_an_adapter() -> None:
 def test_serve_routes_a_batchs_lines_to_the_base_or_its_adapter(
     tmp_path: Path, adapters: dict[str, Path]
 ) -> None:
-    from serving import create_batch, lines_of, start_server, stop_server, wait_done
+    from support.serving import create_batch, lines_of, start_server, stop_server, wait_done
 
     server = start_server(tmp_path / "root", *_lora(adapters, "a1", "a2"))
     try:
@@ -341,7 +342,9 @@ def test_kill_9_mid_job_then_resume_runs_each_adapter_line_exactly_once(
     import os
     import signal
 
-    from conftest import journal_records, results_at_least, start_cli, wait_until
+    from support.cli import start_cli
+    from support.jobs import journal_records
+    from support.waits import results_at_least, wait_until
 
     models = [None, "a1", "a2", "echo"]
     src = write_jsonl(

@@ -12,16 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli, start_cli, wait_until, write_jsonl
 from prometheus_client import Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from support.cli import cli, start_cli
+from support.lines import write_jsonl
+from support.paths import FAKE_NVML
+from support.waits import wait_until
 
 from batchrun.metrics import names
 from batchrun.metrics.exporter import start_exporter
 from batchrun.metrics.histogram import FastHistogram
 from batchrun.metrics.recorder import CostMeter, RunMetrics
-
-FAKE_NVML = Path(__file__).parent / "fakes" / "nvml"
 
 
 def completion(cid: str, max_tokens: int = 4) -> dict[str, Any]:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from support.paths import FAKE_NVML, ROOT
 
 from batchrun.job.figures import JobFigures
 from batchrun.metrics import names
@@ -20,9 +20,7 @@ from batchrun.metrics.recorder import CostMeter
 from batchrun.openai.records import Outcome, Request
 from batchrun.serve.metrics import Metrics
 
-ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy" / "grafana" / "batchrun.json"
-FAKE_NVML = Path(__file__).parent / "fakes" / "nvml"
 # A PromQL identifier followed by what may follow a metric name (a selector, a range, an
 # operator, the end), not a function's parenthesis.
 IDENTIFIER = re.compile(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\b(?!\s*\()")

@@ -29,11 +29,13 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import ROOT, cli, start_cli, wait_until, write_jsonl
+from support.cli import cli, start_cli
+from support.lines import write_jsonl
+from support.paths import FAKE_NVML, ROOT
+from support.waits import wait_until
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "batchrun.json"
 EXAMPLE = ROOT / "deploy" / "grafana" / "prometheus.yml"
-FAKE_NVML = Path(__file__).parent / "fakes" / "nvml"
 PACKAGES = ("prometheus", "prometheus-pushgateway")  # Debian's; their binaries have these names
 TTFT_PANEL = "Time to first token p50 / p99"
 

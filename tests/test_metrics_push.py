@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli, wait_until, write_jsonl
 from prometheus_client.parser import text_string_to_metric_families
+from support.cli import cli
+from support.lines import write_jsonl
+from support.waits import wait_until
 
 from batchrun.errors import OptionError
 from batchrun.metrics.push import Pusher, gateway_url

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import chat_line, write_jsonl
 from prometheus_client.parser import text_string_to_metric_families
-from serving import API_KEY, create_batch, start_server, stop_server, wait_done
+from support.lines import chat_line, write_jsonl
+from support.serving import API_KEY, create_batch, start_server, stop_server, wait_done
 
 from batchrun.metrics import names
 

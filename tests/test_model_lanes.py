@@ -15,7 +15,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import cli, journal_records, model_line, results_at_least, start_cli, wait_until
+from support.cli import cli, start_cli
+from support.jobs import journal_records
+from support.lines import model_line
+from support.waits import results_at_least, wait_until
 
 from batchrun.run.lanes import MOVE_BATCHES, next_lane, share_out
 

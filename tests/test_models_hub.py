@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import chat_line, cli, cli_process, read_jsonl, write_jsonl
-from hub_cache import COMMIT, HUB_ID, make_hub_cache
+from support.cli import cli, cli_process
+from support.hub_cache import COMMIT, HUB_ID, make_hub_cache
+from support.lines import chat_line, read_jsonl, write_jsonl
 
 from batchrun import cache_home, models
 from batchrun.config import EngineSettings

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli, read_jsonl, write_jsonl
 from mm_models import png_bytes, wav_bytes
+from support.cli import cli
+from support.lines import read_jsonl, write_jsonl
 
 from batchrun.openai.media import MediaPolicy, use_media_policy
 from batchrun.openai.reader import read_input

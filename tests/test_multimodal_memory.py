@@ -13,7 +13,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, read_jsonl
+from support.lines import read_jsonl
+from support.paths import ROOT
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 

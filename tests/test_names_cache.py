@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, chat_line, write_jsonl
+from support.lines import chat_line, write_jsonl
+from support.paths import ROOT
 
 from batchrun.engines.names_cache import FILE, build_key, cached_names
 

@@ -21,17 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
-    chat_line,
-    cli,
-    cli_process,
-    journal_records,
-    read_jsonl,
-    start_cli,
-    wait_until,
-    write_jsonl,
-)
-from s3_store import ACCESS_KEY, SECRET_KEY, Proxy, S3Store, free_ports
+from support.cli import cli, cli_process, start_cli
+from support.jobs import journal_records
+from support.lines import chat_line, read_jsonl, write_jsonl
+from support.s3_store import ACCESS_KEY, SECRET_KEY, Proxy, S3Store, free_ports
+from support.waits import wait_until
 
 from batchrun.errors import BatchrunError
 from batchrun.storage.upload import upload_files

@@ -15,8 +15,10 @@ from typing import Any, ClassVar
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT, cli, write_jsonl
-from openai_checks import check_against_request, output_lines, parse_body, requests_of
+from support.cli import cli
+from support.lines import write_jsonl
+from support.openai_checks import check_against_request, output_lines, parse_body, requests_of
+from support.paths import ROOT
 
 from batchrun.engines.echo import ECHO_DIMENSIONS, echo_vector
 from batchrun.engines.vllm.prompts import template_takes

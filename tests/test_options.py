@@ -11,7 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, chat_line, cli, journal_records, write_jsonl
+from support.cli import cli
+from support.jobs import journal_records
+from support.lines import chat_line, write_jsonl
+from support.paths import ROOT
 
 from batchrun.config import SEED_MAX
 from batchrun.engines.vllm.reasoning import parser_names

@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT, chat_line, cli, write_jsonl
+from support.cli import cli
+from support.lines import chat_line, write_jsonl
+from support.paths import ROOT
 
 
 def test_a_closed_output_pipe_does_not_stop_the_job(tmp_path: Path) -> None:

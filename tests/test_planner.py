@@ -13,16 +13,10 @@ from typing import Any
 
 import msgspec
 import pytest
-from conftest import (
-    chat_line,
-    cli,
-    journal_records,
-    read_jsonl,
-    results_at_least,
-    start_cli,
-    wait_until,
-    write_jsonl,
-)
+from support.cli import cli, start_cli
+from support.jobs import journal_records
+from support.lines import chat_line, read_jsonl, write_jsonl
+from support.waits import results_at_least, wait_until
 
 from batchrun.openai.records import CHAT, Outcome, Request
 from batchrun.run import planner

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_until
+from support.waits import wait_until
 
 from batchrun.config import EngineSettings
 from batchrun.workers import platform_env

@@ -15,7 +15,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import chat_line, cli, journal_records, read_jsonl, write_jsonl
+from support.cli import cli
+from support.jobs import journal_records
+from support.lines import chat_line, read_jsonl, write_jsonl
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from conftest import chat_line, cli, read_jsonl, write_jsonl
+from support.cli import cli
+from support.lines import chat_line, read_jsonl, write_jsonl
 
 from batchrun.engines.echo import echo_text
 from batchrun.openai.fields import SEED_MAX, SEED_MIN

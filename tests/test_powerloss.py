@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli
-from powerloss.crashes import (
+from support.cli import cli
+from support.powerloss.crashes import (
     BATCHRUN,
     CrashPoint,
     Spec,
@@ -25,7 +25,7 @@ from powerloss.crashes import (
     recover,
     template_of,
 )
-from powerloss.mount import Cut, FuseUnavailable, ensure_fuse
+from support.powerloss.mount import Cut, FuseUnavailable, ensure_fuse
 
 pytestmark = [pytest.mark.slow, pytest.mark.powerloss]
 
@@ -248,8 +248,8 @@ def test_the_answer_cache_survives_power_cuts(
 
 
 def test_serve_survives_power_cuts(tmp_path: Path, record_property: Any) -> None:
-    from powerloss.served import ServeRun, check_served
-    from serving import requests_file
+    from support.powerloss.served import ServeRun, check_served
+    from support.serving import requests_file
 
     n = 40
     run = ServeRun(requests_file(tmp_path / "requests.jsonl", n), n)

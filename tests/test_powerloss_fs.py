@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from powerloss.mount import FuseUnavailable, PowerMount, ensure_fuse, mounted, run_and_cut
+from support.powerloss.mount import FuseUnavailable, PowerMount, ensure_fuse, mounted, run_and_cut
 
 pytestmark = [pytest.mark.slow, pytest.mark.powerloss]
 

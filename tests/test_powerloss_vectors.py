@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli, write_jsonl
-from powerloss.crashes import BATCHRUN, CrashPoint, Violation
-from powerloss.mount import Cut, FuseUnavailable, ensure_fuse
+from support.cli import cli
+from support.lines import write_jsonl
+from support.powerloss.crashes import BATCHRUN, CrashPoint, Violation
+from support.powerloss.mount import Cut, FuseUnavailable, ensure_fuse
 from test_embedding_vectors import lines
 
 from batchrun.engines.echo import echo_vector_bytes

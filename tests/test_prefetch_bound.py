@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
-import fakes.workers as ts  # the fake worker and reporter
+import support.fakes.workers as ts  # the fake worker and reporter
 
 from batchrun.config import EngineSettings
 from batchrun.job.journal import JournalWriter

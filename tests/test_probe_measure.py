@@ -8,9 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import cli
-
-ROOT = Path(__file__).resolve().parent.parent
+from support.cli import cli
+from support.paths import ROOT
 
 
 @pytest.mark.parametrize(

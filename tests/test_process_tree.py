@@ -17,7 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, chat_line, cli_process, start_cli, wait_until, worker_pids, write_jsonl
+from support.cli import cli_process, start_cli
+from support.lines import chat_line, write_jsonl
+from support.paths import ROOT
+from support.processes import worker_pids
+from support.waits import wait_until
 
 from batchrun.config import EngineSettings
 from batchrun.workers import gpu_release, process_group

@@ -17,8 +17,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from api_jobs import answered, api_process, chat_requests, input_lines
-from conftest import ROOT, cli, journal_records, wait_until, write_jsonl
+from support.api_jobs import answered, api_process, chat_requests, input_lines
+from support.cli import cli
+from support.jobs import journal_records
+from support.lines import write_jsonl
+from support.paths import ROOT
+from support.waits import wait_until
 
 import batchrun
 from batchrun.api.options import ENGINE_OPTIONS, EngineOptions

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_jobs import api_process, chat_requests
-from conftest import cli
+from support.api_jobs import api_process, chat_requests
+from support.cli import cli
 
 import batchrun
 from batchrun.metrics.exporter import DEFAULT_HOST

@@ -18,18 +18,12 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import (
-    chat_line,
-    cli,
-    group_alive,
-    journal_records,
-    read_jsonl,
-    results_at_least,
-    start_cli,
-    wait_until,
-    write_jsonl,
-)
-from vllm_served import finished_with
+from support.cli import cli, start_cli
+from support.jobs import journal_records
+from support.lines import chat_line, read_jsonl, write_jsonl
+from support.processes import group_alive
+from support.vllm_served import finished_with
+from support.waits import results_at_least, wait_until
 
 pytestmark = pytest.mark.ray
 

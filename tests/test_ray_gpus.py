@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import chat_line, cli, journal_records, write_jsonl
+from support.cli import cli
+from support.jobs import journal_records
+from support.lines import chat_line, write_jsonl
 
 from batchrun.errors import BatchrunError
 from batchrun.workers import ray_start

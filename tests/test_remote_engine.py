@@ -11,8 +11,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import cli, journal_records, results_at_least, start_cli, wait_until
-from fakes.openai_server import MODEL, answer, chat_body_line, fake_openai_server
+from support.cli import cli, start_cli
+from support.fakes.openai_server import MODEL, answer, chat_body_line, fake_openai_server
+from support.jobs import journal_records
+from support.waits import results_at_least, wait_until
 
 KEY = "sk-test-secret-4711"
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import chat_line, write_jsonl
-from fakes.openai_server import MODEL, answer, fake_openai_server
-from serving import API_KEY, create_batch, lines_of, start_server, stop_server, wait_done
+from support.fakes.openai_server import MODEL, answer, fake_openai_server
+from support.lines import chat_line, write_jsonl
+from support.serving import API_KEY, create_batch, lines_of, start_server, stop_server, wait_done
 
 pytestmark = pytest.mark.slow  # a serve process
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli, write_jsonl
+from support.cli import cli
+from support.lines import write_jsonl
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 

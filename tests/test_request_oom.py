@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from conftest import chat_line, cli, journal_records, read_jsonl, write_jsonl
-from fakes.workers import Events, FakeWorker, requests, results
+from support.cli import cli
+from support.fakes.workers import Events, FakeWorker, requests, results
+from support.jobs import journal_records
+from support.lines import chat_line, read_jsonl, write_jsonl
 
 from batchrun.config import EngineSettings
 from batchrun.job.journal import JournalWriter

@@ -13,10 +13,12 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from conftest import ROOT, chat_line, cli, write_jsonl
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
-from openai_checks import assert_no_extra, output_lines, requests_of
+from support.cli import cli
+from support.lines import chat_line, write_jsonl
+from support.openai_checks import assert_no_extra, output_lines, requests_of
+from support.paths import ROOT
 
 from batchrun.openai.params import OutputFormat, Sampling, sampling
 from batchrun.openai.reader import read_input

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli, read_jsonl, write_jsonl
 from mm_models import png_bytes
+from support.cli import cli
+from support.lines import read_jsonl, write_jsonl
 
 from batchrun.engines.vllm.media import media_messages
 from batchrun.openai.media import MediaPolicy, use_media_policy

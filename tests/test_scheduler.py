@@ -17,7 +17,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from fakes.workers import Events, FakeWorker, requests, results
+from support.fakes.workers import Events, FakeWorker, requests, results
 
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError

@@ -13,7 +13,9 @@ from typing import Any
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from conftest import cli, read_jsonl, write_jsonl
+from support.cli import cli
+from support.lines import read_jsonl, write_jsonl
+from support.paths import ROOT
 
 from batchrun.config import EngineSettings
 from batchrun.engines.echo import EchoEngine, word_cosine
@@ -34,7 +36,6 @@ from batchrun.run.planner import prompt_text
 from batchrun.run.tuning import cache_key
 from batchrun.serve.router import engine_kind
 
-ROOT = Path(__file__).resolve().parent.parent
 SCORE_SAMPLE = ROOT / "sample_data" / "score.jsonl"
 RERANK_SAMPLE = ROOT / "sample_data" / "rerank.jsonl"
 DOCS = ["Cats eat fish.", "Stocks fell today.", "A cat eats fish and meat."]

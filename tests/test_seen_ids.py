@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import write_jsonl
+from support.lines import write_jsonl
 
 from batchrun.openai import seen_ids
 from batchrun.openai.reader import read_input

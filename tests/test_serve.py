@@ -15,18 +15,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from conftest import (
-    ROOT,
-    chat_line,
-    cli,
-    journal_records,
-    read_jsonl,
-    results_at_least,
-    wait_until,
-    write_jsonl,
-)
 from openai.types import Batch
-from serving import (  # noqa: F401 (named here too, for the tests that import them from here)
+from support.cli import cli
+from support.jobs import journal_records
+from support.lines import chat_line, read_jsonl, write_jsonl
+from support.paths import ROOT
+from support.serving import (  # noqa: F401 (named here too, for the tests that import them from here)
     API_KEY,
     DONE,
     SLOW_ENGINE,
@@ -40,6 +34,7 @@ from serving import (  # noqa: F401 (named here too, for the tests that import t
     stop_server,
     wait_done,
 )
+from support.waits import results_at_least, wait_until
 
 from batchrun.serve.batches import RECORD_NAME, BatchRecord, BatchStore, new_batch
 

@@ -15,9 +15,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from conftest import chat_line, journal_records, results_at_least, wait_until
 from openai import AsyncOpenAI, OpenAI
-from serving import (
+from support.jobs import journal_records
+from support.lines import chat_line
+from support.serving import (
     API_KEY,
     SLOW_ENGINE,
     SLOW_ENV,
@@ -28,6 +29,7 @@ from serving import (
     stop_server,
     wait_done,
 )
+from support.waits import results_at_least, wait_until
 
 from batchrun.serve.checks import check_metadata
 

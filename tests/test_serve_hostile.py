@@ -16,8 +16,9 @@ from urllib.parse import urlsplit
 import httpx
 import openai
 import pytest
-from conftest import chat_line, wait_until, write_jsonl
-from serving import API_KEY, Server, create_batch, start_server, stop_server, wait_done
+from support.lines import chat_line, write_jsonl
+from support.serving import API_KEY, Server, create_batch, start_server, stop_server, wait_done
+from support.waits import wait_until
 
 from batchrun.serve.guard import MAX_BODY_BYTES, MAX_DEPTH
 

@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import chat_line, cli, journal_records, results_at_least, wait_until, write_jsonl
 from openai import OpenAI
 from openai.types import Batch
-from serving import API_KEY, Server, start_server, stop_server, wait_done
+from support.cli import cli
+from support.jobs import journal_records
+from support.lines import chat_line, write_jsonl
+from support.serving import API_KEY, Server, start_server, stop_server, wait_done
+from support.waits import results_at_least, wait_until
 
 from batchrun.errors import BatchrunError
 from batchrun.serve.kinds import kind_switch_after

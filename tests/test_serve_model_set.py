@@ -12,16 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
-    cli,
-    group_alive,
-    journal_records,
-    model_line,
-    results_at_least,
-    wait_until,
-    write_jsonl,
+from support.cli import cli
+from support.jobs import journal_records
+from support.lines import model_line, write_jsonl
+from support.processes import group_alive
+from support.serving import (
+    SLOW,
+    TWO,
+    Server,
+    create_batch,
+    lines_of,
+    start_server,
+    stop_server,
+    wait_done,
 )
-from serving import SLOW, TWO, Server, create_batch, lines_of, start_server, stop_server, wait_done
+from support.waits import results_at_least, wait_until
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 

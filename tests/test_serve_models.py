@@ -13,17 +13,22 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import (
-    cli,
-    group_alive,
-    journal_records,
-    model_line,
-    results_at_least,
-    wait_until,
-    write_jsonl,
-)
 from lora_models import make_adapter
-from serving import DONE, SLOW, TWO, create_batch, lines_of, start_server, stop_server, wait_done
+from support.cli import cli
+from support.jobs import journal_records
+from support.lines import model_line, write_jsonl
+from support.processes import group_alive
+from support.serving import (
+    DONE,
+    SLOW,
+    TWO,
+    create_batch,
+    lines_of,
+    start_server,
+    stop_server,
+    wait_done,
+)
+from support.waits import results_at_least, wait_until
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import chat_line, write_jsonl
-from serving import API_KEY, create_batch, lines_of, start_server, stop_server, wait_done
+from support.lines import chat_line, write_jsonl
+from support.serving import API_KEY, create_batch, lines_of, start_server, stop_server, wait_done
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 

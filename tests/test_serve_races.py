@@ -14,8 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import chat_line, journal_records, wait_until, write_jsonl
-from serving import (
+from support.jobs import journal_records
+from support.lines import chat_line, write_jsonl
+from support.serving import (
     API_KEY,
     Server,
     create_batch,
@@ -24,6 +25,7 @@ from serving import (
     stop_server,
     wait_done,
 )
+from support.waits import wait_until
 
 from batchrun.serve.batches import RECORD_NAME
 

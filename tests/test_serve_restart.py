@@ -13,17 +13,12 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import (
-    chat_line,
-    cli,
-    group_alive,
-    journal_records,
-    results_at_least,
-    wait_until,
-    write_jsonl,
-)
 from openai.types import Batch
-from serving import (
+from support.cli import cli
+from support.jobs import journal_records
+from support.lines import chat_line, write_jsonl
+from support.processes import group_alive
+from support.serving import (
     SLOW_ENGINE,
     SLOW_ENV,
     create_batch,
@@ -33,6 +28,7 @@ from serving import (
     stop_server,
     wait_done,
 )
+from support.waits import results_at_least, wait_until
 
 from batchrun.serve.batches import RECORD_NAME
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import cli, results_at_least, wait_until, write_jsonl
-from serving import (
+from support.cli import cli
+from support.lines import write_jsonl
+from support.serving import (
     API_KEY,
     SLOW_ENV,
     continue_with,
@@ -25,6 +26,7 @@ from serving import (
     stop_server,
     wait_done,
 )
+from support.waits import results_at_least, wait_until
 
 from batchrun.config import GivenOptions
 from batchrun.errors import BatchrunError

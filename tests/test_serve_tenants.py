@@ -14,8 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import results_at_least, wait_until
-from serving import (
+from support.serving import (
     SLOW_ENGINE,
     SLOW_ENV,
     Server,
@@ -26,6 +25,7 @@ from serving import (
     stop_server,
     wait_done,
 )
+from support.waits import results_at_least, wait_until
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import chat_line, cli, write_jsonl
+from support.cli import cli
+from support.lines import chat_line, write_jsonl
 
 from batchrun.job.manifest import Manifest, load_manifest, save_manifest
 from batchrun.job.paths import JobPaths

@@ -14,16 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
-    cli,
-    journal_records,
-    model_line,
-    read_jsonl,
-    results_at_least,
-    start_cli,
-    wait_until,
-)
 from lora_models import make_adapter
+from support.cli import cli, start_cli
+from support.jobs import journal_records
+from support.lines import model_line, read_jsonl
+from support.waits import results_at_least, wait_until
 
 from batchrun.openai.routing import KnownModels
 
@@ -332,7 +327,7 @@ def test_known_models_route_adapters_to_their_base() -> None:
 @pytest.mark.slow
 def test_serve_lists_the_base_model_and_each_adapter_with_its_parent(tmp_path: Path) -> None:
     import httpx
-    from serving import API_KEY, start_server, stop_server
+    from support.serving import API_KEY, start_server, stop_server
 
     adapter = make_adapter(tmp_path / "a1", seed=1)
     server = start_server(

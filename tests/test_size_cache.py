@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import chat_line, cli, write_jsonl
+from support.cli import cli
+from support.lines import chat_line, write_jsonl
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from conftest import chat_line, cli, journal_records, read_jsonl, write_jsonl
+from support.cli import cli
+from support.jobs import journal_records
+from support.lines import chat_line, read_jsonl, write_jsonl
 
 from batchrun.config import EngineSettings
 from batchrun.engines.startup import (
@@ -378,7 +380,7 @@ class RankFailingWorker(Worker):
 
 
 def test_a_rank_oom_behind_workerproc_initialization_failed_is_recognised(tmp_path: Path) -> None:
-    from fakes.workers import Events, requests
+    from support.fakes.workers import Events, requests
 
     RankFailingWorker.starts, RankFailingWorker.windows = 0, []
     settings = EngineSettings(engine="echo", max_num_seqs=4, window=4)

@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, chat_line, cli, start_cli, wait_until, write_jsonl
+from support.cli import cli, start_cli
+from support.lines import chat_line, write_jsonl
+from support.paths import ROOT
+from support.waits import wait_until
 
 import batchrun.job.summary as summary_module
 from batchrun.job.inputmap import write_input_map

@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, cli, write_jsonl
-from openai_checks import output_lines, parse_body
+from support.cli import cli
+from support.lines import write_jsonl
+from support.openai_checks import output_lines, parse_body
+from support.paths import ROOT
 
 from batchrun.openai.params import sampling
 from batchrun.openai.reader import read_input

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from conftest import cli, write_jsonl
 from mm_models import wav_bytes
+from support.cli import cli
+from support.lines import write_jsonl
 
 WAV_URL = "data:audio/wav;base64," + base64.b64encode(wav_bytes(0.1, 440)).decode()
 

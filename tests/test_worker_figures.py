@@ -13,17 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
-    chat_line,
-    cli,
-    journal_records,
-    results_at_least,
-    start_cli,
-    wait_until,
-    write_jsonl,
-)
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from support.cli import cli, start_cli
+from support.jobs import journal_records
+from support.lines import chat_line, write_jsonl
+from support.waits import results_at_least, wait_until
 
 from batchrun.job.figures import job_figures
 from batchrun.job.manifest import load_manifest

@@ -29,11 +29,12 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from conftest import wait_until, write_jsonl
 from openai import OpenAI
 from openai.types import Batch
-from serving import Server, lines_of, start_server, stop_server, wait_done
-from vllm_jobs import (
+
+from support.lines import write_jsonl
+from support.serving import Server, lines_of, start_server, stop_server, wait_done
+from support.vllm_jobs import (
     RESPONSES_REASONING,
     RESPONSES_SAMPLE,
     SAMPLES,
@@ -44,7 +45,8 @@ from vllm_jobs import (
     sample_lines,
     thinking_model,
 )
-from vllm_pooling import RERANK_SAMPLE, SCORE_SAMPLE
+from support.vllm_pooling import RERANK_SAMPLE, SCORE_SAMPLE
+from support.waits import wait_until
 
 EMBEDDINGS_SAMPLE = SAMPLES / "embeddings.jsonl"
 

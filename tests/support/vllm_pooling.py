@@ -36,18 +36,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from conftest import (
-    ROOT,
-    cli,
-    journal_records,
-    reference_run,
-    start_cli,
-    wait_until,
-    write_jsonl,
-)
-from vllm_jobs import SAMPLES, embedding_model_dir, exports
-
 from batchrun.openai.embeddings import embedding_inputs
+from support.cli import cli, start_cli
+from support.jobs import journal_records
+from support.lines import write_jsonl
+from support.paths import ROOT
+from support.reference import reference_run
+from support.vllm_jobs import SAMPLES, embedding_model_dir, exports
+from support.waits import wait_until
 
 SCORE_SAMPLE = SAMPLES / "score.jsonl"
 RERANK_SAMPLE = SAMPLES / "rerank.jsonl"

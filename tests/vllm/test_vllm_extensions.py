@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from openai_checks import parse_body
-from vllm_jobs import EXTENSIONS_SAMPLE, chat_job_part
+from support.openai_checks import parse_body
+from support.vllm_jobs import EXTENSIONS_SAMPLE, chat_job_part
 
 from batchrun.openai.records import CHAT
 

@@ -12,8 +12,11 @@ import sys
 from typing import Any
 
 import pytest
-from conftest import ROOT, chat_line, cli, read_jsonl, reference_run, write_jsonl
 from lora_models import make_adapter
+from support.cli import cli
+from support.lines import chat_line, read_jsonl, write_jsonl
+from support.paths import ROOT
+from support.reference import reference_run
 
 pytestmark = pytest.mark.vllm
 

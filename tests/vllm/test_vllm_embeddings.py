@@ -13,8 +13,8 @@ from typing import Any
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from conftest import journal_records
-from vllm_pooling import KILL_EMBEDDINGS, run_embedding_kill_job
+from support.jobs import journal_records
+from support.vllm_pooling import KILL_EMBEDDINGS, run_embedding_kill_job
 
 pytestmark = pytest.mark.vllm
 

@@ -10,9 +10,9 @@ from typing import Any
 import pandas as pd
 import pytest
 from openai.types.responses import Response
-from openai_checks import assert_no_extra, requests_of
-from vllm_jobs import RESPONSES_REASONING, RESPONSES_SAMPLE, line_numbers
-from vllm_served import finished_with
+from support.openai_checks import assert_no_extra, requests_of
+from support.vllm_jobs import RESPONSES_REASONING, RESPONSES_SAMPLE, line_numbers
+from support.vllm_served import finished_with
 
 pytestmark = pytest.mark.vllm
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import read_jsonl
+from support.lines import read_jsonl
 
 pytestmark = pytest.mark.vllm
 

@@ -14,9 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import ROOT, chat_line, wait_until, write_jsonl
 from openai import OpenAI
 from openai.types import Batch
+
+from support.lines import chat_line, write_jsonl
+from support.paths import ROOT
+from support.waits import wait_until
 
 API_KEY = "test-key-123"
 DONE = ("completed", "failed", "expired", "cancelled")

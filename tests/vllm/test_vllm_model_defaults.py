@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, chat_line, cli, write_jsonl
+from support.cli import cli
+from support.lines import chat_line, write_jsonl
+from support.paths import ROOT
 
 pytestmark = pytest.mark.vllm
 

@@ -8,9 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import cli, journal_records, write_jsonl
-from mm_jobs import data_url, image_chat
 from mm_models import png_bytes
+from support.cli import cli
+from support.jobs import journal_records
+from support.lines import write_jsonl
+from support.mm_jobs import data_url, image_chat
 
 pytestmark = pytest.mark.vllm
 

@@ -25,16 +25,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from conftest import (
-    ROOT,
-    cli,
-    journal_records,
-    reference_run,
-    start_cli,
-    wait_until,
-    write_jsonl,
-)
 from mm_models import png_bytes, wav_bytes
+
+from support.cli import cli, start_cli
+from support.jobs import journal_records
+from support.lines import write_jsonl
+from support.paths import ROOT
+from support.reference import reference_run
+from support.waits import wait_until
 
 SAMPLES = ROOT / "sample_data"
 IMAGE_SAMPLE = SAMPLES / "images.jsonl"

@@ -14,11 +14,14 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from conftest import ROOT, cli, journal_records, read_jsonl
-from hub_cache import HUB_ID
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
-from vllm_jobs import (
+from support.cli import cli
+from support.hub_cache import HUB_ID
+from support.jobs import journal_records
+from support.lines import read_jsonl
+from support.paths import ROOT
+from support.vllm_jobs import (
     CHAT_E2E_IDS,
     CHAT_MODEL,
     CHAT_PREFIX_IDS,
@@ -30,7 +33,7 @@ from vllm_jobs import (
     part,
     results,
 )
-from vllm_served import finished_with
+from support.vllm_served import finished_with
 
 pytestmark = pytest.mark.vllm
 

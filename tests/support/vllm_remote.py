@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conftest import ROOT
+from support.paths import ROOT
 
 # The name the server answers to; lines naming no model are sent with it.
 SERVED_NAME = "m"

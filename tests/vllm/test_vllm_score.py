@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from vllm_pooling import (
+from support.vllm_pooling import (
     CROSS_LINES,
     LONG,
     cosine,

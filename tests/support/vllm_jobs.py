@@ -35,9 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, chat_line, cli, cli_process, journal_records, write_jsonl
-from hub_cache import HUB_ID, make_hub_cache
-from openai_checks import requests_of
+
+from support.cli import cli, cli_process
+from support.hub_cache import HUB_ID, make_hub_cache
+from support.jobs import journal_records
+from support.lines import chat_line, write_jsonl
+from support.openai_checks import requests_of
+from support.paths import ROOT
 
 SAMPLES = ROOT / "sample_data"
 CHAT_SAMPLE = SAMPLES / "chat_fidelity.jsonl"

@@ -23,10 +23,12 @@ import jsonschema
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT, journal_records, reference_run
-from hub_cache import HUB_ID
-from openai_checks import check_against_request, parse_body, requests_of
-from vllm_jobs import (
+from support.hub_cache import HUB_ID
+from support.jobs import journal_records
+from support.openai_checks import check_against_request, parse_body, requests_of
+from support.paths import ROOT
+from support.reference import reference_run
+from support.vllm_jobs import (
     CHAT_SAMPLE,
     COMPLETIONS_SAMPLE,
     EMBEDDINGS_SAMPLE,
@@ -34,7 +36,7 @@ from vllm_jobs import (
     line_numbers,
     part,
 )
-from vllm_served import finished_with
+from support.vllm_served import finished_with
 
 from batchrun.openai.embeddings import embedding_inputs
 from batchrun.openai.records import CHAT, COMPLETIONS, EMBEDDINGS

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import chat_line, journal_records
+
+from support.jobs import journal_records
+from support.lines import chat_line
 
 
 def chat_requests(count: int, prefix: str = "r") -> list[dict[str, Any]]:

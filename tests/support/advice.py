@@ -7,7 +7,7 @@ import re
 import shlex
 import subprocess
 
-from conftest import cli
+from support.cli import cli
 
 # A command in back-quotes, or one after "... with: " up to ", or ..." or the end of the line.
 _QUOTED = re.compile(r"`(batchrun [^`]+)`")

@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 from openai import OpenAI
 from openai.types import Batch
-from serving import API_KEY, DONE, free_port, lines_of, start_server, stop_server
 
-from powerloss.crashes import Violation
+from support.powerloss.crashes import Violation
+from support.serving import API_KEY, DONE, free_port, lines_of, start_server, stop_server
 
 BATCHES = 2  # the first runs to its end; the second is cancelled at once
 

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_jobs import api_process
-from conftest import TEST_KV_CACHE_BYTES, chat_line
 from openai.types.chat import ChatCompletion
+from support.api_jobs import api_process
+from support.lines import chat_line
+from support.settings import TEST_KV_CACHE_BYTES
 
 import batchrun
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from openai.types import CreateEmbeddingResponse
 from openai.types.responses import Response
-from vllm_jobs import RESPONSES_REASONING
+from support.vllm_jobs import RESPONSES_REASONING
 
 pytestmark = pytest.mark.vllm
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import jsonschema
 import pytest
-from openai_checks import parse_body
-from vllm_jobs import TOOL_CHOICE_SAMPLE, chat_job_part
+from support.openai_checks import parse_body
+from support.vllm_jobs import TOOL_CHOICE_SAMPLE, chat_job_part
 
 from batchrun.openai.records import CHAT
 

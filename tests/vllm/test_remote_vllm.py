@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli, journal_records, results_at_least, start_cli, wait_until
-from fakes.fault_proxy import fault_proxy
-from vllm_remote import SERVED_NAME, VllmServe, converted_default_model
+from support.cli import cli, start_cli
+from support.fakes.fault_proxy import fault_proxy
+from support.jobs import journal_records
+from support.vllm_remote import SERVED_NAME, VllmServe, converted_default_model
+from support.waits import results_at_least, wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

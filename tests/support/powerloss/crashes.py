@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from powerloss.mount import Cut, PowerMount, run_and_cut
+from support.powerloss.mount import Cut, PowerMount, run_and_cut
 
 BATCHRUN = [sys.executable, "-m", "batchrun"]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from conftest import read_jsonl
+from support.lines import read_jsonl
 
 pytestmark = pytest.mark.vllm
 

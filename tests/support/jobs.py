@@ -1,0 +1,75 @@
+"""An echo job as most tests run one, and what a job leaves in its directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from batchrun.job.vectors import VectorReader, inline
+from support.cli import cli, cli_process, start_cli
+from support.lines import read_jsonl
+
+# The options of every echo job a test runs: the echo engine, no progress bar.
+ECHO = ("--engine", "echo", "--no-progress")
+
+
+def echo_args(src: Path | str, job: Path | str, *extra: str) -> list[str]:
+    """`submit SRC --job-dir JOB --engine echo --no-progress EXTRA...`: an echo job's command."""
+    return ["submit", str(src), "--job-dir", str(job), *ECHO, *extra]
+
+
+def submit_echo(
+    src: Path | str,
+    job: Path | str,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+    process: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """Run an echo job to its end (`cli`; `process=True`: `cli_process`, a real process)."""
+    run = cli_process if process else cli
+    return run(*echo_args(src, job, *extra), env=env, timeout=timeout)
+
+
+def start_echo(
+    src: Path | str, job: Path | str, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """Start an echo job in a process of its own (`start_cli`), to signal or kill."""
+    return start_cli(*echo_args(src, job, *extra), env=env)
+
+
+def journal_records(job_dir: Path) -> list[dict[str, Any]]:
+    """The job's journal records: its whole lines (one being written while a job runs is not
+    one yet, as the journal's own reader says), their vectors in their bodies."""
+    data = (job_dir / "journal.jsonl").read_bytes()
+    whole = data[: data.rfind(b"\n") + 1]
+    # Each line with its vectors back from the side file (job/vectors.py): the record as an
+    # earlier version wrote it, its embeddings base64 in the body.
+    with VectorReader(job_dir / "journal.jsonl") as vectors:
+        return [json.loads(inline(x + b"\n", vectors)) for x in whole.split(b"\n") if x.strip()]
+
+
+def status_json(job: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """`batchrun status --json` of a job, read (the test fails if the command does)."""
+    r = cli("status", "--job-dir", str(job), "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert isinstance(data, dict)
+    return data
+
+
+def exported(job: Path) -> list[dict[str, Any]]:
+    """`batchrun export` of a job, then its output.jsonl's lines."""
+    r = cli("export", "--job-dir", str(job))
+    assert r.returncode == 0, r.stderr
+    return read_jsonl(job / "output.jsonl")
+
+
+def chat_answers(job: Path) -> dict[str, str]:
+    """Each custom_id's chat answer in an exported job's output.jsonl."""
+    return {
+        o["custom_id"]: o["response"]["body"]["choices"][0]["message"]["content"]
+        for o in read_jsonl(job / "output.jsonl")
+    }
