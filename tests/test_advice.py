@@ -1,5 +1,5 @@
 """Every piece of advice a job command prints, followed: each test runs the command the advice
-names, as printed (tests/advice.py reads it back), and checks it does what the advice says.
+names, as printed (tests/support/advice.py reads it back), and checks it does what the advice says.
 Failures a retry cannot fix (job/lasting.py) are never sent to `retry-failed`: the advice names
 what fixes them (a longer context, the input), and following it fixes them.
 

@@ -310,7 +310,7 @@ def test_ctrl_c_while_submit_validates_gives_a_hint_that_works(tmp_path: Path) -
     assert p.returncode == 130, stderr
     assert "Traceback" not in stderr
     assert not (job / "manifest.json").exists(), "the interrupt came after validation: too late"
-    # The hint, run as printed (tests/advice.py): the same submit again, never a resume.
+    # The hint, run as printed (tests/support/advice.py): the same submit again, never a resume.
     said = stderr.strip().splitlines()[-1]
     assert said.startswith("interrupted: stopped before the job was created"), stderr
     (again,) = advised(said)

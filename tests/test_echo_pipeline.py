@@ -1,7 +1,7 @@
 """The whole pipeline on the echo engine, through the real CLI in real subprocesses.
 
 The echo engine stands in for vLLM only where a test needs faults vLLM cannot be made to show on
-demand (failures, crashes, out-of-memory) or many fast requests; tests/test_vllm_e2e.py runs the
+demand (failures, crashes, out-of-memory) or many fast requests; tests/vllm/test_vllm_e2e.py runs the
 real engine.
 """
 

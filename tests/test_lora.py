@@ -1,7 +1,7 @@
 """LoRA adapters without a model: --lora-modules and its limits through the real CLI on the echo
 engine (parsing, the adapter directory's checks, what is saved with the job, resume's checks),
 the reader's routing of body.model, and the planner's grouping by adapter. The real engine's
-answers: tests/test_lora_vllm.py."""
+answers: tests/vllm/test_lora_vllm.py."""
 
 from __future__ import annotations
 

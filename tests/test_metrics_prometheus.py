@@ -7,7 +7,7 @@ Pushgateway alone (serve's batches: for serve).
 
 Exempt, and checked to be so: the time-to-first-token panel (the echo engine measures no time to
 first token, so the family is absent; vLLM's is tested in tests/test_metrics_ttft.py). The GPU
-panels read a fake NVML (tests/fakes/nvml) on this machine without a GPU.
+panels read a fake NVML (tests/support/fakes/nvml) on this machine without a GPU.
 """
 
 from __future__ import annotations

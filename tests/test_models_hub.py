@@ -1,7 +1,7 @@
 """--model as vLLM takes it (a hub id, a directory, a .gguf file), --revision, --tokenizer,
 --served-model-name, the job keeping them for resume, the environment Ray actors get, and the
 OpenAI Batch API endpoints no local text model serves. No engine starts here: the hub id on the
-real engine is the shared chat job's (tests/vllm_jobs.py, tests/test_vllm_e2e.py)."""
+real engine is the shared chat job's (tests/support/vllm_jobs.py, tests/vllm/test_vllm_e2e.py)."""
 
 from __future__ import annotations
 

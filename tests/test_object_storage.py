@@ -1,5 +1,5 @@
 """Inputs from and results to object storage, on a real S3-compatible server (SeaweedFS's
-`weed mini` on 127.0.0.1, tests/s3_store.py): a job submitted from a bucket needs the bucket no
+`weed mini` on 127.0.0.1, tests/support/s3_store.py): a job submitted from a bucket needs the bucket no
 more once it exists (it resumes with the server stopped), `export --to` puts the files in the
 bucket and an interrupted upload never leaves an object that looks complete; every bad input is
 one line naming the URL and the cause, exit 1, and no job directory."""

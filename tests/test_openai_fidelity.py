@@ -2,7 +2,7 @@
 
 The shapes are checked with the openai package's own types in strict mode; the whole pipeline
 (reader -> worker -> journal -> export) runs the sample files on the echo engine. The real engine
-runs the same samples in tests/test_vllm_fidelity.py.
+runs the same samples in tests/vllm/test_vllm_fidelity.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Through the real CLI and real worker processes; the echo engine's BATCHRUN_ECHO_CRASH_ON kills the
 worker (SIGKILL to itself) the moment it receives one of the listed requests, as a native crash
 in a tokenizer or a sampler would. The real poison lines on the real engine are in
-tests/test_vllm_e2e.py; the scheduler's decisions, in process, in tests/test_scheduler.py.
+tests/vllm/test_vllm_e2e.py; the scheduler's decisions, in process, in tests/test_scheduler.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Power cuts across the product: submit, resume, retry-failed, export, the answer cache and
 serve, each cut at seeded moments on a file system that keeps only what a disk keeps
-(tests/powerloss/). After every cut the job resumes, every request is answered exactly once,
+(tests/support/powerloss/). After every cut the job resumes, every request is answered exactly once,
 and nothing a command acknowledged is lost."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The power-loss file system keeps what a disk keeps after a power cut, and nothing more: the
-model every power-loss test of the product stands on (tests/powerloss/fs.py)."""
+model every power-loss test of the product stands on (tests/support/powerloss/fs.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Power cuts through an embeddings job, whose vectors live in the journal's side file
 (job/vectors.py): after every cut at a seeded moment, on a file system that keeps only what a
-disk keeps (tests/powerloss/), every journaled record's vectors are there and exact, the job
+disk keeps (tests/support/powerloss/), every journaled record's vectors are there and exact, the job
 resumes, and every request comes out once with its own vector."""
 
 from __future__ import annotations

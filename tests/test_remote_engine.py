@@ -1,4 +1,4 @@
-"""The remote engine end to end on a fake OpenAI server in the test's process (tests/fakes/
+"""The remote engine end to end on a fake OpenAI server in the test's process (tests/support/fakes/
 openai_server.py): lines through `submit --base-url`, the server checked before any job exists,
 faults waited out or answered, the base URL kept by the job, the key never written."""
 

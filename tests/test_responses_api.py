@@ -1,7 +1,7 @@
 """/v1/responses and --reasoning-parser without a model: the request rules, the input as vLLM's
 server builds its chat messages, the `Response` body (openai's type), chat answers' reasoning
 fields through vLLM's real parser code, and the whole pipeline on the echo engine. The real engine
-runs them in tests/test_vllm_responses.py."""
+runs them in tests/vllm/test_vllm_responses.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """/v1/score and /v1/rerank (vLLM's scoring APIs) without a model: the rules of a line, the typed
 fields both engines read, the echo engine's answers, and their export (JSONL and Parquet).
 
-The real engine's scores are tests/test_vllm_score.py's.
+The real engine's scores are tests/vllm/test_vllm_score.py's.
 """
 
 from __future__ import annotations

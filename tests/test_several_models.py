@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from lora_models import make_adapter
 from support.cli import cli, start_cli
-from support.jobs import journal_records
+from support.jobs import answer_models, journal_records
 from support.lines import model_line, read_jsonl
 from support.waits import results_at_least, wait_until
 
@@ -40,19 +40,12 @@ def _submit(src: Path, job: Path, *args: str, env: dict[str, str] | None = None)
     return cli("submit", str(src), "--job-dir", str(job), *ECHO, *args, env={**WIDE, **(env or {})})
 
 
-def _answers(job: Path) -> dict[str, str]:
-    assert cli("export", "--job-dir", str(job)).returncode == 0
-    return {
-        o["custom_id"]: o["response"]["body"]["model"] for o in read_jsonl(job / "output.jsonl")
-    }
-
-
 def test_lines_run_on_the_model_they_name_one_engine_start_per_model(tmp_path: Path) -> None:
     models = ["small", "large", "large", None, "small", "medium", "large"]
     job = tmp_path / "job"
     r = _submit(_input(tmp_path, models), job, *TWO)
     assert r.returncode == 1, r.stderr  # the two lines naming no model of the job
-    assert _answers(job) == {
+    assert answer_models(job) == {
         "r0": "small",
         "r1": "large",
         "r2": "large",
@@ -91,7 +84,7 @@ def test_one_named_model_is_the_served_name_and_keeps_the_one_model_rules(
     job = tmp_path / "job"
     r = _submit(_input(tmp_path, [None, None]), job, "--model", "mine=org/some-model")
     assert r.returncode == 0, r.stderr
-    assert _answers(job) == {"r0": "mine", "r1": "mine"}
+    assert answer_models(job) == {"r0": "mine", "r1": "mine"}
     engine = json.loads((job / "manifest.json").read_text())["engine"]
     assert (engine["model"], engine["served_model_name"], engine["models"]) == (
         "org/some-model",
@@ -220,7 +213,7 @@ def test_retry_failed_runs_each_models_failures_on_that_model(tmp_path: Path) ->
     r = cli("retry-failed", "--job-dir", str(job), "--no-progress")
     assert r.returncode == 0, r.stderr
     assert r.stderr.count(STARTS) == 2, r.stderr
-    assert _answers(job) == {"r0": "small", "r1": "large", "r2": "small", "r3": "large"}
+    assert answer_models(job) == {"r0": "small", "r1": "large", "r2": "small", "r3": "large"}
     retried = [x for x in journal_records(job) if x["kind"] == "result" and x["attempt"] == 2]
     assert sorted((x["custom_id"], x["model"]) for x in retried) == [
         ("r0", "small"),
@@ -236,7 +229,7 @@ def test_an_adapter_runs_on_the_base_its_json_form_names(tmp_path: Path) -> None
     models = ["a1", "small", "large", "a1"]
     r = _submit(_input(tmp_path, models), job, *TWO, "--lora-modules", spec)
     assert r.returncode == 0, r.stderr
-    assert _answers(job) == {"r0": "a1", "r1": "small", "r2": "large", "r3": "a1"}
+    assert answer_models(job) == {"r0": "a1", "r1": "small", "r2": "large", "r3": "a1"}
     # small's pass first, then large's with its adapter's lines.
     order = [x["custom_id"] for x in journal_records(job) if x["kind"] == "result"]
     assert order[0] == "r1" and set(order[1:]) == {"r0", "r2", "r3"}
@@ -309,7 +302,7 @@ def test_kill_9_mid_job_then_resume_answers_every_line_once_across_the_switch(
     assert r.stderr.count(STARTS) == 1, r.stderr
     ids = [x["custom_id"] for x in journal_records(job)]
     assert sorted(ids) == sorted(f"r{i}" for i in range(n))
-    assert _answers(job) == {f"r{i}": models[i % 2] for i in range(n)}
+    assert answer_models(job) == {f"r{i}": models[i % 2] for i in range(n)}
 
 
 def test_known_models_route_adapters_to_their_base() -> None:
@@ -365,46 +358,6 @@ def test_serve_lists_the_base_model_and_each_adapter_with_its_parent(tmp_path: P
     ]
 
 
-@pytest.mark.vllm
-def test_two_real_models_answer_their_own_lines_each_engine_started_once(
-    tmp_path: Path, tiny_mm_models: dict[str, Path]
-) -> None:
-    """The packaged default model and the tiny Idefics3 in one job of text chat lines (2 engine
-    starts): each line answered once, by the model it names."""
-    import subprocess
-    import sys
-
-    converted = subprocess.run(
-        [sys.executable, "-m", "batchrun.models"], capture_output=True, text=True, check=True
-    )
-    text_model = converted.stdout.strip().splitlines()[-1]
-    names = ["text", "image"] * 3
-    lines = [model_line(f"r{i}", m) for i, m in enumerate(names)]
-    for line in lines:
-        line["body"]["temperature"] = 0
-    src = tmp_path / "in.jsonl"
-    src.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
-    job = tmp_path / "job"
-    r = cli(
-        "submit", str(src), "--job-dir", str(job), "--no-progress",
-        "--model", f"text={text_model}", "--model", f"image={tiny_mm_models['image']}",
-        "--dtype", "float32", "--batch-size", "2", "--gpu-memory-utilization", "0.1",
-        timeout=900,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "switching to model image" in r.stderr
-    # One worker, two engine starts: one header per start in its log.
-    assert (job / "logs" / "worker-0.log").read_text().count("=== worker 0, pid") == 2
-    ids = [x["custom_id"] for x in journal_records(job) if x["kind"] == "result"]
-    assert sorted(ids) == sorted(f"r{i}" for i in range(6))
-    assert _answers(job) == {f"r{i}": m for i, m in enumerate(names)}
-    status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
-    assert {n: (c["requests"], c["completed"]) for n, c in status["models"].items()} == {
-        "text": (3, 3),
-        "image": (3, 3),
-    }
-
-
 def test_identical_lines_for_two_models_are_not_merged(tmp_path: Path) -> None:
     lines = [model_line("r0", "small"), model_line("r1", "large"), model_line("r2", "large")]
     for line in lines:
@@ -415,7 +368,7 @@ def test_identical_lines_for_two_models_are_not_merged(tmp_path: Path) -> None:
     job = tmp_path / "job"
     r = _submit(src, job, *TWO)
     assert r.returncode == 0, r.stderr
-    assert _answers(job) == {"r0": "small", "r1": "large", "r2": "large"}
+    assert answer_models(job) == {"r0": "small", "r1": "large", "r2": "large"}
     # Deduplication keys hold the model: only large's two lines are one request.
     copies = [x["custom_id"] for x in journal_records(job) if "copy_of" in x]
     assert copies == ["r2"]

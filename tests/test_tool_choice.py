@@ -1,7 +1,7 @@
 """Forced tool calls (`tool_choice: "required"` or a named function): the request rules, the
 constraint (the JSON Schema vLLM's own server builds), the calls read back, and the echo engine's
 answers parsed with the openai types. The real engine runs sample_data/chat_tool_choice.jsonl in
-the shared chat job (tests/test_vllm_tool_choice.py)."""
+the shared chat job (tests/vllm/test_vllm_tool_choice.py)."""
 
 from __future__ import annotations
 

@@ -146,3 +146,10 @@ def error_line(stderr: str) -> str:
     lines = [line for line in stderr.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1, stderr
     return lines[0]
+
+
+def run_python(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`python ARGS` (a script of the checkout, a module) in a process of its own, from ROOT."""
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout
+    )

@@ -73,3 +73,8 @@ def chat_answers(job: Path) -> dict[str, str]:
         o["custom_id"]: o["response"]["body"]["choices"][0]["message"]["content"]
         for o in read_jsonl(job / "output.jsonl")
     }
+
+
+def answer_models(job: Path) -> dict[str, str]:
+    """`batchrun export` of a job, then the model that answered each custom_id."""
+    return {o["custom_id"]: o["response"]["body"]["model"] for o in exported(job)}

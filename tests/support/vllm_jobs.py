@@ -1,7 +1,7 @@
 """The real-engine jobs that the vLLM tests share, so that `pytest -m vllm` starts vLLM 5 times:
-the chat job here (1), and the two servers of tests/vllm_served.py (the generative one, 2 starts:
+the chat job here (1), and the two servers of tests/support/vllm_served.py (the generative one, 2 starts:
 the completions and responses jobs are its batches; the pooling one, 1 start: the embeddings,
-score and rerank jobs), and the cross-encoder job of tests/vllm_pooling.py (1).
+score and rerank jobs), and the cross-encoder job of tests/support/vllm_pooling.py (1).
 
 An engine start costs 20-30 s on a small CPU machine, so each job serves several test files;
 conftest.py makes each one a session-scoped fixture (vllm_chat_job, and through the servers
@@ -11,11 +11,11 @@ that runs the first time a test asks for it.
 The chat job, 1 start: the e2e chat lines (CHAT_E2E: varied sampling fields, an invalid line, a
 prompt too long, the two poison lines, as lines 1-10), then sample_data/chat_fidelity.jsonl
 (lines 11-30), on the default model given as a hub id (`--model HUB_ID`), found offline in a
-Hugging Face cache built from the packaged model in a temporary HF_HOME (tests/hub_cache.py),
+Hugging Face cache built from the packaged model in a temporary HF_HOME (tests/support/hub_cache.py),
 then CHAT_PREFIX (lines 31-35: a shared document, a duplicate pair), then
 sample_data/chat_tool_choice.jsonl (lines 36-38: forced tool calls), then
 sample_data/chat_vllm_extensions.jsonl (lines 39-52: vLLM's sampling extensions). Read by
-tests/test_vllm_e2e.py, test_vllm_fidelity.py, test_vllm_tool_choice.py and
+tests/vllm/test_vllm_e2e.py, test_vllm_fidelity.py, test_vllm_tool_choice.py and
 test_vllm_extensions.py.
 
 The custom_ids are distinct across a job's parts: each test reads its own part (`part`). To count
@@ -45,9 +45,9 @@ from support.paths import ROOT
 
 SAMPLES = ROOT / "sample_data"
 CHAT_SAMPLE = SAMPLES / "chat_fidelity.jsonl"
-# Forced tool calls (tool_choice "required" and named), last in the chat job: tests/test_vllm_tool_choice.py.
+# Forced tool calls (tool_choice "required" and named), last in the chat job: tests/vllm/test_vllm_tool_choice.py.
 TOOL_CHOICE_SAMPLE = SAMPLES / "chat_tool_choice.jsonl"
-# vLLM's sampling extensions (top_k, ignore_eos, ...), last in the chat job: tests/test_vllm_extensions.py.
+# vLLM's sampling extensions (top_k, ignore_eos, ...), last in the chat job: tests/vllm/test_vllm_extensions.py.
 EXTENSIONS_SAMPLE = SAMPLES / "chat_vllm_extensions.jsonl"
 COMPLETIONS_SAMPLE = SAMPLES / "completions_fidelity.jsonl"
 EMBEDDINGS_SAMPLE = SAMPLES / "embeddings.jsonl"

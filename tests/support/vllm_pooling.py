@@ -1,9 +1,9 @@
 """The real-engine score and rerank jobs (vLLM's /v1/score and /v1/rerank) that
-tests/test_vllm_score.py reads, and the references their scores are checked against.
+tests/vllm/test_vllm_score.py reads, and the references their scores are checked against.
 
 - The score job and the rerank job: sample_data/score.jsonl and sample_data/rerank.jsonl on
   all-MiniLM-L6-v2 (an embedding model: pairs score the cosine similarity of their embeddings),
-  batches of the pooling server (tests/vllm_served.py, one engine start with the embeddings
+  batches of the pooling server (tests/support/vllm_served.py, one engine start with the embeddings
   job); conftest.py makes them the session fixtures vllm_score_job and vllm_rerank_job.
 - The cross-encoder job, 1 start: CROSS_LINES (/v1/score) on a cross-encoder made here from
   all-MiniLM-L6-v2's weights and a classifier head of one label (seeded, untrained: its scores
@@ -14,13 +14,13 @@ tests/test_vllm_score.py reads, and the references their scores are checked agai
 The references are computed with transformers alone, never with vLLM: MiniLM's sentence
 embedding is the mean of its last hidden states over the prompt's tokens (its
 sentence-transformers pooling), and the cross-encoder's score the sigmoid of its one logit.
-Except `raw-embed` (run as a script: `python tests/vllm_pooling.py raw-embed MODEL IN OUT`):
+Except `raw-embed` (run as a script: `python tests/support/vllm_pooling.py raw-embed MODEL IN OUT`):
 raw vLLM's own `LLM.embed` of the inputs, the reference that embeddings are compared with bit
-for bit (tests/test_vllm_fidelity.py, tests/test_vllm_embeddings.py).
+for bit (tests/vllm/test_vllm_fidelity.py, tests/vllm/test_vllm_embeddings.py).
 
 - The embeddings kill job, 2 starts (and raw vLLM's reference beside it, 1): KILL_EMBEDDINGS
   lines on all-MiniLM-L6-v2, the submit killed with SIGKILL (its whole process group) once 150
-  results are journaled, then resumed and exported (tests/test_vllm_embeddings.py).
+  results are journaled, then resumed and exported (tests/vllm/test_vllm_embeddings.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A real `vllm serve` (vLLM's OpenAI-compatible server) on 127.0.0.1 for the remote engine's
-tests (tests/test_remote_vllm.py): the embedded default model, converted once, served on the
+tests (tests/vllm/test_remote_vllm.py): the embedded default model, converted once, served on the
 CPU as docs/remote.md says; started once per test session, killed and started again on the
 same port by the test of a server restart."""
 

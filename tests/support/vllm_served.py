@@ -1,5 +1,5 @@
 """The real-engine jobs that `batchrun serve` runs for the tests: several batches on a server,
-whose engine stays loaded between them (the server's log says so; tests/test_serve_vllm.py
+whose engine stays loaded between them (the server's log says so; tests/vllm/test_serve_vllm.py
 asserts it).
 
 - The generative server (2 starts): the default model with a test-only thinking chat template
@@ -15,7 +15,7 @@ asserts it).
   (sample_data/embeddings.jsonl), "score" (sample_data/score.jsonl) and "rerank"
   (sample_data/rerank.jsonl), in that order, on one pooling engine.
 
-Each batch comes back as the submit-made jobs of tests/vllm_jobs.py do (job, src, outputs,
+Each batch comes back as the submit-made jobs of tests/support/vllm_jobs.py do (job, src, outputs,
 errors, export, parquet: `batchrun export --job-dir` on the batch's job directory), plus the
 `openai` client's last `Batch`, its output and error files read through the API (`files`) and
 the server's log (both servers' logs, in order, for the generative one); `finished_with` checks
@@ -67,7 +67,7 @@ def _create(client: OpenAI, src: Path, endpoint: str) -> Batch:
 
 
 def _job(server: Server, batch: Batch, src: Path, log: str) -> dict[str, Any]:
-    """A served batch, as the jobs of tests/vllm_jobs.py are (see the module's docstring)."""
+    """A served batch, as the jobs of tests/support/vllm_jobs.py are (see the module's docstring)."""
     job = server.batch_dir(batch.id)
     return {"job": job, "src": src, "batch": batch, "log": log, **exports(job)}
 

@@ -1,4 +1,4 @@
-"""Transcription lines end to end through vLLM on a tiny Whisper (tests/mm_jobs.py): answers equal
+"""Transcription lines end to end through vLLM on a tiny Whisper (tests/support/mm_jobs.py): answers equal
 vLLM's own batch runner's, in OpenAI's transcription shape; bad audio is an error record."""
 
 from __future__ import annotations

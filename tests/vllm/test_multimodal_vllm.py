@@ -1,4 +1,4 @@
-"""Image chat lines end to end through vLLM on a tiny Idefics3 (tests/mm_jobs.py): answers equal
+"""Image chat lines end to end through vLLM on a tiny Idefics3 (tests/support/mm_jobs.py): answers equal
 raw vLLM's `LLM.chat` token for token at temperature 0, bad media are error records naming their
 cause while the other lines run, and a job SIGKILLed mid-way resumes answering each line once."""
 

@@ -1,5 +1,5 @@
 """The remote engine against a real `vllm serve` (CPU, the embedded default model) started once
-for these tests, with a fault-injecting proxy in front (tests/fakes/fault_proxy.py): answers
+for these tests, with a fault-injecting proxy in front (tests/support/fakes/fault_proxy.py): answers
 equal the server's own to the same bodies, kill -9 and resume answer every line exactly once,
 and a job outlives the server being killed and started again."""
 
@@ -28,7 +28,7 @@ COLORS = ["red", "blue", "green", "yellow", "purple", "orange", "black", "white"
 
 @pytest.fixture(scope="session")
 def vllm_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServe]:
-    """One `vllm serve` for the session (tests/vllm_remote.py)."""
+    """One `vllm serve` for the session (tests/support/vllm_remote.py)."""
     server = VllmServe(converted_default_model(), tmp_path_factory.mktemp("vllm-serve") / "log")
     server.start()
     try:

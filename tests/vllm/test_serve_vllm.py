@@ -2,7 +2,7 @@
 (upload, create, poll, download) for several batches on one server and one engine start, on a
 generative model (the completions and responses jobs and a third batch, across a kill -9 and a
 start on Ray) and on an embedding model (embeddings, score and rerank batches:
-tests/vllm_served.py)."""
+tests/support/vllm_served.py)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """End to end on the real vLLM engine and the embedded default model (SmolLM2-135M-Instruct).
 
-The jobs are session-scoped fixtures shared with tests/test_vllm_fidelity.py (tests/vllm_jobs.py
+The jobs are session-scoped fixtures shared with tests/vllm/test_vllm_fidelity.py (tests/support/vllm_jobs.py
 says what each holds and how many engine starts it costs): the chat job, whose lines 1-10 are this
 file's (with bad lines mixed in), and the completions job, a batch of the generative server
-(tests/vllm_served.py), which is killed with SIGKILL in its middle and started again in a local
+(tests/support/vllm_served.py), which is killed with SIGKILL in its middle and started again in a local
 Ray instance, one actor (so its tests are marked `ray` too).
 """
 
@@ -193,7 +193,7 @@ def test_the_prefix_cache_hit_rate_comes_from_vllm_and_duplicates_run_once(
 
 
 # --- the completions job: lines c0-c2 are this file's; killed on the way -------------------------
-# A batch of the generative server (tests/vllm_served.py), killed with SIGKILL in its middle and
+# A batch of the generative server (tests/support/vllm_served.py), killed with SIGKILL in its middle and
 # finished by the server started again on Ray (in one actor): tests/test_ray.py's real engine in
 # an actor.
 

@@ -1,4 +1,4 @@
-"""Embeddings on the real engine through a kill -9 (tests/vllm_pooling.py's kill job, on
+"""Embeddings on the real engine through a kill -9 (tests/support/vllm_pooling.py's kill job, on
 all-MiniLM-L6-v2): every request journaled exactly once, its vectors journaled as float32 bytes,
 and every value in output.jsonl and results.parquet raw vLLM's pooled float32, bit for bit."""
 

@@ -1,5 +1,5 @@
 """vLLM's sampling extensions on the real engine: sample_data/chat_vllm_extensions.jsonl, lines
-39-52 of the shared chat job (tests/vllm_jobs.py), on the default model (SmolLM2-135M-Instruct).
+39-52 of the shared chat job (tests/support/vllm_jobs.py), on the default model (SmolLM2-135M-Instruct).
 Each honoured field is checked by what it does to the answer, against a line without it."""
 
 from __future__ import annotations

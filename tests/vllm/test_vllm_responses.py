@@ -1,5 +1,5 @@
 """/v1/responses and --reasoning-parser on the real engine: the responses job (a batch of the
-generative server, tests/vllm_served.py), the default model with a test-only chat template that opens the assistant turn
+generative server, tests/support/vllm_served.py), the default model with a test-only chat template that opens the assistant turn
 in a think block, and vLLM's own qwen3 reasoning parser. Every answer parses as the openai
 package's `Response`; the reasoning split is the one vLLM's parser makes of the model's text."""
 

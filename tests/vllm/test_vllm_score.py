@@ -1,13 +1,13 @@
 """/v1/score and /v1/rerank on the real vLLM engine, checked against references made without vLLM.
 
 The score and rerank samples run on all-MiniLM-L6-v2, an embedding model: each pair must score
-the cosine similarity of the two texts' sentence embeddings, which tests/vllm_pooling.py computes
+the cosine similarity of the two texts' sentence embeddings, which tests/support/vllm_pooling.py computes
 with transformers alone (the mean of the model's last hidden states), over the same tokens,
 truncation included. A cross-encoder made from MiniLM's weights checks the other way vLLM scores:
 each pair's score must be the classifier's own output on the tokenizer's text pair. Every body
 parses with vLLM's own pydantic models and dumps back to itself: the shape is its server's.
 
-The jobs are tests/vllm_pooling.py's; these tests read only their job, src, outputs, errors,
+The jobs are tests/support/vllm_pooling.py's; these tests read only their job, src, outputs, errors,
 export and parquet (and submit, where the job was a `batchrun submit`).
 """
 

@@ -1,5 +1,5 @@
 """Forced tool calls on the real engine: sample_data/chat_tool_choice.jsonl, lines 36-38 of the
-shared chat job (tests/vllm_jobs.py), on the default model, whose chat template has no place for
+shared chat job (tests/support/vllm_jobs.py), on the default model, whose chat template has no place for
 tools: the structured-output constraint alone makes the answer a call of the listed tools."""
 
 from __future__ import annotations

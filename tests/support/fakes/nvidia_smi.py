@@ -3,7 +3,7 @@
 FAKE_NVIDIA_SMI names a JSON file: {"gpus": [{"name", "uuid", "memory_mib", "mig": [{"profile",
 "uuid"}]}], "driver": "550.54.15", "cuda": "12.4", "fail": {"code", "message"} (every call
 fails so), "hang": true (every call sleeps until killed), "calls": a file each call's arguments
-are appended to}. Tests put a wrapper called nvidia-smi first on PATH (tests/fakes/gpus.py).
+are appended to}. Tests put a wrapper called nvidia-smi first on PATH (tests/support/fakes/gpus.py).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ is then written to the backing directory, which afterwards holds exactly what a 
 kept. `--leak SEED` also commits a random half of the directories' names without their files'
 data, as a file system that writes metadata early may. Unmounted without a cut, the backing directory gets everything, as after a clean shutdown.
 
-Run by `tests/powerloss/mount.py`:
-    python tests/powerloss/fs.py BACKING MOUNTPOINT [--cut-at N] [--tear SEED] [--leak SEED]
+Run by `tests/support/powerloss/mount.py`:
+    python tests/support/powerloss/fs.py BACKING MOUNTPOINT [--cut-at N] [--tear SEED] [--leak SEED]
         [--trace FILE] [--ignore-fsync REGEX]
 stdin takes `cut`, `release`; stdout says `ready`, `cut N OP PATH`, `released`.
 """

@@ -1,6 +1,6 @@
 """The power-loss file system from a test's side: mount it, run a command on it, cut the power.
 
-`PowerMount` starts `tests/powerloss/fs.py` over a backing directory; `run_and_cut` runs a
+`PowerMount` starts `tests/support/powerloss/fs.py` over a backing directory; `run_and_cut` runs a
 command whose files live on the mount and cuts the power at the Nth mutating operation (or just
 after the command exits), killing the command's whole process tree the same instant. Once
 `unmount` returns, the backing directory holds what a disk would have kept.
