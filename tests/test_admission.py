@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from support.cli import cli
 from support.fakes.workers import Events
-from support.jobs import journal_records
+from support.jobs import journal_records, submit_echo
 from support.lines import chat_line, write_jsonl
 
 from batchrun.config import EngineSettings
@@ -465,10 +464,7 @@ def test_batchrun_kv_admission_switches_the_rule_on_through_the_cli(
     lines = [chat_line(f"r{i}", f"document {i % 3} question {i}") for i in range(12)]
     src = write_jsonl(tmp_path / "in.jsonl", lines)
     env = {admission_module.ENV: setting} if setting is not None else {}
-    r = cli(
-        "submit", str(src), "--job-dir", str(tmp_path / "job"), "--engine", "echo",
-        "--no-progress", env=env,
-    )  # fmt: skip
+    r = submit_echo(src, tmp_path / "job", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     said = [x for x in r.stderr.splitlines() if "reports no KV cache size" in x]
     assert len(said) == (1 if setting else 0), r.stderr[-2000:]

@@ -17,12 +17,11 @@ from typing import Any
 
 import pytest
 from support.advice import advised, follow, last_line
-from support.cli import cli, start_cli
-from support.jobs import journal_records
+from support.cli import cli
+from support.jobs import ECHO, journal_records, start_echo, submit_echo
 from support.lines import chat_line, read_jsonl, write_jsonl
 from support.waits import results_at_least, wait_until
 
-ECHO = ("--engine", "echo", "--no-progress")
 # Wide enough that no table row wraps.
 WIDE = {"COLUMNS": "1000"}
 
@@ -50,7 +49,7 @@ def test_requests_over_the_context_are_not_advised_for_retry_failed(tmp_path: Pa
     in status; the advice is a longer context, which, followed, answers them."""
     src = write_jsonl(tmp_path / "in.jsonl", long_and_short(5, 3))
     job = tmp_path / "my job"
-    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, "--max-model-len", "16", env=WIDE)
+    r = submit_echo(src, job, "--max-model-len", "16", env=WIDE)
     assert r.returncode == 1, r.stderr
     assert (
         row(r.stdout, "failed")
@@ -97,7 +96,7 @@ def test_requests_over_the_context_shortened_in_the_input_run_as_advised(tmp_pat
     """The advice's other way: the lines shortened in the file, the two commands it names."""
     src = write_jsonl(tmp_path / "in.jsonl", long_and_short(2, 1))
     job = tmp_path / "job"
-    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, "--max-model-len", "16")
+    r = submit_echo(src, job, "--max-model-len", "16")
     assert r.returncode == 1, r.stderr
     _, _, force, retry = advised(last_line(r))
     # The same requests (custom_ids), shortened in place.
@@ -130,7 +129,7 @@ def test_what_the_engine_refuses_as_written_is_fixed_in_the_input_as_advised(
     fixed in the input and run by the commands the advice names."""
     src = write_jsonl(tmp_path / "in.jsonl", [_embedding("e0", 8), _embedding("e1", 5000)])
     job = tmp_path / "job"
-    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, env=WIDE)
+    r = submit_echo(src, job, env=WIDE)
     assert r.returncode == 1, r.stderr
     assert (
         row(r.stdout, "failed")
@@ -161,7 +160,7 @@ def test_failures_a_retry_may_fix_are_advised_for_retry_failed_beside_the_others
     src = write_jsonl(tmp_path / "in.jsonl", [*long_and_short(2, 0), chat_line("flaky", "hi")])
     job = tmp_path / "job"
     fault = {"BATCHRUN_ECHO_FAIL": "flaky", **WIDE}
-    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, "--max-model-len", "16", env=fault)
+    r = submit_echo(src, job, "--max-model-len", "16", env=fault)
     assert r.returncode == 1, r.stderr
     said = last_line(r)
     assert said.startswith(
@@ -185,7 +184,7 @@ def test_pending_requests_are_run_by_the_advised_resume_and_exported_as_advised(
 ) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"hi {i}") for i in range(3)])
     job = tmp_path / "my job"
-    assert cli("submit", str(src), "--job-dir", str(job), *ECHO).returncode == 0
+    assert submit_echo(src, job).returncode == 0
     # As after a kill: the last request's result never journaled.
     write_jsonl(job / "journal.jsonl", [x for x in journal_records(job) if x["custom_id"] != "r2"])
     r = cli("retry-failed", "--job-dir", str(job), "--no-progress")
@@ -215,9 +214,9 @@ def test_tune_s_advice_runs_the_rest_at_the_size_found(tmp_path: Path) -> None:
 def test_a_second_submit_s_advice_continues_the_job(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", "hi") for i in range(3)])
     job = tmp_path / "job"
-    assert cli("submit", str(src), "--job-dir", str(job), *ECHO).returncode == 0
+    assert submit_echo(src, job).returncode == 0
     write_jsonl(job / "journal.jsonl", [x for x in journal_records(job) if x["custom_id"] != "r1"])
-    r = cli("submit", str(src), "--job-dir", str(job), *ECHO)
+    r = submit_echo(src, job)
     assert r.returncode == 1
     (resume,) = advised(r.stderr)
     ran = follow(resume, "--no-progress")
@@ -228,7 +227,7 @@ def test_a_second_submit_s_advice_continues_the_job(tmp_path: Path) -> None:
 def test_export_s_refusal_names_two_ways_and_both_work(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", "hi") for i in range(3)])
     job = tmp_path / "job"
-    assert cli("submit", str(src), "--job-dir", str(job), *ECHO).returncode == 0
+    assert submit_echo(src, job).returncode == 0
     write_jsonl(job / "journal.jsonl", [x for x in journal_records(job) if x["custom_id"] != "r0"])
     r = cli("export", "--job-dir", str(job))
     assert r.returncode == 1
@@ -253,8 +252,7 @@ def test_ctrl_c_s_advice_continues_the_job_and_answers_each_request_once(
     # Twice: an engine that stops answering after 8 results, so that the graceful stop the
     # first SIGINT starts (the worker asked to stop, then waited for) is still on at the second.
     fault = {"BATCHRUN_ECHO_HANG_AFTER": "8"} if signals == 2 else {}
-    p = start_cli("submit", str(src), "--job-dir", str(job), *ECHO, "--batch-size", "4",
-                  env={"BATCHRUN_ECHO_DELAY_MS": "100", **fault})  # fmt: skip
+    p = start_echo(src, job, "--batch-size", "4", env={"BATCHRUN_ECHO_DELAY_MS": "100", **fault})
     try:
         wait_until(results_at_least(job, 8), "the job journaled 8 results", timeout=120)
         os.killpg(p.pid, signal.SIGINT)
@@ -284,8 +282,7 @@ def test_a_broken_engine_s_advice_runs_the_rest_and_then_the_crashed_ones(tmp_pa
     ids = [f"r{i}" for i in range(12)]
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line(i, "hi") for i in ids])
     job = tmp_path / "job"
-    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, "--batch-size", "1",
-            env={"BATCHRUN_ECHO_CRASH_ON": ",".join(ids)})  # fmt: skip
+    r = submit_echo(src, job, "--batch-size", "1", env={"BATCHRUN_ECHO_CRASH_ON": ",".join(ids)})
     assert r.returncode == 1
     assert "so the engine itself looks broken" in r.stderr, r.stderr
     resume, retry = advised(r.stderr)
@@ -305,7 +302,7 @@ def test_a_broken_engine_s_advice_runs_the_rest_and_then_the_crashed_ones(tmp_pa
 def test_a_lost_input_map_is_written_again_by_the_advised_forced_resume(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", "hi") for i in range(3)])
     job = tmp_path / "job"
-    assert cli("submit", str(src), "--job-dir", str(job), *ECHO).returncode == 0
+    assert submit_echo(src, job).returncode == 0
     write_jsonl(src, [chat_line(f"r{i}", "hi") for i in range(4)])  # one more line
     assert cli("resume", "--job-dir", str(job), "--force", "--no-progress").returncode == 0
     (input_map,) = job.glob("input-map-*.jsonl")

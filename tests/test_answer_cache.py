@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 from mm_models import wav_bytes
-from support.cli import cli, start_cli
-from support.jobs import journal_records
+from support.cli import cli
+from support.jobs import journal_records, start_echo, submit_echo
 from support.lines import chat_line, write_jsonl
 from support.serving import start_server, stop_server, wait_done
 from support.waits import wait_until
@@ -35,8 +35,7 @@ def submit(tmp_path: Path, name: str, cache: Path, **env: str) -> tuple[Path, An
     if not src.exists():
         write_jsonl(src, lines(sampled=("r6", "r7")))
     job = tmp_path / name
-    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress",
-            "--cache-dir", str(cache), env=env)  # fmt: skip
+    r = submit_echo(src, job, "--cache-dir", str(cache), env=env)
     return job, r
 
 
@@ -174,9 +173,15 @@ def test_a_kill_between_journal_and_cache_answers_each_request_once(tmp_path: Pa
         tmp_path / "in.jsonl", [chat_line(f"k{i}", f"p{i}", temperature=0) for i in range(60)]
     )
     job = tmp_path / "job"
-    proc = start_cli("submit", str(src), "--job-dir", str(job), "--engine", "echo",
-                     "--no-progress", "--batch-size", "4", "--cache-dir", str(cache),
-                     env={"BATCHRUN_ECHO_DELAY_MS": "20"})  # fmt: skip
+    proc = start_echo(
+        src,
+        job,
+        "--batch-size",
+        "4",
+        "--cache-dir",
+        str(cache),
+        env={"BATCHRUN_ECHO_DELAY_MS": "20"},
+    )
     wait_until(
         lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 10,
         "10 results journaled",
@@ -191,8 +196,9 @@ def test_a_kill_between_journal_and_cache_answers_each_request_once(tmp_path: Pa
     # Every answer journaled is in the cache (or was journaled before it could be stored),
     # and a new job over the same input is answered from it alone.
     again = tmp_path / "again"
-    r = cli("submit", str(src), "--job-dir", str(again), "--engine", "echo", "--no-progress",
-            "--cache-dir", str(cache), env={"BATCHRUN_ECHO_FAIL": ",".join(ids)})  # fmt: skip
+    r = submit_echo(
+        src, again, "--cache-dir", str(cache), env={"BATCHRUN_ECHO_FAIL": ",".join(ids)}
+    )
     records = journal_records(again)
     cached = [rec["custom_id"] for rec in records if rec.get("cached")]
     assert len(cached) >= 60 - 4 * 3  # at most what the killed run held between its two writes
@@ -282,19 +288,7 @@ def test_two_jobs_at_once_share_one_cache(tmp_path: Path) -> None:
         tmp_path / "in.jsonl", [chat_line(f"c{i}", f"p{i}", temperature=0) for i in range(200)]
     )
     procs = [
-        start_cli(
-            "submit",
-            str(src),
-            "--job-dir",
-            str(tmp_path / f"j{k}"),
-            "--engine",
-            "echo",
-            "--no-progress",
-            "--batch-size",
-            "8",
-            "--cache-dir",
-            str(cache),
-        )
+        start_echo(src, tmp_path / f"j{k}", "--batch-size", "8", "--cache-dir", str(cache))
         for k in range(2)
     ]
     assert [p.wait(timeout=300) for p in procs] == [0, 0]

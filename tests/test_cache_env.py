@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from support.cli import cli
-from support.jobs import journal_records
+from support.jobs import journal_records, submit_echo
 from support.lines import chat_line, write_jsonl
 
 from batchrun.cache_home import cache_root
@@ -19,8 +19,7 @@ ALL = ",".join(IDS)
 
 
 def submit(src: Path, job: Path, *flags: str, **env: str) -> Any:
-    return cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress",
-               *flags, env=env)  # fmt: skip
+    return submit_echo(src, job, *flags, env=env)
 
 
 def cached(job: Path) -> set[str]:

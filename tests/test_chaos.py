@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from support.advice import advised, follow
 from support.cli import cli, start_cli
-from support.jobs import journal_records
+from support.jobs import journal_records, start_echo, submit_echo
 from support.lines import chat_line, read_jsonl, write_jsonl
 from support.paths import ROOT
 from support.waits import wait_until
@@ -273,14 +273,14 @@ def test_a_submit_killed_while_validating_can_simply_be_run_again(tmp_path: Path
     src = write_jsonl(tmp_path / "in.jsonl", lines)
     # The state such a kill leaves, built on disk: the invalid lines' records, no manifest.
     done = tmp_path / "done"
-    cli("submit", str(src), "--job-dir", str(done), "--engine", "echo", "--no-progress")
+    submit_echo(src, done)
     invalid = [x for x in journal_records(done) if x["kind"] == "invalid"]
     assert len(invalid) == 2
     job = tmp_path / "job"
     job.mkdir()
     write_jsonl(job / "journal.jsonl", invalid)
     (job / "lock").write_text("12345\n")  # left by the killed process
-    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    r = submit_echo(src, job)
     assert r.returncode == 1, r.stderr  # finished, with 2 invalid lines
     assert "Traceback" not in r.stderr
     status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
@@ -302,7 +302,7 @@ def test_ctrl_c_while_submit_validates_gives_a_hint_that_works(tmp_path: Path) -
         for i in range(100_000):  # long enough to validate that the interrupt lands in it
             f.write(f'{{"custom_id": "g{i}", "method": "GET"}}\n')
     job = tmp_path / "job"
-    p = start_cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    p = start_echo(src, job)
     wait_until((job / "lock").exists, "submit takes the job's lock", timeout=60, every=0.005)
     time.sleep(0.2)
     os.killpg(p.pid, signal.SIGINT)
@@ -365,11 +365,11 @@ def test_submit_never_discards_a_journal_with_results_whose_manifest_is_missing(
     new submit; finished results without their manifest are refused, and export still works."""
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"message {i}") for i in range(5)])
     job = tmp_path / "job"
-    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    r = submit_echo(src, job)
     assert r.returncode == 0, r.stderr
     (job / "manifest.json").unlink()
     before = (job / "journal.jsonl").read_bytes()
-    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    r = submit_echo(src, job)
     assert r.returncode == 1
     assert "holds a journal with finished requests but no manifest.json" in r.stderr, r.stderr
     assert (job / "journal.jsonl").read_bytes() == before

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.cli import cli
+from support.jobs import ECHO, submit_echo
 from support.lines import chat_line, write_jsonl
 from typer.testing import CliRunner
 
@@ -77,7 +77,7 @@ def test_a_file_holding_one_json_array_is_refused_as_not_jsonl(tmp_path: Path, t
     as JSONL it was a job of one invalid line, or of the pretty-printed array's last element)."""
     src = tmp_path / "requests.json"
     src.write_text("\ufeff" + text, encoding="utf-8")
-    r = cli("submit", str(src), "--job-dir", str(tmp_path / "j"), "--engine", "echo")
+    r = submit_echo(src, tmp_path / "j", progress=True)
     assert (r.returncode, r.stdout, r.stderr) == (
         1,
         "",
@@ -90,7 +90,7 @@ def test_a_file_holding_one_json_array_is_refused_as_not_jsonl(tmp_path: Path, t
 def test_a_jsonl_file_whose_first_line_is_an_array_is_still_a_job(tmp_path: Path) -> None:
     """Only a whole-file array is refused: a bad first line of a JSONL file is one invalid line."""
     src = write_jsonl(tmp_path / "in.jsonl", [[1, 2], chat_line("a", "hi")])
-    r = cli("submit", str(src), "--job-dir", str(tmp_path / "j"), "--engine", "echo")
+    r = submit_echo(src, tmp_path / "j", progress=True)
     assert r.returncode == 1 and "1 invalid line" in r.stdout, r.stdout + r.stderr
     assert (tmp_path / "j" / "manifest.json").exists()
 
@@ -125,9 +125,6 @@ def test_submit_refuses_to_overwrite_a_job(tmp_path: Path) -> None:
     )
     assert code == 1
     assert "a job already exists" in output and "batchrun resume" in output
-
-
-ECHO_QUIET = ("--engine", "echo", "--no-progress")
 
 
 def test_status_json_and_table(tmp_path: Path) -> None:
@@ -165,7 +162,7 @@ def _restamp(job: Path, *times: float) -> None:
 def test_status_throughput_is_over_the_runs_wall_time(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "one two"), chat_line("b", "yo")])
     job = tmp_path / "j"
-    assert run("submit", str(src), "--job-dir", str(job), *ECHO_QUIET)[0] == 0
+    assert run("submit", str(src), "--job-dir", str(job), *ECHO)[0] == 0
     # When the results came does not matter: the time is the runs' own.
     _restamp(job, 1000.0, 1004.0)
     status = json.loads(run("status", "--job-dir", str(job), "--json")[1])

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cli import cli, cli_process, start_cli
+from support.cli import cli, cli_process
+from support.jobs import start_echo, submit_echo
 from support.lines import chat_line, write_jsonl
 from support.processes import group_alive
 from support.waits import results_at_least, wait_until
@@ -38,7 +39,7 @@ def test_the_engine_starts_before_validation_ends_and_the_run_keeps_it(tmp_path:
     restart), at the batch size the run uses, and it is gone after the command's exit."""
     inp = write_jsonl(tmp_path / "in.jsonl", _lines(40_000))
     job = tmp_path / "job"
-    r = cli_process("submit", str(inp), "--job-dir", str(job), "--engine", "echo")
+    r = submit_echo(inp, job, process=True, progress=True)
     assert r.returncode == 0, r.stderr
     starts = re.findall(r"worker 0 starting echo engine \(pid (\d+)", r.stderr)
     assert len(starts) == 1, r.stderr
@@ -65,7 +66,7 @@ def test_a_ctrl_c_during_validation_stops_the_engine_and_leaves_no_job(tmp_path:
     behind: running the same submit again starts clean."""
     inp = write_jsonl(tmp_path / "in.jsonl", _lines(600_000))
     job = tmp_path / "job"
-    proc = start_cli("submit", str(inp), "--job-dir", str(job), "--engine", "echo")
+    proc = start_echo(inp, job, progress=True)
     assert proc.stderr is not None
     seen = ""
     while "starting echo engine" not in seen:
@@ -86,7 +87,7 @@ def test_a_refused_input_starts_no_engine(tmp_path: Path) -> None:
     """A file with no valid line in its first lines starts nothing before validation, and one
     validation refuses leaves no job."""
     inp = write_jsonl(tmp_path / "in.jsonl", ["not json"] * 3)
-    r = cli("submit", str(inp), "--job-dir", str(tmp_path / "job"), "--engine", "echo")
+    r = submit_echo(inp, tmp_path / "job", progress=True)
     assert r.returncode == 1
     assert "starting" not in r.stderr
     assert not (tmp_path / "job").exists()
@@ -122,7 +123,7 @@ def test_an_embeddings_job_runs_on_its_early_engine(tmp_path: Path) -> None:
     ]
     inp = write_jsonl(tmp_path / "in.jsonl", lines)
     job = tmp_path / "job"
-    r = cli_process("submit", str(inp), "--job-dir", str(job), "--engine", "echo")
+    r = submit_echo(inp, job, process=True, progress=True)
     assert r.returncode == 1, r.stderr  # finished, with an invalid line
     assert r.stderr.count("starting echo engine") == 1
     events = _events(job)
@@ -149,10 +150,14 @@ def _killed_job(tmp_path: Path, n: int, env: dict[str, str] | None = None) -> Pa
     """A job of `n` lines whose submit was killed with SIGKILL part way through its run."""
     inp = write_jsonl(tmp_path / "in.jsonl", _lines(n))
     job = tmp_path / "job"
-    proc = start_cli(
-        "submit", str(inp), "--job-dir", str(job), "--engine", "echo", "--batch-size", "64",
+    proc = start_echo(
+        inp,
+        job,
+        "--batch-size",
+        "64",
         env={"BATCHRUN_ECHO_DELAY_MS": "20", **(env or {})},
-    )  # fmt: skip
+        progress=True,
+    )
     try:
         wait_until(results_at_least(job, n // 4), "a quarter of the results", timeout=120)
         # The running job's summary is saved at a bounded rate: one is there to be trusted.
@@ -189,7 +194,7 @@ def test_retry_failed_starts_the_engine_before_the_journal_is_replayed(tmp_path:
     inp = write_jsonl(tmp_path / "in.jsonl", _lines(2_000))
     job = tmp_path / "job"
     failing = {"BATCHRUN_ECHO_FAIL": "r7,r1500"}
-    r = cli_process("submit", str(inp), "--job-dir", str(job), "--engine", "echo", env=failing)
+    r = submit_echo(inp, job, env=failing, process=True, progress=True)
     assert r.returncode != 0, r.stderr  # two requests failed
     _continued_on_an_early_engine(job, "retry-failed", 2_000)
 
@@ -198,7 +203,7 @@ def test_a_finished_job_resumed_starts_no_engine(tmp_path: Path) -> None:
     """Nothing left to run: resume and retry-failed start no worker, early or late."""
     inp = write_jsonl(tmp_path / "in.jsonl", _lines(500))
     job = tmp_path / "job"
-    assert cli("submit", str(inp), "--job-dir", str(job), "--engine", "echo").returncode == 0
+    assert submit_echo(inp, job, progress=True).returncode == 0
     for command in ("resume", "retry-failed"):
         r = cli(command, "--job-dir", str(job))
         assert r.returncode == 0, r.stderr

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from support.cli import cli, start_cli
-from support.jobs import journal_records
+from support.cli import cli
+from support.jobs import journal_records, start_echo, submit_echo
 from support.lines import chat_line, read_jsonl, write_jsonl
 from support.waits import results_at_least, wait_until
 
@@ -36,7 +36,7 @@ def test_submit_export_round_trip_with_a_bad_line(tmp_path: Path) -> None:
     ]
     src = write_jsonl(tmp_path / "in.jsonl", lines)
     job = tmp_path / "job"
-    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    r = submit_echo(src, job)
     assert r.returncode == 1, r.stderr  # finished, with invalid lines
     assert "Traceback" not in r.stderr
     r = cli("export", "--job-dir", str(job))
@@ -60,8 +60,7 @@ def test_a_dry_run_refuses_what_does_not_fit_the_context_as_vllm_would(tmp_path:
     ]
     src = write_jsonl(tmp_path / "in.jsonl", lines)
     job = tmp_path / "job"
-    args = ("--job-dir", str(job), "--engine", "echo", "--max-model-len", "8", "--no-progress")
-    r = cli("submit", str(src), *args)
+    r = submit_echo(src, job, "--max-model-len", "8")
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert cli("export", "--job-dir", str(job)).returncode == 0
     assert [o["custom_id"] for o in read_jsonl(job / "output.jsonl")] == ["fits"]
@@ -79,18 +78,7 @@ def test_retry_passes_then_retry_failed_after_the_fault_is_gone(tmp_path: Path) 
     src = make_input(tmp_path, 20)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_FAIL": "r3,r7"}
-    r = cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--engine",
-        "echo",
-        "--max-attempts",
-        "2",
-        "--no-progress",
-        env=env,
-    )
+    r = submit_echo(src, job, "--max-attempts", "2", env=env)
     assert r.returncode == 1
     recs = [x for x in journal_records(job) if x["kind"] == "result"]
     attempts = {}
@@ -121,18 +109,7 @@ def test_worker_crashes_lose_nothing_and_the_job_finishes(tmp_path: Path) -> Non
     src = make_input(tmp_path, 300)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_CRASH_AFTER": "70", "BATCHRUN_ECHO_DELAY_MS": "5"}
-    r = cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--engine",
-        "echo",
-        "--batch-size",
-        "16",
-        "--no-progress",
-        env=env,
-    )
+    r = submit_echo(src, job, "--batch-size", "16", env=env)
     assert r.returncode == 0, r.stderr
     # At most its window of 16 + 16 prefetched (fewer when the parent had not refilled it yet).
     died = re.search(r"^\[batchrun\] worker 0 died holding (\d+) requests?", r.stderr, re.M)
@@ -153,18 +130,7 @@ def test_simulated_oom_backs_off_and_finishes(tmp_path: Path) -> None:
     src = make_input(tmp_path, 400)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_OOM_ABOVE": "40", "BATCHRUN_ECHO_DELAY_MS": "2"}
-    r = cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--engine",
-        "echo",
-        "--batch-size",
-        "128",
-        "--no-progress",
-        env=env,
-    )
+    r = submit_echo(src, job, "--batch-size", "128", env=env)
     assert r.returncode == 0, r.stderr
     assert "ran out of memory at batch size 128" in r.stderr
     assert "batch size 128 -> 64" in r.stderr and "batch size 64 -> 32" in r.stderr
@@ -176,7 +142,7 @@ def test_batch_size_search_finds_the_largest_size_that_fits(tmp_path: Path) -> N
     src = make_input(tmp_path, 2000)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_OOM_ABOVE": "100", "BATCHRUN_ECHO_DELAY_MS": "20"}
-    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress", env=env)
+    r = submit_echo(src, job, env=env)
     assert r.returncode == 0, r.stderr
     status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
     probes = {p["size"]: p["ok"] for p in status["probes"]}
@@ -191,18 +157,7 @@ def test_kill_9_of_submit_then_resume_runs_only_what_is_left(tmp_path: Path) -> 
     job = tmp_path / "job"
     record = tmp_path / "received.txt"
     env = {"BATCHRUN_ECHO_DELAY_MS": "50", "BATCHRUN_ECHO_RECORD": str(record)}
-    p = start_cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--engine",
-        "echo",
-        "--batch-size",
-        "16",
-        "--no-progress",
-        env=env,
-    )
+    p = start_echo(src, job, "--batch-size", "16", env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if (job / "journal.jsonl").exists() and len(journal_records(job)) >= 100:
@@ -227,18 +182,7 @@ def test_kill_9_of_submit_then_resume_runs_only_what_is_left(tmp_path: Path) -> 
 def test_ctrl_c_flushes_and_exits_130_then_resume_finishes(tmp_path: Path) -> None:
     src = make_input(tmp_path, 400)
     job = tmp_path / "job"
-    p = start_cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--engine",
-        "echo",
-        "--batch-size",
-        "8",
-        "--no-progress",
-        env={"BATCHRUN_ECHO_DELAY_MS": "50"},
-    )
+    p = start_echo(src, job, "--batch-size", "8", env={"BATCHRUN_ECHO_DELAY_MS": "50"})
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (
         (job / "journal.jsonl").exists() and len(journal_records(job)) >= 20
@@ -261,18 +205,7 @@ def test_ctrl_c_flushes_and_exits_130_then_resume_finishes(tmp_path: Path) -> No
 def test_a_second_resume_is_refused_while_one_runs(tmp_path: Path) -> None:
     src = make_input(tmp_path, 200)
     job = tmp_path / "job"
-    p = start_cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--engine",
-        "echo",
-        "--batch-size",
-        "4",
-        "--no-progress",
-        env={"BATCHRUN_ECHO_DELAY_MS": "100"},
-    )
+    p = start_echo(src, job, "--batch-size", "4", env={"BATCHRUN_ECHO_DELAY_MS": "100"})
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not (job / "manifest.json").exists():
@@ -288,12 +221,7 @@ def test_a_second_resume_is_refused_while_one_runs(tmp_path: Path) -> None:
 def test_resume_refuses_a_changed_input_file(tmp_path: Path) -> None:
     src = make_input(tmp_path, 5)
     job = tmp_path / "job"
-    assert (
-        cli(
-            "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress"
-        ).returncode
-        == 0
-    )
+    assert submit_echo(src, job).returncode == 0
     with src.open("a") as f:
         f.write(json.dumps(chat_line("extra", "new")) + "\n")
     r = cli("resume", "--job-dir", str(job), "--no-progress")
@@ -309,20 +237,7 @@ def test_several_workers_share_one_queue_and_one_journal(tmp_path: Path) -> None
     src = make_input(tmp_path, n)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_DELAY_MS": "25"}
-    r = cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--engine",
-        "echo",
-        "--workers",
-        "3",
-        "--batch-size",
-        "16",
-        "--no-progress",
-        env=env,
-    )
+    r = submit_echo(src, job, "--workers", "3", "--batch-size", "16", env=env)
     assert r.returncode == 0, r.stderr
     records = journal_records(job)
     assert sorted(x["custom_id"] for x in records) == sorted(f"r{i}" for i in range(n))
@@ -358,10 +273,7 @@ def test_sigterm_flushes_and_exits_143(tmp_path: Path, to_group: bool) -> None:
     stopping to its parent; it is not seen to die, nor restarted."""
     src = make_input(tmp_path, 300)
     job = tmp_path / "job"
-    p = start_cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "8",
-        "--no-progress", env={"BATCHRUN_ECHO_DELAY_MS": "50"},
-    )  # fmt: skip
+    p = start_echo(src, job, "--batch-size", "8", env={"BATCHRUN_ECHO_DELAY_MS": "50"})
     wait_until(results_at_least(job, 10), "10 results", timeout=60)
     if to_group:
         os.killpg(p.pid, signal.SIGTERM)
@@ -478,12 +390,7 @@ def test_a_full_disk_stops_the_job_clearly_and_resume_completes_it(tmp_path: Pat
 def test_resume_force_runs_the_changed_file_without_rerunning_finished_work(tmp_path: Path) -> None:
     src = make_input(tmp_path, 5)
     job = tmp_path / "job"
-    assert (
-        cli(
-            "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress"
-        ).returncode
-        == 0
-    )
+    assert submit_echo(src, job).returncode == 0
     with src.open("a") as f:
         f.write(json.dumps(chat_line("extra", "new")) + "\n")
     record = tmp_path / "received.txt"
@@ -507,18 +414,7 @@ def test_kill_9_of_the_worker_alone_loses_nothing(tmp_path: Path) -> None:
 
     src = make_input(tmp_path, 400)
     job = tmp_path / "job"
-    p = start_cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--engine",
-        "echo",
-        "--batch-size",
-        "8",
-        "--no-progress",
-        env={"BATCHRUN_ECHO_DELAY_MS": "30"},
-    )
+    p = start_echo(src, job, "--batch-size", "8", env={"BATCHRUN_ECHO_DELAY_MS": "30"})
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (
         (job / "journal.jsonl").exists() and len(journal_records(job)) >= 40

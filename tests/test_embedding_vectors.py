@@ -19,8 +19,8 @@ from typing import Any
 
 import pandas as pd
 import pyarrow.parquet as pq
-from support.cli import cli, start_cli
-from support.jobs import journal_records
+from support.cli import cli
+from support.jobs import journal_records, start_echo, submit_echo
 from support.lines import write_jsonl
 from support.waits import wait_until
 
@@ -98,7 +98,7 @@ def test_the_journal_holds_float32_bytes_and_export_writes_what_each_request_ask
     refused = embedding_line("refused", "x", dimensions=ECHO_MAX_DIMENSIONS + 1)
     src = write_jsonl(tmp_path / "in.jsonl", [*lines(20), refused, *lines(40)[20:]])
     job = tmp_path / "job"
-    run = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    run = submit_echo(src, job)
     assert run.returncode == 1, run.stderr  # the refused line failed
     records = [r for r in journal_records(job) if r["kind"] == "result" and r["ok"]]
     assert len(records) == 40
@@ -147,10 +147,7 @@ def test_nan_and_infinities_are_journaled_as_they_are_and_exported_as_null(
         ],
     )
     job = tmp_path / "job"
-    run = cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress",
-        env={"BATCHRUN_ECHO_NAN_ON": "float,b64,many"},
-    )  # fmt: skip
+    run = submit_echo(src, job, env={"BATCHRUN_ECHO_NAN_ON": "float,b64,many"})
     assert run.returncode == 0, run.stderr
     nan_inf = f32([math.nan, math.inf, -math.inf])
     for rec in journal_records(job):
@@ -192,7 +189,7 @@ def test_a_journal_of_float_lists_from_an_earlier_version_resumes_and_exports(
 ) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", lines(8, dimensions=64))
     job = tmp_path / "job"
-    run = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    run = submit_echo(src, job)
     assert run.returncode == 0, run.stderr
     # The journal as an earlier version left it, killed after 4 results: e0-e3 in the old
     # format, e4-e7 never run; its summary gone (it is derived from the journal).
@@ -227,10 +224,7 @@ def test_a_kill_9_mid_job_resumes_with_every_request_exactly_once(tmp_path: Path
     src = write_jsonl(tmp_path / "in.jsonl", lines(n))
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_DELAY_MS": "20"}
-    proc = start_cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress",
-        "--batch-size", "16", env=env,
-    )  # fmt: skip
+    proc = start_echo(src, job, "--batch-size", "16", env=env)
     try:
         wait_until(
             lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 100,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from support.cli import cli
 from support.fakes.gpus import gpu, install_nvidia_smi
+from support.jobs import submit_echo
 from support.lines import chat_line, write_jsonl
 from support.paths import ROOT
 
@@ -106,7 +107,7 @@ def test_a_job_saved_with_an_unknown_engine_says_which_option_replaces_it(
 ) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi"), chat_line("b", "yo")])
     job = tmp_path / "job"
-    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    r = submit_echo(src, job)
     assert r.returncode == 0, r.stdout + r.stderr
     manifest = json.loads((job / "manifest.json").read_text())
     manifest["engine"]["engine"] = "gpt"

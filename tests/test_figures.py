@@ -13,14 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cli import cli, start_cli
-from support.jobs import journal_records
+from support.cli import cli
+from support.jobs import ECHO, journal_records, start_echo, submit_echo
 from support.lines import chat_line, write_jsonl
 from support.waits import results_at_least, wait_until
 
 from batchrun.job.run_clock import INTERVAL_S
-
-ECHO = ("--engine", "echo", "--no-progress")
 
 
 def status_json(job: Path) -> dict[str, Any]:
@@ -70,11 +68,15 @@ def test_a_killed_job_s_status_page_and_journal_agree_and_its_wall_time_is_kept(
     src = write_jsonl(tmp_path / "in.jsonl", lines)
     job = tmp_path / "job"
     started = time.monotonic()
-    p = start_cli(
-        "submit", str(src), "--job-dir", str(job), *ECHO, "--batch-size", "8",
-        "--gpu-hour-cost", "3600",
+    p = start_echo(
+        src,
+        job,
+        "--batch-size",
+        "8",
+        "--gpu-hour-cost",
+        "3600",
         env={"BATCHRUN_ECHO_DELAY_MS": "300", "BATCHRUN_ECHO_FAIL": "r3,r5"},
-    )  # fmt: skip
+    )
     wait_until(results_at_least(job, 40), "the job journaled 40 results", timeout=120)
     # Past a few of the run clock's ticks: the kill may cost at most the last one.
     time.sleep(3 * INTERVAL_S)
@@ -123,16 +125,14 @@ def test_cache_hits_and_attempts_agree_in_the_summary_status_and_page(tmp_path: 
     # Deterministic lines (temperature 0) are cached; ten of them twice (duplicates).
     first = [chat_line(f"a{i}", f"q {i}", temperature=0) for i in range(20)]
     src1 = write_jsonl(tmp_path / "one.jsonl", first)
-    r = cli(
-        "submit", str(src1), "--job-dir", str(tmp_path / "j1"), *ECHO, "--cache-dir", str(cache)
-    )
+    r = submit_echo(src1, tmp_path / "j1", "--cache-dir", str(cache))
     assert r.returncode == 0, r.stderr
     # 20 lines the cache answers, 10 new ones, 10 duplicates of the new ones.
     second = [chat_line(f"b{i}", f"q {i}", temperature=0) for i in range(20)]
     second += [chat_line(f"n{i}", f"new {i % 10}", temperature=0) for i in range(20)]
     src2 = write_jsonl(tmp_path / "two.jsonl", second)
     job = tmp_path / "j2"
-    r = cli("submit", str(src2), "--job-dir", str(job), *ECHO, "--cache-dir", str(cache))
+    r = submit_echo(src2, job, "--cache-dir", str(cache))
     assert r.returncode == 0, r.stderr
 
     status = status_json(job)
@@ -158,10 +158,7 @@ def test_the_error_rate_counts_duplicates_copies_as_the_attempts_do(tmp_path: Pa
     src = write_jsonl(tmp_path / "in.jsonl", lines)
     job = tmp_path / "job"
     fail = ",".join(f"r{i}" for i in range(3))
-    r = cli(
-        "submit", str(src), "--job-dir", str(job), *ECHO, "--max-attempts", "1",
-        env={"BATCHRUN_ECHO_FAIL": fail},
-    )  # fmt: skip
+    r = submit_echo(src, job, "--max-attempts", "1", env={"BATCHRUN_ECHO_FAIL": fail})
     assert r.returncode == 1, r.stderr
     status = status_json(job)
     assert status["requests"]["failed"] == 6 and status["deduplicated"] == 12
@@ -174,7 +171,7 @@ def test_the_error_rate_counts_duplicates_copies_as_the_attempts_do(tmp_path: Pa
 def test_a_short_job_s_page_draws_from_one_point_with_distinct_labels(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"q {i}") for i in range(30)])
     job = tmp_path / "job"
-    assert cli("submit", str(src), "--job-dir", str(job), *ECHO).returncode == 0
+    assert submit_echo(src, job).returncode == 0
     data = report_data(job)
     x = data["throughput"]["x"]
     assert x and min(x) >= 0 and sum(data["throughput"]["ok"]) == 30
@@ -196,7 +193,7 @@ def test_a_short_job_s_page_draws_from_one_point_with_distinct_labels(tmp_path: 
 def test_values_that_are_no_number_are_refused(tmp_path: Path, option: str, value: str) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi")])
     job = tmp_path / "job"
-    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, option, value)
+    r = submit_echo(src, job, option, value)
     assert r.returncode == 2
     assert "finite number" in r.stderr and option in r.stderr
     assert "Traceback" not in r.stderr

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import pytest
 from support.cli import cli
-from support.jobs import journal_records
+from support.jobs import journal_records, submit_echo
 from support.lines import chat_line, read_jsonl, write_jsonl
 from support.serving import create_batch, lines_of, requests_file, start_server, stop_server
 from support.waits import wait_until
@@ -45,20 +45,7 @@ def make_input(tmp_path: Path, n: int) -> Path:
 
 def submit(src: Path, job: Path, *args: str, env: dict[str, str]) -> Any:
     # The time-out is the test's own: on a batchrun with no watchdog these jobs never end.
-    return cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--engine",
-        "echo",
-        "--batch-size",
-        "4",
-        "--no-progress",
-        *args,
-        env=env,
-        timeout=90,
-    )
+    return submit_echo(src, job, "--batch-size", "4", *args, env=env, timeout=90)
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])
@@ -203,9 +190,7 @@ def test_a_timeout_out_of_range_is_a_usage_error(
     tmp_path: Path, option: str, value: str, says: str
 ) -> None:
     src = make_input(tmp_path, 1)
-    r = cli(
-        "submit", str(src), "--job-dir", str(tmp_path / "job"), "--engine", "echo", option, value
-    )
+    r = submit_echo(src, tmp_path / "job", option, value, progress=True)
     assert r.returncode == 2
     assert says in " ".join(r.stderr.replace("│", " ").split())
     assert not (tmp_path / "job").exists()

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from support.cli import cli
+from support.jobs import submit_echo
 from support.lines import chat_line, read_jsonl, write_jsonl
 
 from batchrun.openai.reader import read_input
@@ -62,7 +63,7 @@ def test_a_duplicate_key_line_runs_nothing_and_exports_as_an_error(tmp_path: Pat
         [LINE % ('"a", "custom_id": "b"', BODY), json.dumps(chat_line("c", "hello"))],
     )
     job = tmp_path / "job"
-    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    r = submit_echo(src, job)
     assert r.returncode == 1, r.stderr
     assert cli("export", "--job-dir", str(job)).returncode == 0
     errors = read_jsonl(job / "errors.jsonl")
@@ -82,9 +83,7 @@ def test_a_duplicate_key_line_runs_nothing_and_exports_as_an_error(tmp_path: Pat
 def test_revision_with_the_echo_engine_is_refused(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi")])
     job = tmp_path / "job"
-    r = cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--revision", "v1", env=WIDE
-    )
+    r = submit_echo(src, job, "--revision", "v1", env=WIDE, progress=True)
     assert r.returncode == 2
     assert (
         "Invalid value for '--revision': the echo engine loads no model, so a revision means "

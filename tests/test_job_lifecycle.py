@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cli import cli, start_cli
-from support.jobs import journal_records
+from support.cli import cli
+from support.jobs import journal_records, start_echo, submit_echo
 from support.lines import chat_line, read_jsonl, write_jsonl
 from support.paths import ROOT
 
@@ -29,10 +29,7 @@ def make_input(path: Path, ids: list[str]) -> Path:
 
 
 def submit(src: Path, job: Path, *extra: str, env: dict[str, str] | None = None) -> None:
-    r = cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress", *extra,
-        env=env,
-    )  # fmt: skip
+    r = submit_echo(src, job, *extra, env=env)
     assert r.returncode == 0, r.stderr
 
 
@@ -115,10 +112,7 @@ def test_export_refuses_a_job_with_pending_requests_unless_partial(tmp_path: Pat
 def test_export_while_the_job_runs_is_read_only_and_says_it_runs(tmp_path: Path) -> None:
     src = make_input(tmp_path / "in.jsonl", [f"r{i}" for i in range(400)])
     job = tmp_path / "job"
-    p = start_cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "4",
-        "--no-progress", env={"BATCHRUN_ECHO_DELAY_MS": "100"},
-    )  # fmt: skip
+    p = start_echo(src, job, "--batch-size", "4", env={"BATCHRUN_ECHO_DELAY_MS": "100"})
     try:
         wait_for(
             "the job to write 20 results",
@@ -183,7 +177,7 @@ def test_resume_force_after_a_line_was_inserted_numbers_lines_as_the_file_is_now
         [chat_line("a", "one"), "{broken", chat_line("b", "two"), chat_line("c", "three")],
     )
     job = tmp_path / "job"
-    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    r = submit_echo(src, job)
     assert r.returncode == 1  # one invalid line
     # A new request at the top, the broken line fixed: every line moves down by one.
     write_jsonl(

@@ -14,8 +14,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from support.cli import cli, start_cli
-from support.jobs import journal_records
+from support.cli import cli
+from support.jobs import journal_records, start_echo, submit_echo
 from support.lines import write_jsonl
 from support.waits import wait_until
 from test_embedding_vectors import embedding_line, export_all, lines, vector_of
@@ -148,7 +148,7 @@ def test_export_of_a_job_is_the_same_bytes_as_of_its_old_format_copy(tmp_path: P
     rows[-1]["body"]["encoding_format"] = "base64"
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     new = tmp_path / "new"
-    run = cli("submit", str(src), "--job-dir", str(new), "--engine", "echo", "--no-progress")
+    run = submit_echo(src, new)
     assert run.returncode == 0, run.stderr
     raw = (new / "journal.jsonl").read_bytes()
     assert raw.count(b'"vectors":[') == len(rows) and (new / "journal.f32").exists()
@@ -176,7 +176,7 @@ def test_the_journal_and_its_side_file_hold_at_most_1_15x_the_vectors_bytes(
     n = 200
     src = write_jsonl(tmp_path / "in.jsonl", lines(n))
     job = tmp_path / "job"
-    run = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    run = submit_echo(src, job)
     assert run.returncode == 0, run.stderr
     vectors = n * 1024 * 4
     assert (job / "journal.f32").stat().st_size == vectors
@@ -189,10 +189,7 @@ def test_a_kill_9_with_torn_tails_of_both_files_resumes_exactly_once(tmp_path: P
     src = write_jsonl(tmp_path / "in.jsonl", lines(n))
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_DELAY_MS": "20"}
-    proc = start_cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress",
-        "--batch-size", "16", env=env,
-    )  # fmt: skip
+    proc = start_echo(src, job, "--batch-size", "16", env=env)
     try:
         wait_until(
             lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 100,
@@ -233,10 +230,7 @@ def test_the_answer_cache_keeps_whole_answers_of_split_vectors(tmp_path: Path) -
     cache = tmp_path / "cache"
     jobs = [tmp_path / "first", tmp_path / "second"]
     for job in jobs:
-        run = cli(
-            "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress",
-            "--cache-dir", str(cache),
-        )  # fmt: skip
+        run = submit_echo(src, job, "--cache-dir", str(cache))
         assert run.returncode == 0, run.stderr
     entries = list(cache.rglob("*.json"))
     assert len(entries) == 6 and all(b'"embedding":""' not in e.read_bytes() for e in entries)

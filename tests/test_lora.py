@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from lora_models import make_adapter
 from support.cli import cli
+from support.jobs import start_echo, submit_echo
 from support.lines import model_line, read_jsonl, write_jsonl
 
 from batchrun.openai.reader import read_input
@@ -19,7 +20,6 @@ from batchrun.openai.records import CHAT, LineError, Request
 from batchrun.openai.routing import KnownModels
 from batchrun.run.planner import plan
 
-ECHO = ("--engine", "echo", "--no-progress")
 # Usage errors in one line (rich boxes them at the terminal's width).
 WIDE = {"COLUMNS": "1000"}
 
@@ -43,7 +43,7 @@ def _mixed_input(tmp_path: Path) -> Path:
 
 
 def _submit(src: Path, job: Path, *args: str) -> Any:
-    return cli("submit", str(src), "--job-dir", str(job), *ECHO, *args, env=WIDE)
+    return submit_echo(src, job, *args, env=WIDE)
 
 
 def _lora(adapters: dict[str, Path], *names: str) -> list[str]:
@@ -342,7 +342,6 @@ def test_kill_9_mid_job_then_resume_runs_each_adapter_line_exactly_once(
     import os
     import signal
 
-    from support.cli import start_cli
     from support.jobs import journal_records
     from support.waits import results_at_least, wait_until
 
@@ -351,12 +350,9 @@ def test_kill_9_mid_job_then_resume_runs_each_adapter_line_exactly_once(
         tmp_path / "in.jsonl", [model_line(f"r{i}", models[i % 4]) for i in range(200)]
     )
     job = tmp_path / "job"
-    p = start_cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        *ECHO,
+    p = start_echo(
+        src,
+        job,
         *_lora(adapters, "a1", "a2"),
         "--batch-size",
         "8",

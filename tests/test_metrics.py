@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from prometheus_client import Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from support.cli import cli, start_cli
+from support.cli import cli
+from support.jobs import start_echo, submit_echo
 from support.lines import write_jsonl
 from support.paths import FAKE_NVML
 from support.waits import wait_until
@@ -70,11 +71,17 @@ def test_a_running_submit_is_scraped_and_its_counters_agree_with_the_job(tmp_pat
     job = tmp_path / "job"
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    proc = start_cli(
-        "submit", str(inp), "--job-dir", str(job), "--engine", "echo", "--batch-size", "8",
-        "--no-progress", "--metrics-port", str(port), "--max-attempts", "1",
+    proc = start_echo(
+        inp,
+        job,
+        "--batch-size",
+        "8",
+        "--metrics-port",
+        str(port),
+        "--max-attempts",
+        "1",
         env={"BATCHRUN_ECHO_DELAY_MS": "40", "BATCHRUN_ECHO_FAIL": "r5,r6"},
-    )  # fmt: skip
+    )
     try:
         seen: dict[str, Any] = {}
 
@@ -185,10 +192,7 @@ def test_a_metrics_port_in_use_is_one_line_before_any_job(tmp_path: Path) -> Non
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        r = cli(
-            "submit", str(inp), "--job-dir", str(tmp_path / "job"), "--engine", "echo",
-            "--metrics-port", str(port),
-        )  # fmt: skip
+        r = submit_echo(inp, tmp_path / "job", "--metrics-port", str(port), progress=True)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == (
         f"error: --metrics-port: port {port} on 127.0.0.1 is already in use; choose another"
@@ -199,10 +203,9 @@ def test_a_metrics_port_in_use_is_one_line_before_any_job(tmp_path: Path) -> Non
 def test_a_negative_gpu_hour_cost_is_refused(tmp_path: Path) -> None:
     """A usage error naming the option; nothing is made."""
     inp = write_jsonl(tmp_path / "in.jsonl", [completion("a")])
-    r = cli(
-        "submit", str(inp), "--job-dir", str(tmp_path / "job"), "--engine", "echo",
-        "--gpu-hour-cost", "-1", env={"COLUMNS": "300"},
-    )  # fmt: skip
+    r = submit_echo(
+        inp, tmp_path / "job", "--gpu-hour-cost", "-1", env={"COLUMNS": "300"}, progress=True
+    )
     assert r.returncode == 2
     assert "Invalid value for '--gpu-hour-cost'" in r.stderr
     assert "-1.0 is not in the range x>=0.0." in r.stderr
@@ -213,10 +216,7 @@ def test_the_cost_is_exported_and_kept_for_status(tmp_path: Path) -> None:
     """--gpu-hour-cost: the manifest keeps the run's rate and GPUs; status prices the run's wall
     time at it, and shows it per million tokens."""
     inp = write_jsonl(tmp_path / "in.jsonl", [completion(f"r{i}") for i in range(20)])
-    r = cli(
-        "submit", str(inp), "--job-dir", str(tmp_path / "job"), "--engine", "echo",
-        "--no-progress", "--gpu-hour-cost", "3600",
-    )  # fmt: skip
+    r = submit_echo(inp, tmp_path / "job", "--gpu-hour-cost", "3600")
     assert r.returncode == 0, r.stderr
     runs = json.loads((tmp_path / "job" / "manifest.json").read_text())["runs"]
     assert len(runs) == 1 and runs[0]["usd_per_hour"] == 3600 and runs[0]["units"] == 1
@@ -336,10 +336,7 @@ def test_resume_and_retry_failed_serve_metrics_too(tmp_path: Path) -> None:
     the port from BATCHRUN_METRICS_PORT and says where it serves."""
     inp = write_jsonl(tmp_path / "in.jsonl", [completion(f"r{i}") for i in range(5)])
     job = tmp_path / "job"
-    r = cli(
-        "submit", str(inp), "--job-dir", str(job), "--engine", "echo", "--no-progress",
-        env={"BATCHRUN_ECHO_FAIL": "r1"},
-    )  # fmt: skip
+    r = submit_echo(inp, job, env={"BATCHRUN_ECHO_FAIL": "r1"})
     assert r.returncode == 1, r.stderr
     manifest = (job / "manifest.json").read_bytes()
     with socket.socket() as taken:

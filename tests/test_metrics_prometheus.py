@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 import yaml
 from support.cli import cli, start_cli
+from support.jobs import submit_echo
 from support.lines import write_jsonl
 from support.paths import FAKE_NVML, ROOT
 from support.waits import wait_until
@@ -249,8 +250,7 @@ def test_prometheus_sees_every_panel_and_keeps_the_final_counts(
     lines = [line(f"r{i}") for i in range(240)]
     cache = tmp_path / "cache"
     warm = write_jsonl(tmp_path / "warm.jsonl", lines[:40])
-    r = cli("submit", str(warm), "--job-dir", str(tmp_path / "warm"), "--engine", "echo",
-            "--no-progress", "--cache-dir", str(cache))  # fmt: skip
+    r = submit_echo(warm, tmp_path / "warm", "--cache-dir", str(cache))
     assert r.returncode == 0, r.stderr
     inp = write_jsonl(tmp_path / "in.jsonl", [*lines, "{not json"])
     job = tmp_path / "job"

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.cli import cli
+from support.jobs import submit_echo
 from support.lines import write_jsonl
 from support.waits import wait_until
 
@@ -98,11 +99,15 @@ def test_the_last_push_holds_the_final_failures(tmp_path: Path, gateway: Gateway
     inp = write_jsonl(tmp_path / "in.jsonl", lines)
     job = tmp_path / "job"
     host = gateway.url.removeprefix("http://")
-    r = cli(
-        "submit", str(inp), "--job-dir", str(job), "--engine", "echo", "--no-progress",
-        "--max-attempts", "3", "--gpu-hour-cost", "1.5",
+    r = submit_echo(
+        inp,
+        job,
+        "--max-attempts",
+        "3",
+        "--gpu-hour-cost",
+        "1.5",
         env={"BATCHRUN_ECHO_FAIL": "r3,r4", "BATCHRUN_METRICS_PUSHGATEWAY": host},
-    )  # fmt: skip
+    )
     assert r.returncode == 1, r.stderr
     assert f"metrics: pushing to http://{host} every 5s" in r.stderr.splitlines()
     assert "warning" not in r.stderr
@@ -142,13 +147,9 @@ def test_a_gateway_that_is_down_is_one_warning_and_changes_nothing(tmp_path: Pat
     and says so once."""
     inp = write_jsonl(tmp_path / "in.jsonl", [completion(f"r{i}") for i in range(20)])
     port = dead_port()
-    args = ("--engine", "echo", "--no-progress")
     env = {"BATCHRUN_ECHO_FAIL": "r1"}
-    r = cli(
-        "submit", str(inp), "--job-dir", str(tmp_path / "job"), *args,
-        "--metrics-pushgateway", f"127.0.0.1:{port}", env=env,
-    )  # fmt: skip
-    plain = cli("submit", str(inp), "--job-dir", str(tmp_path / "plain"), *args, env=env)
+    r = submit_echo(inp, tmp_path / "job", "--metrics-pushgateway", f"127.0.0.1:{port}", env=env)
+    plain = submit_echo(inp, tmp_path / "plain", env=env)
     assert r.returncode == plain.returncode == 1, r.stderr
     warnings = [line for line in r.stderr.splitlines() if line.startswith("warning")]
     assert warnings == [
@@ -237,10 +238,7 @@ def test_a_url_that_cannot_be_a_gateway_is_refused(given: str, message: str) -> 
 def test_a_bad_gateway_url_is_one_line_before_any_job(tmp_path: Path) -> None:
     """Exit 2, one line, no job directory."""
     inp = write_jsonl(tmp_path / "in.jsonl", [completion("a")])
-    r = cli(
-        "submit", str(inp), "--job-dir", str(tmp_path / "job"), "--engine", "echo",
-        "--metrics-pushgateway", "ftp://gw:9091",
-    )  # fmt: skip
+    r = submit_echo(inp, tmp_path / "job", "--metrics-pushgateway", "ftp://gw:9091", progress=True)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == (
         "error: --metrics-pushgateway: must be an http:// or https:// URL, got 'ftp://gw:9091'"

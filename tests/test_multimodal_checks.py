@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from mm_models import png_bytes, wav_bytes
 from support.cli import cli
+from support.jobs import submit_echo
 from support.lines import read_jsonl, write_jsonl
 
 from batchrun.openai.media import MediaPolicy, use_media_policy
@@ -104,11 +105,18 @@ def test_every_bad_media_kind_is_an_error_record_and_the_good_lines_run(tmp_path
     ]
     src = write_jsonl(tmp_path / "in.jsonl", lines)
     job = tmp_path / "job"
-    run = cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress",
-        "--allowed-local-media-path", str(root), "--allowed-media-domains", "images.example.com",
-        "--max-media-bytes", "5000", "--limit-mm-per-prompt", "image=2",
-    )  # fmt: skip
+    run = submit_echo(
+        src,
+        job,
+        "--allowed-local-media-path",
+        str(root),
+        "--allowed-media-domains",
+        "images.example.com",
+        "--max-media-bytes",
+        "5000",
+        "--limit-mm-per-prompt",
+        "image=2",
+    )
     assert run.returncode == 1, run.stderr
     assert cli("export", "--job-dir", str(job)).returncode == 0
     answered = {r["custom_id"] for r in read_jsonl(job / "output.jsonl")}
@@ -170,10 +178,9 @@ def test_file_urls_are_refused_without_an_allowed_root(tmp_path: Path) -> None:
 def test_an_allowed_root_that_does_not_exist_is_refused_before_a_job_exists(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [image_line("a", PNG_URL)])
     job = tmp_path / "job"
-    run = cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo",
-        "--allowed-local-media-path", str(tmp_path / "nowhere"), env=WIDE,
-    )  # fmt: skip
+    run = submit_echo(
+        src, job, "--allowed-local-media-path", str(tmp_path / "nowhere"), env=WIDE, progress=True
+    )
     assert run.returncode == 2
     assert (
         f"Invalid value for '--allowed-local-media-path': {tmp_path / 'nowhere'} does not exist"
@@ -183,10 +190,9 @@ def test_an_allowed_root_that_does_not_exist_is_refused_before_a_job_exists(tmp_
 
 def test_a_bad_limit_is_a_usage_error(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [image_line("a", PNG_URL)])
-    run = cli(
-        "submit", str(src), "--job-dir", str(tmp_path / "job"), "--engine", "echo",
-        "--limit-mm-per-prompt", "images=2", env=WIDE,
-    )  # fmt: skip
+    run = submit_echo(
+        src, tmp_path / "job", "--limit-mm-per-prompt", "images=2", env=WIDE, progress=True
+    )
     assert run.returncode == 2
     assert (
         "Invalid value for '--limit-mm-per-prompt': names image, audio or video, got 'images'"

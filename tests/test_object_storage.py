@@ -22,15 +22,13 @@ from typing import Any
 
 import pytest
 from support.cli import cli, cli_process, start_cli
-from support.jobs import journal_records
+from support.jobs import journal_records, start_echo, submit_echo
 from support.lines import chat_line, read_jsonl, write_jsonl
 from support.s3_store import ACCESS_KEY, SECRET_KEY, Proxy, S3Store, free_ports
 from support.waits import wait_until
 
 from batchrun.errors import BatchrunError
 from batchrun.storage.upload import upload_files
-
-ECHO = ("--engine", "echo", "--no-progress")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -94,10 +92,13 @@ def test_a_job_from_a_bucket_resumes_with_the_store_stopped_and_exports_to_a_buc
         own.fs().mkdir("inputs")
         put(own, src, "inputs/batch.jsonl")
         job = tmp_path / "job"
-        p = start_cli(
-            "submit", "s3://inputs/batch.jsonl", "--job-dir", str(job), "--batch-size", "4",
-            *ECHO, env={**own.env(), "BATCHRUN_ECHO_DELAY_MS": "50"},
-        )  # fmt: skip
+        p = start_echo(
+            "s3://inputs/batch.jsonl",
+            job,
+            "--batch-size",
+            "4",
+            env={**own.env(), "BATCHRUN_ECHO_DELAY_MS": "50"},
+        )
         try:
             wait_until(
                 lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 20,
@@ -171,10 +172,17 @@ def test_on_ray_the_driver_fetches_the_input_and_the_actors_only_run_engines(
     ids = [f"r{i}" for i in range(200)]
     put(s3, make_input(tmp_path / "in.jsonl", len(ids)), f"{bucket}/in.jsonl")
     job = tmp_path / "job"
-    r = cli(
-        "submit", f"s3://{bucket}/in.jsonl", "--job-dir", str(job), "--ray", "local",
-        "--workers", "2", "--batch-size", "16", *ECHO, env=s3.env(),
-    )  # fmt: skip
+    r = submit_echo(
+        f"s3://{bucket}/in.jsonl",
+        job,
+        "--ray",
+        "local",
+        "--workers",
+        "2",
+        "--batch-size",
+        "16",
+        env=s3.env(),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "[batchrun] ray worker 0 starting echo engine (batch size 16)" in r.stderr.splitlines()
     r = cli("export", "--job-dir", str(job), "--to", f"s3://{bucket}/out/", env=s3.env())
@@ -203,7 +211,7 @@ def test_credentials_from_a_profile_and_the_s3_endpoint_variable(
         AWS_SECRET_ACCESS_KEY="",
     )
     job = tmp_path / "job"
-    r = cli("submit", f"s3://{bucket}/in.jsonl", "--job-dir", str(job), *ECHO, env=env)
+    r = submit_echo(f"s3://{bucket}/in.jsonl", job, env=env)
     assert r.returncode == 0, r.stderr
     r = cli("export", "--job-dir", str(job), "--to", f"s3://{bucket}/out/", env=env)
     assert r.returncode == 0, r.stderr
@@ -227,7 +235,7 @@ def test_an_input_over_http_is_read_too_and_read_again_from_the_start_when_cut(
     url = f"{proxy.endpoint}/in.jsonl"
     try:
         job = tmp_path / "job"
-        r = cli("submit", url, "--job-dir", str(job), *ECHO)
+        r = submit_echo(url, job)
         assert r.returncode == 0, r.stderr
     finally:
         proxy.close()
@@ -262,7 +270,7 @@ def test_an_input_that_cannot_be_read_is_one_line_and_no_job(
     put(s3, make_input(tmp_path / "in.jsonl", 3), f"{bucket}/in.jsonl")
     url = "s3://" + where.format(bucket=bucket, u=uuid.uuid4().hex[:8])
     job = tmp_path / "job"
-    r = cli("submit", url, "--job-dir", str(job), *ECHO, env=s3.env(**env))
+    r = submit_echo(url, job, env=s3.env(**env))
     assert (r.returncode, r.stdout) == (1, ""), r.stderr
     assert r.stderr == f"error: cannot read {url}: {cause}\n"
     no_job(job)
@@ -283,7 +291,7 @@ def test_an_object_that_is_not_an_input_is_refused_by_its_url_and_no_job(
     s3.fs().pipe(f"{bucket}/in.jsonl", content)
     url = f"s3://{bucket}/in.jsonl"
     job = tmp_path / "job"
-    r = cli("submit", url, "--job-dir", str(job), *ECHO, env=s3.env())
+    r = submit_echo(url, job, env=s3.env())
     assert (r.returncode, r.stdout) == (1, ""), r.stderr
     assert r.stderr.splitlines()[-1] == "error: " + cause.format(url=url)
     no_job(job)
@@ -295,7 +303,7 @@ def test_an_endpoint_that_does_not_answer_is_one_line_and_no_job(
     (port,) = free_ports(1)  # nothing listens there
     endpoint = f"http://127.0.0.1:{port}"
     job = tmp_path / "job"
-    r = cli("submit", "s3://inputs/in.jsonl", "--job-dir", str(job), *ECHO, env=s3.env(endpoint, AWS_MAX_ATTEMPTS="2"))  # fmt: skip
+    r = submit_echo("s3://inputs/in.jsonl", job, env=s3.env(endpoint, AWS_MAX_ATTEMPTS="2"))
     assert (r.returncode, r.stdout) == (1, ""), r.stderr
     assert r.stderr == (
         "error: cannot read s3://inputs/in.jsonl: the endpoint does not answer (Could not "
@@ -316,7 +324,7 @@ def test_an_endpoint_that_takes_connections_and_never_answers_is_given_up_on(
     job = tmp_path / "job"
     started = time.monotonic()
     try:
-        r = cli("submit", "s3://inputs/in.jsonl", "--job-dir", str(job), *ECHO, env=s3.env(endpoint, AWS_MAX_ATTEMPTS="1"))  # fmt: skip
+        r = submit_echo("s3://inputs/in.jsonl", job, env=s3.env(endpoint, AWS_MAX_ATTEMPTS="1"))
     finally:
         silent.close()
     took = time.monotonic() - started
@@ -334,13 +342,13 @@ def test_a_scheme_whose_filesystem_is_not_installed_names_the_package(tmp_path: 
 
     assert importlib.util.find_spec("gcsfs") is None  # what this test is about
     job = tmp_path / "job"
-    r = cli("submit", "gs://bucket/in.jsonl", "--job-dir", str(job), *ECHO)
+    r = submit_echo("gs://bucket/in.jsonl", job)
     assert (r.returncode, r.stderr) == (
         1,
         "error: gs://bucket/in.jsonl: gs:// URLs need the package gcsfs: pip install gcsfs\n",
     )
     no_job(job)
-    r = cli("submit", "nosuch://bucket/in.jsonl", "--job-dir", str(job), *ECHO)
+    r = submit_echo("nosuch://bucket/in.jsonl", job)
     assert (
         r.stderr
         == "error: nosuch://bucket/in.jsonl: no installed filesystem reads nosuch:// URLs\n"
@@ -356,7 +364,7 @@ def test_without_s3fs_an_s3_url_names_the_extra(tmp_path: Path, s3: S3Store) -> 
     path = os.pathsep.join([str(tmp_path / "blocker"), os.environ.get("PYTHONPATH", "")])
     job = tmp_path / "job"
     # A real process: what it can import is the subject (PYTHONPATH puts the blocker first).
-    r = cli_process("submit", "s3://b/in.jsonl", "--job-dir", str(job), *ECHO, env=s3.env(PYTHONPATH=path))  # fmt: skip
+    r = submit_echo("s3://b/in.jsonl", job, env=s3.env(PYTHONPATH=path), process=True)
     assert (r.returncode, r.stderr) == (
         1,
         "error: s3://b/in.jsonl: s3:// URLs need s3fs: install it with pip install 'batchrun[s3]'\n",
@@ -379,7 +387,7 @@ def test_a_download_broken_once_is_read_again_to_an_exact_copy(
     proxy.cut_down_after, proxy.cuts = 300_000, 1
     try:
         job = tmp_path / "job"
-        r = cli("submit", f"s3://{bucket}/in.jsonl", "--job-dir", str(job), *ECHO, env=s3.env(proxy.endpoint))  # fmt: skip
+        r = submit_echo(f"s3://{bucket}/in.jsonl", job, env=s3.env(proxy.endpoint))
         assert r.returncode == 0, r.stderr
     finally:
         proxy.close()
@@ -426,7 +434,7 @@ def test_a_download_that_keeps_breaking_is_an_error_and_no_job(
     url = f"s3://{bucket}/in.jsonl"
     try:
         job = tmp_path / "job"
-        r = cli("submit", url, "--job-dir", str(job), *ECHO, env=s3.env(proxy.endpoint))
+        r = submit_echo(url, job, env=s3.env(proxy.endpoint))
     finally:
         proxy.close()
     assert (r.returncode, r.stdout) == (1, ""), r.stderr
@@ -444,7 +452,7 @@ def test_a_download_that_keeps_breaking_is_an_error_and_no_job(
 def finished_job(tmp_path: Path) -> Path:
     """A small finished local job."""
     job = tmp_path / "job"
-    r = cli("submit", str(make_input(tmp_path / "in.jsonl", 20)), "--job-dir", str(job), *ECHO)
+    r = submit_echo(make_input(tmp_path / "in.jsonl", 20), job)
     assert r.returncode == 0, r.stderr
     return job
 
@@ -577,7 +585,7 @@ def test_an_export_killed_mid_upload_leaves_no_object(
     ids = [f"r{i}" for i in range(2000)]
     src = make_input(tmp_path / "in.jsonl", len(ids), text="y" * 1000)  # output.jsonl ~2.5 MB
     job = tmp_path / "job"
-    assert cli("submit", str(src), "--job-dir", str(job), *ECHO).returncode == 0
+    assert submit_echo(src, job).returncode == 0
     assert cli("export", "--job-dir", str(job)).returncode == 0
     size = (job / "output.jsonl").stat().st_size
     assert size > 2_000_000
@@ -621,7 +629,7 @@ def test_what_is_fetched_and_what_is_read_where_it_is() -> None:
 def test_a_file_url_is_read_where_it_is_not_copied(tmp_path: Path) -> None:
     src = make_input(tmp_path / "in.jsonl", 3)
     job = tmp_path / "job"
-    r = cli("submit", src.as_uri(), "--job-dir", str(job), *ECHO)
+    r = submit_echo(src.as_uri(), job)
     assert r.returncode == 0, r.stderr
     manifest = json.loads((job / "manifest.json").read_text())
     assert (manifest["input_path"], manifest["input_url"]) == (str(src), None)

@@ -16,6 +16,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from support.cli import cli
+from support.jobs import submit_echo
 from support.lines import write_jsonl
 from support.openai_checks import check_against_request, output_lines, parse_body, requests_of
 from support.paths import ROOT
@@ -560,9 +561,7 @@ def test_parquet_embeddings_of_several_sizes_are_lists(tmp_path: Path) -> None:
 
 def _run_echo(tmp_path: Path, sample: str) -> Path:
     job = tmp_path / "job"
-    run = cli(
-        "submit", str(SAMPLES / sample), "--job-dir", str(job), "--engine", "echo", "--no-progress"
-    )
+    run = submit_echo(SAMPLES / sample, job)
     assert run.returncode == 1, run.stderr[-3000:]  # the samples hold refused lines on purpose
     assert "Traceback" not in run.stderr
     assert cli("export", "--job-dir", str(job)).returncode == 0
@@ -632,7 +631,7 @@ def test_the_echo_engine_keeps_the_stop_string_when_asked(tmp_path: Path) -> Non
         ],
     )
     job = tmp_path / "job"
-    run = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    run = submit_echo(src, job)
     assert run.returncode == 0, run.stderr[-3000:]
     assert cli("export", "--job-dir", str(job)).returncode == 0
     outputs = output_lines(job / "output.jsonl")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import cli
-from support.jobs import journal_records
+from support.jobs import ECHO, journal_records, submit_echo
 from support.lines import chat_line, write_jsonl
 from support.paths import ROOT
 
@@ -21,7 +21,6 @@ from batchrun.engines.vllm.reasoning import parser_names
 
 # Wide enough that neither Typer's error box nor the summary table wraps a line.
 WIDE = {"COLUMNS": "1000"}
-ECHO = ["--engine", "echo", "--no-progress"]
 # Stands for the list of vLLM's reasoning parsers in an expected message, filled in by the test
 # that meets it: listing them imports vLLM, which collection would otherwise do in every process.
 VLLM_PARSERS = "<vLLM's reasoning parsers>"
@@ -136,7 +135,7 @@ def test_a_bad_option_is_a_usage_error_and_creates_nothing(
 def test_the_environment_twin_is_checked_the_same_way(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi")])
     job = tmp_path / "job"
-    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, env={**WIDE, "BATCHRUN_SEED": "-1"})
+    r = submit_echo(src, job, env={**WIDE, "BATCHRUN_SEED": "-1"})
     assert r.returncode == 2
     assert box(r) == out_of_range("--seed", -1, 0, SEED_MAX)
     assert not job.exists()
@@ -164,7 +163,7 @@ def test_a_job_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "hi")])
     afile = tmp_path / "notes.txt"
     afile.write_text("keep me\n")
-    r = cli("submit", str(src), "--job-dir", str(afile), *ECHO, env=WIDE)
+    r = submit_echo(src, afile, env=WIDE)
     assert r.returncode == 2
     assert box(r) == f"Invalid value for '--job-dir': {afile} is a file, not a directory"
     assert afile.read_text() == "keep me\n"
@@ -194,7 +193,7 @@ def _job_with_pending(tmp_path: Path, name: str = "my job", n: int = 3) -> Path:
     """An echo job whose last request has no result (as after a kill)."""
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"hi {i}") for i in range(n)])
     job = tmp_path / name
-    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, env=WIDE)
+    r = submit_echo(src, job, env=WIDE)
     assert r.returncode == 0, r.stdout + r.stderr
     kept = [rec for rec in journal_records(job) if rec.get("custom_id") != f"r{n - 1}"]
     write_jsonl(job / "journal.jsonl", kept)
@@ -274,7 +273,7 @@ def test_retry_failed_takes_the_same_options(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in2.jsonl", [chat_line("r0", "hi"), chat_line("r1", "yo")])
     failing = tmp_path / "failing"
     env = {**WIDE, "BATCHRUN_ECHO_FAIL": "r1"}
-    r = cli("submit", str(src), "--job-dir", str(failing), *ECHO, "--max-attempts", "1", env=env)
+    r = submit_echo(src, failing, "--max-attempts", "1", env=env)
     assert r.returncode == 1, r.stdout + r.stderr
     r = cli("retry-failed", "--job-dir", str(failing), "--no-progress", *given, env=env)
     assert r.returncode == 1  # r1 still fails
@@ -326,10 +325,7 @@ def test_retry_failed_on_an_interrupted_job_advises_resume(tmp_path: Path) -> No
 def test_failed_requests_advise_retry_failed(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line("r0", "hi"), chat_line("r1", "yo")])
     job = tmp_path / "my job"
-    r = cli(
-        "submit", str(src), "--job-dir", str(job), *ECHO, "--max-attempts", "1",
-        env={**WIDE, "BATCHRUN_ECHO_FAIL": "r1"},
-    )  # fmt: skip
+    r = submit_echo(src, job, "--max-attempts", "1", env={**WIDE, "BATCHRUN_ECHO_FAIL": "r1"})
     assert r.returncode == 1
     assert advice(r) == (
         f"1 request failed: see it with `batchrun export --job-dir '{job}'` (errors.jsonl), "
@@ -341,7 +337,7 @@ def test_a_file_of_invalid_lines_only_claims_no_success(tmp_path: Path) -> None:
     """No valid line: nothing succeeded, and the advice must not say every request did."""
     src = write_jsonl(tmp_path / "in.jsonl", ["{not json", {"custom_id": "x"}])
     job = tmp_path / "my job"
-    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, env=WIDE)
+    r = submit_echo(src, job, env=WIDE)
     assert r.returncode == 1, r.stderr
     assert "succeeded" not in advice(r)
     assert advice(r) == (
@@ -355,7 +351,7 @@ def test_a_file_of_invalid_lines_only_claims_no_success(tmp_path: Path) -> None:
 def test_invalid_lines_only_advise_fixing_the_input(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line("r0", "hi"), "{not json"])
     job = tmp_path / "my job"
-    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, env=WIDE)
+    r = submit_echo(src, job, env=WIDE)
     assert r.returncode == 1
     assert "│ requests   │ 2 (1 valid, 1 invalid line)" in r.stdout
     assert "│ this run   │ 1 attempt in " in r.stdout
@@ -375,10 +371,10 @@ def test_invalid_lines_only_advise_fixing_the_input(tmp_path: Path) -> None:
 def test_a_finished_job_advises_export_and_a_second_submit_resume(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line("r0", "hi")])
     job = tmp_path / "my job"
-    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, env=WIDE)
+    r = submit_echo(src, job, env=WIDE)
     assert r.returncode == 0
     assert advice(r) == f"Write the results with: batchrun export --job-dir '{job}'"
-    r = cli("submit", str(src), "--job-dir", str(job), *ECHO, env=WIDE)
+    r = submit_echo(src, job, env=WIDE)
     assert r.returncode == 1
     assert r.stderr.splitlines()[-1] == (
         f"error: a job already exists in {job}; continue it with "

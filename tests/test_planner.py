@@ -13,8 +13,8 @@ from typing import Any
 
 import msgspec
 import pytest
-from support.cli import cli, start_cli
-from support.jobs import journal_records
+from support.cli import cli
+from support.jobs import journal_records, start_echo, submit_echo
 from support.lines import chat_line, read_jsonl, write_jsonl
 from support.waits import results_at_least, wait_until
 
@@ -173,10 +173,7 @@ def test_duplicates_run_once_and_each_custom_id_gets_its_own_answer(tmp_path: Pa
     src = write_jsonl(tmp_path / "in.jsonl", _lines(groups=3, size=4))
     record = tmp_path / "engine.txt"
     job = tmp_path / "job"
-    run = cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress",
-        env={"BATCHRUN_ECHO_RECORD": str(record)},
-    )  # fmt: skip
+    run = submit_echo(src, job, env={"BATCHRUN_ECHO_RECORD": str(record)})
     assert run.returncode == 0, run.stderr
     sent = record.read_text().split()
     # One of each group of identical greedy lines ran; both sampled repeats ran.
@@ -197,10 +194,7 @@ def test_order_input_runs_every_line_itself(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", _lines(groups=2, size=3))
     record = tmp_path / "engine.txt"
     job = tmp_path / "job"
-    run = cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress",
-        "--order", "input", env={"BATCHRUN_ECHO_RECORD": str(record)},
-    )  # fmt: skip
+    run = submit_echo(src, job, "--order", "input", env={"BATCHRUN_ECHO_RECORD": str(record)})
     assert run.returncode == 0, run.stderr
     assert record.read_text().split() == [x["custom_id"] for x in read_jsonl(src)]
     assert json.loads((job / "manifest.json").read_text())["order"] == "input"
@@ -216,10 +210,7 @@ def test_deduplicated_groups_broken_by_a_kill_resume_exactly_once(tmp_path: Path
     record = tmp_path / "engine.txt"
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_DELAY_MS": "40", "BATCHRUN_ECHO_RECORD": str(record)}
-    p = start_cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "2",
-        "--no-progress", env=env,
-    )  # fmt: skip
+    p = start_echo(src, job, "--batch-size", "2", env=env)
     try:
         wait_until(results_at_least(job, 40), "40 results are journaled", timeout=120)
     finally:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import cli
-from support.jobs import journal_records
+from support.jobs import journal_records, submit_echo
 from support.lines import chat_line, read_jsonl, write_jsonl
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
@@ -35,20 +35,7 @@ def test_poison_requests_fail_alone_and_every_other_request_is_answered(
     src = make_input(tmp_path, 60)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_CRASH_ON": "r7,r41", "BATCHRUN_ECHO_DELAY_MS": "2"}
-    r = cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--engine",
-        "echo",
-        "--batch-size",
-        "16",
-        "--workers",
-        str(workers),
-        "--no-progress",
-        env=env,
-    )
+    r = submit_echo(src, job, "--batch-size", "16", "--workers", str(workers), env=env)
     assert r.returncode == 1, r.stderr  # finished, with two failed requests
     assert "Traceback" not in r.stderr
     assert "error:" not in r.stderr
@@ -84,18 +71,7 @@ def test_poison_requests_fail_alone_and_every_other_request_is_answered(
 def test_isolation_costs_at_most_log2_of_what_the_worker_held(tmp_path: Path) -> None:
     src = make_input(tmp_path, 200)
     job = tmp_path / "job"
-    r = cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--engine",
-        "echo",
-        "--batch-size",
-        "64",
-        "--no-progress",
-        env={"BATCHRUN_ECHO_CRASH_ON": "r150"},
-    )
+    r = submit_echo(src, job, "--batch-size", "64", env={"BATCHRUN_ECHO_CRASH_ON": "r150"})
     assert r.returncode == 1, r.stderr
     starts = r.stderr.count("starting echo engine")
     # What the worker held at its first death: at most its window of 64 plus 64 prefetched.
@@ -112,18 +88,7 @@ def test_isolation_costs_at_most_log2_of_what_the_worker_held(tmp_path: Path) ->
 def test_retry_failed_runs_a_poison_request_again_on_demand(tmp_path: Path) -> None:
     src = make_input(tmp_path, 10)
     job = tmp_path / "job"
-    r = cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--engine",
-        "echo",
-        "--batch-size",
-        "4",
-        "--no-progress",
-        env={"BATCHRUN_ECHO_CRASH_ON": "r3"},
-    )
+    r = submit_echo(src, job, "--batch-size", "4", env={"BATCHRUN_ECHO_CRASH_ON": "r3"})
     assert r.returncode == 1, r.stderr
     # The engine was fixed (here: the fault is gone): retry-failed runs it and it succeeds.
     again = cli("retry-failed", "--job-dir", str(job), "--no-progress")
@@ -136,18 +101,7 @@ def test_an_engine_that_crashes_on_every_request_gives_up_with_one_line(tmp_path
     src = make_input(tmp_path, 12)
     job = tmp_path / "job"
     every = ",".join(f"r{i}" for i in range(12))
-    r = cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--engine",
-        "echo",
-        "--batch-size",
-        "4",
-        "--no-progress",
-        env={"BATCHRUN_ECHO_CRASH_ON": every},
-    )
+    r = submit_echo(src, job, "--batch-size", "4", env={"BATCHRUN_ECHO_CRASH_ON": every})
     assert r.returncode == 1
     assert "Traceback" not in r.stderr
     last = r.stderr.strip().splitlines()[-1]

@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 import pytest
 from support.cli import cli
+from support.jobs import submit_echo
 from support.lines import chat_line, read_jsonl, write_jsonl
 
 from batchrun.engines.echo import echo_text
@@ -285,7 +286,7 @@ def test_a_job_with_a_surrogate_line_and_a_huge_seed_runs_every_good_line(tmp_pa
     ]
     src.write_bytes(b"\n".join(lines) + b"\n")
     job = tmp_path / "job"
-    submit = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    submit = submit_echo(src, job)
     assert submit.returncode == 1, submit.stderr  # finished, with invalid lines
     assert "Traceback" not in submit.stderr
     export = cli("export", "--job-dir", str(job))
@@ -334,7 +335,7 @@ def test_a_gzip_input_is_named_as_such_in_one_line(tmp_path: Path) -> None:
     src = tmp_path / "input.jsonl.gz"
     src.write_bytes(gzip.compress(line("a") + b"\n"))
     job = tmp_path / "job"
-    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    r = submit_echo(src, job)
     assert r.returncode == 1
     assert "Traceback" not in r.stderr
     # One line that says what is wrong (no job dir line: no job was made).
@@ -365,7 +366,7 @@ def test_export_writes_a_journal_whose_records_hold_lone_surrogates(tmp_path: Pa
 
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line(c, f"hello {c}") for c in "abc"])
     job = tmp_path / "job"
-    assert cli("submit", str(src), "--job-dir", str(job), "--engine", "echo").returncode == 0
+    assert submit_echo(src, job, progress=True).returncode == 0
     recs = {r["custom_id"]: r for r in read_records(job / "journal.jsonl")}
     sick = dict(recs["b"], attempt=2)
     sick["body"] = json.loads(json.dumps(sick["body"]))

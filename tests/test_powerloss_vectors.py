@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from support.cli import cli
+from support.jobs import submit_echo
 from support.lines import write_jsonl
 from support.powerloss.crashes import BATCHRUN, CrashPoint, Violation
 from support.powerloss.mount import Cut, FuseUnavailable, ensure_fuse
@@ -79,7 +80,7 @@ def test_an_embeddings_job_survives_power_cuts(tmp_path: Path, record_property: 
         if (job / "manifest.json").exists():
             done = cli("resume", "--job-dir", str(job))
         else:
-            done = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo")
+            done = submit_echo(src, job, progress=True)
         if done.returncode != 0:
             raise Violation(f"{where}: no recovery (exit {done.returncode}): {done.stderr[-800:]}")
         if vectors_answered(job, f"{where}, after recovery") != every:

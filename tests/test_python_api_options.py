@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from support.api_jobs import api_process, chat_requests
 from support.cli import cli
+from support.jobs import submit_echo
 
 import batchrun
 from batchrun.metrics.exporter import DEFAULT_HOST
@@ -122,10 +123,7 @@ def test_a_metrics_port_in_use_is_the_cli_line_and_makes_nothing(tmp_path: Path)
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        printed = cli(
-            "submit", str(src), "--job-dir", str(tmp_path / "cli"), "--engine", "echo",
-            "--metrics-port", str(port),
-        )  # fmt: skip
+        printed = submit_echo(src, tmp_path / "cli", "--metrics-port", str(port), progress=True)
         assert printed.returncode == 2
         line = printed.stderr.strip().removeprefix("error: ")
         assert line == f"--metrics-port: port {port} on 127.0.0.1 is already in use; choose another"

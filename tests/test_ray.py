@@ -18,8 +18,8 @@ from typing import Any
 
 import psutil
 import pytest
-from support.cli import cli, start_cli
-from support.jobs import journal_records
+from support.cli import cli
+from support.jobs import journal_records, start_echo, submit_echo
 from support.lines import chat_line, read_jsonl, write_jsonl
 from support.processes import group_alive
 from support.waits import results_at_least, wait_until
@@ -60,20 +60,8 @@ def test_ray_results_match_a_single_machine_run(tmp_path: Path) -> None:
     src = make_input(tmp_path, 300)
     local, on_ray = tmp_path / "local", tmp_path / "ray"
     env = {"BATCHRUN_ECHO_DELAY_MS": "5"}
-    common = ("--engine", "echo", "--batch-size", "16", "--no-progress")
-    assert cli("submit", str(src), "--job-dir", str(local), *common, env=env).returncode == 0
-    r = cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(on_ray),
-        *common,
-        "--ray",
-        "local",
-        "--workers",
-        "3",
-        env=env,
-    )
+    assert submit_echo(src, local, "--batch-size", "16", env=env).returncode == 0
+    r = submit_echo(src, on_ray, "--batch-size", "16", "--ray", "local", "--workers", "3", env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     for i in range(3):
         assert f"[batchrun] ray worker {i} starting echo engine (batch size 16)" in (
@@ -99,10 +87,7 @@ def test_an_embeddings_job_on_ray_keeps_its_vectors_in_the_side_file(tmp_path: P
 
     src = write_jsonl(tmp_path / "in.jsonl", lines(40, 256))
     job = tmp_path / "job"
-    r = cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress",
-        "--ray", "local", "--workers", "2",
-    )  # fmt: skip
+    r = submit_echo(src, job, "--ray", "local", "--workers", "2")
     assert r.returncode == 0, r.stderr[-3000:]
     assert (job / "journal.jsonl").read_bytes().count(b'"vectors":[') == 40
     assert (job / "journal.f32").stat().st_size == 40 * 256 * 4
@@ -115,20 +100,15 @@ def test_an_embeddings_job_on_ray_keeps_its_vectors_in_the_side_file(tmp_path: P
 def test_a_killed_actor_is_replaced_and_nothing_is_lost(tmp_path: Path) -> None:
     src = make_input(tmp_path, 600)
     job = tmp_path / "job"
-    p = start_cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--engine",
-        "echo",
+    p = start_echo(
+        src,
+        job,
         "--batch-size",
         "8",
         "--ray",
         "local",
         "--workers",
         "2",
-        "--no-progress",
         env={"BATCHRUN_ECHO_DELAY_MS": "40"},
     )
     try:
@@ -167,20 +147,15 @@ def test_a_killed_actor_is_replaced_and_nothing_is_lost(tmp_path: Path) -> None:
 def test_a_job_started_on_ray_is_resumed_without_it(tmp_path: Path) -> None:
     src = make_input(tmp_path, 500)
     job = tmp_path / "job"
-    p = start_cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--engine",
-        "echo",
+    p = start_echo(
+        src,
+        job,
         "--batch-size",
         "8",
         "--ray",
         "local",
         "--workers",
         "2",
-        "--no-progress",
         env={"BATCHRUN_ECHO_DELAY_MS": "40"},
     )
     wait_until(results_at_least(job, 50), "the job has 50 results")
@@ -206,11 +181,17 @@ def test_ctrl_c_on_ray_leaves_no_process_behind(tmp_path: Path, second_after: fl
     not leave Ray's daemons and agents running either."""
     src = make_input(tmp_path, 3000)
     job = tmp_path / "job"
-    p = start_cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "8",
-        "--ray", "local", "--workers", "2", "--no-progress",
+    p = start_echo(
+        src,
+        job,
+        "--batch-size",
+        "8",
+        "--ray",
+        "local",
+        "--workers",
+        "2",
         env={"BATCHRUN_ECHO_DELAY_MS": "50"},
-    )  # fmt: skip
+    )
     wait_until(results_at_least(job, 50), "the job has 50 results")
     os.killpg(p.pid, signal.SIGINT)
     if second_after is not None:
@@ -290,13 +271,24 @@ def test_a_hung_actor_is_replaced_and_a_stuck_request_times_out(tmp_path: Path) 
     aborted past --request-timeout and fails with code `timeout`."""
     src = make_input(tmp_path, 30)
     job = tmp_path / "job"
-    r = cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "4",
-        "--ray", "local", "--workers", "1", "--no-progress", "--stall-timeout", "3",
-        "--request-timeout", "3", "--max-attempts", "1",
+    r = submit_echo(
+        src,
+        job,
+        "--batch-size",
+        "4",
+        "--ray",
+        "local",
+        "--workers",
+        "1",
+        "--stall-timeout",
+        "3",
+        "--request-timeout",
+        "3",
+        "--max-attempts",
+        "1",
         env={"BATCHRUN_ECHO_HANG_AFTER": "10", "BATCHRUN_ECHO_HANG_ON": "r3"},
         timeout=300,
-    )  # fmt: skip
+    )
     assert r.returncode == 1, r.stderr[-3000:]
     assert "hung: no result for 3 s" in r.stderr, r.stderr[-3000:]
     last = {rec["custom_id"]: rec for rec in journal_records(job)}
@@ -315,11 +307,20 @@ def test_several_models_on_ray_each_line_on_its_model(tmp_path: Path) -> None:
         lines.append(line)
     src = write_jsonl(tmp_path / "in.jsonl", lines)
     job = tmp_path / "job"
-    r = cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress",
-        "--model", "small=org/small-model", "--model", "large=org/large-model",
-        "--batch-size", "8", "--ray", "local", "--workers", "2",
-    )  # fmt: skip
+    r = submit_echo(
+        src,
+        job,
+        "--model",
+        "small=org/small-model",
+        "--model",
+        "large=org/large-model",
+        "--batch-size",
+        "8",
+        "--ray",
+        "local",
+        "--workers",
+        "2",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "running 2 models at once on 2 workers" in r.stderr, r.stderr[-3000:]
     assert cli("export", "--job-dir", str(job)).returncode == 0

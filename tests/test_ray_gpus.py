@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cli import cli
-from support.jobs import journal_records
+from support.jobs import journal_records, submit_echo
 from support.lines import chat_line, write_jsonl
 
 from batchrun.errors import BatchrunError
@@ -261,11 +260,9 @@ def connected(gpu_cluster: str) -> Iterator[Any]:
 
 def submit(tmp_path: Path, address: str, *args: str, n: int = 40, **env: str) -> Any:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"m {i}") for i in range(n)])
-    return cli(
-        "submit", str(src), "--job-dir", str(tmp_path / "job"), "--engine", "echo",
-        "--batch-size", "4", "--no-progress", "--ray", address, *args,
-        env=env, timeout=120,
-    )  # fmt: skip
+    return submit_echo(
+        src, tmp_path / "job", "--batch-size", "4", "--ray", address, *args, env=env, timeout=120
+    )
 
 
 @pytest.mark.ray

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from support.cli import cli
+from support.jobs import submit_echo
 from support.lines import write_jsonl
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
@@ -235,8 +236,7 @@ def test_the_page_data_is_strict_json_when_a_figure_overflows(tmp_path: Path) ->
     page's data, as in status --json: JSON.parse, and any strict parser, refuses Infinity."""
     src = write_jsonl(tmp_path / "in.jsonl", [completion(f"r{i}") for i in range(3)])
     job = tmp_path / "job"
-    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress",
-            "--gpu-hour-cost", "1.7e308")  # fmt: skip
+    r = submit_echo(src, job, "--gpu-hour-cost", "1.7e308")
     assert r.returncode == 0, r.stderr
     r = cli("report", "--job-dir", str(job))
     assert r.returncode == 0, r.stderr

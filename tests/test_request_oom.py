@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import pytest
 from support.cli import cli
 from support.fakes.workers import Events, FakeWorker, requests, results
-from support.jobs import journal_records
+from support.jobs import journal_records, submit_echo
 from support.lines import chat_line, read_jsonl, write_jsonl
 
 from batchrun.config import EngineSettings
@@ -32,11 +32,15 @@ def test_one_request_that_runs_out_of_memory_fails_alone_and_the_job_goes_on(
 ) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"m {i}") for i in range(50)])
     job = tmp_path / "job"
-    r = cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "16",
-        "--max-attempts", "3", "--no-progress",
+    r = submit_echo(
+        src,
+        job,
+        "--batch-size",
+        "16",
+        "--max-attempts",
+        "3",
         env={"BATCHRUN_ECHO_OOM_ON": "r23", "BATCHRUN_ECHO_DELAY_MS": "5"},
-    )  # fmt: skip
+    )
     # Exit 1: the job finished with one failed request (it did not fail as a whole).
     assert r.returncode == 1, r.stderr
     assert "error:" not in r.stderr and "out of memory even at batch size 1" not in r.stderr

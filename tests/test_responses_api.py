@@ -16,6 +16,7 @@ import pytest
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 from support.cli import cli
+from support.jobs import submit_echo
 from support.lines import chat_line, write_jsonl
 from support.openai_checks import assert_no_extra, output_lines, requests_of
 from support.paths import ROOT
@@ -270,10 +271,7 @@ def test_the_sample_runs_on_the_echo_engine_with_reasoning_in_parquet(tmp_path: 
         ],
     )
     job = tmp_path / "job"
-    run = cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress",
-        "--reasoning-parser", "qwen3",
-    )  # fmt: skip
+    run = submit_echo(src, job, "--reasoning-parser", "qwen3")
     assert run.returncode == 1, run.stderr[-3000:]  # the sample's refused lines
     assert cli("export", "--job-dir", str(job)).returncode == 0
     assert cli("export", "--job-dir", str(job), "--parquet").returncode == 0

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from mm_models import png_bytes
 from support.cli import cli
+from support.jobs import submit_echo
 from support.lines import read_jsonl, write_jsonl
 
 from batchrun.engines.vllm.media import media_messages
@@ -190,7 +191,7 @@ def test_the_echo_engine_answers_input_image_lines_and_refuses_bad_ones(tmp_path
     ]
     src = write_jsonl(tmp_path / "in.jsonl", lines)
     job = tmp_path / "job"
-    run = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    run = submit_echo(src, job)
     assert run.returncode == 1, run.stderr
     assert cli("export", "--job-dir", str(job)).returncode == 0
     answers = {

@@ -14,6 +14,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from support.cli import cli
+from support.jobs import submit_echo
 from support.lines import read_jsonl, write_jsonl
 from support.paths import ROOT
 
@@ -340,7 +341,7 @@ def echo_jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     jobs = {}
     for name, sample in (("score", SCORE_SAMPLE), ("rerank", RERANK_SAMPLE)):
         job = tmp_path_factory.mktemp(name) / "job"
-        run = cli("submit", str(sample), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+        run = submit_echo(sample, job)
         assert run.returncode == 1, run.stderr  # the sample's invalid lines
         for extra in ((), ("--parquet",)):
             out = cli("export", "--job-dir", str(job), *extra)
@@ -402,7 +403,7 @@ def test_a_rerank_job_on_another_spelling_of_the_url(tmp_path: Path, url: str) -
         tmp_path / "in.jsonl", [{**line, "body": {"query": "cat", "documents": ["a cat", "x"]}}]
     )
     job = tmp_path / "job"
-    run = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    run = submit_echo(src, job)
     assert run.returncode == 0, run.stderr
     assert cli("export", "--job-dir", str(job)).returncode == 0
     (out,) = read_jsonl(job / "output.jsonl")

@@ -17,7 +17,7 @@ import openai
 import pytest
 from openai.types import Batch
 from support.cli import cli
-from support.jobs import journal_records
+from support.jobs import journal_records, submit_echo
 from support.lines import chat_line, read_jsonl, write_jsonl
 from support.paths import ROOT
 from support.serving import (  # noqa: F401 (named here too, for the tests that import them from here)
@@ -218,7 +218,7 @@ def test_a_cancelled_batchs_job_exports_what_finished_and_never_runs_with_resume
             f"it runs there (the API's batch), not with {command}"
         )
     src = write_jsonl(tmp_path / "more.jsonl", [chat_line("x", "hi")])
-    refused = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo")
+    refused = submit_echo(src, job, progress=True)
     assert refused.returncode == 1 and "resume" not in refused.stderr, refused.stderr
     assert f"it runs on `batchrun serve --root {server.root}`" in refused.stderr
     assert (job / "journal.jsonl").read_bytes() == journal

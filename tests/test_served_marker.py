@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from support.cli import cli
+from support.jobs import submit_echo
 from support.lines import chat_line, write_jsonl
 
 from batchrun.job.manifest import Manifest, load_manifest, save_manifest
@@ -19,7 +20,7 @@ from batchrun.serve.jobview import claim_job
 def echo_job(tmp_path: Path, n: int = 3) -> Path:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", "hi") for i in range(n)])
     job = tmp_path / "job"
-    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    r = submit_echo(src, job)
     assert r.returncode == 0, r.stderr
     return job
 
@@ -58,7 +59,7 @@ def test_a_served_job_is_refused_by_resume_wherever_it_lies(tmp_path: Path) -> N
             f"/srv/root`; it runs there (the API's batch), not with {command}\n"
         )
     src = write_jsonl(tmp_path / "more.jsonl", [chat_line("x", "hi")])
-    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo")
+    r = submit_echo(src, job, progress=True)
     assert r.returncode == 1
     assert r.stderr == (
         f"error: a job already exists in {job}; it runs on `batchrun serve --root /srv/root`, "

@@ -15,14 +15,13 @@ from typing import Any
 
 import pytest
 from lora_models import make_adapter
-from support.cli import cli, start_cli
-from support.jobs import answer_models, journal_records
+from support.cli import cli
+from support.jobs import answer_models, journal_records, start_echo, submit_echo
 from support.lines import model_line, read_jsonl
 from support.waits import results_at_least, wait_until
 
 from batchrun.openai.routing import KnownModels
 
-ECHO = ("--engine", "echo", "--no-progress")
 # Usage errors in one line (rich boxes them at the terminal's width).
 WIDE = {"COLUMNS": "1000"}
 TWO = ("--model", "small=org/small-model", "--model", "large=org/large-model")
@@ -37,7 +36,7 @@ def _input(tmp_path: Path, models: list[str | None]) -> Path:
 
 
 def _submit(src: Path, job: Path, *args: str, env: dict[str, str] | None = None) -> Any:
-    return cli("submit", str(src), "--job-dir", str(job), *ECHO, *args, env={**WIDE, **(env or {})})
+    return submit_echo(src, job, *args, env={**WIDE, **(env or {})})
 
 
 def test_lines_run_on_the_model_they_name_one_engine_start_per_model(tmp_path: Path) -> None:
@@ -278,17 +277,7 @@ def test_kill_9_mid_job_then_resume_answers_every_line_once_across_the_switch(
     n = 160
     src = _input(tmp_path, [models[i % 2] for i in range(n)])
     job = tmp_path / "job"
-    p = start_cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        *ECHO,
-        *TWO,
-        "--batch-size",
-        "8",
-        env={"BATCHRUN_ECHO_DELAY_MS": "40"},
-    )
+    p = start_echo(src, job, *TWO, "--batch-size", "8", env={"BATCHRUN_ECHO_DELAY_MS": "40"})
     # Past small's 80 lines: the kill falls in large's pass, after the switch.
     wait_until(results_at_least(job, 100), "100 results are journaled", timeout=120)
     os.killpg(p.pid, signal.SIGKILL)

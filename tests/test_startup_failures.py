@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import pytest
 from support.cli import cli, error_line
-from support.jobs import journal_records
+from support.jobs import journal_records, submit_echo
 from support.lines import chat_line, write_jsonl
 
 from batchrun.config import EngineSettings
@@ -216,11 +216,9 @@ def test_memory_holders_names_the_processes_nvidia_smi_lists(
 def submit(tmp_path: Path, env: dict[str, str], n: int = 20, *extra: str) -> tuple[Any, Path]:
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"m {i}") for i in range(n)])
     job = tmp_path / "job"
-    r = cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "16",
-        "--no-progress", *extra,
-        env={"BATCHRUN_START_RETRY_DELAY_S": "0", **env},
-    )  # fmt: skip
+    r = submit_echo(
+        src, job, "--batch-size", "16", *extra, env={"BATCHRUN_START_RETRY_DELAY_S": "0", **env}
+    )
     return r, job
 
 

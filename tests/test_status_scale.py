@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cli import cli, start_cli
+from support.cli import cli
+from support.jobs import start_echo, submit_echo
 from support.lines import chat_line, write_jsonl
 from support.paths import ROOT
 from support.waits import wait_until
@@ -246,8 +247,7 @@ def echo_job(tmp_path: Path, n: int, prompt: str = "hi", **env: str) -> Path:
         [chat_line(f"r{i}", f"{prompt} {i}", temperature=0) for i in range(n)],
     )
     job = tmp_path / "job"
-    r = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress",
-            "--batch-size", "256", env=env)  # fmt: skip
+    r = submit_echo(src, job, "--batch-size", "256", env=env)
     assert r.returncode in (0, 1), r.stderr
     return job
 
@@ -416,8 +416,7 @@ def test_status_while_the_job_runs_is_the_journal_up_to_where_it_read(tmp_path: 
         tmp_path / "in.jsonl", [chat_line(f"r{i}", f"p {i}", temperature=0) for i in range(400)]
     )
     job = tmp_path / "job"
-    proc = start_cli("submit", str(src), "--job-dir", str(job), "--engine", "echo",
-                     "--batch-size", "4", "--no-progress", env={"BATCHRUN_ECHO_DELAY_MS": "20"})  # fmt: skip
+    proc = start_echo(src, job, "--batch-size", "4", env={"BATCHRUN_ECHO_DELAY_MS": "20"})
     try:
         paths = JobPaths(job)
         wait_until(lambda: (job / SUMMARY_NAME).exists(), "the running job's first summary")

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from support.cli import cli
+from support.jobs import submit_echo
 from support.lines import write_jsonl
 from support.openai_checks import output_lines, parse_body
 from support.paths import ROOT
@@ -200,7 +201,7 @@ def test_a_forced_answer_becomes_calls_with_the_finish_reasons_of_vllm_and_opena
 
 def test_the_sample_runs_on_the_echo_engine_and_parses_as_chat_completions(tmp_path: Path) -> None:
     job = tmp_path / "job"
-    run = cli("submit", str(SAMPLE), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    run = submit_echo(SAMPLE, job)
     assert run.returncode == 0, run.stderr[-3000:]
     assert cli("export", "--job-dir", str(job)).returncode == 0
     outputs = output_lines(job / "output.jsonl")
@@ -224,7 +225,7 @@ def test_results_parquet_holds_the_calls_output_jsonl_holds(tmp_path: Path) -> N
     import pandas as pd
 
     job = tmp_path / "job"
-    run = cli("submit", str(SAMPLE), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    run = submit_echo(SAMPLE, job)
     assert run.returncode == 0, run.stderr[-3000:]
     assert cli("export", "--job-dir", str(job)).returncode == 0
     assert cli("export", "--job-dir", str(job), "--parquet").returncode == 0

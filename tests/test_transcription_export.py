@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 from mm_models import wav_bytes
 from support.cli import cli
+from support.jobs import submit_echo
 from support.lines import write_jsonl
 
 WAV_URL = "data:audio/wav;base64," + base64.b64encode(wav_bytes(0.1, 440)).decode()
@@ -29,7 +30,7 @@ def audio_line(cid: str, url: str, **body: Any) -> dict[str, Any]:
 def _export(tmp_path: Path, lines: list[dict[str, Any]]) -> pd.DataFrame:
     src = write_jsonl(tmp_path / "in.jsonl", lines)
     job = tmp_path / "job"
-    run = cli("submit", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress")
+    run = submit_echo(src, job)
     assert run.returncode == 0, run.stderr
     assert cli("export", "--job-dir", str(job), "--parquet").returncode == 0
     return pd.read_parquet(job / "results.parquet").set_index("custom_id")

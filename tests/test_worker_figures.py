@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from support.cli import cli, start_cli
-from support.jobs import journal_records
+from support.cli import cli
+from support.jobs import journal_records, start_echo, submit_echo
 from support.lines import chat_line, write_jsonl
 from support.waits import results_at_least, wait_until
 
@@ -79,10 +79,9 @@ def test_two_workers_status_page_and_metrics_show_the_same_per_worker_figures(
     # other could finish it all.
     src = _input(tmp_path, 2000, duplicates=60)
     job = tmp_path / "job"
-    r = cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--workers", "2",
-        "--batch-size", "16", "--no-progress", env={"BATCHRUN_ECHO_DELAY_MS": "25"},
-    )  # fmt: skip
+    r = submit_echo(
+        src, job, "--workers", "2", "--batch-size", "16", env={"BATCHRUN_ECHO_DELAY_MS": "25"}
+    )
     assert r.returncode == 0, r.stderr
     status = _status(job)
     workers = status["workers"]
@@ -130,10 +129,7 @@ def test_a_job_killed_and_resumed_after_a_pause_shows_its_runs_rate(tmp_path: Pa
     src = _input(tmp_path, 240)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_DELAY_MS": "100"}  # 4 at a time: 6 s of work
-    p = start_cli(
-        "submit", str(src), "--job-dir", str(job), "--engine", "echo", "--batch-size", "4",
-        "--no-progress", env=env,
-    )  # fmt: skip
+    p = start_echo(src, job, "--batch-size", "4", env=env)
     wait_until(results_at_least(job, 40), "40 results", timeout=60)
     first = min(x["time"] for x in journal_records(job))
     # Killed once the run clock has seen it after its first results (what the run keeps).

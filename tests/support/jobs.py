@@ -15,9 +15,11 @@ from support.lines import read_jsonl
 ECHO = ("--engine", "echo", "--no-progress")
 
 
-def echo_args(src: Path | str, job: Path | str, *extra: str) -> list[str]:
-    """`submit SRC --job-dir JOB --engine echo --no-progress EXTRA...`: an echo job's command."""
-    return ["submit", str(src), "--job-dir", str(job), *ECHO, *extra]
+def echo_args(src: Path | str, job: Path | str, *extra: str, progress: bool = False) -> list[str]:
+    """`submit SRC --job-dir JOB --engine echo --no-progress EXTRA...`: an echo job's command
+    (`progress=True`: without --no-progress)."""
+    echo = ECHO if not progress else ECHO[:2]
+    return ["submit", str(src), "--job-dir", str(job), *echo, *extra]
 
 
 def submit_echo(
@@ -27,17 +29,22 @@ def submit_echo(
     env: dict[str, str] | None = None,
     timeout: float = 600,
     process: bool = False,
+    progress: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run an echo job to its end (`cli`; `process=True`: `cli_process`, a real process)."""
     run = cli_process if process else cli
-    return run(*echo_args(src, job, *extra), env=env, timeout=timeout)
+    return run(*echo_args(src, job, *extra, progress=progress), env=env, timeout=timeout)
 
 
 def start_echo(
-    src: Path | str, job: Path | str, *extra: str, env: dict[str, str] | None = None
+    src: Path | str,
+    job: Path | str,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    progress: bool = False,
 ) -> subprocess.Popen[str]:
     """Start an echo job in a process of its own (`start_cli`), to signal or kill."""
-    return start_cli(*echo_args(src, job, *extra), env=env)
+    return start_cli(*echo_args(src, job, *extra, progress=progress), env=env)
 
 
 def journal_records(job_dir: Path) -> list[dict[str, Any]]:
