@@ -19,7 +19,7 @@ import pytest
 from support.advice import advised, follow, last_line
 from support.cli import cli
 from support.jobs import ECHO, journal_records, start_echo, submit_echo
-from support.lines import chat_line, read_jsonl, write_jsonl
+from support.lines import chat_input, chat_line, read_jsonl, write_jsonl
 from support.waits import results_at_least, wait_until
 
 # Wide enough that no table row wraps.
@@ -182,7 +182,7 @@ def test_failures_a_retry_may_fix_are_advised_for_retry_failed_beside_the_others
 def test_pending_requests_are_run_by_the_advised_resume_and_exported_as_advised(
     tmp_path: Path,
 ) -> None:
-    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"hi {i}") for i in range(3)])
+    src = chat_input(tmp_path / "in.jsonl", 3, "hi")
     job = tmp_path / "my job"
     assert submit_echo(src, job).returncode == 0
     # As after a kill: the last request's result never journaled.

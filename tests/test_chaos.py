@@ -30,7 +30,7 @@ import pytest
 from support.advice import advised, follow
 from support.cli import cli, start_cli
 from support.jobs import journal_records, start_echo, submit_echo
-from support.lines import chat_line, read_jsonl, write_jsonl
+from support.lines import chat_input, chat_line, read_jsonl, write_jsonl
 from support.paths import ROOT
 from support.waits import wait_until
 
@@ -138,13 +138,13 @@ def test_chaos_checker_reports_a_planted_bug(tmp_path: Path, plant: str, symptom
 
 
 def wait_for_records(job: Path, n: int, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        path = job / "journal.jsonl"
-        if path.exists() and path.read_bytes().count(b'"kind":"result"') >= n:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"the job did not reach {n} results in {timeout} s")
+    path = job / "journal.jsonl"
+    wait_until(
+        lambda: path.exists() and path.read_bytes().count(b'"kind":"result"') >= n,
+        f"the job reached {n} results",
+        timeout=timeout,
+        every=0.02,
+    )
 
 
 def assert_journal_replays(job: Path) -> set[str]:
@@ -165,7 +165,7 @@ def assert_journal_replays(job: Path) -> set[str]:
 def test_a_second_ctrl_c_stops_at_once_and_the_job_still_completes(tmp_path: Path) -> None:
     """SIGINT twice in quick succession (gaps from 0 to 50 ms), five times over on one job."""
     n = 3000
-    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"message {i}") for i in range(n)])
+    src = chat_input(tmp_path / "in.jsonl", n)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_DELAY_MS": "50"}
     done = 0
@@ -229,9 +229,7 @@ def test_a_second_ctrl_c_while_the_worker_is_being_stopped_does_not_hang(tmp_pat
     not be left running (the exiting parent would wait for it forever)."""
     script = tmp_path / "interrupted_stop.py"
     script.write_text(SECOND_INTERRUPT_WHILE_STOPPING)
-    src = write_jsonl(
-        tmp_path / "in.jsonl", [chat_line(f"r{i}", f"message {i}") for i in range(400)]
-    )
+    src = chat_input(tmp_path / "in.jsonl", 400)
     job = tmp_path / "job"
     p = subprocess.Popen(
         [sys.executable, str(script), "submit", str(src), "--job-dir", str(job),
@@ -363,7 +361,7 @@ def test_submit_never_discards_a_journal_with_results_whose_manifest_is_missing(
 ) -> None:
     """Only what a submit stopped while validating leaves (invalid-line records) is dropped on a
     new submit; finished results without their manifest are refused, and export still works."""
-    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"message {i}") for i in range(5)])
+    src = chat_input(tmp_path / "in.jsonl", 5)
     job = tmp_path / "job"
     r = submit_echo(src, job)
     assert r.returncode == 0, r.stderr

@@ -11,20 +11,13 @@ import json
 import os
 import re
 import signal
-import time
 from pathlib import Path
 
 import pytest
 from support.cli import cli
 from support.jobs import journal_records, start_echo, submit_echo
-from support.lines import chat_line, read_jsonl, write_jsonl
+from support.lines import chat_input, chat_line, read_jsonl, write_jsonl
 from support.waits import results_at_least, wait_until
-
-
-def make_input(tmp_path: Path, n: int, name: str = "in.jsonl") -> Path:
-    return write_jsonl(
-        tmp_path / name, [chat_line(f"r{i}", f"message {i}", max_tokens=8) for i in range(n)]
-    )
 
 
 def test_submit_export_round_trip_with_a_bad_line(tmp_path: Path) -> None:
@@ -75,7 +68,7 @@ def test_a_dry_run_refuses_what_does_not_fit_the_context_as_vllm_would(tmp_path:
 
 
 def test_retry_passes_then_retry_failed_after_the_fault_is_gone(tmp_path: Path) -> None:
-    src = make_input(tmp_path, 20)
+    src = chat_input(tmp_path / "in.jsonl", 20, max_tokens=8)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_FAIL": "r3,r7"}
     r = submit_echo(src, job, "--max-attempts", "2", env=env)
@@ -106,7 +99,7 @@ def test_retry_passes_then_retry_failed_after_the_fault_is_gone(tmp_path: Path) 
 
 
 def test_worker_crashes_lose_nothing_and_the_job_finishes(tmp_path: Path) -> None:
-    src = make_input(tmp_path, 300)
+    src = chat_input(tmp_path / "in.jsonl", 300, max_tokens=8)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_CRASH_AFTER": "70", "BATCHRUN_ECHO_DELAY_MS": "5"}
     r = submit_echo(src, job, "--batch-size", "16", env=env)
@@ -127,7 +120,7 @@ def test_worker_crashes_lose_nothing_and_the_job_finishes(tmp_path: Path) -> Non
 
 
 def test_simulated_oom_backs_off_and_finishes(tmp_path: Path) -> None:
-    src = make_input(tmp_path, 400)
+    src = chat_input(tmp_path / "in.jsonl", 400, max_tokens=8)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_OOM_ABOVE": "40", "BATCHRUN_ECHO_DELAY_MS": "2"}
     r = submit_echo(src, job, "--batch-size", "128", env=env)
@@ -139,7 +132,7 @@ def test_simulated_oom_backs_off_and_finishes(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_batch_size_search_finds_the_largest_size_that_fits(tmp_path: Path) -> None:
-    src = make_input(tmp_path, 2000)
+    src = chat_input(tmp_path / "in.jsonl", 2000, max_tokens=8)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_OOM_ABOVE": "100", "BATCHRUN_ECHO_DELAY_MS": "20"}
     r = submit_echo(src, job, env=env)
@@ -153,16 +146,12 @@ def test_batch_size_search_finds_the_largest_size_that_fits(tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_kill_9_of_submit_then_resume_runs_only_what_is_left(tmp_path: Path) -> None:
-    src = make_input(tmp_path, 600)
+    src = chat_input(tmp_path / "in.jsonl", 600, max_tokens=8)
     job = tmp_path / "job"
     record = tmp_path / "received.txt"
     env = {"BATCHRUN_ECHO_DELAY_MS": "50", "BATCHRUN_ECHO_RECORD": str(record)}
     p = start_echo(src, job, "--batch-size", "16", env=env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if (job / "journal.jsonl").exists() and len(journal_records(job)) >= 100:
-            break
-        time.sleep(0.05)
+    wait_until(results_at_least(job, 100), "100 results are journaled", timeout=60)
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
     done_before = {x["custom_id"] for x in journal_records(job)}
@@ -180,14 +169,10 @@ def test_kill_9_of_submit_then_resume_runs_only_what_is_left(tmp_path: Path) -> 
 
 
 def test_ctrl_c_flushes_and_exits_130_then_resume_finishes(tmp_path: Path) -> None:
-    src = make_input(tmp_path, 400)
+    src = chat_input(tmp_path / "in.jsonl", 400, max_tokens=8)
     job = tmp_path / "job"
     p = start_echo(src, job, "--batch-size", "8", env={"BATCHRUN_ECHO_DELAY_MS": "50"})
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (
-        (job / "journal.jsonl").exists() and len(journal_records(job)) >= 20
-    ):
-        time.sleep(0.05)
+    wait_until(results_at_least(job, 20), "20 results are journaled", timeout=60)
     os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
     _, stderr = p.communicate(timeout=60)
     assert p.returncode == 130, stderr
@@ -203,13 +188,11 @@ def test_ctrl_c_flushes_and_exits_130_then_resume_finishes(tmp_path: Path) -> No
 
 
 def test_a_second_resume_is_refused_while_one_runs(tmp_path: Path) -> None:
-    src = make_input(tmp_path, 200)
+    src = chat_input(tmp_path / "in.jsonl", 200, max_tokens=8)
     job = tmp_path / "job"
     p = start_echo(src, job, "--batch-size", "4", env={"BATCHRUN_ECHO_DELAY_MS": "100"})
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (job / "manifest.json").exists():
-            time.sleep(0.05)
+        wait_until((job / "manifest.json").exists, "the job's manifest is written", timeout=60)
         r = cli("resume", "--job-dir", str(job), "--no-progress")
         assert r.returncode == 1
         assert f"already running in process {p.pid}" in r.stderr
@@ -219,7 +202,7 @@ def test_a_second_resume_is_refused_while_one_runs(tmp_path: Path) -> None:
 
 
 def test_resume_refuses_a_changed_input_file(tmp_path: Path) -> None:
-    src = make_input(tmp_path, 5)
+    src = chat_input(tmp_path / "in.jsonl", 5, max_tokens=8)
     job = tmp_path / "job"
     assert submit_echo(src, job).returncode == 0
     with src.open("a") as f:
@@ -234,7 +217,7 @@ def test_several_workers_share_one_queue_and_one_journal(tmp_path: Path) -> None
     # Enough work (about 6 s for one worker alone) that each worker is ready before the
     # others could finish it all, even on a loaded machine.
     n = 4000
-    src = make_input(tmp_path, n)
+    src = chat_input(tmp_path / "in.jsonl", n, max_tokens=8)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_DELAY_MS": "25"}
     r = submit_echo(src, job, "--workers", "3", "--batch-size", "16", env=env)
@@ -246,7 +229,7 @@ def test_several_workers_share_one_queue_and_one_journal(tmp_path: Path) -> None
 
 
 def test_tune_searches_keeps_probe_results_and_resume_uses_the_size(tmp_path: Path) -> None:
-    src = make_input(tmp_path, 1500)
+    src = chat_input(tmp_path / "in.jsonl", 1500, max_tokens=8)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_OOM_ABOVE": "100", "BATCHRUN_ECHO_DELAY_MS": "20"}
     r = cli("tune", str(src), "--job-dir", str(job), "--engine", "echo", "--no-progress", env=env)
@@ -271,7 +254,7 @@ def test_sigterm_flushes_and_exits_143(tmp_path: Path, to_group: bool) -> None:
     """SIGTERM to batchrun alone (a scheduler, `kill`), or to its whole process group (`kill --
     -PGID`, a service manager stopping its unit): a graceful stop either way. The worker leaves
     stopping to its parent; it is not seen to die, nor restarted."""
-    src = make_input(tmp_path, 300)
+    src = chat_input(tmp_path / "in.jsonl", 300, max_tokens=8)
     job = tmp_path / "job"
     p = start_echo(src, job, "--batch-size", "8", env={"BATCHRUN_ECHO_DELAY_MS": "50"})
     wait_until(results_at_least(job, 10), "10 results", timeout=60)
@@ -318,7 +301,7 @@ def test_a_stop_signal_whose_exception_python_dropped_still_stops_the_job(
     import subprocess
     import sys
 
-    src = make_input(tmp_path, 200)
+    src = chat_input(tmp_path / "in.jsonl", 200, max_tokens=8)
     job = tmp_path / "job"
     proc = subprocess.run(
         [sys.executable, "-c", LOST_STOP, "submit", str(src), "--job-dir", str(job),
@@ -344,7 +327,7 @@ def test_a_full_disk_stops_the_job_clearly_and_resume_completes_it(tmp_path: Pat
     import subprocess
     import sys
 
-    src = make_input(tmp_path, 400)
+    src = chat_input(tmp_path / "in.jsonl", 400, max_tokens=8)
     job = tmp_path / "job"
 
     def limit_file_size() -> None:
@@ -388,7 +371,7 @@ def test_a_full_disk_stops_the_job_clearly_and_resume_completes_it(tmp_path: Pat
 
 
 def test_resume_force_runs_the_changed_file_without_rerunning_finished_work(tmp_path: Path) -> None:
-    src = make_input(tmp_path, 5)
+    src = chat_input(tmp_path / "in.jsonl", 5, max_tokens=8)
     job = tmp_path / "job"
     assert submit_echo(src, job).returncode == 0
     with src.open("a") as f:
@@ -412,14 +395,10 @@ def test_resume_force_runs_the_changed_file_without_rerunning_finished_work(tmp_
 def test_kill_9_of_the_worker_alone_loses_nothing(tmp_path: Path) -> None:
     from support.processes import worker_pids
 
-    src = make_input(tmp_path, 400)
+    src = chat_input(tmp_path / "in.jsonl", 400, max_tokens=8)
     job = tmp_path / "job"
     p = start_echo(src, job, "--batch-size", "8", env={"BATCHRUN_ECHO_DELAY_MS": "30"})
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (
-        (job / "journal.jsonl").exists() and len(journal_records(job)) >= 40
-    ):
-        time.sleep(0.05)
+    wait_until(results_at_least(job, 40), "40 results are journaled", timeout=60)
     pids = worker_pids(p.pid)
     assert len(pids) == 1
     os.kill(pids[0], signal.SIGKILL)

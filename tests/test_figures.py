@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from support.cli import cli
 from support.jobs import ECHO, journal_records, start_echo, submit_echo
-from support.lines import chat_line, write_jsonl
+from support.lines import chat_input, chat_line, write_jsonl
 from support.waits import results_at_least, wait_until
 
 from batchrun.job.run_clock import INTERVAL_S
@@ -169,7 +169,7 @@ def test_the_error_rate_counts_duplicates_copies_as_the_attempts_do(tmp_path: Pa
 
 
 def test_a_short_job_s_page_draws_from_one_point_with_distinct_labels(tmp_path: Path) -> None:
-    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"q {i}") for i in range(30)])
+    src = chat_input(tmp_path / "in.jsonl", 30, "q")
     job = tmp_path / "job"
     assert submit_echo(src, job).returncode == 0
     data = report_data(job)

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import pytest
 from support.cli import cli
 from support.jobs import journal_records, submit_echo
-from support.lines import chat_line, read_jsonl, write_jsonl
+from support.lines import chat_input, read_jsonl
 from support.serving import create_batch, lines_of, requests_file, start_server, stop_server
 from support.waits import wait_until
 
@@ -37,12 +37,6 @@ from batchrun.workers.process import Worker
 # -- through the CLI ------------------------------------------------------------------------------
 
 
-def make_input(tmp_path: Path, n: int) -> Path:
-    return write_jsonl(
-        tmp_path / "in.jsonl", [chat_line(f"r{i}", f"message {i}", max_tokens=4) for i in range(n)]
-    )
-
-
 def submit(src: Path, job: Path, *args: str, env: dict[str, str]) -> Any:
     # The time-out is the test's own: on a batchrun with no watchdog these jobs never end.
     return submit_echo(src, job, "--batch-size", "4", *args, env=env, timeout=90)
@@ -53,7 +47,7 @@ def submit(src: Path, job: Path, *args: str, env: dict[str, str]) -> Any:
 def test_a_hung_engine_is_killed_and_replaced_and_every_request_succeeds(
     tmp_path: Path, how: str
 ) -> None:
-    src = make_input(tmp_path, 30)
+    src = chat_input(tmp_path / "in.jsonl", 30, max_tokens=4)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_HANG_AFTER": "10"}
     args: tuple[str, ...] = ("--stall-timeout", "2")
@@ -83,7 +77,7 @@ def test_a_hung_engine_is_killed_and_replaced_and_every_request_succeeds(
 def test_a_request_slower_than_the_stall_timeout_is_not_a_hang(tmp_path: Path) -> None:
     # Every request takes 3.5 s and none finishes before the stall limit of 2 s: the worker's
     # heartbeats between engine steps keep it alive.
-    src = make_input(tmp_path, 4)
+    src = chat_input(tmp_path / "in.jsonl", 4, max_tokens=4)
     job = tmp_path / "job"
     r = submit(src, job, "--stall-timeout", "2", env={"BATCHRUN_ECHO_DELAY_MS": "3500"})
     assert r.returncode == 0, r.stderr
@@ -96,7 +90,7 @@ def test_a_request_slower_than_the_stall_timeout_is_not_a_hang(tmp_path: Path) -
 def test_a_request_past_its_timeout_fails_with_code_timeout_and_retry_failed_runs_it_again(
     tmp_path: Path,
 ) -> None:
-    src = make_input(tmp_path, 12)
+    src = chat_input(tmp_path / "in.jsonl", 12, max_tokens=4)
     job = tmp_path / "job"
     record = tmp_path / "received.txt"
     env = {"BATCHRUN_ECHO_HANG_ON": "r7", "BATCHRUN_ECHO_RECORD": str(record)}
@@ -189,7 +183,7 @@ def test_under_serve_a_request_past_its_timeout_fails_alone_and_the_batch_comple
 def test_a_timeout_out_of_range_is_a_usage_error(
     tmp_path: Path, option: str, value: str, says: str
 ) -> None:
-    src = make_input(tmp_path, 1)
+    src = chat_input(tmp_path / "in.jsonl", 1, max_tokens=4)
     r = submit_echo(src, tmp_path / "job", option, value, progress=True)
     assert r.returncode == 2
     assert says in " ".join(r.stderr.replace("│", " ").split())
@@ -527,7 +521,7 @@ def test_a_start_that_never_finishes_is_killed_and_started_again(tmp_path: Path)
     """BATCHRUN_ECHO_START_HANG=1: the first engine start never returns (an NCCL set-up stuck);
     past --start-timeout it is killed with its group, counted as a failed start, and the next
     start runs the job."""
-    src = make_input(tmp_path, 6)
+    src = chat_input(tmp_path / "in.jsonl", 6, max_tokens=4)
     job = tmp_path / "job"
     r = submit(src, job, "--start-timeout", "2", env={"BATCHRUN_ECHO_START_HANG": "1"})
     assert r.returncode == 0, r.stderr

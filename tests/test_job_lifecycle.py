@@ -12,20 +12,15 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.cli import cli
 from support.jobs import journal_records, start_echo, submit_echo
-from support.lines import chat_line, read_jsonl, write_jsonl
+from support.lines import chat_input, chat_line, read_jsonl, write_jsonl
 from support.paths import ROOT
-
-
-def make_input(path: Path, ids: list[str]) -> Path:
-    return write_jsonl(path, [chat_line(cid, f"message {cid}", max_tokens=8) for cid in ids])
+from support.waits import results_at_least, wait_until
 
 
 def submit(src: Path, job: Path, *extra: str, env: dict[str, str] | None = None) -> None:
@@ -58,21 +53,12 @@ def parquet_rows(job: Path) -> list[tuple[str | None, int, str]]:
     return list(zip(ids, df["line"].astype(int), df["status"], strict=True))
 
 
-def wait_for(what: str, ready: Callable[[], bool], timeout: float = 60) -> None:
-    """Poll `ready()` until it is true; fail the test, saying what never happened, on time-out."""
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.05)
-
-
 # --- export says what it is ------------------------------------------------------------------
 
 
 def test_export_refuses_a_job_with_pending_requests_unless_partial(tmp_path: Path) -> None:
     ids = [f"r{i}" for i in range(400)]
-    src = make_input(tmp_path / "in.jsonl", ids)
+    src = chat_input(tmp_path / "in.jsonl", ids, max_tokens=8)
     job = tmp_path / "job"
     done = tune(src, job)
     pending = 400 - len(done)
@@ -110,14 +96,11 @@ def test_export_refuses_a_job_with_pending_requests_unless_partial(tmp_path: Pat
 
 
 def test_export_while_the_job_runs_is_read_only_and_says_it_runs(tmp_path: Path) -> None:
-    src = make_input(tmp_path / "in.jsonl", [f"r{i}" for i in range(400)])
+    src = chat_input(tmp_path / "in.jsonl", [f"r{i}" for i in range(400)], max_tokens=8)
     job = tmp_path / "job"
     p = start_echo(src, job, "--batch-size", "4", env={"BATCHRUN_ECHO_DELAY_MS": "100"})
     try:
-        wait_for(
-            "the job to write 20 results",
-            lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 20,
-        )
+        wait_until(results_at_least(job, 20), "the job writes 20 results", timeout=60)
         lock_before = (job / "lock").read_text()
         r = cli("export", "--job-dir", str(job))
         assert r.returncode == 1 and r.stdout == "", r.stderr
@@ -145,10 +128,10 @@ def test_resume_force_after_finished_lines_were_deleted_counts_the_file_as_it_is
     tmp_path: Path,
 ) -> None:
     ids = [f"r{i}" for i in range(400)]
-    src = make_input(tmp_path / "in.jsonl", ids)
+    src = chat_input(tmp_path / "in.jsonl", ids, max_tokens=8)
     job = tmp_path / "job"
     submit(src, job, "--batch-size", "64")
-    make_input(src, ids[10:])  # the first 10 finished requests leave the file
+    chat_input(src, ids[10:], max_tokens=8)  # the first 10 finished requests leave the file
     r = cli("resume", "--job-dir", str(job), "--no-progress")
     assert r.returncode == 1 and "changed since the job was submitted" in r.stderr
     r = cli("resume", "--job-dir", str(job), "--force", "--no-progress")
@@ -239,7 +222,7 @@ def test_resume_force_after_a_line_was_inserted_numbers_lines_as_the_file_is_now
 def test_a_job_moved_with_its_input_resumes(tmp_path: Path) -> None:
     project = tmp_path / "project"
     project.mkdir()
-    src = make_input(project / "input.jsonl", [f"r{i}" for i in range(100)])
+    src = chat_input(project / "input.jsonl", [f"r{i}" for i in range(100)], max_tokens=8)
     done = tune(src, project / "jobs" / "x")
     assert len(done) < 100
     moved = tmp_path / "project2"
@@ -253,7 +236,7 @@ def test_a_job_moved_with_its_input_resumes(tmp_path: Path) -> None:
 
 
 def test_resume_input_points_a_job_at_its_moved_input(tmp_path: Path) -> None:
-    src = make_input(tmp_path / "in.jsonl", [f"r{i}" for i in range(100)])
+    src = chat_input(tmp_path / "in.jsonl", [f"r{i}" for i in range(100)], max_tokens=8)
     job = tmp_path / "job"
     tune(src, job)
     elsewhere = tmp_path / "elsewhere"
@@ -267,7 +250,7 @@ def test_resume_input_points_a_job_at_its_moved_input(tmp_path: Path) -> None:
         "(finished results can still be exported)",
     )
     # Another file (its sha256 differs) is refused without --force.
-    other = make_input(tmp_path / "other.jsonl", [f"r{i}" for i in range(101)])
+    other = chat_input(tmp_path / "other.jsonl", [f"r{i}" for i in range(101)], max_tokens=8)
     r = cli("resume", "--job-dir", str(job), "--input", str(other), "--no-progress")
     assert (r.returncode, r.stderr.strip()) == (
         1,
@@ -333,7 +316,7 @@ def cli_read_only(
 
 @pytest.mark.slow
 def test_commands_on_a_read_only_job_directory_say_so_in_one_line(tmp_path: Path) -> None:
-    src = make_input(tmp_path / "in.jsonl", [f"r{i}" for i in range(50)])
+    src = chat_input(tmp_path / "in.jsonl", [f"r{i}" for i in range(50)], max_tokens=8)
     job = tmp_path / "job"
     tune(src, job)
     files = [job, *job.iterdir()] if os.geteuid() != 0 else [job]
@@ -369,7 +352,7 @@ def test_commands_on_a_read_only_job_directory_say_so_in_one_line(tmp_path: Path
 
 
 def test_a_journal_that_cannot_be_written_is_one_clear_line(tmp_path: Path) -> None:
-    src = make_input(tmp_path / "in.jsonl", [f"r{i}" for i in range(50)])
+    src = chat_input(tmp_path / "in.jsonl", [f"r{i}" for i in range(50)], max_tokens=8)
     job = tmp_path / "job"
     tune(src, job)
     r = cli_read_only([job / "journal.jsonl"], "resume", "--job-dir", str(job), "--no-progress")
@@ -385,7 +368,7 @@ def test_a_lock_that_cannot_be_written_is_one_clear_line(tmp_path: Path) -> None
     """A write that fails at the lock (a full disk, here a file-size limit: the same path)."""
     import resource
 
-    src = make_input(tmp_path / "in.jsonl", [f"r{i}" for i in range(20)])
+    src = chat_input(tmp_path / "in.jsonl", [f"r{i}" for i in range(20)], max_tokens=8)
     job = tmp_path / "job"
     tune(src, job)
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from support.waits import wait_until
 
 from batchrun.errors import BatchrunError
 from batchrun.job import journal as journal_module
@@ -250,15 +251,6 @@ class FsyncSpy:
         self.real(fd)
 
 
-def wait_until(condition: Any, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return False
-
-
 def test_fsync_runs_in_the_background_within_the_interval(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -269,11 +261,13 @@ def test_fsync_runs_in_the_background_within_the_interval(
     j = JournalWriter(tmp_path / "journal.jsonl", interval_s=0.05).open()
     j.append([result_record(outcome("a"), 1, 1)])
     assert spy.calls == 0  # append does not wait for the disk
-    assert wait_until(lambda: spy.calls == 1)  # nothing new: no more fsyncs
+    wait_until(
+        lambda: spy.calls == 1, "fsync has run 1 time(s)", timeout=10, every=0.005
+    )  # nothing new: no more fsyncs
     time.sleep(0.15)
     assert spy.calls == 1
     j.append([result_record(outcome("b"), 2, 1)])
-    assert wait_until(lambda: spy.calls == 2)
+    wait_until(lambda: spy.calls == 2, "fsync has run 2 time(s)", timeout=10, every=0.005)
     j.close()
     assert spy.calls == 2  # everything was already synced
 
@@ -289,7 +283,7 @@ def test_a_full_group_is_synced_at_once_and_close_syncs_the_rest(
     time.sleep(0.1)
     assert spy.calls == 0
     j.append([result_record(outcome("b"), 2, 1), result_record(outcome("c"), 3, 1)])
-    assert wait_until(lambda: spy.calls == 1)
+    wait_until(lambda: spy.calls == 1, "fsync has run 1 time(s)", timeout=10, every=0.005)
     j.append([result_record(outcome("d"), 4, 1)])
     j.close()  # a normal end (or a graceful stop) syncs before it returns
     assert spy.calls == 2
@@ -304,7 +298,7 @@ def test_a_failed_background_fsync_stops_the_next_append(
     (tmp_path / "journal.jsonl").touch()  # no directory fsync at open (see above)
     j = JournalWriter(tmp_path / "journal.jsonl", interval_s=0.01).open()
     j.append([result_record(outcome("a"), 1, 1)])
-    assert wait_until(lambda: spy.calls == 1)
+    wait_until(lambda: spy.calls == 1, "fsync has run 1 time(s)", timeout=10, every=0.005)
     time.sleep(0.05)
     with pytest.raises(BatchrunError, match="cannot sync the journal"):
         j.append([result_record(outcome("b"), 2, 1)])

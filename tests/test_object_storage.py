@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from support.cli import cli, cli_process, start_cli
 from support.jobs import journal_records, start_echo, submit_echo
-from support.lines import chat_line, read_jsonl, write_jsonl
+from support.lines import chat_input, read_jsonl
 from support.s3_store import ACCESS_KEY, SECRET_KEY, Proxy, S3Store, free_ports
 from support.waits import wait_until
 
@@ -61,11 +61,6 @@ def bucket(s3: S3Store) -> str:
     return name
 
 
-def make_input(path: Path, n: int, text: str = "hello") -> Path:
-    """An input of `n` chat lines r0 .. r{n-1}."""
-    return write_jsonl(path, [chat_line(f"r{i}", f"{text} {i}") for i in range(n)])
-
-
 def put(s3: S3Store, local: Path, url: str) -> None:
     """Upload a test's input file to the store."""
     s3.fs().put_file(str(local), url)
@@ -85,7 +80,7 @@ def test_a_job_from_a_bucket_resumes_with_the_store_stopped_and_exports_to_a_buc
     """Submit from s3://, kill -9 mid-job, stop the store, resume (the job's own copy of its
     input is all it needs), then export --to a bucket and read every result back, once each."""
     ids = [f"r{i}" for i in range(400)]
-    src = make_input(tmp_path / "batch.jsonl", len(ids))
+    src = chat_input(tmp_path / "batch.jsonl", len(ids), "hello")
     own = S3Store(tmp_path / "own-store")  # this test stops it: not the session's
     own.start()
     try:
@@ -170,7 +165,7 @@ def test_on_ray_the_driver_fetches_the_input_and_the_actors_only_run_engines(
     """submit --ray with an s3:// input: the driver brings the input into the job directory and
     the actors are fed from it as from a local input; export --to from the driver."""
     ids = [f"r{i}" for i in range(200)]
-    put(s3, make_input(tmp_path / "in.jsonl", len(ids)), f"{bucket}/in.jsonl")
+    put(s3, chat_input(tmp_path / "in.jsonl", len(ids), "hello"), f"{bucket}/in.jsonl")
     job = tmp_path / "job"
     r = submit_echo(
         f"s3://{bucket}/in.jsonl",
@@ -196,7 +191,7 @@ def test_credentials_from_a_profile_and_the_s3_endpoint_variable(
 ) -> None:
     """As the AWS tools take them: keys from AWS_PROFILE's credentials file, and
     AWS_ENDPOINT_URL_S3 before AWS_ENDPOINT_URL (which points at nothing here)."""
-    put(s3, make_input(tmp_path / "in.jsonl", 5), f"{bucket}/in.jsonl")
+    put(s3, chat_input(tmp_path / "in.jsonl", 5, "hello"), f"{bucket}/in.jsonl")
     credentials = tmp_path / "credentials"
     credentials.write_text(
         f"[batch]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"
@@ -225,7 +220,7 @@ def test_an_input_over_http_is_read_too_and_read_again_from_the_start_when_cut(
     own server serves no ranges, so a download cut off starts over, to an exact copy."""
     served = tmp_path / "site"
     served.mkdir()
-    src = make_input(served / "in.jsonl", 3000, text="x" * 400)  # about 1.5 MB
+    src = chat_input(served / "in.jsonl", 3000, "x" * 400)  # about 1.5 MB
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -267,7 +262,7 @@ def test_an_input_over_http_is_read_too_and_read_again_from_the_start_when_cut(
 def test_an_input_that_cannot_be_read_is_one_line_and_no_job(
     tmp_path: Path, s3: S3Store, bucket: str, where: str, env: dict[str, str], cause: str
 ) -> None:
-    put(s3, make_input(tmp_path / "in.jsonl", 3), f"{bucket}/in.jsonl")
+    put(s3, chat_input(tmp_path / "in.jsonl", 3, "hello"), f"{bucket}/in.jsonl")
     url = "s3://" + where.format(bucket=bucket, u=uuid.uuid4().hex[:8])
     job = tmp_path / "job"
     r = submit_echo(url, job, env=s3.env(**env))
@@ -381,7 +376,7 @@ def test_without_s3fs_an_s3_url_names_the_extra(tmp_path: Path, s3: S3Store) -> 
 def test_a_download_broken_once_is_read_again_to_an_exact_copy(
     tmp_path: Path, s3: S3Store, bucket: str
 ) -> None:
-    src = make_input(tmp_path / "in.jsonl", 3000, text="x" * 400)  # about 1.5 MB
+    src = chat_input(tmp_path / "in.jsonl", 3000, "x" * 400)  # about 1.5 MB
     put(s3, src, f"{bucket}/in.jsonl")
     proxy = Proxy(int(s3.endpoint.rsplit(":", 1)[1]))
     proxy.cut_down_after, proxy.cuts = 300_000, 1
@@ -427,7 +422,7 @@ def test_a_large_object_broken_mid_way_is_read_on_from_where_it_broke(
 def test_a_download_that_keeps_breaking_is_an_error_and_no_job(
     tmp_path: Path, s3: S3Store, bucket: str
 ) -> None:
-    src = make_input(tmp_path / "in.jsonl", 3000, text="x" * 400)
+    src = chat_input(tmp_path / "in.jsonl", 3000, "x" * 400)
     put(s3, src, f"{bucket}/in.jsonl")
     proxy = Proxy(int(s3.endpoint.rsplit(":", 1)[1]))
     proxy.cut_down_after = 300_000  # every time
@@ -452,7 +447,7 @@ def test_a_download_that_keeps_breaking_is_an_error_and_no_job(
 def finished_job(tmp_path: Path) -> Path:
     """A small finished local job."""
     job = tmp_path / "job"
-    r = submit_echo(make_input(tmp_path / "in.jsonl", 20), job)
+    r = submit_echo(chat_input(tmp_path / "in.jsonl", 20, "hello"), job)
     assert r.returncode == 0, r.stderr
     return job
 
@@ -583,7 +578,7 @@ def test_an_export_killed_mid_upload_leaves_no_object(
     """kill -9 of export while it uploads: the key has no object at all (S3 objects appear whole
     on PUT); the export run again puts it there, whole."""
     ids = [f"r{i}" for i in range(2000)]
-    src = make_input(tmp_path / "in.jsonl", len(ids), text="y" * 1000)  # output.jsonl ~2.5 MB
+    src = chat_input(tmp_path / "in.jsonl", len(ids), "y" * 1000)  # output.jsonl ~2.5 MB
     job = tmp_path / "job"
     assert submit_echo(src, job).returncode == 0
     assert cli("export", "--job-dir", str(job)).returncode == 0
@@ -627,7 +622,7 @@ def test_what_is_fetched_and_what_is_read_where_it_is() -> None:
 
 
 def test_a_file_url_is_read_where_it_is_not_copied(tmp_path: Path) -> None:
-    src = make_input(tmp_path / "in.jsonl", 3)
+    src = chat_input(tmp_path / "in.jsonl", 3, "hello")
     job = tmp_path / "job"
     r = submit_echo(src.as_uri(), job)
     assert r.returncode == 0, r.stderr

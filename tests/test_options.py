@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support.cli import cli
 from support.jobs import ECHO, journal_records, submit_echo
-from support.lines import chat_line, write_jsonl
+from support.lines import chat_input, chat_line, write_jsonl
 from support.paths import ROOT
 
 from batchrun.config import SEED_MAX
@@ -191,7 +191,7 @@ def test_tune_is_its_own_command_without_a_batch_size(tmp_path: Path) -> None:
 
 def _job_with_pending(tmp_path: Path, name: str = "my job", n: int = 3) -> Path:
     """An echo job whose last request has no result (as after a kill)."""
-    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"hi {i}") for i in range(n)])
+    src = chat_input(tmp_path / "in.jsonl", n, "hi")
     job = tmp_path / name
     r = submit_echo(src, job, env=WIDE)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -9,15 +9,13 @@ import sys
 from pathlib import Path
 
 from support.cli import cli
-from support.lines import chat_line, write_jsonl
+from support.lines import chat_input
 from support.paths import ROOT
 
 
 def test_a_closed_output_pipe_does_not_stop_the_job(tmp_path: Path) -> None:
     # As `batchrun submit big.jsonl 2>&1 | head -1`: the reader takes one line and goes away.
-    src = write_jsonl(
-        tmp_path / "in.jsonl", [chat_line(f"r{i}", f"message {i}") for i in range(3000)]
-    )
+    src = chat_input(tmp_path / "in.jsonl", 3000)
     job = tmp_path / "job"
     proc = subprocess.Popen(
         [

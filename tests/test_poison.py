@@ -17,22 +17,16 @@ from pathlib import Path
 import pytest
 from support.cli import cli
 from support.jobs import journal_records, submit_echo
-from support.lines import chat_line, read_jsonl, write_jsonl
+from support.lines import chat_input, read_jsonl
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
-
-
-def make_input(tmp_path: Path, n: int) -> Path:
-    return write_jsonl(
-        tmp_path / "in.jsonl", [chat_line(f"r{i}", f"message {i}", max_tokens=4) for i in range(n)]
-    )
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_poison_requests_fail_alone_and_every_other_request_is_answered(
     tmp_path: Path, workers: int
 ) -> None:
-    src = make_input(tmp_path, 60)
+    src = chat_input(tmp_path / "in.jsonl", 60, max_tokens=4)
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_CRASH_ON": "r7,r41", "BATCHRUN_ECHO_DELAY_MS": "2"}
     r = submit_echo(src, job, "--batch-size", "16", "--workers", str(workers), env=env)
@@ -69,7 +63,7 @@ def test_poison_requests_fail_alone_and_every_other_request_is_answered(
 
 
 def test_isolation_costs_at_most_log2_of_what_the_worker_held(tmp_path: Path) -> None:
-    src = make_input(tmp_path, 200)
+    src = chat_input(tmp_path / "in.jsonl", 200, max_tokens=4)
     job = tmp_path / "job"
     r = submit_echo(src, job, "--batch-size", "64", env={"BATCHRUN_ECHO_CRASH_ON": "r150"})
     assert r.returncode == 1, r.stderr
@@ -86,7 +80,7 @@ def test_isolation_costs_at_most_log2_of_what_the_worker_held(tmp_path: Path) ->
 
 
 def test_retry_failed_runs_a_poison_request_again_on_demand(tmp_path: Path) -> None:
-    src = make_input(tmp_path, 10)
+    src = chat_input(tmp_path / "in.jsonl", 10, max_tokens=4)
     job = tmp_path / "job"
     r = submit_echo(src, job, "--batch-size", "4", env={"BATCHRUN_ECHO_CRASH_ON": "r3"})
     assert r.returncode == 1, r.stderr
@@ -98,7 +92,7 @@ def test_retry_failed_runs_a_poison_request_again_on_demand(tmp_path: Path) -> N
 
 
 def test_an_engine_that_crashes_on_every_request_gives_up_with_one_line(tmp_path: Path) -> None:
-    src = make_input(tmp_path, 12)
+    src = chat_input(tmp_path / "in.jsonl", 12, max_tokens=4)
     job = tmp_path / "job"
     every = ",".join(f"r{i}" for i in range(12))
     r = submit_echo(src, job, "--batch-size", "4", env={"BATCHRUN_ECHO_CRASH_ON": every})

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import cli_process, start_cli
-from support.lines import chat_line, write_jsonl
+from support.lines import chat_input
 from support.paths import ROOT
 from support.processes import worker_pids
 from support.waits import wait_until
@@ -47,7 +47,7 @@ def _pids(path: Path) -> list[int]:
 
 
 def _input(tmp_path: Path, n: int) -> Path:
-    return write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"hello {i}") for i in range(n)])
+    return chat_input(tmp_path / "in.jsonl", n, "hello")
 
 
 def _rank_env(pids: Path, **extra: str) -> dict[str, str]:

@@ -20,17 +20,11 @@ import psutil
 import pytest
 from support.cli import cli
 from support.jobs import journal_records, start_echo, submit_echo
-from support.lines import chat_line, read_jsonl, write_jsonl
+from support.lines import chat_input, chat_line, read_jsonl, write_jsonl
 from support.processes import group_alive
 from support.waits import results_at_least, wait_until
 
 pytestmark = pytest.mark.ray
-
-
-def make_input(tmp_path: Path, n: int) -> Path:
-    return write_jsonl(
-        tmp_path / "in.jsonl", [chat_line(f"r{i}", f"message {i}") for i in range(n)]
-    )
 
 
 def answers(job: Path) -> dict[str, Any]:
@@ -57,7 +51,7 @@ def actor_pids(root: int, title: str = "ray::EngineActor") -> list[int]:
 
 
 def test_ray_results_match_a_single_machine_run(tmp_path: Path) -> None:
-    src = make_input(tmp_path, 300)
+    src = chat_input(tmp_path / "in.jsonl", 300)
     local, on_ray = tmp_path / "local", tmp_path / "ray"
     env = {"BATCHRUN_ECHO_DELAY_MS": "5"}
     assert submit_echo(src, local, "--batch-size", "16", env=env).returncode == 0
@@ -98,7 +92,7 @@ def test_an_embeddings_job_on_ray_keeps_its_vectors_in_the_side_file(tmp_path: P
 
 
 def test_a_killed_actor_is_replaced_and_nothing_is_lost(tmp_path: Path) -> None:
-    src = make_input(tmp_path, 600)
+    src = chat_input(tmp_path / "in.jsonl", 600)
     job = tmp_path / "job"
     p = start_echo(
         src,
@@ -145,7 +139,7 @@ def test_a_killed_actor_is_replaced_and_nothing_is_lost(tmp_path: Path) -> None:
 
 
 def test_a_job_started_on_ray_is_resumed_without_it(tmp_path: Path) -> None:
-    src = make_input(tmp_path, 500)
+    src = chat_input(tmp_path / "in.jsonl", 500)
     job = tmp_path / "job"
     p = start_echo(
         src,
@@ -179,7 +173,7 @@ def test_a_job_started_on_ray_is_resumed_without_it(tmp_path: Path) -> None:
 def test_ctrl_c_on_ray_leaves_no_process_behind(tmp_path: Path, second_after: float | None) -> None:
     """One Ctrl-C shuts the local Ray instance down; a second one, which stops at once, must
     not leave Ray's daemons and agents running either."""
-    src = make_input(tmp_path, 3000)
+    src = chat_input(tmp_path / "in.jsonl", 3000)
     job = tmp_path / "job"
     p = start_echo(
         src,
@@ -269,7 +263,7 @@ def test_a_hung_actor_is_replaced_and_a_stuck_request_times_out(tmp_path: Path) 
     """Ray actors are watched as local workers are: one whose engine step never returns (after
     10 results) is killed past --stall-timeout and replaced; a request that never finishes is
     aborted past --request-timeout and fails with code `timeout`."""
-    src = make_input(tmp_path, 30)
+    src = chat_input(tmp_path / "in.jsonl", 30)
     job = tmp_path / "job"
     r = submit_echo(
         src,

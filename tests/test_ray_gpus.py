@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from support.jobs import journal_records, submit_echo
-from support.lines import chat_line, write_jsonl
+from support.lines import chat_input
 
 from batchrun.errors import BatchrunError
 from batchrun.workers import ray_start
@@ -259,7 +259,7 @@ def connected(gpu_cluster: str) -> Iterator[Any]:
 
 
 def submit(tmp_path: Path, address: str, *args: str, n: int = 40, **env: str) -> Any:
-    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"m {i}") for i in range(n)])
+    src = chat_input(tmp_path / "in.jsonl", n, "m")
     return submit_echo(
         src, tmp_path / "job", "--batch-size", "4", "--ray", address, *args, env=env, timeout=120
     )

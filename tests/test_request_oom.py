@@ -15,7 +15,7 @@ import pytest
 from support.cli import cli
 from support.fakes.workers import Events, FakeWorker, requests, results
 from support.jobs import journal_records, submit_echo
-from support.lines import chat_line, read_jsonl, write_jsonl
+from support.lines import chat_input, read_jsonl
 
 from batchrun.config import EngineSettings
 from batchrun.job.journal import JournalWriter
@@ -30,7 +30,7 @@ from batchrun.workers.messages import Fatal, Inbox, Results
 def test_one_request_that_runs_out_of_memory_fails_alone_and_the_job_goes_on(
     tmp_path: Path,
 ) -> None:
-    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"m {i}") for i in range(50)])
+    src = chat_input(tmp_path / "in.jsonl", 50, "m")
     job = tmp_path / "job"
     r = submit_echo(
         src,

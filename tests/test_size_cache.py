@@ -8,13 +8,9 @@ from pathlib import Path
 import pytest
 from support.cli import cli
 from support.jobs import submit_echo
-from support.lines import chat_line, write_jsonl
+from support.lines import chat_input, write_jsonl
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
-
-
-def make_input(tmp_path: Path, name: str, n: int) -> Path:
-    return write_jsonl(tmp_path / name, [chat_line(f"r{i}", f"m {i}") for i in range(n)])
 
 
 def status(job: Path) -> dict[str, object]:
@@ -30,7 +26,7 @@ def test_a_back_off_lowers_the_cached_size_and_the_job_records_the_size_running(
 ) -> None:
     # An earlier job on this set-up found 256 (its probe ran 512 requests: a real measurement).
     first = submit_echo(
-        make_input(tmp_path, "a.jsonl", 600), tmp_path / "a", "--min-batch-size", "256"
+        chat_input(tmp_path / "a.jsonl", 600, "m"), tmp_path / "a", "--min-batch-size", "256"
     )
     assert first.returncode == 0, first.stderr
     cache = isolated_cache / "batch_sizes.json"
@@ -38,7 +34,7 @@ def test_a_back_off_lowers_the_cached_size_and_the_job_records_the_size_running(
     # The set-up now runs out of memory above 8: the job backs off from the cached 256 to 8.
     oom = {"BATCHRUN_ECHO_OOM_ABOVE": "8"}
     job = tmp_path / "b"
-    second = submit_echo(make_input(tmp_path, "b.jsonl", 100), job, env=oom)
+    second = submit_echo(chat_input(tmp_path / "b.jsonl", 100, "m"), job, env=oom)
     assert second.returncode == 0, second.stderr
     assert "batch size 256 (found by an earlier job on this set-up)" in second.stderr
     assert "backing off, batch size 16 -> 8" in second.stderr
@@ -46,7 +42,7 @@ def test_a_back_off_lowers_the_cached_size_and_the_job_records_the_size_running(
     assert (s["batch_size"], s["batch_size_source"]) == (8, "out-of-memory back-off")
     assert list(json.loads(cache.read_text()).values()) == [8]
     # The next job starts at 8 and pays no restart.
-    third = submit_echo(make_input(tmp_path, "c.jsonl", 100), tmp_path / "c", env=oom)
+    third = submit_echo(chat_input(tmp_path / "c.jsonl", 100, "m"), tmp_path / "c", env=oom)
     assert third.returncode == 0, third.stderr
     assert "batch size 8 (found by an earlier job on this set-up)" in third.stderr
     assert "out of memory" not in third.stderr
@@ -56,7 +52,7 @@ def test_a_job_with_its_own_kv_budget_keeps_its_sizes_apart(
     tmp_path: Path, isolated_cache: Path
 ) -> None:
     first = submit_echo(
-        make_input(tmp_path, "a.jsonl", 600), tmp_path / "a", "--min-batch-size", "256"
+        chat_input(tmp_path / "a.jsonl", 600, "m"), tmp_path / "a", "--min-batch-size", "256"
     )
     assert first.returncode == 0, first.stderr
     cache = isolated_cache / "batch_sizes.json"
@@ -64,7 +60,7 @@ def test_a_job_with_its_own_kv_budget_keeps_its_sizes_apart(
     assert list(before.values()) == [256]
     # A small KV budget backs off to 4: the size jobs without one start from stays.
     small = submit_echo(
-        make_input(tmp_path, "b.jsonl", 50),
+        chat_input(tmp_path / "b.jsonl", 50, "m"),
         tmp_path / "b",
         "--kv-cache-memory-bytes",
         "1000",
@@ -75,7 +71,7 @@ def test_a_job_with_its_own_kv_budget_keeps_its_sizes_apart(
     assert small.returncode == 0, small.stderr
     assert "backing off, batch size 8 -> 4" in small.stderr
     assert json.loads(cache.read_text()) == before
-    third = submit_echo(make_input(tmp_path, "c.jsonl", 50), tmp_path / "c")
+    third = submit_echo(chat_input(tmp_path / "c.jsonl", 50, "m"), tmp_path / "c")
     assert "batch size 256 (found by an earlier job on this set-up)" in third.stderr
 
 

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import pytest
 from support.cli import cli, error_line
 from support.jobs import journal_records, submit_echo
-from support.lines import chat_line, write_jsonl
+from support.lines import chat_input
 
 from batchrun.config import EngineSettings
 from batchrun.engines.startup import (
@@ -214,7 +214,7 @@ def test_memory_holders_names_the_processes_nvidia_smi_lists(
 
 
 def submit(tmp_path: Path, env: dict[str, str], n: int = 20, *extra: str) -> tuple[Any, Path]:
-    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", f"m {i}") for i in range(n)])
+    src = chat_input(tmp_path / "in.jsonl", n, "m")
     job = tmp_path / "job"
     r = submit_echo(
         src, job, "--batch-size", "16", *extra, env={"BATCHRUN_START_RETRY_DELAY_S": "0", **env}

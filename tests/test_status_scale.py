@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from support.cli import cli
 from support.jobs import start_echo, submit_echo
-from support.lines import chat_line, write_jsonl
+from support.lines import chat_input, chat_line, write_jsonl
 from support.paths import ROOT
 from support.waits import wait_until
 
@@ -412,9 +412,7 @@ def test_status_of_a_job_copied_elsewhere_with_its_summary(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_status_while_the_job_runs_is_the_journal_up_to_where_it_read(tmp_path: Path) -> None:
-    src = write_jsonl(
-        tmp_path / "in.jsonl", [chat_line(f"r{i}", f"p {i}", temperature=0) for i in range(400)]
-    )
+    src = chat_input(tmp_path / "in.jsonl", 400, "p", temperature=0)
     job = tmp_path / "job"
     proc = start_echo(src, job, "--batch-size", "4", env={"BATCHRUN_ECHO_DELAY_MS": "20"})
     try:

@@ -13,6 +13,7 @@ from multiprocessing import connection
 from typing import Any
 
 import pytest
+from support.waits import wait_until
 
 from batchrun.config import EngineSettings
 from batchrun.openai.records import Request
@@ -99,10 +100,8 @@ def test_a_stopped_workers_late_reader_cannot_take_the_next_workers_messages(
         assert isinstance(message, Results), message
         assert [o.custom_id for o in message.outcomes] == ["r1"]
         # The old reader finished its message, then saw its worker's end and closed the channel.
-        deadline = time.monotonic() + 10
-        while old is not None and not old.closed and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert old is not None and old.closed
+        assert old is not None
+        wait_until(lambda: old.closed, "the old reader closed the channel", timeout=10, every=0.01)
     finally:
         reader.release.set()
         worker.kill()
