@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from support.fakes.workers import Events
+from support.fakes.workers import Events, answered, begin
 from support.jobs import journal_records, submit_echo
 from support.lines import chat_line, write_jsonl
 
@@ -29,7 +29,7 @@ from batchrun.run.planner import order_window, plan, prompt_text
 from batchrun.run.prefixes import CHARS_PER_TOKEN, prefix_tree
 from batchrun.run.recording import JournalSink
 from batchrun.run.scheduler import Scheduler
-from batchrun.workers.messages import Inbox, Ready, Results
+from batchrun.workers.messages import Inbox, Ready
 from batchrun.workers.process import Worker
 
 BLOCK = 16  # tokens a block in the fake engine
@@ -344,9 +344,7 @@ class KvWorker(Worker):
     held_docs: ClassVar[list[int]] = []
 
     def start(self, inbox: Inbox) -> None:
-        self.process = object()
-        self.generation += 1
-        self._inbox = inbox
+        begin(self, inbox)
         inbox.put(
             (self.index, self.generation, Ready(pid=1, start_s=0.0, kv_cache=(self.tokens, 16)))
         )
@@ -355,8 +353,7 @@ class KvWorker(Worker):
         self.inflight.update((r.custom_id, r) for r in requests)
         KvWorker.held_docs.append(len({cid.split("-")[0] for cid in self.inflight}))
         for r in requests:
-            outcome = Outcome(custom_id=r.custom_id, ok=True, status_code=200, body={"ok": 1})
-            self._inbox.put((self.index, self.generation, Results([outcome])))
+            self._inbox.put((self.index, self.generation, answered([r], {"ok": 1})))
 
     def stop(self, timeout: float = 10.0, *, leave: bool = False) -> None:
         self.process = None

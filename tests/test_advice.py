@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from support.advice import advised, follow, last_line
 from support.cli import cli
-from support.jobs import ECHO, journal_records, start_echo, submit_echo
+from support.jobs import ECHO, journal_records, rerun, start_echo, submit_echo
 from support.lines import chat_input, chat_line, read_jsonl, write_jsonl
+from support.processes import kill_group
 from support.waits import results_at_least, wait_until
 
 # Wide enough that no table row wraps.
@@ -72,7 +73,7 @@ def test_requests_over_the_context_are_not_advised_for_retry_failed(tmp_path: Pa
     assert status(job)["retry_cannot_fix"] == {"context_length_exceeded": 5}
 
     # What the advice does not say to do, done: a retry as it is fails them the same way.
-    again = cli("retry-failed", "--job-dir", str(job), "--no-progress", env=WIDE)
+    again = rerun("retry-failed", job, env=WIDE)
     assert again.returncode == 1
     assert (
         row(again.stdout, "failed")
@@ -187,7 +188,7 @@ def test_pending_requests_are_run_by_the_advised_resume_and_exported_as_advised(
     assert submit_echo(src, job).returncode == 0
     # As after a kill: the last request's result never journaled.
     write_jsonl(job / "journal.jsonl", [x for x in journal_records(job) if x["custom_id"] != "r2"])
-    r = cli("retry-failed", "--job-dir", str(job), "--no-progress")
+    r = rerun("retry-failed", job)
     (resume,) = advised(last_line(r))
     assert resume == ["resume", "--job-dir", str(job)]
     ran = follow(resume, "--no-progress")
@@ -261,9 +262,7 @@ def test_ctrl_c_s_advice_continues_the_job_and_answers_each_request_once(
             os.kill(p.pid, signal.SIGINT)
         _, stderr = p.communicate(timeout=60)
     finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        kill_group(p)
     assert p.returncode == 130, stderr
     said = stderr.strip().splitlines()[-1]
     assert said.startswith("stopped at once;" if signals == 2 else "interrupted:"), stderr
@@ -304,16 +303,16 @@ def test_a_lost_input_map_is_written_again_by_the_advised_forced_resume(tmp_path
     job = tmp_path / "job"
     assert submit_echo(src, job).returncode == 0
     write_jsonl(src, [chat_line(f"r{i}", "hi") for i in range(4)])  # one more line
-    assert cli("resume", "--job-dir", str(job), "--force", "--no-progress").returncode == 0
+    assert rerun("resume", job, "--force").returncode == 0
     (input_map,) = job.glob("input-map-*.jsonl")
     input_map.unlink()
-    r = cli("resume", "--job-dir", str(job), "--no-progress")
+    r = rerun("resume", job)
     assert r.returncode == 1 and r.stderr.startswith("error: cannot read the job's input map")
     (force,) = advised(r.stderr)
     ran = follow(force, "--no-progress")
     assert ran.returncode == 0, ran.stderr
     assert status(job)["requests"]["succeeded"] == 4
-    assert cli("resume", "--job-dir", str(job), "--no-progress").returncode == 0
+    assert rerun("resume", job).returncode == 0
 
 
 def test_failures_a_retry_cannot_fix_are_counted_from_failed_attempts_alone() -> None:

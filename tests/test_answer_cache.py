@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 from mm_models import wav_bytes
 from support.cli import cli
-from support.jobs import journal_records, start_echo, submit_echo
+from support.jobs import journal_records, rerun, start_echo, submit_echo
 from support.lines import chat_line, write_jsonl
+from support.processes import kill_9_after
 from support.serving import start_server, stop_server, wait_done
-from support.waits import wait_until
 
 from batchrun.config import EngineSettings
 from batchrun.engines.echo import EchoEngine
@@ -182,13 +180,8 @@ def test_a_kill_between_journal_and_cache_answers_each_request_once(tmp_path: Pa
         str(cache),
         env={"BATCHRUN_ECHO_DELAY_MS": "20"},
     )
-    wait_until(
-        lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 10,
-        "10 results journaled",
-    )
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    r = cli("resume", "--job-dir", str(job), "--no-progress", "--cache-dir", str(cache))
+    kill_9_after(proc, job, 10)
+    r = rerun("resume", job, "--cache-dir", str(cache))
     assert r.returncode == 0, r.stderr
     recs = journal_records(job)
     ids = [rec["custom_id"] for rec in recs]

@@ -97,17 +97,9 @@ def test_the_parent_benchmark_runs_small(tmp_path: Path) -> None:
 def test_the_lora_benchmark_runs_dry_through_bench_py(tmp_path: Path) -> None:
     """bench.py --lora --lora-echo: 4 adapters made, every line answered by batchrun (echo)."""
     r = run(
-        str(SCRIPTS / "bench.py"),
-        "--lora",
-        "--lora-echo",
-        "--lora-lines",
-        "24",
-        "--rounds",
-        "1",
-        "--no-docs",
-        "--work-dir",
-        str(tmp_path),
-    )
+        str(SCRIPTS / "bench.py"), "--lora", "--lora-echo", "--lora-lines", "24", "--rounds", "1",
+        "--no-docs", "--work-dir", str(tmp_path),
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr + r.stdout
     assert "24 lines over 4 adapters (rank 8), max_tokens 16, dtype auto, max_loras 5" in r.stdout
     assert "echo engine: batchrun answered 24 of 24 lines" in r.stdout
@@ -121,16 +113,9 @@ def test_the_two_models_benchmark_runs_dry_on_its_own(tmp_path: Path) -> None:
     """bench_models.py --models-echo: the one job starts an engine per model, the two jobs one
     each, every line answered in both, and the ratio line is printed."""
     r = run(
-        str(SCRIPTS / "bench_models.py"),
-        "--models-echo",
-        "--models-lines",
-        "24",
-        "--rounds",
-        "1",
-        "--no-docs",
-        "--work-dir",
-        str(tmp_path),
-    )
+        str(SCRIPTS / "bench_models.py"), "--models-echo", "--models-lines", "24", "--rounds", "1",
+        "--no-docs", "--work-dir", str(tmp_path),
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr + r.stdout
     # contender, round, wall, generation, answered, tokens, engine starts, load avg
     rows = {

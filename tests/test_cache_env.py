@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from support.cli import cli
-from support.jobs import journal_records, submit_echo
+from support.jobs import journal_records, rerun, submit_echo
 from support.lines import chat_line, write_jsonl
 
 from batchrun.cache_home import cache_root
@@ -65,8 +65,7 @@ def test_a_job_keeps_the_cache_dir_it_was_submitted_with(tmp_path: Path, src: Pa
     # Another job fills the cache.
     assert submit(src, tmp_path / "filler", "--cache-dir", str(cache)).returncode == 0
     # retry-failed without --cache-dir (and the engine still failing) answers from the job's.
-    r = cli("retry-failed", "--job-dir", str(job), "--no-progress",
-            env={"BATCHRUN_ECHO_FAIL": ALL})  # fmt: skip
+    r = rerun("retry-failed", job, env={"BATCHRUN_ECHO_FAIL": ALL})
     assert r.returncode == 0, r.stderr
     assert cached(job) == set(IDS)
 
@@ -77,8 +76,9 @@ def test_the_env_variable_on_resume_of_a_job_without_a_cache(tmp_path: Path, src
     assert submit(src, job, BATCHRUN_ECHO_FAIL=ALL).returncode == 1
     assert json.loads((job / "manifest.json").read_text())["cache_dir"] is None
     assert submit(src, tmp_path / "filler", "--cache-dir", str(cache)).returncode == 0
-    r = cli("retry-failed", "--job-dir", str(job), "--no-progress",
-            env={"BATCHRUN_ECHO_FAIL": ALL, "BATCHRUN_CACHE_DIR": str(cache)})  # fmt: skip
+    r = rerun(
+        "retry-failed", job, env={"BATCHRUN_ECHO_FAIL": ALL, "BATCHRUN_CACHE_DIR": str(cache)}
+    )
     assert r.returncode == 0, r.stderr
     assert cached(job) == set(IDS)
 
@@ -89,7 +89,7 @@ def test_a_saved_cache_dir_that_went_bad_runs_without_it(tmp_path: Path, src: Pa
     assert submit(src, job, "--cache-dir", str(cache), BATCHRUN_ECHO_FAIL=ALL).returncode == 1
     cache.rename(tmp_path / "gone")
     cache.write_text("not a directory now")
-    r = cli("retry-failed", "--job-dir", str(job), "--no-progress")
+    r = rerun("retry-failed", job)
     assert r.returncode == 0, r.stderr
     assert (
         f"running without the job's answer cache: --cache-dir {cache.resolve()} cannot be used: "

@@ -29,9 +29,10 @@ from typing import Any
 import pytest
 from support.advice import advised, follow
 from support.cli import cli, start_cli
-from support.jobs import journal_records, start_echo, submit_echo
+from support.jobs import journal_records, rerun, start_echo, submit_echo
 from support.lines import chat_input, chat_line, read_jsonl, write_jsonl
 from support.paths import ROOT
+from support.processes import kill_group
 from support.waits import wait_until
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
@@ -187,14 +188,12 @@ def test_a_second_ctrl_c_stops_at_once_and_the_job_still_completes(tmp_path: Pat
             except subprocess.TimeoutExpired:
                 pytest.fail(f"after two SIGINTs {gap * 1000:.0f} ms apart batchrun did not exit")
         finally:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+            kill_group(p)
         # -2: the second SIGINT came while Python was shutting down; a shell shows 130 too.
         assert p.returncode in (130, 1, -2), (gap, p.returncode, stderr)
         assert "Traceback" not in stderr, (gap, stderr)
         done = len(assert_journal_replays(job))
-    r = cli("resume", "--job-dir", str(job), "--no-progress", env=env)
+    r = rerun("resume", job, env=env)
     assert r.returncode == 0, r.stderr
     ids = [x["custom_id"] for x in journal_records(job) if x["kind"] == "result"]
     assert sorted(ids) == sorted(f"r{i}" for i in range(n))  # each exactly once
@@ -249,12 +248,10 @@ def test_a_second_ctrl_c_while_the_worker_is_being_stopped_does_not_hang(tmp_pat
         except subprocess.TimeoutExpired:
             pytest.fail("a Ctrl-C while stopping the worker left batchrun hanging at exit")
     finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        kill_group(p)
     assert p.returncode in (130, 1), stderr
     assert_journal_replays(job)
-    r = cli("resume", "--job-dir", str(job), "--no-progress")
+    r = rerun("resume", job)
     assert r.returncode == 0, r.stderr
 
 

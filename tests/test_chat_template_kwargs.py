@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 from support.lines import write_jsonl
+from support.models import default_model_dir
 from support.paths import ROOT
-from test_responses_api import default_model_dir
 
 from batchrun.engines.vllm.prompts import prompt_token_ids
 from batchrun.openai.reader import read_input

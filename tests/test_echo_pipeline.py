@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 from support.cli import cli
-from support.jobs import journal_records, start_echo, submit_echo
+from support.jobs import journal_records, rerun, start_echo, submit_echo
 from support.lines import chat_input, chat_line, read_jsonl, write_jsonl
+from support.processes import kill_9_after
 from support.waits import results_at_least, wait_until
 
 
@@ -81,13 +82,7 @@ def test_retry_passes_then_retry_failed_after_the_fault_is_gone(tmp_path: Path) 
     assert attempts["r0"] == [(1, True)]
     # The fault is gone: one more pass fixes exactly the two failures and touches nothing else.
     record = tmp_path / "received.txt"
-    r = cli(
-        "retry-failed",
-        "--job-dir",
-        str(job),
-        "--no-progress",
-        env={"BATCHRUN_ECHO_RECORD": str(record)},
-    )
+    r = rerun("retry-failed", job, env={"BATCHRUN_ECHO_RECORD": str(record)})
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(record.read_text().split()) == ["r3", "r7"]
     cli("export", "--job-dir", str(job))
@@ -151,15 +146,11 @@ def test_kill_9_of_submit_then_resume_runs_only_what_is_left(tmp_path: Path) -> 
     record = tmp_path / "received.txt"
     env = {"BATCHRUN_ECHO_DELAY_MS": "50", "BATCHRUN_ECHO_RECORD": str(record)}
     p = start_echo(src, job, "--batch-size", "16", env=env)
-    wait_until(results_at_least(job, 100), "100 results are journaled", timeout=60)
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
+    kill_9_after(p, job, 100, timeout=60)
     done_before = {x["custom_id"] for x in journal_records(job)}
     assert 100 <= len(done_before) < 600
     record.unlink()
-    r = cli(
-        "resume", "--job-dir", str(job), "--no-progress", env={"BATCHRUN_ECHO_RECORD": str(record)}
-    )
+    r = rerun("resume", job, env={"BATCHRUN_ECHO_RECORD": str(record)})
     assert r.returncode == 0, r.stderr
     received = set(record.read_text().split())
     assert not (received & done_before)  # the engine got none of the finished work
@@ -180,7 +171,7 @@ def test_ctrl_c_flushes_and_exits_130_then_resume_finishes(tmp_path: Path) -> No
     status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
     assert status["status"] == "interrupted"
     assert 0 < status["requests"]["succeeded"] < 400
-    r = cli("resume", "--job-dir", str(job), "--no-progress")
+    r = rerun("resume", job)
     assert r.returncode == 0
     assert sorted(x["custom_id"] for x in journal_records(job)) == sorted(
         f"r{i}" for i in range(400)
@@ -193,7 +184,7 @@ def test_a_second_resume_is_refused_while_one_runs(tmp_path: Path) -> None:
     p = start_echo(src, job, "--batch-size", "4", env={"BATCHRUN_ECHO_DELAY_MS": "100"})
     try:
         wait_until((job / "manifest.json").exists, "the job's manifest is written", timeout=60)
-        r = cli("resume", "--job-dir", str(job), "--no-progress")
+        r = rerun("resume", job)
         assert r.returncode == 1
         assert f"already running in process {p.pid}" in r.stderr
     finally:
@@ -207,7 +198,7 @@ def test_resume_refuses_a_changed_input_file(tmp_path: Path) -> None:
     assert submit_echo(src, job).returncode == 0
     with src.open("a") as f:
         f.write(json.dumps(chat_line("extra", "new")) + "\n")
-    r = cli("resume", "--job-dir", str(job), "--no-progress")
+    r = rerun("resume", job)
     assert r.returncode == 1
     assert "changed since the job was submitted" in r.stderr
 
@@ -240,7 +231,7 @@ def test_tune_searches_keeps_probe_results_and_resume_uses_the_size(tmp_path: Pa
     status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
     size = status["batch_size"]
     assert size <= 100 and status["requests"]["pending"] == 1500 - probed
-    r = cli("resume", "--job-dir", str(job), "--no-progress", env=env)
+    r = rerun("resume", job, env=env)
     assert r.returncode == 0
     assert f"batch size {size} (search)" in r.stderr
     assert "probing" not in r.stderr  # resume does not search again
@@ -266,7 +257,7 @@ def test_sigterm_flushes_and_exits_143(tmp_path: Path, to_group: bool) -> None:
     assert p.returncode == 143, stderr
     assert "terminated" in stderr and "batchrun resume" in stderr
     assert " died" not in stderr and stderr.count("starting echo engine") == 1, stderr
-    assert cli("resume", "--job-dir", str(job), "--no-progress").returncode == 0
+    assert rerun("resume", job).returncode == 0
     assert sorted(x["custom_id"] for x in journal_records(job)) == sorted(
         f"r{i}" for i in range(300)
     )
@@ -316,7 +307,7 @@ def test_a_stop_signal_whose_exception_python_dropped_still_stops_the_job(
     assert "terminated" in proc.stderr and "batchrun resume" in proc.stderr, proc.stderr
     done = len(journal_records(job))
     assert done < 200, "the job ran to its end as if no signal had come"
-    assert cli("resume", "--job-dir", str(job), "--no-progress").returncode == 0
+    assert rerun("resume", job).returncode == 0
     assert sorted(x["custom_id"] for x in journal_records(job)) == sorted(
         f"r{i}" for i in range(200)
     )
@@ -364,7 +355,7 @@ def test_a_full_disk_stops_the_job_clearly_and_resume_completes_it(tmp_path: Pat
     assert not raw.endswith(b"\n")  # the failed write left a torn last line...
     partial = {x["custom_id"] for x in read_records(job / "journal.jsonl")}
     assert 0 < len(partial) < 400  # ...and every whole line before it is kept
-    r = cli("resume", "--job-dir", str(job), "--no-progress")  # space is back
+    r = rerun("resume", job)  # space is back
     assert r.returncode == 0, r.stderr
     ids = [x["custom_id"] for x in journal_records(job)]
     assert sorted(ids) == sorted(f"r{i}" for i in range(400))
@@ -377,14 +368,7 @@ def test_resume_force_runs_the_changed_file_without_rerunning_finished_work(tmp_
     with src.open("a") as f:
         f.write(json.dumps(chat_line("extra", "new")) + "\n")
     record = tmp_path / "received.txt"
-    r = cli(
-        "resume",
-        "--job-dir",
-        str(job),
-        "--force",
-        "--no-progress",
-        env={"BATCHRUN_ECHO_RECORD": str(record)},
-    )
+    r = rerun("resume", job, "--force", env={"BATCHRUN_ECHO_RECORD": str(record)})
     assert r.returncode == 0, r.stderr
     assert record.read_text().split() == ["extra"]
     status = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)

@@ -10,19 +10,16 @@ from __future__ import annotations
 import base64
 import json
 import math
-import os
-import signal
 import struct
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pyarrow.parquet as pq
-from support.cli import cli
-from support.jobs import journal_records, start_echo, submit_echo
+from support.jobs import journal_records, rerun, start_echo, submit_echo
 from support.lines import write_jsonl
-from support.waits import wait_until
+from support.processes import kill_9_after
+from support.vectors import embedding_line, embedding_lines, export_all, f32, vector_of
 
 from batchrun.config import EngineSettings
 from batchrun.engines.echo import (
@@ -36,67 +33,13 @@ from batchrun.openai.records import EMBEDDINGS, Request
 from batchrun.openai.vectors import float32_bytes
 
 
-def embedding_line(cid: str, text: str, **body: Any) -> dict[str, Any]:
-    """One /v1/embeddings request line."""
-    return {
-        "custom_id": cid,
-        "method": "POST",
-        "url": EMBEDDINGS,
-        "body": {"model": "m", "input": text, **body},
-    }
-
-
-def lines(n: int, dimensions: int = 1024) -> list[dict[str, Any]]:
-    """`n` embeddings lines of `dimensions`, float (even) and base64 (odd) alternating."""
-    return [
-        embedding_line(
-            f"e{i}",
-            f"passage {i}",
-            dimensions=dimensions,
-            **({"encoding_format": "base64"} if i % 2 else {}),
-        )
-        for i in range(n)
-    ]
-
-
-def f32(values: list[float]) -> bytes:
-    """Values as float32 bytes: equal bytes are equal float32 values, bit for bit (NaN too)."""
-    return struct.pack(f"<{len(values)}f", *values)
-
-
-def vector_of(out: dict[str, Any], index: int = 0) -> bytes:
-    """An output line's embedding as float32 bytes, from its float list or its base64."""
-    embedding = out["response"]["body"]["data"][index]["embedding"]
-    if isinstance(embedding, str):
-        return base64.b64decode(embedding, validate=True)
-    return f32(embedding)
-
-
-def strict_json(path: Path) -> list[dict[str, Any]]:
-    """A JSONL file read strictly: NaN, Infinity and -Infinity are not JSON."""
-
-    def refuse(name: str) -> None:
-        raise AssertionError(f"{path.name} holds {name}, which is not JSON")
-
-    return [json.loads(x, parse_constant=refuse) for x in path.read_text().splitlines()]
-
-
-def export_all(job: Path) -> tuple[dict[str, dict[str, Any]], pd.DataFrame]:
-    """Export output.jsonl and results.parquet; the output lines by custom_id, and the rows."""
-    for args in ((), ("--parquet",)):
-        run = cli("export", "--job-dir", str(job), *args)
-        assert run.returncode == 0, run.stderr
-    outputs = strict_json(job / "output.jsonl")
-    by_id = {o["custom_id"]: o for o in outputs}
-    assert len(by_id) == len(outputs)  # each request once
-    return by_id, pd.read_parquet(job / "results.parquet").set_index("custom_id")
-
-
 def test_the_journal_holds_float32_bytes_and_export_writes_what_each_request_asked(
     tmp_path: Path,
 ) -> None:
     refused = embedding_line("refused", "x", dimensions=ECHO_MAX_DIMENSIONS + 1)
-    src = write_jsonl(tmp_path / "in.jsonl", [*lines(20), refused, *lines(40)[20:]])
+    src = write_jsonl(
+        tmp_path / "in.jsonl", [*embedding_lines(20), refused, *embedding_lines(40)[20:]]
+    )
     job = tmp_path / "job"
     run = submit_echo(src, job)
     assert run.returncode == 1, run.stderr  # the refused line failed
@@ -187,7 +130,7 @@ def echo_vector_bytes_floats(b64: str) -> list[float]:
 def test_a_journal_of_float_lists_from_an_earlier_version_resumes_and_exports(
     tmp_path: Path,
 ) -> None:
-    src = write_jsonl(tmp_path / "in.jsonl", lines(8, dimensions=64))
+    src = write_jsonl(tmp_path / "in.jsonl", embedding_lines(8, dimensions=64))
     job = tmp_path / "job"
     run = submit_echo(src, job)
     assert run.returncode == 0, run.stderr
@@ -201,9 +144,7 @@ def test_a_journal_of_float_lists_from_an_earlier_version_resumes_and_exports(
     for name in ("summary.json",):
         (job / name).unlink(missing_ok=True)
     record = tmp_path / "engine-record.txt"
-    run = cli(
-        "resume", "--job-dir", str(job), "--no-progress", env={"BATCHRUN_ECHO_RECORD": str(record)}
-    )
+    run = rerun("resume", job, env={"BATCHRUN_ECHO_RECORD": str(record)})
     assert run.returncode == 0, run.stderr
     assert sorted(record.read_text().split()) == ["e4", "e5", "e6", "e7"]
     outputs, df = export_all(job)
@@ -221,18 +162,11 @@ def test_a_journal_of_float_lists_from_an_earlier_version_resumes_and_exports(
 
 def test_a_kill_9_mid_job_resumes_with_every_request_exactly_once(tmp_path: Path) -> None:
     n = 600
-    src = write_jsonl(tmp_path / "in.jsonl", lines(n))
+    src = write_jsonl(tmp_path / "in.jsonl", embedding_lines(n))
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_DELAY_MS": "20"}
     proc = start_echo(src, job, "--batch-size", "16", env=env)
-    try:
-        wait_until(
-            lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 100,
-            "100 results are journaled",
-        )
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+    kill_9_after(proc, job, 100)
     journal = job / "journal.jsonl"
     done = {r["custom_id"] for r in journal_records(job) if r["kind"] == "result"}
     assert 100 <= len(done) < n
@@ -242,10 +176,7 @@ def test_a_kill_9_mid_job_resumes_with_every_request_exactly_once(tmp_path: Path
     with journal.open("ab") as f:
         f.write(last[: len(last) // 2])
     record = tmp_path / "engine-record.txt"
-    run = cli(
-        "resume", "--job-dir", str(job), "--no-progress",
-        env={**env, "BATCHRUN_ECHO_RECORD": str(record)},
-    )  # fmt: skip
+    run = rerun("resume", job, env={**env, "BATCHRUN_ECHO_RECORD": str(record)})
     assert run.returncode == 0, run.stderr
     assert journal.read_bytes().startswith(whole)
     ran_again = record.read_text().split()

@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.cli import cli
 from support.fakes.gpus import gpu, install_nvidia_smi
-from support.jobs import submit_echo
+from support.jobs import rerun, submit_echo
 from support.lines import chat_line, write_jsonl
 from support.paths import ROOT
 
@@ -112,7 +111,7 @@ def test_a_job_saved_with_an_unknown_engine_says_which_option_replaces_it(
     manifest = json.loads((job / "manifest.json").read_text())
     manifest["engine"]["engine"] = "gpt"
     (job / "manifest.json").write_text(json.dumps(manifest))
-    r = cli("resume", "--job-dir", str(job), "--no-progress", env={"COLUMNS": "1000"})
+    r = rerun("resume", job, env={"COLUMNS": "1000"})
     assert r.returncode == 1
     assert r.stderr == (
         "error: the job's saved --engine must be one of vllm, echo, remote, got 'gpt'; "

@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 
 import pytest
 from support.cli import cli
-from support.jobs import journal_records, submit_echo
+from support.fakes.workers import begin
+from support.jobs import journal_records, rerun, submit_echo
 from support.lines import chat_input, read_jsonl
 from support.serving import create_batch, lines_of, requests_file, start_server, stop_server
 from support.waits import wait_until
@@ -125,14 +126,7 @@ def test_a_request_past_its_timeout_fails_with_code_timeout_and_retry_failed_run
 
     # Once the engine answers it (the hang gone), retry-failed sends it again.
     record.write_text("")
-    r = cli(
-        "retry-failed",
-        "--job-dir",
-        str(job),
-        "--no-progress",
-        env={"BATCHRUN_ECHO_RECORD": str(record)},
-        timeout=90,
-    )
+    r = rerun("retry-failed", job, env={"BATCHRUN_ECHO_RECORD": str(record)}, timeout=90)
     assert r.returncode == 0, r.stderr
     assert record.read_text().split() == ["r7"]
     last = [rec for rec in journal_records(job) if rec["custom_id"] == "r7"][-1]
@@ -219,12 +213,7 @@ class SilentWorker(Worker):
     kills: ClassVar[int] = 0
 
     def start(self, inbox: Inbox) -> None:
-        self.process = object()
-        self.generation += 1
-        self.ready = False
-        self.results = 0
-        self.death = None
-        self._inbox = inbox
+        begin(self, inbox)
         self._answered = 0
         SilentWorker.starts += 1
         if SilentWorker.never_ready:

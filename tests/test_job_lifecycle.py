@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from support.cli import cli
-from support.jobs import journal_records, start_echo, submit_echo
+from support.jobs import journal_records, rerun, start_echo, submit_echo
 from support.lines import chat_input, chat_line, read_jsonl, write_jsonl
 from support.paths import ROOT
 from support.waits import results_at_least, wait_until
@@ -89,7 +89,7 @@ def test_export_refuses_a_job_with_pending_requests_unless_partial(tmp_path: Pat
     assert {row[0] for row in parquet_rows(job)} == done
 
     # Once the job is finished, a plain export says nothing of pending requests.
-    assert cli("resume", "--job-dir", str(job), "--no-progress").returncode == 0
+    assert rerun("resume", job).returncode == 0
     r = cli("export", "--job-dir", str(job))
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == "400 succeeded, 0 failed, 0 invalid lines"
@@ -132,15 +132,15 @@ def test_resume_force_after_finished_lines_were_deleted_counts_the_file_as_it_is
     job = tmp_path / "job"
     submit(src, job, "--batch-size", "64")
     chat_input(src, ids[10:], max_tokens=8)  # the first 10 finished requests leave the file
-    r = cli("resume", "--job-dir", str(job), "--no-progress")
+    r = rerun("resume", job)
     assert r.returncode == 1 and "changed since the job was submitted" in r.stderr
-    r = cli("resume", "--job-dir", str(job), "--force", "--no-progress")
+    r = rerun("resume", job, "--force")
     assert r.returncode == 0, r.stdout + r.stderr
     s = status(job)
     assert s["requests"] == {
         "total": 390, "valid": 390, "succeeded": 390, "failed": 0, "invalid": 0, "pending": 0
     }  # fmt: skip
-    r = cli("resume", "--job-dir", str(job), "--no-progress")
+    r = rerun("resume", job)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Some requests failed" not in r.stdout
     assert cli("export", "--job-dir", str(job)).returncode == 0
@@ -174,10 +174,7 @@ def test_resume_force_after_a_line_was_inserted_numbers_lines_as_the_file_is_now
         ],
     )
     record = tmp_path / "received.txt"
-    r = cli(
-        "resume", "--job-dir", str(job), "--force", "--no-progress",
-        env={"BATCHRUN_ECHO_RECORD": str(record)},
-    )  # fmt: skip
+    r = rerun("resume", job, "--force", env={"BATCHRUN_ECHO_RECORD": str(record)})
     assert r.returncode == 1, r.stderr  # the new file has an invalid line of its own
     assert sorted(record.read_text().split()) == ["fixed", "new"]  # a, b, c were done
     s = status(job)
@@ -202,9 +199,9 @@ def test_resume_force_after_a_line_was_inserted_numbers_lines_as_the_file_is_now
         [chat_line(cid, text) for cid, text in [("new", "zero"), ("a", "one"), ("fixed", "x")]]
         + [chat_line("b", "two"), chat_line("c", "three")],
     )
-    r = cli("resume", "--job-dir", str(job), "--force", "--no-progress")
+    r = rerun("resume", job, "--force")
     assert r.returncode == 0, r.stdout + r.stderr
-    r = cli("resume", "--job-dir", str(job), "--no-progress")
+    r = rerun("resume", job)
     assert r.returncode == 0, r.stdout + r.stderr
     assert status(job)["requests"] == {
         "total": 5, "valid": 5, "succeeded": 5, "failed": 0, "invalid": 0, "pending": 0
@@ -228,7 +225,7 @@ def test_a_job_moved_with_its_input_resumes(tmp_path: Path) -> None:
     moved = tmp_path / "project2"
     project.rename(moved)
     job = moved / "jobs" / "x"
-    r = cli("resume", "--job-dir", str(job), "--no-progress")
+    r = rerun("resume", job)
     assert r.returncode == 0, r.stdout + r.stderr
     manifest = json.loads((job / "manifest.json").read_text())
     assert manifest["input_path"] == str(moved / "input.jsonl")
@@ -242,7 +239,7 @@ def test_resume_input_points_a_job_at_its_moved_input(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     moved = src.rename(elsewhere / "in.jsonl")
-    r = cli("resume", "--job-dir", str(job), "--no-progress")
+    r = rerun("resume", job)
     assert (r.returncode, r.stderr.strip()) == (
         1,
         f"error: the job's input file {src} is gone; put it back, or point the job at its new "
@@ -251,19 +248,19 @@ def test_resume_input_points_a_job_at_its_moved_input(tmp_path: Path) -> None:
     )
     # Another file (its sha256 differs) is refused without --force.
     other = chat_input(tmp_path / "other.jsonl", [f"r{i}" for i in range(101)], max_tokens=8)
-    r = cli("resume", "--job-dir", str(job), "--input", str(other), "--no-progress")
+    r = rerun("resume", job, "--input", str(other))
     assert (r.returncode, r.stderr.strip()) == (
         1,
         f"error: {other} is not the job's input file (its sha256 differs from the one "
         "submitted); pass --force to run it as the job's input as it is now "
         "(requests already finished are kept and not run again)",
     )
-    r = cli("resume", "--job-dir", str(job), "--input", str(moved), "--no-progress")
+    r = rerun("resume", job, "--input", str(moved))
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads((job / "manifest.json").read_text())["input_path"] == str(moved)
     # The manifest remembers the new place: a plain resume finds it.
-    assert cli("resume", "--job-dir", str(job), "--no-progress").returncode == 0
-    r = cli("resume", "--job-dir", str(job), "--input", str(other), "--force", "--no-progress")
+    assert rerun("resume", job).returncode == 0
+    r = rerun("resume", job, "--input", str(other), "--force")
     assert r.returncode == 0, r.stdout + r.stderr
     assert status(job)["requests"]["succeeded"] == 101
 

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import base64
 import os
-import signal
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from support.cli import cli
-from support.jobs import journal_records, start_echo, submit_echo
+from support.jobs import journal_records, rerun, start_echo, submit_echo
 from support.lines import write_jsonl
-from support.waits import wait_until
-from test_embedding_vectors import embedding_line, export_all, lines, vector_of
+from support.processes import kill_9_after
+from support.vectors import embedding_line, embedding_lines, export_all, vector_of
 
 from batchrun.engines.echo import echo_vector_bytes
 from batchrun.job.journal import JournalWriter, encode_record
@@ -142,7 +140,7 @@ def test_a_power_cut_that_kept_lines_but_not_their_vectors_cuts_the_journal_ther
 
 def test_export_of_a_job_is_the_same_bytes_as_of_its_old_format_copy(tmp_path: Path) -> None:
     # Float and base64 requests, several inputs to a line, and duplicates (copies of answers).
-    rows = [*lines(30, 256), embedding_line("multi", "a", dimensions=256)]
+    rows = [*embedding_lines(30, 256), embedding_line("multi", "a", dimensions=256)]
     rows[-1]["body"]["input"] = ["one", "two", "three"]
     rows += [{**embedding_line(f"dup{i}", "passage 3", dimensions=256)} for i in range(3)]
     rows[-1]["body"]["encoding_format"] = "base64"
@@ -174,7 +172,7 @@ def test_the_journal_and_its_side_file_hold_at_most_1_15x_the_vectors_bytes(
     tmp_path: Path,
 ) -> None:
     n = 200
-    src = write_jsonl(tmp_path / "in.jsonl", lines(n))
+    src = write_jsonl(tmp_path / "in.jsonl", embedding_lines(n))
     job = tmp_path / "job"
     run = submit_echo(src, job)
     assert run.returncode == 0, run.stderr
@@ -186,18 +184,11 @@ def test_the_journal_and_its_side_file_hold_at_most_1_15x_the_vectors_bytes(
 
 def test_a_kill_9_with_torn_tails_of_both_files_resumes_exactly_once(tmp_path: Path) -> None:
     n = 600
-    src = write_jsonl(tmp_path / "in.jsonl", lines(n))
+    src = write_jsonl(tmp_path / "in.jsonl", embedding_lines(n))
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_DELAY_MS": "20"}
     proc = start_echo(src, job, "--batch-size", "16", env=env)
-    try:
-        wait_until(
-            lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 100,
-            "100 results are journaled",
-        )
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+    kill_9_after(proc, job, 100)
     journal, side = job / "journal.jsonl", job / "journal.f32"
     done = {r["custom_id"] for r in journal_records(job) if r["kind"] == "result"}
     assert 100 <= len(done) < n
@@ -210,10 +201,7 @@ def test_a_kill_9_with_torn_tails_of_both_files_resumes_exactly_once(tmp_path: P
     with journal.open("ab") as f:
         f.write(last[: len(last) // 2])
     record = tmp_path / "engine-record.txt"
-    run = cli(
-        "resume", "--job-dir", str(job), "--no-progress",
-        env={**env, "BATCHRUN_ECHO_RECORD": str(record)},
-    )  # fmt: skip
+    run = rerun("resume", job, env={**env, "BATCHRUN_ECHO_RECORD": str(record)})
     assert run.returncode == 0, run.stderr
     assert journal.read_bytes().startswith(whole)
     assert not set(record.read_text().split()) & done  # nothing journaled ran again
@@ -226,7 +214,7 @@ def test_a_kill_9_with_torn_tails_of_both_files_resumes_exactly_once(tmp_path: P
 
 
 def test_the_answer_cache_keeps_whole_answers_of_split_vectors(tmp_path: Path) -> None:
-    src = write_jsonl(tmp_path / "in.jsonl", lines(6, 128))
+    src = write_jsonl(tmp_path / "in.jsonl", embedding_lines(6, 128))
     cache = tmp_path / "cache"
     jobs = [tmp_path / "first", tmp_path / "second"]
     for job in jobs:

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from lora_models import make_adapter
 from support.cli import cli
-from support.jobs import start_echo, submit_echo
-from support.lines import model_line, read_jsonl, write_jsonl
+from support.jobs import answer_models, rerun, start_echo, submit_echo
+from support.lines import model_input, model_line, read_jsonl, write_jsonl
+from support.processes import kill_9_after
 
 from batchrun.openai.reader import read_input
 from batchrun.openai.records import CHAT, LineError, Request
@@ -37,13 +38,24 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _mixed_input(tmp_path: Path) -> Path:
     models = [None, "a1", "echo", "a2", "nope", "a1", None, "a2"]
-    return write_jsonl(
-        tmp_path / "in.jsonl", [model_line(f"r{i}", m) for i, m in enumerate(models)]
-    )
+    return model_input(tmp_path / "in.jsonl", models)
 
 
 def _submit(src: Path, job: Path, *args: str) -> Any:
     return submit_echo(src, job, *args, env=WIDE)
+
+
+# The model that answers each line of _mixed_input: the name it asked for; no name, the base
+# model's served name ("echo"); r4 names no model the job runs (an error record).
+MIXED_MODELS = {
+    "r0": "echo",
+    "r1": "a1",
+    "r2": "echo",
+    "r3": "a2",
+    "r5": "a1",
+    "r6": "echo",
+    "r7": "a2",
+}
 
 
 def _lora(adapters: dict[str, Path], *names: str) -> list[str]:
@@ -57,20 +69,7 @@ def test_lines_pick_the_base_or_an_adapter_and_an_unknown_name_is_an_error_recor
     job = tmp_path / "job"
     r = _submit(_mixed_input(tmp_path), job, *_lora(adapters, "a1", "a2"))
     assert r.returncode == 1, r.stderr  # the unknown name's line
-    assert cli("export", "--job-dir", str(job)).returncode == 0
-    models = {
-        o["custom_id"]: o["response"]["body"]["model"] for o in read_jsonl(job / "output.jsonl")
-    }
-    # The name the line asked for; no name: the base model's served name ("echo").
-    assert models == {
-        "r0": "echo",
-        "r1": "a1",
-        "r2": "echo",
-        "r3": "a2",
-        "r5": "a1",
-        "r6": "echo",
-        "r7": "a2",
-    }
+    assert answer_models(job) == MIXED_MODELS
     [error] = read_jsonl(job / "errors.jsonl")
     assert error["custom_id"] == "r4"
     assert error["error"] == {
@@ -224,7 +223,7 @@ def test_resume_refuses_a_changed_or_missing_adapter_and_other_names(
     weights = own / "adapter_model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
-    r = cli("resume", "--job-dir", str(job), "--no-progress")
+    r = rerun("resume", job)
     assert r.returncode == 1
     assert _refusal(r) == (
         f"error: adapter 'own': the files in {own} changed since the job was submitted; "
@@ -233,22 +232,14 @@ def test_resume_refuses_a_changed_or_missing_adapter_and_other_names(
     weights.write_bytes(data)
     moved = tmp_path / "moved"
     own.rename(moved)
-    r = cli("resume", "--job-dir", str(job), "--no-progress")
+    r = rerun("resume", job)
     assert r.returncode == 1
     assert _refusal(r) == f"error: adapter 'own': {own} does not exist"
     # The same adapter at its new place: accepted (the same files).
-    r = cli("resume", "--job-dir", str(job), "--no-progress", "--lora-modules", f"own={moved}")
+    r = rerun("resume", job, "--lora-modules", f"own={moved}")
     assert r.returncode == 0, r.stderr
     # Another name: the job's lines were checked against its names.
-    r = cli(
-        "resume",
-        "--job-dir",
-        str(job),
-        "--no-progress",
-        "--lora-modules",
-        f"a1={adapters['a1']}",
-        env=WIDE,
-    )
+    r = rerun("resume", job, "--lora-modules", f"a1={adapters['a1']}", env=WIDE)
     assert r.returncode == 2, r.stderr
     assert (
         "cannot change a job's adapter names (its lines were checked against them): the job "
@@ -304,15 +295,7 @@ def test_serve_routes_a_batchs_lines_to_the_base_or_its_adapter(
             o["custom_id"]: o["response"]["body"]["model"]
             for o in lines_of(client, batch.output_file_id)
         }
-        assert models == {
-            "r0": "echo",
-            "r1": "a1",
-            "r2": "echo",
-            "r3": "a2",
-            "r5": "a1",
-            "r6": "echo",
-            "r7": "a2",
-        }
+        assert models == MIXED_MODELS
         [error] = lines_of(client, batch.error_file_id)
         assert (error["custom_id"], error["error"]["code"]) == ("r4", "model_not_found")
     finally:
@@ -339,11 +322,8 @@ def test_serve_refuses_a_missing_adapter_in_one_line(tmp_path: Path) -> None:
 def test_kill_9_mid_job_then_resume_runs_each_adapter_line_exactly_once(
     tmp_path: Path, adapters: dict[str, Path]
 ) -> None:
-    import os
-    import signal
 
     from support.jobs import journal_records
-    from support.waits import results_at_least, wait_until
 
     models = [None, "a1", "a2", "echo"]
     src = write_jsonl(
@@ -358,19 +338,15 @@ def test_kill_9_mid_job_then_resume_runs_each_adapter_line_exactly_once(
         "8",
         env={"BATCHRUN_ECHO_DELAY_MS": "50"},
     )
-    wait_until(results_at_least(job, 40), "40 results are journaled", timeout=120)
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
+    kill_9_after(p, job, 40)
     before = len(journal_records(job))
     assert 40 <= before < 200
     # The resume reads the input with the job's adapters: its adapter lines run, none twice.
-    r = cli("resume", "--job-dir", str(job), "--no-progress")
+    r = rerun("resume", job)
     assert r.returncode == 0, r.stderr
     ids = [x["custom_id"] for x in journal_records(job)]
     assert sorted(ids) == sorted(f"r{i}" for i in range(200))
-    assert cli("export", "--job-dir", str(job)).returncode == 0
-    out = {o["custom_id"]: o["response"]["body"]["model"] for o in read_jsonl(job / "output.jsonl")}
-    assert out == {f"r{i}": models[i % 4] or "echo" for i in range(200)}
+    assert answer_models(job) == {f"r{i}": models[i % 4] or "echo" for i in range(200)}
 
 
 def test_an_adapter_of_another_base_model_is_refused_before_a_job_exists(
@@ -450,10 +426,15 @@ def test_an_adapter_named_like_the_base_model_is_refused_by_submit_resume_and_se
     r = _submit(src, job, "--served-model-name", "smol", "--lora-modules", f"a1={adapters['a1']}")
     assert r.returncode == 0, r.stderr
     before = (job / "manifest.json").read_text()
-    r = cli(
-        "resume", "--job-dir", str(job), "--no-progress", "--served-model-name", "a1",
-        "--lora-modules", f"a1={adapters['a1']}", env=WIDE,
-    )  # fmt: skip
+    r = rerun(
+        "resume",
+        job,
+        "--served-model-name",
+        "a1",
+        "--lora-modules",
+        f"a1={adapters['a1']}",
+        env=WIDE,
+    )
     assert r.returncode == 1, r.stderr
     assert _refusal(r) == clash.replace("'smol'", "'a1'")
     assert (job / "manifest.json").read_text() == before

@@ -15,9 +15,10 @@ import pytest
 from prometheus_client import Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support.cli import cli
-from support.jobs import start_echo, submit_echo
+from support.jobs import rerun, start_echo, submit_echo
 from support.lines import write_jsonl
 from support.paths import FAKE_NVML
+from support.ports import free_port
 from support.waits import wait_until
 
 from batchrun.metrics import names
@@ -34,13 +35,6 @@ def completion(cid: str, max_tokens: int = 4) -> dict[str, Any]:
         "url": "/v1/completions",
         "body": {"model": "m", "prompt": f"say {cid}", "max_tokens": max_tokens},
     }
-
-
-def free_port() -> int:
-    """A port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape(url: str) -> dict[str, Any]:
@@ -350,10 +344,7 @@ def test_resume_and_retry_failed_serve_metrics_too(tmp_path: Path) -> None:
     )
     assert (job / "manifest.json").read_bytes() == manifest
     port = free_port()
-    r = cli(
-        "retry-failed", "--job-dir", str(job), "--no-progress",
-        env={"BATCHRUN_METRICS_PORT": str(port)},
-    )  # fmt: skip
+    r = rerun("retry-failed", job, env={"BATCHRUN_METRICS_PORT": str(port)})
     assert r.returncode == 0, r.stderr
     assert f"metrics: http://127.0.0.1:{port}/metrics" in r.stderr.splitlines()
 

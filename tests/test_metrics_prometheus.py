@@ -16,7 +16,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -33,19 +32,13 @@ from support.cli import cli, start_cli
 from support.jobs import submit_echo
 from support.lines import write_jsonl
 from support.paths import FAKE_NVML, ROOT
+from support.ports import free_port
 from support.waits import wait_until
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "batchrun.json"
 EXAMPLE = ROOT / "deploy" / "grafana" / "prometheus.yml"
 PACKAGES = ("prometheus", "prometheus-pushgateway")  # Debian's; their binaries have these names
 TTFT_PANEL = "Time to first token p50 / p99"
-
-
-def free_port() -> int:
-    """A port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _install() -> str | None:

@@ -5,7 +5,6 @@ job (one warning line, pushes tried again); a URL that cannot be one is refused 
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -17,8 +16,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.cli import cli
-from support.jobs import submit_echo
+from support.jobs import rerun, submit_echo
 from support.lines import write_jsonl
+from support.ports import free_port
 from support.waits import wait_until
 
 from batchrun.errors import OptionError
@@ -34,13 +34,6 @@ def completion(cid: str) -> dict[str, Any]:
         "url": "/v1/completions",
         "body": {"model": "m", "prompt": f"say {cid}", "max_tokens": 3},
     }
-
-
-def dead_port() -> int:
-    """A port nothing listens on (bound, then let go)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -126,8 +119,7 @@ def test_the_last_push_holds_the_final_failures(tmp_path: Path, gateway: Gateway
     assert last["batchrun_request_latency_seconds_count"] == 34
     # retry-failed pushes into the job's group too, its run counted from zero as /metrics does.
     before = len(gateway.pushes)
-    r = cli("retry-failed", "--job-dir", str(job), "--no-progress",
-            env={"BATCHRUN_METRICS_PUSHGATEWAY": gateway.url})  # fmt: skip
+    r = rerun("retry-failed", job, env={"BATCHRUN_METRICS_PUSHGATEWAY": gateway.url})
     assert r.returncode == 1, r.stderr  # the invalid line stays
     assert gateway.pushes[before][1] == f"/metrics/job/batchrun/job_id/{job_id}"
     last = gateway.last()
@@ -146,7 +138,7 @@ def test_a_gateway_that_is_down_is_one_warning_and_changes_nothing(tmp_path: Pat
     """Nothing listens at the URL: the job runs to its end with its own exit code and summary,
     and says so once."""
     inp = write_jsonl(tmp_path / "in.jsonl", [completion(f"r{i}") for i in range(20)])
-    port = dead_port()
+    port = free_port()
     env = {"BATCHRUN_ECHO_FAIL": "r1"}
     r = submit_echo(inp, tmp_path / "job", "--metrics-pushgateway", f"127.0.0.1:{port}", env=env)
     plain = submit_echo(inp, tmp_path / "plain", env=env)

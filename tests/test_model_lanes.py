@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
-import signal
 from collections import Counter
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import pytest
 from support.cli import cli, start_cli
 from support.jobs import journal_records
 from support.lines import model_line
-from support.waits import results_at_least, wait_until
+from support.processes import kill_9_after
 
 from batchrun.run.lanes import MOVE_BATCHES, next_lane, share_out
 
@@ -155,9 +153,7 @@ def test_kill_9_mid_run_then_resume_answers_every_line_once(tmp_path: Path) -> N
     proc = start_cli(
         "submit", str(src), "--job-dir", str(job), *ECHO, *TWO, "--workers", "2", env=env
     )
-    wait_until(results_at_least(job, 60), "60 results", timeout=60)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_9_after(proc, job, 60, timeout=60)
     done_before = {str(x["custom_id"]) for x in _results(job) if x["ok"]}
     assert 0 < len(done_before) < len(models)
     assert {model_of[c] for c in done_before} == {"small", "large"}

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from support.cli import cli, cli_process
 from support.hub_cache import COMMIT, HUB_ID, make_hub_cache
+from support.jobs import rerun
 from support.lines import chat_line, read_jsonl, write_jsonl
 
 from batchrun import cache_home, models
@@ -283,7 +284,7 @@ def test_a_job_keeps_the_hub_id_and_resume_resolves_it_again(tmp_path: Path, hf_
 
     # The cache gone (another machine, a cleaned cache): resume looks again, and says so.
     empty = tmp_path / "empty-hf"
-    r = cli_process("resume", "--job-dir", str(job), "--no-progress", env=offline_env(empty))
+    r = rerun("resume", job, env=offline_env(empty), process=True)
     assert r.returncode == 1
     assert r.stderr.splitlines() == [
         f"error: --model {HUB_ID}: not in the Hugging Face cache at {empty / 'hub'} (set by "
@@ -293,10 +294,7 @@ def test_a_job_keeps_the_hub_id_and_resume_resolves_it_again(tmp_path: Path, hf_
 
     # Back in the cache: found again. Every line of this job is invalid, so nothing runs and a
     # name given to report is not saved (the job keeps the options its results came from).
-    r = cli_process(
-        "resume", "--job-dir", str(job), "--no-progress", "--served-model-name", "smol",
-        env=offline_env(hf_home),
-    )  # fmt: skip
+    r = rerun("resume", job, "--served-model-name", "smol", env=offline_env(hf_home), process=True)
     assert r.returncode == 1, r.stderr
     assert r.stderr.splitlines() == ["nothing to run: the options given were not saved"]
     manifest = json.loads((job / "manifest.json").read_text(encoding="utf-8"))
@@ -324,7 +322,7 @@ def test_served_model_name_is_what_answers_report(tmp_path: Path) -> None:
 
 
 def test_actor_env_takes_the_model_and_engine_variables_only() -> None:
-    environ = {
+    model = {
         "HF_HOME": "/data/hf",
         "HF_TOKEN": "hf_x",
         "HF_HUB_OFFLINE": "1",
@@ -333,6 +331,9 @@ def test_actor_env_takes_the_model_and_engine_variables_only() -> None:
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_LOGGING_LEVEL": "DEBUG",
         "BATCHRUN_HOME": "/data/batchrun",
+    }
+    environ = {
+        **model,
         # Per node or per local worker: never copied to another node.
         "VLLM_HOST_IP": "10.0.0.1",
         "BATCHRUN_WORKER_LOG": "/j/logs/worker-0.log",
@@ -343,16 +344,7 @@ def test_actor_env_takes_the_model_and_engine_variables_only() -> None:
         "CUDA_VISIBLE_DEVICES": "0",
         "XHF_HOME": "no",
     }
-    assert actor_env(environ) == {
-        "HF_HOME": "/data/hf",
-        "HF_TOKEN": "hf_x",
-        "HF_HUB_OFFLINE": "1",
-        "HF_HUB_CACHE": "/data/hf/hub",
-        "HUGGING_FACE_HUB_TOKEN": "hf_y",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_LOGGING_LEVEL": "DEBUG",
-        "BATCHRUN_HOME": "/data/batchrun",
-    }
+    assert actor_env(environ) == model
 
 
 @pytest.mark.ray

@@ -22,9 +22,11 @@ from typing import Any
 
 import pytest
 from support.cli import cli, cli_process, start_cli
-from support.jobs import journal_records, start_echo, submit_echo
+from support.jobs import journal_records, rerun, start_echo, submit_echo
 from support.lines import chat_input, read_jsonl
-from support.s3_store import ACCESS_KEY, SECRET_KEY, Proxy, S3Store, free_ports
+from support.ports import free_ports
+from support.processes import kill_9_after
+from support.s3_store import ACCESS_KEY, SECRET_KEY, Proxy, S3Store
 from support.waits import wait_until
 
 from batchrun.errors import BatchrunError
@@ -94,14 +96,7 @@ def test_a_job_from_a_bucket_resumes_with_the_store_stopped_and_exports_to_a_buc
             "4",
             env={**own.env(), "BATCHRUN_ECHO_DELAY_MS": "50"},
         )
-        try:
-            wait_until(
-                lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 20,
-                "the job from the bucket wrote 20 results",
-            )
-        finally:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        kill_9_after(p, job, 20)
         assert 20 <= len(journal_records(job)) < len(ids)
     finally:
         own.stop()
@@ -114,7 +109,7 @@ def test_a_job_from_a_bucket_resumes_with_the_store_stopped_and_exports_to_a_buc
     assert manifest["input_sha256"] == hashlib.sha256(data).hexdigest()
     assert (job / "input.jsonl").read_bytes() == data
     # The store is down (its endpoint still in the environment): the job needs it no more.
-    r = cli("resume", "--job-dir", str(job), "--no-progress", env=own.env())
+    r = rerun("resume", job, env=own.env())
     assert r.returncode == 0, r.stderr
     r = cli("status", "--job-dir", str(job), "--json", env=own.env())
     assert r.returncode == 0, r.stderr
@@ -139,7 +134,7 @@ def test_a_job_from_a_bucket_resumes_with_the_store_stopped_and_exports_to_a_buc
     # The job's copy is its input: gone, resume says where it came from.
     copy = job / "input.jsonl"
     copy.rename(tmp_path / "elsewhere.jsonl")
-    r = cli("resume", "--job-dir", str(job), "--no-progress", env=own.env())
+    r = rerun("resume", job, env=own.env())
     assert r.returncode == 1
     assert r.stderr.startswith(
         f"error: the job's input file {copy} (fetched from s3://inputs/batch.jsonl) is gone; "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import cli
-from support.jobs import ECHO, journal_records, submit_echo
+from support.jobs import ECHO, journal_records, rerun, submit_echo
 from support.lines import chat_input, chat_line, write_jsonl
 from support.paths import ROOT
 
@@ -210,20 +210,17 @@ def _edit_manifest(job: Path, **engine: object) -> bytes:
 def test_resume_replaces_a_saved_option_no_engine_takes(tmp_path: Path) -> None:
     job = _job_with_pending(tmp_path)
     saved = _edit_manifest(job, dtype="banana")  # as an older batchrun let through
-    r = cli("resume", "--job-dir", str(job), "--no-progress", env=WIDE)
+    r = rerun("resume", job, env=WIDE)
     assert r.returncode == 1
     assert r.stderr == (
         "error: the job's saved --dtype must be one of auto, half, float16, bfloat16, float, "
         "float32, got 'banana'; pass --dtype to replace it\n"
     )
-    r = cli("resume", "--job-dir", str(job), "--no-progress", "--dtype", "banana", env=WIDE)
+    r = rerun("resume", job, "--dtype", "banana", env=WIDE)
     assert r.returncode == 2 and "'banana' is not one of" in box(r)
     assert (job / "manifest.json").read_bytes() == saved  # refused: nothing changed
 
-    r = cli(
-        "resume", "--job-dir", str(job), "--no-progress", "--dtype", "bfloat16",
-        "--max-attempts", "5", env=WIDE,
-    )  # fmt: skip
+    r = rerun("resume", job, "--dtype", "bfloat16", "--max-attempts", "5", env=WIDE)
     assert r.returncode == 0, r.stdout + r.stderr
     line = "overrides: --dtype bfloat16 (was banana), --max-attempts 5 (was 3)"
     assert r.stderr.splitlines()[0] == line
@@ -241,7 +238,7 @@ def test_only_options_given_as_flags_override(tmp_path: Path) -> None:
     job = _job_with_pending(tmp_path)
     before = json.loads((job / "manifest.json").read_text())
     # A variable left set in the shell is not an override: it would change the job unseen.
-    r = cli("resume", "--job-dir", str(job), "--no-progress", env={**WIDE, "BATCHRUN_SEED": "7"})
+    r = rerun("resume", job, env={**WIDE, "BATCHRUN_SEED": "7"})
     assert r.returncode == 0, r.stdout + r.stderr
     assert "overrides" not in r.stderr + r.stdout
     after = json.loads((job / "manifest.json").read_text())
@@ -250,13 +247,10 @@ def test_only_options_given_as_flags_override(tmp_path: Path) -> None:
 
 def test_retry_failed_takes_the_same_options(tmp_path: Path) -> None:
     job = _job_with_pending(tmp_path)
-    r = cli("retry-failed", "--job-dir", str(job), "--no-progress", "--seed", "-1", env=WIDE)
+    r = rerun("retry-failed", job, "--seed", "-1", env=WIDE)
     assert r.returncode == 2
     assert box(r) == f"Invalid value for '--seed': -1 is not in the range 0<=x<={SEED_MAX}."
-    r = cli(
-        "retry-failed", "--job-dir", str(job), "--no-progress", "--min-batch-size", "512",
-        "--max-batch-size", "256", env=WIDE,
-    )  # fmt: skip
+    r = rerun("retry-failed", job, "--min-batch-size", "512", "--max-batch-size", "256", env=WIDE)
     assert r.returncode == 2
     assert box(r) == (
         "Invalid value for '--min-batch-size' / '--max-batch-size': "
@@ -264,7 +258,7 @@ def test_retry_failed_takes_the_same_options(tmp_path: Path) -> None:
     )
     given = ("--workers", "2", "--no-enforce-eager")
     saved = _options_saved(job)
-    r = cli("retry-failed", "--job-dir", str(job), "--no-progress", *given, env=WIDE)
+    r = rerun("retry-failed", job, *given, env=WIDE)
     assert r.returncode == 1  # the pending request is still pending: retry-failed runs failures
     # Nothing failed, so nothing ran with the options: the job keeps its own.
     assert r.stderr.splitlines()[0] == "nothing to run: the options given were not saved"
@@ -275,7 +269,7 @@ def test_retry_failed_takes_the_same_options(tmp_path: Path) -> None:
     env = {**WIDE, "BATCHRUN_ECHO_FAIL": "r1"}
     r = submit_echo(src, failing, "--max-attempts", "1", env=env)
     assert r.returncode == 1, r.stdout + r.stderr
-    r = cli("retry-failed", "--job-dir", str(failing), "--no-progress", *given, env=env)
+    r = rerun("retry-failed", failing, *given, env=env)
     assert r.returncode == 1  # r1 still fails
     assert r.stderr.splitlines()[0] == (
         "overrides: --no-enforce-eager (was not set), --workers 2 (was not set)"
@@ -293,11 +287,11 @@ def _options_saved(job: Path) -> dict[str, object]:
 
 def test_a_resume_that_runs_nothing_or_is_refused_changes_no_option(tmp_path: Path) -> None:
     job = _job_with_pending(tmp_path, n=2)
-    r = cli("resume", "--job-dir", str(job), "--no-progress", env=WIDE)
+    r = rerun("resume", job, env=WIDE)
     assert r.returncode == 0, r.stdout + r.stderr
     saved = _options_saved(job)
     # Finished: a resume with options runs nothing and saves none of them.
-    r = cli("resume", "--job-dir", str(job), "--no-progress", "--seed", "3", env=WIDE)
+    r = rerun("resume", job, "--seed", "3", env=WIDE)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "nothing to run: the options given were not saved" in r.stderr
     assert "overrides" not in r.stdout
@@ -307,7 +301,7 @@ def test_a_resume_that_runs_nothing_or_is_refused_changes_no_option(tmp_path: Pa
         f.write(b"{broken\n")
         f.write(json.dumps(journal_records(job)[0]).encode() + b"\n")
     saved = (job / "manifest.json").read_bytes()
-    r = cli("resume", "--job-dir", str(job), "--no-progress", "--seed", "3", env=WIDE)
+    r = rerun("resume", job, "--seed", "3", env=WIDE)
     assert r.returncode == 1 and "corrupt" in r.stderr, r.stderr
     assert (job / "manifest.json").read_bytes() == saved
 
@@ -317,7 +311,7 @@ def test_a_resume_that_runs_nothing_or_is_refused_changes_no_option(tmp_path: Pa
 
 def test_retry_failed_on_an_interrupted_job_advises_resume(tmp_path: Path) -> None:
     job = _job_with_pending(tmp_path)
-    r = cli("retry-failed", "--job-dir", str(job), "--no-progress", env=WIDE)
+    r = rerun("retry-failed", job, env=WIDE)
     assert r.returncode == 1
     assert advice(r) == f"1 request not run yet; continue with: batchrun resume --job-dir '{job}'"
 
@@ -363,7 +357,7 @@ def test_invalid_lines_only_advise_fixing_the_input(tmp_path: Path) -> None:
     )
     # The advice works: the line fixed in place, the advised command runs it and ends the job.
     write_jsonl(src, [chat_line("r0", "hi"), chat_line("r1", "fixed")])
-    again = cli("resume", "--job-dir", str(job), "--force", "--no-progress", env=WIDE)
+    again = rerun("resume", job, "--force", env=WIDE)
     assert again.returncode == 0, again.stderr
     assert advice(again) == f"Write the results with: batchrun export --job-dir '{job}'"
 

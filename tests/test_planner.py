@@ -4,9 +4,7 @@ engine end to end, with a kill -9 in the middle of deduplicated groups."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -14,9 +12,9 @@ from typing import Any
 import msgspec
 import pytest
 from support.cli import cli
-from support.jobs import journal_records, start_echo, submit_echo
+from support.jobs import journal_records, rerun, start_echo, submit_echo
 from support.lines import chat_line, read_jsonl, write_jsonl
-from support.waits import results_at_least, wait_until
+from support.processes import kill_9_after
 
 from batchrun.openai.records import CHAT, Outcome, Request
 from batchrun.run import planner
@@ -211,11 +209,7 @@ def test_deduplicated_groups_broken_by_a_kill_resume_exactly_once(tmp_path: Path
     job = tmp_path / "job"
     env = {"BATCHRUN_ECHO_DELAY_MS": "40", "BATCHRUN_ECHO_RECORD": str(record)}
     p = start_echo(src, job, "--batch-size", "2", env=env)
-    try:
-        wait_until(results_at_least(job, 40), "40 results are journaled", timeout=120)
-    finally:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
+    kill_9_after(p, job, 40)
     records = journal_records(job)
     results = [r for r in records if r["kind"] == "result"]
     assert len(results) < groups * size + 2, "the kill came too late to break anything"
@@ -228,7 +222,7 @@ def test_deduplicated_groups_broken_by_a_kill_resume_exactly_once(tmp_path: Path
     (job / "journal.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
     assert any("copy_of" in r for r in lost)
     record.write_text("")
-    resume = cli("resume", "--job-dir", str(job), "--no-progress", env=env)
+    resume = rerun("resume", job, env=env)
     assert resume.returncode == 0, resume.stderr
     counts = _results_by_id(job)
     wanted = {x["custom_id"] for x in read_jsonl(src)}

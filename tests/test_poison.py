@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import cli
-from support.jobs import journal_records, submit_echo
+from support.jobs import journal_records, rerun, submit_echo
 from support.lines import chat_input, read_jsonl
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
@@ -57,7 +57,7 @@ def test_poison_requests_fail_alone_and_every_other_request_is_answered(
     assert "=== in flight at its death (1): 'r7'" in logs
     assert "=== in flight at its death (1): 'r41'" in logs
     # Not retried by the retry passes, and a resume has nothing left to run.
-    again = cli("resume", "--job-dir", str(job), "--no-progress", env=env)
+    again = rerun("resume", job, env=env)
     assert again.returncode == 1
     assert Counter(rec["custom_id"] for rec in journal_records(job)) == counts
 
@@ -85,7 +85,7 @@ def test_retry_failed_runs_a_poison_request_again_on_demand(tmp_path: Path) -> N
     r = submit_echo(src, job, "--batch-size", "4", env={"BATCHRUN_ECHO_CRASH_ON": "r3"})
     assert r.returncode == 1, r.stderr
     # The engine was fixed (here: the fault is gone): retry-failed runs it and it succeeds.
-    again = cli("retry-failed", "--job-dir", str(job), "--no-progress")
+    again = rerun("retry-failed", job)
     assert again.returncode == 0, again.stderr
     last = {rec["custom_id"]: rec for rec in journal_records(job)}
     assert last["r3"]["ok"] is True and last["r3"]["attempt"] == 2

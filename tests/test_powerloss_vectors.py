@@ -18,7 +18,7 @@ from support.jobs import submit_echo
 from support.lines import write_jsonl
 from support.powerloss.crashes import BATCHRUN, CrashPoint, Violation
 from support.powerloss.mount import Cut, FuseUnavailable, ensure_fuse
-from test_embedding_vectors import lines
+from support.vectors import embedding_lines
 
 from batchrun.engines.echo import echo_vector_bytes
 from batchrun.errors import BatchrunError
@@ -68,7 +68,7 @@ def vectors_answered(job: Path, where: str) -> set[str]:
 
 
 def test_an_embeddings_job_survives_power_cuts(tmp_path: Path, record_property: Any) -> None:
-    src = write_jsonl(tmp_path / "in.jsonl", lines(REQUESTS, DIMENSIONS))
+    src = write_jsonl(tmp_path / "in.jsonl", embedding_lines(REQUESTS, DIMENSIONS))
     every = {f"e{i}" for i in range(REQUESTS)}
 
     def check(cut: Cut, disk: Path, where: str) -> None:

@@ -19,9 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 from support.api_jobs import answered, api_process, chat_requests, input_lines
 from support.cli import cli
-from support.jobs import journal_records
+from support.jobs import journal_records, rerun
 from support.lines import write_jsonl
 from support.paths import ROOT
+from support.processes import kill_9_after
 from support.waits import wait_until
 
 import batchrun
@@ -312,9 +313,7 @@ def test_ctrl_c_stops_a_python_run_and_the_cli_resumes_it(
     )
     status = batchrun.Job(job).status()
     assert status["status"] == "interrupted" and status["requests"]["pending"] > 0
-    resumed = cli(
-        "resume", "--job-dir", str(job), "--no-progress", env={"BATCHRUN_ECHO_DELAY_MS": "0"}
-    )
+    resumed = rerun("resume", job, env={"BATCHRUN_ECHO_DELAY_MS": "0"})
     assert resumed.returncode == 0, resumed.stderr
     assert answered(job) == {f"r{i}": 1 for i in range(60)}
 
@@ -404,15 +403,7 @@ def test_a_python_run_killed_9_is_finished_by_resume_exactly_once(tmp_path: Path
         stderr=subprocess.PIPE,
         start_new_session=True,  # its own group: the kill takes its workers too
     )
-    try:
-        wait_until(
-            lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 10,
-            "the Python run has answered 10 requests",
-            timeout=60,
-        )
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=30)
+    kill_9_after(proc, job, 10, timeout=60)
     assert proc.returncode == -signal.SIGKILL
     killed = batchrun.Job(job)
     assert 0 < len(answered(job)) < count, killed.status()["requests"]

@@ -19,12 +19,15 @@ from typing import Any
 import psutil
 import pytest
 from support.cli import cli
-from support.jobs import journal_records, start_echo, submit_echo
+from support.jobs import answer_models, journal_records, rerun, start_echo, submit_echo
 from support.lines import chat_input, chat_line, read_jsonl, write_jsonl
-from support.processes import group_alive
+from support.processes import group_alive, kill_group
 from support.waits import results_at_least, wait_until
 
 pytestmark = pytest.mark.ray
+
+# Two actors on a local Ray instance, 8 requests a batch.
+RAY_TWO = ("--batch-size", "8", "--ray", "local", "--workers", "2")
 
 
 def answers(job: Path) -> dict[str, Any]:
@@ -75,11 +78,11 @@ def test_ray_results_match_a_single_machine_run(tmp_path: Path) -> None:
 def test_an_embeddings_job_on_ray_keeps_its_vectors_in_the_side_file(tmp_path: Path) -> None:
     """An actor splits the vectors out as a worker process does (job/vectors.py): the journal
     names them in journal.f32, 4 bytes a value, and export writes each request's own."""
-    from test_embedding_vectors import lines, vector_of
+    from support.vectors import embedding_lines, vector_of
 
     from batchrun.engines.echo import echo_vector_bytes
 
-    src = write_jsonl(tmp_path / "in.jsonl", lines(40, 256))
+    src = write_jsonl(tmp_path / "in.jsonl", embedding_lines(40, 256))
     job = tmp_path / "job"
     r = submit_echo(src, job, "--ray", "local", "--workers", "2")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -94,17 +97,7 @@ def test_an_embeddings_job_on_ray_keeps_its_vectors_in_the_side_file(tmp_path: P
 def test_a_killed_actor_is_replaced_and_nothing_is_lost(tmp_path: Path) -> None:
     src = chat_input(tmp_path / "in.jsonl", 600)
     job = tmp_path / "job"
-    p = start_echo(
-        src,
-        job,
-        "--batch-size",
-        "8",
-        "--ray",
-        "local",
-        "--workers",
-        "2",
-        env={"BATCHRUN_ECHO_DELAY_MS": "40"},
-    )
+    p = start_echo(src, job, *RAY_TWO, env={"BATCHRUN_ECHO_DELAY_MS": "40"})
     try:
         wait_until(results_at_least(job, 50), "the job has 50 results")
         # On a loaded machine the second actor may still be starting when the first has done 50,
@@ -141,17 +134,7 @@ def test_a_killed_actor_is_replaced_and_nothing_is_lost(tmp_path: Path) -> None:
 def test_a_job_started_on_ray_is_resumed_without_it(tmp_path: Path) -> None:
     src = chat_input(tmp_path / "in.jsonl", 500)
     job = tmp_path / "job"
-    p = start_echo(
-        src,
-        job,
-        "--batch-size",
-        "8",
-        "--ray",
-        "local",
-        "--workers",
-        "2",
-        env={"BATCHRUN_ECHO_DELAY_MS": "40"},
-    )
+    p = start_echo(src, job, *RAY_TWO, env={"BATCHRUN_ECHO_DELAY_MS": "40"})
     wait_until(results_at_least(job, 50), "the job has 50 results")
     actors = actor_pids(p.pid)
     os.killpg(p.pid, signal.SIGKILL)
@@ -161,7 +144,7 @@ def test_a_job_started_on_ray_is_resumed_without_it(tmp_path: Path) -> None:
             os.kill(pid, signal.SIGKILL)
     done = len(journal_records(job))
     assert 50 <= done < 500
-    r = cli("resume", "--job-dir", str(job), "--no-progress")
+    r = rerun("resume", job)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "ray worker" not in r.stderr
     assert sorted(x["custom_id"] for x in journal_records(job)) == sorted(
@@ -175,17 +158,7 @@ def test_ctrl_c_on_ray_leaves_no_process_behind(tmp_path: Path, second_after: fl
     not leave Ray's daemons and agents running either."""
     src = chat_input(tmp_path / "in.jsonl", 3000)
     job = tmp_path / "job"
-    p = start_echo(
-        src,
-        job,
-        "--batch-size",
-        "8",
-        "--ray",
-        "local",
-        "--workers",
-        "2",
-        env={"BATCHRUN_ECHO_DELAY_MS": "50"},
-    )
+    p = start_echo(src, job, *RAY_TWO, env={"BATCHRUN_ECHO_DELAY_MS": "50"})
     wait_until(results_at_least(job, 50), "the job has 50 results")
     os.killpg(p.pid, signal.SIGINT)
     if second_after is not None:
@@ -194,9 +167,7 @@ def test_ctrl_c_on_ray_leaves_no_process_behind(tmp_path: Path, second_after: fl
     try:
         _, stderr = p.communicate(timeout=60)
     finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        kill_group(p)
     assert p.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr
     deadline = time.monotonic() + 10
@@ -205,7 +176,7 @@ def test_ctrl_c_on_ray_leaves_no_process_behind(tmp_path: Path, second_after: fl
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert left == [], "processes left running after the stop"
-    r = cli("resume", "--job-dir", str(job), "--no-progress", env={"BATCHRUN_ECHO_DELAY_MS": "1"})
+    r = rerun("resume", job, env={"BATCHRUN_ECHO_DELAY_MS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(x["custom_id"] for x in journal_records(job)) == sorted(
         f"r{i}" for i in range(3000)
@@ -308,17 +279,11 @@ def test_several_models_on_ray_each_line_on_its_model(tmp_path: Path) -> None:
         "small=org/small-model",
         "--model",
         "large=org/large-model",
-        "--batch-size",
-        "8",
-        "--ray",
-        "local",
-        "--workers",
-        "2",
+        *RAY_TWO,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "running 2 models at once on 2 workers" in r.stderr, r.stderr[-3000:]
-    assert cli("export", "--job-dir", str(job)).returncode == 0
-    got = {o["custom_id"]: o["response"]["body"]["model"] for o in read_jsonl(job / "output.jsonl")}
+    got = answer_models(job)
     assert got == {f"r{i}": ("small" if i % 3 else "large") for i in range(40)}
     results = [x for x in journal_records(job) if x["kind"] == "result"]
     assert sorted(x["custom_id"] for x in results) == sorted(got)  # each once

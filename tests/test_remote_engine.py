@@ -5,16 +5,14 @@ faults waited out or answered, the base URL kept by the job, the key never writt
 from __future__ import annotations
 
 import json
-import os
-import signal
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from support.cli import cli, start_cli
 from support.fakes.openai_server import MODEL, answer, chat_body_line, fake_openai_server
-from support.jobs import journal_records
-from support.waits import results_at_least, wait_until
+from support.jobs import journal_records, rerun
+from support.processes import kill_9_after
 
 KEY = "sk-test-secret-4711"
 
@@ -77,11 +75,11 @@ def test_status_and_resume_need_no_base_url_and_a_new_one_is_recorded(tmp_path: 
     r = cli("status", "--job-dir", str(job), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["batch_size_source"] == "flow control"
     with fake_openai_server() as second:
-        r = cli("retry-failed", "--job-dir", str(job), "--no-progress", "--base-url", second.url)
+        r = rerun("retry-failed", job, "--base-url", second.url)
         assert r.returncode == 0, r.stderr
         assert f"overrides: --base-url {second.url} (was {first.url})" in r.stderr
         assert len(second.received) == 4
-        r = cli("resume", "--job-dir", str(job), "--no-progress")  # done: nothing sent
+        r = rerun("resume", job)  # done: nothing sent
         assert r.returncode == 0, r.stderr
         assert len(second.received) == 4
     manifest = json.loads((job / "manifest.json").read_text())
@@ -234,7 +232,7 @@ def test_a_refused_key_mid_job_stops_it_and_keeps_what_was_answered(tmp_path: Pa
         answered = [r["custom_id"] for r in journal_records(job)]
         assert len(answered) == 9 and all(r["ok"] for r in journal_records(job))
         server.faults.clear()
-        r = cli("resume", "--job-dir", str(job), "--no-progress", "--api-key", KEY)
+        r = rerun("resume", job, "--api-key", KEY)
         assert r.returncode == 0, r.stderr
     counts = Counter(r["custom_id"] for r in journal_records(job))
     assert len(counts) == 40 and set(counts.values()) == {1}
@@ -248,13 +246,11 @@ def test_kill_9_mid_job_then_resume_answers_every_line_exactly_once(tmp_path: Pa
             "submit", str(src), "--job-dir", str(job), "--base-url", server.url, "--no-progress",
             "--max-concurrency", "4",
         )  # fmt: skip
-        wait_until(results_at_least(job, 10), "10 lines are journaled")
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        kill_9_after(proc, job, 10)
         before = len(journal_records(job))
         assert before < 60
         server.delay_s = 0.0
-        r = cli("resume", "--job-dir", str(job), "--no-progress")
+        r = rerun("resume", job)
         assert r.returncode == 0, r.stderr
     counts = Counter(r["custom_id"] for r in journal_records(job))
     assert len(counts) == 60 and set(counts.values()) == {1}

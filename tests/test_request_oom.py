@@ -13,17 +13,17 @@ from typing import Any, ClassVar
 
 import pytest
 from support.cli import cli
-from support.fakes.workers import Events, FakeWorker, requests, results
-from support.jobs import journal_records, submit_echo
+from support.fakes.workers import Events, FakeWorker, answered, requests, results
+from support.jobs import journal_records, rerun, submit_echo
 from support.lines import chat_input, read_jsonl
 
 from batchrun.config import EngineSettings
 from batchrun.job.journal import JournalWriter
 from batchrun.job.state import JobState
-from batchrun.openai.records import Outcome, Request
+from batchrun.openai.records import Request
 from batchrun.run.recording import JournalSink
 from batchrun.run.scheduler import Scheduler
-from batchrun.workers.messages import Fatal, Inbox, Results
+from batchrun.workers.messages import Fatal, Inbox
 
 
 @pytest.mark.slow
@@ -69,7 +69,7 @@ def test_one_request_that_runs_out_of_memory_fails_alone_and_the_job_goes_on(
     errors = read_jsonl(job / "errors.jsonl")
     assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [("r23", "request_oom")]
     # retry-failed sends it again on demand (after a fix), as it does engine_crash.
-    again = cli("retry-failed", "--job-dir", str(job), "--no-progress")
+    again = rerun("retry-failed", job)
     assert "retrying 1 failed request" in again.stderr, again.stderr
 
 
@@ -86,11 +86,7 @@ class OomOnWorker(FakeWorker):
         if any(cid in OomOnWorker.oom_on for cid in running):
             self._die(Fatal(oom=True, message="OutOfMemoryError: CUDA out of memory"))
             return
-        outcomes = [
-            Outcome(custom_id=r.custom_id, ok=True, status_code=200, body={"ok": True})
-            for r in batch
-        ]
-        self._inbox.put((self.index, self.generation, Results(outcomes)))
+        self._inbox.put((self.index, self.generation, answered(batch, {"ok": True})))
 
     def start(self, inbox: Inbox) -> None:
         super().start(inbox)

@@ -6,8 +6,6 @@ runs them in tests/vllm/test_vllm_responses.py."""
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ from openai.types.responses import Response
 from support.cli import cli
 from support.jobs import submit_echo
 from support.lines import chat_line, write_jsonl
+from support.models import default_model_dir
 from support.openai_checks import assert_no_extra, output_lines, requests_of
 from support.paths import ROOT
 
@@ -29,15 +28,6 @@ from batchrun.openai.responses_api import responses_messages
 from batchrun.openai.vllm_sampling import VllmSampling
 
 SAMPLE = ROOT / "sample_data" / "responses.jsonl"
-
-
-def default_model_dir() -> Path:
-    """The default model in this session's cache (converted there on first use)."""
-    out = subprocess.run(
-        [sys.executable, "-m", "batchrun.models"], capture_output=True, text=True, cwd=ROOT
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    return Path(out.stdout.strip().splitlines()[-1])
 
 
 def line(**body: Any) -> dict[str, Any]:

@@ -20,14 +20,13 @@ from support.cli import cli
 from support.jobs import journal_records, submit_echo
 from support.lines import chat_line, read_jsonl, write_jsonl
 from support.paths import ROOT
-from support.serving import (  # noqa: F401 (named here too, for the tests that import them from here)
+from support.ports import free_port
+from support.serving import (
     API_KEY,
-    DONE,
     SLOW_ENGINE,
     SLOW_ENV,
     Server,
     create_batch,
-    free_port,
     lines_of,
     requests_file,
     start_server,
@@ -407,18 +406,14 @@ def test_an_input_that_is_not_jsonl_fails_naming_its_file_id_not_a_path(
     client = server.client()
     path = tmp_path / "in.jsonl"
     path.write_bytes(random.Random(0).randbytes(4096))
-    with path.open("rb") as f:
-        uploaded = client.files.create(file=f, purpose="batch")
-    batch = client.batches.create(
-        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
+    batch = create_batch(client, path)
     done = wait_done(client, batch.id)
     assert done.status == "failed"
     assert done.errors is not None and done.errors.data is not None
     [error] = done.errors.data
     assert error.code == "invalid_input"
     assert error.message is not None and error.message.startswith(
-        f"{uploaded.id} is not a JSONL file of requests (line 1: "
+        f"{batch.input_file_id} is not a JSONL file of requests (line 1: "
     )
     root = str(server.root)
     for leak in (root, str(server.root.resolve()), server.root.name + "/", "input.jsonl"):
@@ -430,18 +425,14 @@ def test_an_input_holding_one_json_array_fails_as_not_jsonl(server: Server, tmp_
     client = server.client()
     path = tmp_path / "in.json"
     path.write_text(json.dumps([chat_line("a", "hi"), chat_line("b", "ho")], indent=2))
-    with path.open("rb") as f:
-        uploaded = client.files.create(file=f, purpose="batch")
-    batch = client.batches.create(
-        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
+    batch = create_batch(client, path)
     done = wait_done(client, batch.id)
     assert done.status == "failed"
     assert done.errors is not None and done.errors.data is not None
     [error] = done.errors.data
     assert (error.code, error.message) == (
         "invalid_input",
-        f"{uploaded.id} holds a JSON array, not JSONL (one request object a line)",
+        f"{batch.input_file_id} holds a JSON array, not JSONL (one request object a line)",
     )
 
 

@@ -18,7 +18,7 @@ from openai.types import Batch
 from support.cli import cli
 from support.jobs import journal_records
 from support.lines import chat_line, write_jsonl
-from support.serving import API_KEY, Server, start_server, stop_server, wait_done
+from support.serving import API_KEY, Server, create_batch, start_server, stop_server, wait_done
 from support.waits import results_at_least, wait_until
 
 from batchrun.errors import BatchrunError
@@ -44,14 +44,7 @@ def make_batch(client: OpenAI, tmp: Path, name: str, n: int, priority: str) -> B
     kind = "/v1/chat/completions" if name.startswith("g") else "/v1/embeddings"
     line = chat_line if name.startswith("g") else embed_line
     path = write_jsonl(tmp / f"{name}.jsonl", [line(f"{name}-{i}", f"text {i}") for i in range(n)])
-    with path.open("rb") as f:
-        uploaded = client.files.create(file=f, purpose="batch")
-    return client.batches.create(
-        input_file_id=uploaded.id,
-        endpoint=kind,  # type: ignore[arg-type]
-        completion_window="24h",
-        metadata={"priority": priority},
-    )
+    return create_batch(client, path, endpoint=kind, metadata={"priority": priority})
 
 
 def serve(tmp_path: Path, **env: str) -> Server:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from support.cli import cli
-from support.jobs import submit_echo
+from support.jobs import rerun, submit_echo
 from support.lines import chat_line, write_jsonl
 
 from batchrun.job.manifest import Manifest, load_manifest, save_manifest
@@ -76,5 +76,5 @@ def test_a_job_of_the_command_line_in_a_batch_like_place_is_its_own(tmp_path: Pa
     batch_dir = root / "batch_0123456789abcdef01234567"
     job.rename(batch_dir)
     (batch_dir / "batch.json").write_text("{}")
-    r = cli("resume", "--job-dir", str(batch_dir), "--no-progress")
+    r = rerun("resume", batch_dir)
     assert r.returncode == 0, r.stderr

@@ -8,17 +8,15 @@ models (marked vllm: 2 engine starts)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 from lora_models import make_adapter
 from support.cli import cli
-from support.jobs import answer_models, journal_records, start_echo, submit_echo
-from support.lines import model_line, read_jsonl
-from support.waits import results_at_least, wait_until
+from support.jobs import answer_models, journal_records, rerun, start_echo, submit_echo
+from support.lines import model_input, model_line, read_jsonl
+from support.processes import kill_9_after
 
 from batchrun.openai.routing import KnownModels
 
@@ -29,10 +27,7 @@ STARTS = "starting echo engine"
 
 
 def _input(tmp_path: Path, models: list[str | None]) -> Path:
-    path = tmp_path / "in.jsonl"
-    lines = [model_line(f"r{i}", m) for i, m in enumerate(models)]
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
-    return path
+    return model_input(tmp_path / "in.jsonl", models)
 
 
 def _submit(src: Path, job: Path, *args: str, env: dict[str, str] | None = None) -> Any:
@@ -209,7 +204,7 @@ def test_retry_failed_runs_each_models_failures_on_that_model(tmp_path: Path) ->
     src = _input(tmp_path, models)
     r = _submit(src, job, *TWO, "--max-attempts", "1", env={"BATCHRUN_ECHO_FAIL": "r0,r1"})
     assert r.returncode == 1, r.stderr
-    r = cli("retry-failed", "--job-dir", str(job), "--no-progress")
+    r = rerun("retry-failed", job)
     assert r.returncode == 0, r.stderr
     assert r.stderr.count(STARTS) == 2, r.stderr
     assert answer_models(job) == {"r0": "small", "r1": "large", "r2": "small", "r3": "large"}
@@ -279,13 +274,11 @@ def test_kill_9_mid_job_then_resume_answers_every_line_once_across_the_switch(
     job = tmp_path / "job"
     p = start_echo(src, job, *TWO, "--batch-size", "8", env={"BATCHRUN_ECHO_DELAY_MS": "40"})
     # Past small's 80 lines: the kill falls in large's pass, after the switch.
-    wait_until(results_at_least(job, 100), "100 results are journaled", timeout=120)
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
+    kill_9_after(p, job, 100)
     before = journal_records(job)
     assert 100 <= len(before) < n
     assert {x["model"] for x in before[:80]} == {"small"}
-    r = cli("resume", "--job-dir", str(job), "--no-progress")
+    r = rerun("resume", job)
     assert r.returncode == 0, r.stderr
     # Only large has lines left: one engine start, no switch.
     assert r.stderr.count(STARTS) == 1, r.stderr
@@ -369,7 +362,7 @@ def test_resume_takes_the_same_names_at_other_places(tmp_path: Path) -> None:
     r = _submit(src, job, *TWO, "--max-attempts", "1", env={"BATCHRUN_ECHO_FAIL": "r1"})
     assert r.returncode == 1, r.stderr
     moved = ("--model", "small=org/small-model", "--model", "large=org/moved-model")
-    r = cli("retry-failed", "--job-dir", str(job), "--no-progress", *moved)
+    r = rerun("retry-failed", job, *moved)
     assert r.returncode == 0, r.stderr
     assert (
         "overrides: --model small=org/small-model,large=org/moved-model (was "

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import pytest
 from support.cli import cli, error_line
+from support.fakes.workers import begin
 from support.jobs import journal_records, submit_echo
 from support.lines import chat_input
 
@@ -350,10 +351,7 @@ class RankFailingWorker(Worker):
     windows: ClassVar[list[int]] = []
 
     def start(self, inbox: Inbox) -> None:
-        self.process = object()
-        self.generation += 1
-        self.ready = False
-        self.death = None
+        begin(self, inbox)
         RankFailingWorker.starts += 1
         RankFailingWorker.windows.append(self.settings.window)
         assert self.log is not None

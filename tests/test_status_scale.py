@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from support.cli import cli
-from support.jobs import start_echo, submit_echo
+from support.jobs import rerun, start_echo, submit_echo
 from support.lines import chat_input, chat_line, write_jsonl
 from support.paths import ROOT
 from support.waits import wait_until
@@ -266,7 +266,7 @@ def test_a_finished_job_leaves_a_summary_of_its_whole_journal(tmp_path: Path) ->
     assert saved.offset == (job / "journal.jsonl").stat().st_size
     assert (saved.done, saved.succeeded, saved.attempts) == (40, 38, 40 + 2 * 2)
     # retry-failed changes the failures' last state: the summary follows.
-    r = cli("retry-failed", "--job-dir", str(job), "--no-progress")
+    r = rerun("retry-failed", job)
     assert r.returncode == 0, r.stderr
     s = status_json(job)
     assert s["requests"] == {
@@ -395,7 +395,7 @@ def test_resume_force_recounts_into_the_summary(tmp_path: Path) -> None:
     # Four requests leave the file, two new ones come.
     new = [json.dumps(chat_line(f"n{i}", "new", temperature=0)) for i in range(2)]
     src.write_text("\n".join(lines[4:] + new) + "\n")
-    r = cli("resume", "--job-dir", str(job), "--force", "--no-progress")
+    r = rerun("resume", job, "--force")
     assert r.returncode == 0, r.stderr
     saved = Summary.from_json((job / SUMMARY_NAME).read_bytes())
     assert saved is not None and saved.generation is not None

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support.cli import cli
-from support.jobs import journal_records, start_echo, submit_echo
+from support.jobs import journal_records, rerun, start_echo, submit_echo
 from support.lines import chat_line, write_jsonl
 from support.waits import results_at_least, wait_until
 
@@ -139,7 +139,7 @@ def test_a_job_killed_and_resumed_after_a_pause_shows_its_runs_rate(tmp_path: Pa
     p.wait()
     pause = 6.0
     time.sleep(pause)
-    r = cli("resume", "--job-dir", str(job), "--no-progress", env=env)
+    r = rerun("resume", job, env=env)
     assert r.returncode == 0, r.stderr
     status = _status(job)
     assert status["requests"]["succeeded"] == 240 and status["runs"] == 2

@@ -85,3 +85,17 @@ def chat_answers(job: Path) -> dict[str, str]:
 def answer_models(job: Path) -> dict[str, str]:
     """`batchrun export` of a job, then the model that answered each custom_id."""
     return {o["custom_id"]: o["response"]["body"]["model"] for o in exported(job)}
+
+
+def rerun(
+    command: str,
+    job: Path | str,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+    process: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """`batchrun COMMAND --job-dir JOB --no-progress EXTRA...` to its end, COMMAND `resume` or
+    `retry-failed` (`cli`; `process=True`: `cli_process`)."""
+    run = cli_process if process else cli
+    return run(command, "--job-dir", str(job), "--no-progress", *extra, env=env, timeout=timeout)

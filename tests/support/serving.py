@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from openai.types import Batch
 
 from support.lines import chat_line, write_jsonl
 from support.paths import ROOT
+from support.ports import free_port
 from support.waits import wait_until
 
 API_KEY = "test-key-123"
@@ -45,13 +45,6 @@ class Server:
     def batch_dir(self, batch_id: str) -> Path:
         """The batch's job directory."""
         return self.root / "batches" / batch_id
-
-
-def free_port() -> int:
-    """A port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_server(
@@ -145,13 +138,19 @@ def requests_file(path: Path, n: int, prefix: str = "req") -> Path:
     return write_jsonl(path, [chat_line(f"{prefix}-{i:04d}", f"hello {i}") for i in range(n)])
 
 
-def create_batch(client: OpenAI, path: Path, window: str = "24h", **extra: Any) -> Batch:
-    """Upload `path` and create a chat batch of it."""
+def create_batch(
+    client: OpenAI,
+    path: Path,
+    window: str = "24h",
+    endpoint: str = "/v1/chat/completions",
+    **extra: Any,
+) -> Batch:
+    """Upload `path` and create a batch of it (a chat batch unless `endpoint` says otherwise)."""
     with path.open("rb") as f:
         uploaded = client.files.create(file=f, purpose="batch")
     return client.batches.create(
         input_file_id=uploaded.id,
-        endpoint="/v1/chat/completions",
+        endpoint=endpoint,  # type: ignore[arg-type]
         completion_window=window,  # type: ignore[arg-type]
         **extra,
     )

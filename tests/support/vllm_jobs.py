@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +38,7 @@ from support.cli import cli, cli_process
 from support.hub_cache import HUB_ID, make_hub_cache
 from support.jobs import journal_records
 from support.lines import chat_line, write_jsonl
+from support.models import default_model_dir
 from support.openai_checks import requests_of
 from support.paths import ROOT
 
@@ -213,12 +212,8 @@ def run_chat_job(tmp: Path) -> dict[str, Any]:
         ],
     )
     job = tmp / "job"
-    converted = subprocess.run(
-        [sys.executable, "-m", "batchrun.models"], capture_output=True, text=True, cwd=ROOT
-    )
-    assert converted.returncode == 0, converted.stderr[-3000:]
     hf_home = tmp / "hf-home"
-    make_hub_cache(hf_home, Path(converted.stdout.strip()))
+    make_hub_cache(hf_home, default_model_dir())
     run = cli_process(  # a process: huggingface_hub reads HF_HOME and HF_HUB_OFFLINE at import
         "submit", str(src), "--job-dir", str(job), "--max-model-len", "1024", "--no-progress",
         "--model", HUB_ID, env={"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"},
@@ -273,11 +268,7 @@ RESPONSES_REASONING = [
 def thinking_model(tmp: Path) -> Path:
     """The default model with a test-only chat template that opens the assistant turn inside a
     think block (closed at once with reasoning effort "none"), as Qwen3's does."""
-    converted = subprocess.run(
-        [sys.executable, "-m", "batchrun.models"], capture_output=True, text=True, cwd=ROOT
-    )
-    assert converted.returncode == 0, converted.stderr[-3000:]
-    source = Path(converted.stdout.strip())
+    source = default_model_dir()
     model = tmp / "thinking-model"
     model.mkdir()
     for item in source.iterdir():

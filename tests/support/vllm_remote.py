@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from support.paths import ROOT
+from support.ports import free_port
 
 # The name the server answers to; lines naming no model are sent with it.
 SERVED_NAME = "m"
@@ -28,23 +27,6 @@ SERVED_NAME = "m"
 KV_CACHE_BYTES = 1 << 30
 # Its start takes about 60 s on 2 cores (ENVIRONMENT.md); more under the suite's load.
 START_TIMEOUT_S = 600.0
-
-
-def converted_default_model() -> Path:
-    """The embedded default model's Hugging Face directory (converted once per test run)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "batchrun.models"], capture_output=True, text=True, cwd=ROOT
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return Path(done.stdout.strip())
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -29,11 +29,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from openai import OpenAI
 from openai.types import Batch
 
 from support.lines import write_jsonl
-from support.serving import Server, lines_of, start_server, stop_server, wait_done
+from support.serving import Server, create_batch, lines_of, start_server, stop_server, wait_done
 from support.vllm_jobs import (
     RESPONSES_REASONING,
     RESPONSES_SAMPLE,
@@ -54,16 +53,6 @@ EMBEDDINGS_SAMPLE = SAMPLES / "embeddings.jsonl"
 AGAIN = [{**line, "custom_id": f"again-{line['custom_id']}"} for line in RESPONSES_REASONING]
 # How long a served batch may take here (a loaded 2-core machine).
 BATCH_TIMEOUT = 600
-
-
-def _create(client: OpenAI, src: Path, endpoint: str) -> Batch:
-    with src.open("rb") as f:
-        uploaded = client.files.create(file=f, purpose="batch")
-    return client.batches.create(
-        input_file_id=uploaded.id,
-        endpoint=endpoint,  # type: ignore[arg-type]
-        completion_window="24h",
-    )
 
 
 def _job(server: Server, batch: Batch, src: Path, log: str) -> dict[str, Any]:
@@ -98,7 +87,9 @@ def serve_batches(
     server = start_server(tmp / "root", *server_args, engine=None, timeout=300)
     try:
         client = server.client(api_key="unused")
-        ids = {name: _create(client, src, url).id for name, (src, url) in batches.items()}
+        ids = {
+            name: create_batch(client, src, endpoint=url).id for name, (src, url) in batches.items()
+        }
         done, files = _await(server, ids)
     finally:
         stop_server(server)
@@ -145,7 +136,9 @@ def run_generative_server(tmp: Path) -> dict[str, Any]:
     first = start_server(root, *args, engine=None, timeout=300)
     try:
         client = first.client(api_key="unused")
-        ids = {name: _create(client, src, url).id for name, (src, url) in inputs.items()}
+        ids = {
+            name: create_batch(client, src, endpoint=url).id for name, (src, url) in inputs.items()
+        }
         # The completions batch runs first (it was created first), in file order (serve does not
         # reorder): kill -9 of the whole server, its engine worker with it, in its middle.
         completions = first.batch_dir(ids["completions"])

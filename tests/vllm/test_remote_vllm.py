@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 from support.cli import cli, start_cli
 from support.fakes.fault_proxy import fault_proxy
-from support.jobs import journal_records
-from support.vllm_remote import SERVED_NAME, VllmServe, converted_default_model
+from support.jobs import journal_records, rerun
+from support.models import default_model_dir
+from support.processes import kill_group
+from support.vllm_remote import SERVED_NAME, VllmServe
 from support.waits import results_at_least, wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -29,7 +31,7 @@ COLORS = ["red", "blue", "green", "yellow", "purple", "orange", "black", "white"
 @pytest.fixture(scope="session")
 def vllm_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServe]:
     """One `vllm serve` for the session (tests/support/vllm_remote.py)."""
-    server = VllmServe(converted_default_model(), tmp_path_factory.mktemp("vllm-serve") / "log")
+    server = VllmServe(default_model_dir(), tmp_path_factory.mktemp("vllm-serve") / "log")
     server.start()
     try:
         yield server
@@ -107,7 +109,7 @@ def test_kill_9_then_resume_answers_every_line_exactly_once(
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         assert len(journal_records(job)) < 24
-        r = cli("resume", "--job-dir", str(job), "--no-progress")  # no --base-url: the job's
+        r = rerun("resume", job)  # no --base-url: the job's
         assert r.returncode == 0, r.stderr
     _exactly_once(job, 24)
 
@@ -129,9 +131,7 @@ def test_a_job_outlives_the_server_killed_and_started_again(
         vllm_serve.start()
         _, err = proc.communicate(timeout=600)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill_group(proc)
     assert proc.returncode == 0, err
     assert answered_before < 16
     _exactly_once(job, 16)

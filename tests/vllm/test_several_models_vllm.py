@@ -11,6 +11,7 @@ import pytest
 from support.cli import cli
 from support.jobs import answer_models, journal_records
 from support.lines import model_line
+from support.models import default_model_dir
 
 
 @pytest.mark.vllm
@@ -19,13 +20,7 @@ def test_two_real_models_answer_their_own_lines_each_engine_started_once(
 ) -> None:
     """The packaged default model and the tiny Idefics3 in one job of text chat lines (2 engine
     starts): each line answered once, by the model it names."""
-    import subprocess
-    import sys
-
-    converted = subprocess.run(
-        [sys.executable, "-m", "batchrun.models"], capture_output=True, text=True, check=True
-    )
-    text_model = converted.stdout.strip().splitlines()[-1]
+    text_model = default_model_dir()
     names = ["text", "image"] * 3
     lines = [model_line(f"r{i}", m) for i, m in enumerate(names)]
     for line in lines:

@@ -5,15 +5,13 @@ default one with temperature 0 and max_new_tokens 7 added to its generation conf
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.cli import cli
 from support.lines import chat_line, write_jsonl
-from support.paths import ROOT
+from support.models import default_model_dir
 
 pytestmark = pytest.mark.vllm
 
@@ -22,11 +20,7 @@ PROMPT = "Count from 1 to 20 separated by commas."
 
 def model_with_defaults(tmp: Path, defaults: dict[str, Any]) -> Path:
     """The default model, its generation config given `defaults` (every other file linked)."""
-    converted = subprocess.run(
-        [sys.executable, "-m", "batchrun.models"], capture_output=True, text=True, cwd=ROOT
-    )
-    assert converted.returncode == 0, converted.stderr[-3000:]
-    source = Path(converted.stdout.strip().splitlines()[-1])
+    source = default_model_dir()
     model = tmp / "model-with-defaults"
     model.mkdir()
     for item in source.iterdir():

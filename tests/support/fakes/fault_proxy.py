@@ -6,8 +6,6 @@ test's process (aiohttp, a thread of its own)."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +13,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
+
+from support.fakes.aiohttp_thread import serve_in_thread
 
 # What the proxy does not pass on either way (the hop's own).
 _HOP = {"host", "content-length", "transfer-encoding", "connection", "content-encoding"}
@@ -85,27 +85,6 @@ def _app(state: FaultProxy) -> web.Application:
 def fault_proxy(upstream: str) -> Iterator[FaultProxy]:
     """Run a FaultProxy to `upstream` (http://HOST:PORT, no path) on 127.0.0.1 for the block."""
     state = FaultProxy(upstream.rstrip("/"))
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(_app(state), access_log=None)
-    ready = threading.Event()
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        loop.run_until_complete(site.start())
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        state.url = f"http://127.0.0.1:{port}/v1"
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, name="fault-proxy", daemon=True)
-    thread.start()
-    if not ready.wait(10):
-        raise AssertionError("the fault proxy did not start")
-    try:
+    with serve_in_thread(_app(state), "fault-proxy", "the fault proxy") as url:
+        state.url = url
         yield state
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from support.fakes.aiohttp_thread import serve_in_thread
 
 MODEL = "fake-model"
 
@@ -141,31 +141,9 @@ def _app(state: FakeServer) -> web.Application:
 def fake_openai_server(**knobs: Any) -> Iterator[FakeServer]:
     """Run a FakeServer on 127.0.0.1 (a free port) for the block; `knobs` set its fields."""
     state = FakeServer(**knobs)
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(_app(state), access_log=None)
-    ready = threading.Event()
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        loop.run_until_complete(site.start())
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        state.url = f"http://127.0.0.1:{port}/v1"
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, name="fake-openai", daemon=True)
-    thread.start()
-    if not ready.wait(10):
-        raise AssertionError("the fake OpenAI server did not start")
-    try:
+    with serve_in_thread(_app(state), "fake-openai", "the fake OpenAI server") as url:
+        state.url = url
         yield state
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        time.sleep(0)  # (the loop is closed by its thread's end)
 
 
 def chat_body_line(cid: str, text: str, **body: Any) -> str:

@@ -28,6 +28,24 @@ class Events:
         self.done.extend(o.custom_id for o in outcomes)
 
 
+def begin(worker: Worker, inbox: Inbox) -> None:
+    """What a start does to a worker in process before its engine says a word: a new generation
+    whose process is a stand-in, not ready, nothing answered, no death; `inbox` its messages' way."""
+    worker.process = object()  # type: ignore[assignment]
+    worker.generation += 1
+    worker.ready = False
+    worker.results = 0
+    worker.death = None
+    worker._inbox = inbox  # type: ignore[attr-defined]
+
+
+def answered(requests: Sequence[Request], body: dict[str, Any]) -> Results:
+    """A Results message answering each of `requests` with status 200 and `body`."""
+    return Results(
+        [Outcome(custom_id=r.custom_id, ok=True, status_code=200, body=body) for r in requests]
+    )
+
+
 class FakeWorker(Worker):
     """Answers every request at once, except that it dies on a poison id (or on too big a batch)."""
 
@@ -39,12 +57,7 @@ class FakeWorker(Worker):
     received: ClassVar[list[str]] = []
 
     def start(self, inbox: Inbox) -> None:
-        self.process = object()
-        self.generation += 1
-        self.ready = False
-        self.results = 0
-        self.death = None
-        self._inbox = inbox
+        begin(self, inbox)
         FakeWorker.starts += 1
         if FakeWorker.fail_start:
             self._die(Fatal(oom=False, message="RuntimeError: no engine"))
@@ -70,11 +83,7 @@ class FakeWorker(Worker):
         if FakeWorker.oom_above is not None and running > FakeWorker.oom_above:
             self._die(Fatal(oom=True, message="OutOfMemoryError: CUDA out of memory"))
             return
-        outcomes = [
-            Outcome(custom_id=r.custom_id, ok=True, status_code=200, body={"ok": True})
-            for r in requests
-        ]
-        self._inbox.put((self.index, self.generation, Results(outcomes)))
+        self._inbox.put((self.index, self.generation, answered(requests, {"ok": True})))
 
     def _on_eof(self) -> None:
         if self.death is None:

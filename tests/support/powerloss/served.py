@@ -15,8 +15,9 @@ import httpx
 from openai import OpenAI
 from openai.types import Batch
 
+from support.ports import free_port
 from support.powerloss.crashes import Violation
-from support.serving import API_KEY, DONE, free_port, lines_of, start_server, stop_server
+from support.serving import API_KEY, DONE, lines_of, start_server, stop_server
 
 BATCHES = 2  # the first runs to its end; the second is cancelled at once
 

@@ -1,0 +1,18 @@
+"""The default model as the tests find it: converted into this session's cache on first use."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from support.paths import ROOT
+
+
+def default_model_dir() -> Path:
+    """The default model in this session's cache (converted there on first use)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "batchrun.models"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return Path(out.stdout.strip().splitlines()[-1])

@@ -1,0 +1,71 @@
+"""Embedding vectors as the tests write and read them: embeddings request lines, float32 bytes,
+an output line's vector, a strict read of what export wrote."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from batchrun.openai.records import EMBEDDINGS
+from support.cli import cli
+
+
+def embedding_line(cid: str, text: str, **body: Any) -> dict[str, Any]:
+    """One /v1/embeddings request line."""
+    return {
+        "custom_id": cid,
+        "method": "POST",
+        "url": EMBEDDINGS,
+        "body": {"model": "m", "input": text, **body},
+    }
+
+
+def embedding_lines(n: int, dimensions: int = 1024) -> list[dict[str, Any]]:
+    """`n` embeddings lines of `dimensions`, float (even) and base64 (odd) alternating."""
+    return [
+        embedding_line(
+            f"e{i}",
+            f"passage {i}",
+            dimensions=dimensions,
+            **({"encoding_format": "base64"} if i % 2 else {}),
+        )
+        for i in range(n)
+    ]
+
+
+def f32(values: list[float]) -> bytes:
+    """Values as float32 bytes: equal bytes are equal float32 values, bit for bit (NaN too)."""
+    return struct.pack(f"<{len(values)}f", *values)
+
+
+def vector_of(out: dict[str, Any], index: int = 0) -> bytes:
+    """An output line's embedding as float32 bytes, from its float list or its base64."""
+    embedding = out["response"]["body"]["data"][index]["embedding"]
+    if isinstance(embedding, str):
+        return base64.b64decode(embedding, validate=True)
+    return f32(embedding)
+
+
+def strict_json(path: Path) -> list[dict[str, Any]]:
+    """A JSONL file read strictly: NaN, Infinity and -Infinity are not JSON."""
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{path.name} holds {name}, which is not JSON")
+
+    return [json.loads(x, parse_constant=refuse) for x in path.read_text().splitlines()]
+
+
+def export_all(job: Path) -> tuple[dict[str, dict[str, Any]], pd.DataFrame]:
+    """Export output.jsonl and results.parquet; the output lines by custom_id, and the rows."""
+    for args in ((), ("--parquet",)):
+        run = cli("export", "--job-dir", str(job), *args)
+        assert run.returncode == 0, run.stderr
+    outputs = strict_json(job / "output.jsonl")
+    by_id = {o["custom_id"]: o for o in outputs}
+    assert len(by_id) == len(outputs)  # each request once
+    return by_id, pd.read_parquet(job / "results.parquet").set_index("custom_id")
