@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.fakes.gpus import A100, gpu, install_nvidia_smi, mig, no_nvidia_smi_path
+from support.fakes.gpus import (
+    A100,
+    emulate_machine,
+    gpu,
+    mig,
+    no_nvidia_smi_path,
+)
 
 from batchrun.errors import BatchrunError
 from batchrun.workers import devices, nvidia
@@ -33,13 +39,7 @@ def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Machine:
     """machine(gpus, visible=..., **spec): this process on an emulated GPU machine."""
 
     def make(gpus: list[dict[str, Any]], visible: str | None = None, **spec: Any) -> None:
-        for key, value in install_nvidia_smi(tmp_path, {"gpus": gpus, **spec}).items():
-            monkeypatch.setenv(key, value)
-        if visible is None:
-            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-        else:
-            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-        devices._CACHE.clear()
+        emulate_machine(monkeypatch, tmp_path, {"gpus": gpus, **spec}, visible)
 
     return make
 

@@ -5,18 +5,16 @@ first on PATH; fake vLLM and torch packages for a CUDA build)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.fakes.gpus import gpu, install_nvidia_smi, no_nvidia_smi_path
+from support.cli import cli_process
+from support.fakes.gpus import emulate_machine, gpu, install_nvidia_smi, no_nvidia_smi_path
 from support.lines import chat_line, write_jsonl
-from support.paths import ROOT
 from typer.testing import CliRunner
 
 from batchrun.cli import app
@@ -48,18 +46,8 @@ def run(
     *args: str, env: dict[str, str] | None = None, visible: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """`python -m batchrun ARGS` with `env` over this one's, CUDA_VISIBLE_DEVICES `visible`."""
-    full = {**os.environ, **(env or {})}
-    full.pop("CUDA_VISIBLE_DEVICES", None)
-    if visible is not None:
-        full["CUDA_VISIBLE_DEVICES"] = visible
-    return subprocess.run(
-        [sys.executable, "-m", "batchrun", *args],
-        capture_output=True,
-        text=True,
-        env=full,
-        cwd=ROOT,
-        timeout=120,
-    )
+    env = {**(env or {}), **({} if visible is None else {"CUDA_VISIBLE_DEVICES": visible})}
+    return cli_process(*args, env=env, timeout=120, unset=("CUDA_VISIBLE_DEVICES",))
 
 
 def no_gpu(tmp_path: Path) -> dict[str, str]:
@@ -469,13 +457,7 @@ def machine(
     gpus: list[dict[str, Any]],
     visible: str | None = None,
 ) -> None:
-    for key, value in install_nvidia_smi(tmp_path / "smi", {"gpus": gpus}).items():
-        monkeypatch.setenv(key, value)
-    if visible is None:
-        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    else:
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    devices._CACHE.clear()
+    emulate_machine(monkeypatch, tmp_path / "smi", {"gpus": gpus}, visible)
 
 
 def cuda_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, torch: str) -> None:

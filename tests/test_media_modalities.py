@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from mm_models import png_bytes, wav_bytes
 from support.cli import cli
-from support.lines import read_jsonl, write_jsonl
+from support.lines import media_line, read_jsonl, write_jsonl
+from support.media import default_media_policy
 
 from batchrun.config import EngineSettings
 from batchrun.models.modalities import config_modalities
-from batchrun.openai.media import MediaPolicy, use_media_policy
+from batchrun.openai.media import use_media_policy
 from batchrun.openai.reader import read_input
 from batchrun.openai.records import LineError, Request
 from batchrun.run.media_options import media_policy_of
@@ -25,17 +26,6 @@ PNG_URL = "data:image/png;base64," + base64.b64encode(png_bytes(8, 8, (200, 30, 
 WAV = base64.b64encode(wav_bytes(0.1, 440)).decode()
 IMAGE = {"type": "image_url", "image_url": {"url": PNG_URL}}
 AUDIO = {"type": "input_audio", "input_audio": {"data": WAV, "format": "wav"}}
-
-
-def chat_line(cid: str, part: dict[str, Any]) -> dict[str, Any]:
-    """A chat line with a text part and `part`."""
-    content = [{"type": "text", "text": "What is this?"}, part]
-    return {
-        "custom_id": cid,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {"model": "m", "messages": [{"role": "user", "content": content}]},
-    }
 
 
 def model_dir(tmp_path: Path, name: str, architecture: str) -> Path:
@@ -47,11 +37,9 @@ def model_dir(tmp_path: Path, name: str, architecture: str) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def default_policy() -> Any:
+def default_policy() -> Iterator[None]:
     """Each test starts and ends with the default policy (this process's reader uses it)."""
-    use_media_policy(MediaPolicy())
-    yield
-    use_media_policy(MediaPolicy())
+    yield from default_media_policy()
 
 
 @pytest.mark.parametrize(
@@ -81,7 +69,7 @@ def test_a_text_model_refuses_media_parts_before_any_engine_starts(tmp_path: Pat
     """A text-only model's job with image and audio lines: error records naming what the model
     reads, and no engine started (its directory has no weights, so one would have failed)."""
     model = model_dir(tmp_path, "textonly", "LlamaForCausalLM")
-    src = write_jsonl(tmp_path / "in.jsonl", [chat_line("img", IMAGE), chat_line("aud", AUDIO)])
+    src = write_jsonl(tmp_path / "in.jsonl", [media_line("img", IMAGE), media_line("aud", AUDIO)])
     job = tmp_path / "job"
     run = cli(
         "submit", str(src), "--job-dir", str(job), "--engine", "vllm", "--model", str(model),
@@ -114,7 +102,7 @@ def test_an_image_model_refuses_audio_and_takes_images(tmp_path: Path) -> None:
     model = model_dir(tmp_path, "idefics", "Idefics3ForConditionalGeneration")
     settings = EngineSettings(engine="vllm", model=str(model), served_model_name="tiny-vl")
     use_media_policy(media_policy_of(settings))
-    lines = [chat_line("img", IMAGE), chat_line("aud", AUDIO)]
+    lines = [media_line("img", IMAGE), media_line("aud", AUDIO)]
     src = write_jsonl(tmp_path / "in.jsonl", lines)
     assert list(read_input(src)) == [
         Request("img", 1, lines[0]["url"], lines[0]["body"]),
@@ -150,7 +138,7 @@ def test_an_engine_that_loads_no_model_takes_any_part(tmp_path: Path) -> None:
     """The echo engine names a model but loads none: nothing is refused for what it reads."""
     model = model_dir(tmp_path, "textonly", "LlamaForCausalLM")
     use_media_policy(media_policy_of(EngineSettings(engine="echo", model=str(model))))
-    [item] = list(read_input(write_jsonl(tmp_path / "in.jsonl", [chat_line("img", IMAGE)])))
+    [item] = list(read_input(write_jsonl(tmp_path / "in.jsonl", [media_line("img", IMAGE)])))
     assert isinstance(item, Request)
 
 

@@ -17,23 +17,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.cli import cli
 from support.jobs import rerun, submit_echo
-from support.lines import write_jsonl
+from support.lines import completion_line, write_jsonl
 from support.ports import free_port
 from support.waits import wait_until
 
 from batchrun.errors import OptionError
 from batchrun.metrics.push import Pusher, gateway_url
 from batchrun.metrics.recorder import RunMetrics
-
-
-def completion(cid: str) -> dict[str, Any]:
-    """One /v1/completions line."""
-    return {
-        "custom_id": cid,
-        "method": "POST",
-        "url": "/v1/completions",
-        "body": {"model": "m", "prompt": f"say {cid}", "max_tokens": 3},
-    }
 
 
 @dataclass
@@ -88,7 +78,7 @@ def test_the_last_push_holds_the_final_failures(tmp_path: Path, gateway: Gateway
     """A job whose failures are final only after its retry passes: the push after the run holds
     them (the last result counted first), under /metrics/job/batchrun/job_id/<id>; exit code 1
     as without a gateway."""
-    lines = [completion(f"r{i}") for i in range(30)] + ["{not json"]
+    lines = [completion_line(f"r{i}", 3) for i in range(30)] + ["{not json"]
     inp = write_jsonl(tmp_path / "in.jsonl", lines)
     job = tmp_path / "job"
     host = gateway.url.removeprefix("http://")
@@ -137,7 +127,7 @@ def test_the_last_push_holds_the_final_failures(tmp_path: Path, gateway: Gateway
 def test_a_gateway_that_is_down_is_one_warning_and_changes_nothing(tmp_path: Path) -> None:
     """Nothing listens at the URL: the job runs to its end with its own exit code and summary,
     and says so once."""
-    inp = write_jsonl(tmp_path / "in.jsonl", [completion(f"r{i}") for i in range(20)])
+    inp = write_jsonl(tmp_path / "in.jsonl", [completion_line(f"r{i}", 3) for i in range(20)])
     port = free_port()
     env = {"BATCHRUN_ECHO_FAIL": "r1"}
     r = submit_echo(inp, tmp_path / "job", "--metrics-pushgateway", f"127.0.0.1:{port}", env=env)
@@ -229,7 +219,7 @@ def test_a_url_that_cannot_be_a_gateway_is_refused(given: str, message: str) -> 
 
 def test_a_bad_gateway_url_is_one_line_before_any_job(tmp_path: Path) -> None:
     """Exit 2, one line, no job directory."""
-    inp = write_jsonl(tmp_path / "in.jsonl", [completion("a")])
+    inp = write_jsonl(tmp_path / "in.jsonl", [completion_line("a", 3)])
     r = submit_echo(inp, tmp_path / "job", "--metrics-pushgateway", "ftp://gw:9091", progress=True)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == (

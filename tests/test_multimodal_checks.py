@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,9 @@ import pytest
 from mm_models import png_bytes, wav_bytes
 from support.cli import cli
 from support.jobs import submit_echo
-from support.lines import read_jsonl, write_jsonl
+from support.lines import media_line, read_jsonl, request_line, write_jsonl
+from support.media import default_media_policy
 
-from batchrun.openai.media import MediaPolicy, use_media_policy
 from batchrun.openai.reader import read_input
 from batchrun.openai.records import LineError, Request
 from batchrun.run.dedup import dedup_key
@@ -29,18 +30,8 @@ WHERE = "body.messages[0].content[1]"
 
 def image_line(cid: str, url: str, text: str = "Describe the image.") -> dict[str, Any]:
     """A chat line with one text and one image_url part."""
-    content = [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]
-    return {
-        "custom_id": cid,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {
-            "model": "m",
-            "temperature": 0,
-            "max_tokens": 4,
-            "messages": [{"role": "user", "content": content}],
-        },
-    }
+    part = {"type": "image_url", "image_url": {"url": url}}
+    return media_line(cid, part, text, temperature=0, max_tokens=4)
 
 
 def part_line(cid: str, part: dict[str, Any]) -> dict[str, Any]:
@@ -51,11 +42,9 @@ def part_line(cid: str, part: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(autouse=True)
-def default_policy() -> Any:
+def default_policy() -> Iterator[None]:
     """Each test starts from the default policy (this process's reader uses it)."""
-    use_media_policy(MediaPolicy())
-    yield
-    use_media_policy(MediaPolicy())
+    yield from default_media_policy()
 
 
 def test_every_bad_media_kind_is_an_error_record_and_the_good_lines_run(tmp_path: Path) -> None:
@@ -230,7 +219,7 @@ def test_the_plan_reads_images_as_part_of_the_prompt() -> None:
 
 
 def _audio_line(cid: str, url: str = "/v1/audio/transcriptions", **body: Any) -> dict[str, Any]:
-    return {"custom_id": cid, "method": "POST", "url": url, "body": {"model": "w", **body}}
+    return request_line(cid, url, {"model": "w", **body})
 
 
 WAV_URL = "data:audio/wav;base64," + base64.b64encode(wav_bytes(0.1, 440)).decode()

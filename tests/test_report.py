@@ -18,23 +18,13 @@ from typing import Any
 import pytest
 from support.cli import cli
 from support.jobs import submit_echo
-from support.lines import write_jsonl
+from support.lines import completion_line, write_jsonl
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 
 CHECK_PAGE = Path(__file__).parent / "browser" / "check_page.js"
 # The browser the check drives: a Chromium build npm ships (no system browser is needed).
 BROWSER_PACKAGES = ("@sparticuz/chromium@147.0.0", "puppeteer-core@24.43.1")
-
-
-def completion(cid: str) -> dict[str, Any]:
-    """One /v1/completions line."""
-    return {
-        "custom_id": cid,
-        "method": "POST",
-        "url": "/v1/completions",
-        "body": {"model": "m", "prompt": f"say {cid}", "max_tokens": 4},
-    }
 
 
 @pytest.fixture(scope="session")
@@ -86,7 +76,7 @@ def busy_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     from batchrun.run.jobs import RunOptions, submit
 
     tmp = tmp_path_factory.mktemp("report")
-    lines: list[Any] = [completion(f"r{i}") for i in range(120)]
+    lines: list[Any] = [completion_line(f"r{i}", 4) for i in range(120)]
     lines += ["{broken", '{"custom_id": "no-body"}']
     inp = write_jsonl(tmp / "in.jsonl", lines)
     saved = dict(os.environ)
@@ -234,7 +224,7 @@ def test_report_memory_does_not_grow_with_the_journal(busy_job: Path, tmp_path: 
 def test_the_page_data_is_strict_json_when_a_figure_overflows(tmp_path: Path) -> None:
     """A cost past the float range (--gpu-hour-cost 1.7e308 per million tokens) is null in the
     page's data, as in status --json: JSON.parse, and any strict parser, refuses Infinity."""
-    src = write_jsonl(tmp_path / "in.jsonl", [completion(f"r{i}") for i in range(3)])
+    src = write_jsonl(tmp_path / "in.jsonl", [completion_line(f"r{i}", 4) for i in range(3)])
     job = tmp_path / "job"
     r = submit_echo(src, job, "--gpu-hour-cost", "1.7e308")
     assert r.returncode == 0, r.stderr

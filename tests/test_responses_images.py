@@ -5,6 +5,7 @@ line's image_url part is (a file_id refused), rendered in the worker as the chat
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from mm_models import png_bytes
 from support.cli import cli
 from support.jobs import submit_echo
 from support.lines import read_jsonl, write_jsonl
+from support.media import default_media_policy
 
 from batchrun.engines.vllm.media import media_messages
 from batchrun.openai.media import MediaPolicy, use_media_policy
@@ -50,11 +52,9 @@ def image(url: object = RED, **more: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(autouse=True)
-def default_policy() -> Any:
+def default_policy() -> Iterator[None]:
     """Each test starts and ends with the default policy (this process's reader uses it)."""
-    use_media_policy(MediaPolicy())
-    yield
-    use_media_policy(MediaPolicy())
+    yield from default_media_policy()
 
 
 def _read(tmp_path: Path, lines: list[dict[str, Any]]) -> list[Request | LineError]:

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from mm_models import png_bytes, wav_bytes
-from support.lines import write_jsonl
+from support.lines import media_line, write_jsonl
 from support.serving import create_batch, lines_of, start_server, stop_server, wait_done
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
@@ -20,19 +20,6 @@ pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 PNG_URL = "data:image/png;base64," + base64.b64encode(png_bytes(8, 8, (200, 30, 30))).decode()
 WAV = base64.b64encode(wav_bytes(0.1, 440)).decode()
 WHERE = "body.messages[0].content[1]"
-
-
-def media_line(cid: str, part: dict[str, Any], text: str = "What is this?") -> dict[str, Any]:
-    """A chat line: a text part, then `part`."""
-    return {
-        "custom_id": cid,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {
-            "model": "m",
-            "messages": [{"role": "user", "content": [{"type": "text", "text": text}, part]}],
-        },
-    }
 
 
 def image(url: str) -> dict[str, Any]:

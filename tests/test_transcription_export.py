@@ -12,19 +12,14 @@ import pandas as pd
 from mm_models import wav_bytes
 from support.cli import cli
 from support.jobs import submit_echo
-from support.lines import write_jsonl
+from support.lines import request_line, write_jsonl
 
 WAV_URL = "data:audio/wav;base64," + base64.b64encode(wav_bytes(0.1, 440)).decode()
 
 
 def audio_line(cid: str, url: str, **body: Any) -> dict[str, Any]:
     """A speech-to-text line in vLLM's batch format."""
-    return {
-        "custom_id": cid,
-        "method": "POST",
-        "url": url,
-        "body": {"model": "w", "file_url": WAV_URL, **body},
-    }
+    return request_line(cid, url, {"model": "w", "file_url": WAV_URL, **body})
 
 
 def _export(tmp_path: Path, lines: list[dict[str, Any]]) -> pd.DataFrame:

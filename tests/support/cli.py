@@ -34,10 +34,14 @@ def cli(
 
 
 def cli_process(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 600
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+    unset: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """Run `python -m batchrun ARGS` in a real subprocess."""
-    full_env = {**os.environ, **(env or {})}
+    """Run `python -m batchrun ARGS` in a real subprocess: this process's environment without
+    `unset`, `env` over it."""
+    full_env = {k: v for k, v in os.environ.items() if k not in unset} | (env or {})
     return subprocess.run(
         [sys.executable, "-m", "batchrun", *args],
         capture_output=True,

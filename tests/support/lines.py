@@ -8,14 +8,33 @@ from pathlib import Path
 from typing import Any
 
 
+def request_line(cid: str, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One batch request line: POST `body` to `url`."""
+    return {"custom_id": cid, "method": "POST", "url": url, "body": body}
+
+
 def chat_line(cid: str, text: str, **body: Any) -> dict[str, Any]:
     """One chat request line."""
-    return {
-        "custom_id": cid,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {"model": "test-model", "messages": [{"role": "user", "content": text}], **body},
-    }
+    messages = [{"role": "user", "content": text}]
+    return request_line(
+        cid, "/v1/chat/completions", {"model": "test-model", "messages": messages, **body}
+    )
+
+
+def completion_line(cid: str, max_tokens: int) -> dict[str, Any]:
+    """One /v1/completions line asking to say its id."""
+    body = {"model": "m", "prompt": f"say {cid}", "max_tokens": max_tokens}
+    return request_line(cid, "/v1/completions", body)
+
+
+def media_line(
+    cid: str, part: dict[str, Any], text: str = "What is this?", **body: Any
+) -> dict[str, Any]:
+    """A chat line (model "m") whose message is a text part, then `part`; `body`, its other
+    fields."""
+    content = [{"type": "text", "text": text}, part]
+    messages = [{"role": "user", "content": content}]
+    return request_line(cid, "/v1/chat/completions", {"model": "m", **body, "messages": messages})
 
 
 def model_line(cid: str, model: str | None) -> dict[str, Any]:

@@ -13,16 +13,12 @@ import pandas as pd
 
 from batchrun.openai.records import EMBEDDINGS
 from support.cli import cli
+from support.lines import request_line
 
 
 def embedding_line(cid: str, text: str, **body: Any) -> dict[str, Any]:
     """One /v1/embeddings request line."""
-    return {
-        "custom_id": cid,
-        "method": "POST",
-        "url": EMBEDDINGS,
-        "body": {"model": "m", "input": text, **body},
-    }
+    return request_line(cid, EMBEDDINGS, {"model": "m", "input": text, **body})
 
 
 def embedding_lines(n: int, dimensions: int = 1024) -> list[dict[str, Any]]:

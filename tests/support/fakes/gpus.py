@@ -8,6 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from batchrun.workers import devices
+
 FAKES = Path(__file__).resolve().parent
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -82,3 +86,18 @@ def fake_packages(folder: Path, **versions: str) -> list[str]:
             f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n"
         )
     return [str(site)]
+
+
+def emulate_machine(
+    monkeypatch: pytest.MonkeyPatch, folder: Path, spec: dict[str, Any], visible: str | None
+) -> None:
+    """This process on an emulated GPU machine: the fake nvidia-smi of `spec` (written into
+    `folder`) first on PATH, CUDA_VISIBLE_DEVICES `visible` (None: unset), and nvidia-smi's
+    answers this process kept dropped."""
+    for key, value in install_nvidia_smi(folder, spec).items():
+        monkeypatch.setenv(key, value)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    devices._CACHE.clear()
