@@ -16,23 +16,12 @@ import httpx
 import openai
 import pytest
 from openai.types import Batch
+from support import serving
 from support.cli import cli
 from support.jobs import journal_records, submit_echo
 from support.lines import chat_line, read_jsonl, write_jsonl
 from support.paths import ROOT
 from support.ports import free_port
-from support.serving import (
-    API_KEY,
-    SLOW_ENGINE,
-    SLOW_ENV,
-    Server,
-    create_batch,
-    lines_of,
-    requests_file,
-    start_server,
-    stop_server,
-    wait_done,
-)
 from support.waits import results_at_least, wait_until
 
 from batchrun.serve.batches import RECORD_NAME, BatchRecord, BatchStore, new_batch
@@ -41,21 +30,29 @@ pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[serving.Server]:
     """One server for this module, with an API key, a small upload cap and a slow echo engine."""
     root = tmp_path_factory.mktemp("serve") / "root"
-    s = start_server(
-        root, "--api-key", API_KEY, "--max-file-bytes", "1000000", *SLOW_ENGINE, env=SLOW_ENV
+    s = serving.start_server(
+        root,
+        "--api-key",
+        serving.API_KEY,
+        "--max-file-bytes",
+        "1000000",
+        *serving.SLOW_ENGINE,
+        env=serving.SLOW_ENV,
     )
     yield s
-    stop_server(s)
+    serving.stop_server(s)
 
 
-def test_the_flow_of_the_issue_runs_and_status_agrees(server: Server, tmp_path: Path) -> None:
+def test_the_flow_of_the_issue_runs_and_status_agrees(
+    server: serving.Server, tmp_path: Path
+) -> None:
     """Upload, create, poll, download: every request answered once; invalid lines are failed
     requests with their line; `batchrun status` on the batch's job says what the API says."""
     client = server.client()
-    path = requests_file(tmp_path / "in.jsonl", 30)
+    path = serving.requests_file(tmp_path / "in.jsonl", 30)
     with path.open("a") as f:
         f.write("not json\n")
         f.write(
@@ -69,9 +66,9 @@ def test_the_flow_of_the_issue_runs_and_status_agrees(server: Server, tmp_path: 
             )
             + "\n"
         )
-    batch = create_batch(client, path, metadata={"team": "a"})
+    batch = serving.create_batch(client, path, metadata={"team": "a"})
     assert batch.status == "validating" and batch.metadata == {"team": "a"}
-    done = wait_done(client, batch.id)
+    done = serving.wait_done(client, batch.id)
     assert done.status == "completed"
     assert done.request_counts is not None
     assert (
@@ -81,10 +78,10 @@ def test_the_flow_of_the_issue_runs_and_status_agrees(server: Server, tmp_path: 
     ) == (32, 30, 2)
     assert done.usage is not None and done.usage.total_tokens > 0
     assert done.in_progress_at and done.finalizing_at and done.completed_at
-    output = lines_of(client, done.output_file_id)
+    output = serving.lines_of(client, done.output_file_id)
     assert sorted(line["custom_id"] for line in output) == [f"req-{i:04d}" for i in range(30)]
     assert output[0]["response"]["body"]["choices"][0]["message"]["content"] == "hello 0"
-    errors = lines_of(client, done.error_file_id)
+    errors = serving.lines_of(client, done.error_file_id)
     assert [(e["custom_id"], e["error"]["line"]) for e in errors] == [
         (None, 31),
         ("no-messages", 32),
@@ -117,7 +114,7 @@ def test_the_flow_of_the_issue_runs_and_status_agrees(server: Server, tmp_path: 
 
 
 def test_a_batch_of_only_invalid_lines_fails_with_its_errors(
-    server: Server, tmp_path: Path
+    server: serving.Server, tmp_path: Path
 ) -> None:
     """No valid line: failed, with errors.data naming each line and why; its job says so too
     (`batchrun status` reads the manifest: the batch's id, failed)."""
@@ -134,7 +131,7 @@ def test_a_batch_of_only_invalid_lines_fails_with_its_errors(
             {"custom_id": "a", "method": "GET", "url": "/v1/chat/completions", "body": {}},
         ],
     )
-    done = wait_done(client, create_batch(client, path).id)
+    done = serving.wait_done(client, serving.create_batch(client, path).id)
     assert done.status == "failed" and done.failed_at
     assert done.errors is not None and done.errors.data is not None
     assert [e.line for e in done.errors.data] == [1, 2]
@@ -143,10 +140,10 @@ def test_a_batch_of_only_invalid_lines_fails_with_its_errors(
     assert (manifest["job_id"], manifest["status"]) == (done.id, "failed")
 
 
-def test_cancel_keeps_what_finished(server: Server, tmp_path: Path) -> None:
+def test_cancel_keeps_what_finished(server: serving.Server, tmp_path: Path) -> None:
     """cancelling, then cancelled: what finished is in the output file, nothing ran twice."""
     client = server.client()
-    batch = create_batch(client, requests_file(tmp_path / "in.jsonl", 3000))
+    batch = serving.create_batch(client, serving.requests_file(tmp_path / "in.jsonl", 3000))
     job = server.batch_dir(batch.id)
     wait_until(
         lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 50,
@@ -154,9 +151,9 @@ def test_cancel_keeps_what_finished(server: Server, tmp_path: Path) -> None:
     )
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status == "cancelling" and cancelling.cancelling_at
-    done = wait_done(client, batch.id)
+    done = serving.wait_done(client, batch.id)
     assert done.status == "cancelled" and done.cancelled_at
-    output = lines_of(client, done.output_file_id)
+    output = serving.lines_of(client, done.output_file_id)
     ids = [line["custom_id"] for line in output]
     assert 50 <= len(ids) < 3000 and len(set(ids)) == len(ids)
     assert done.request_counts is not None and done.request_counts.completed == len(ids)
@@ -165,17 +162,19 @@ def test_cancel_keeps_what_finished(server: Server, tmp_path: Path) -> None:
 
 
 def test_expiry_returns_finished_work_and_the_rest_as_batch_expired(
-    server: Server, tmp_path: Path
+    server: serving.Server, tmp_path: Path
 ) -> None:
     """A window of 2s (the duration extension): expired, finished work in the output file,
     every other request a batch_expired error; each custom_id exactly once."""
     client = server.client()
-    batch = create_batch(client, requests_file(tmp_path / "in.jsonl", 3000), window="2s")
+    batch = serving.create_batch(
+        client, serving.requests_file(tmp_path / "in.jsonl", 3000), window="2s"
+    )
     assert batch.expires_at == batch.created_at + 2
-    done = wait_done(client, batch.id)
+    done = serving.wait_done(client, batch.id)
     assert done.status == "expired" and done.expired_at
-    ok = [line["custom_id"] for line in lines_of(client, done.output_file_id)]
-    errors = lines_of(client, done.error_file_id)
+    ok = [line["custom_id"] for line in serving.lines_of(client, done.output_file_id)]
+    errors = serving.lines_of(client, done.error_file_id)
     assert {e["error"]["code"] for e in errors} == {"batch_expired"}
     assert 0 < len(ok) < 3000
     assert sorted(ok + [e["custom_id"] for e in errors]) == [f"req-{i:04d}" for i in range(3000)]
@@ -187,24 +186,26 @@ def test_expiry_returns_finished_work_and_the_rest_as_batch_expired(
 
 
 def test_a_cancelled_batchs_job_exports_what_finished_and_never_runs_with_resume(
-    server: Server, tmp_path: Path
+    server: serving.Server, tmp_path: Path
 ) -> None:
     """The job directory of a cancelled batch agrees with the API: `export` (no --partial)
     writes what finished, `status` names the batch and says cancelled, and `resume` and
     `retry-failed` refuse in one line, running nothing."""
     client = server.client()
-    batch = create_batch(client, requests_file(tmp_path / "in.jsonl", 3000))
+    batch = serving.create_batch(client, serving.requests_file(tmp_path / "in.jsonl", 3000))
     job = server.batch_dir(batch.id)
     wait_until(results_at_least(job, 20), "20 requests of the batch finish")
     client.batches.cancel(batch.id)
-    done = wait_done(client, batch.id)
+    done = serving.wait_done(client, batch.id)
     assert done.status == "cancelled" and done.request_counts is not None
     finished = done.request_counts.completed + done.request_counts.failed
     assert finished < 3000
     exported = cli("export", "--job-dir", str(job), "-o", str(tmp_path / "out"))
     assert exported.returncode == 0, exported.stderr
     assert f"{3000 - finished:,} not run (the batch was cancelled)" in exported.stdout
-    assert read_jsonl(tmp_path / "out" / "output.jsonl") == lines_of(client, done.output_file_id)
+    assert read_jsonl(tmp_path / "out" / "output.jsonl") == serving.lines_of(
+        client, done.output_file_id
+    )
     shown = json.loads(cli("status", "--json", "--job-dir", str(job)).stdout)
     assert (shown["job_id"], shown["status"]) == (batch.id, "cancelled")
     assert shown["requests"]["pending"] == 3000 - finished
@@ -224,17 +225,17 @@ def test_a_cancelled_batchs_job_exports_what_finished_and_never_runs_with_resume
 
 
 def test_batches_of_one_priority_made_in_one_second_run_in_creation_order(
-    server: Server, tmp_path: Path
+    server: serving.Server, tmp_path: Path
 ) -> None:
     """created_at is whole seconds: batches made within one second still run in the order they
     were made (not in the order of their random ids), behind a high-priority one that runs."""
     client = server.client()
     uploads = []
     for i in range(6):
-        with requests_file(tmp_path / f"n{i}.jsonl", 20, f"n{i}").open("rb") as f:
+        with serving.requests_file(tmp_path / f"n{i}.jsonl", 20, f"n{i}").open("rb") as f:
             uploads.append(client.files.create(file=f, purpose="batch").id)
-    create_batch(
-        client, requests_file(tmp_path / "h.jsonl", 300, "h"), metadata={"priority": "high"}
+    serving.create_batch(
+        client, serving.requests_file(tmp_path / "h.jsonl", 300, "h"), metadata={"priority": "high"}
     )
     made = [
         client.batches.create(
@@ -244,7 +245,7 @@ def test_batches_of_one_priority_made_in_one_second_run_in_creation_order(
     ]
     assert len({b.created_at for b in made}) <= 2  # made within a second or two
     for b in made:
-        assert wait_done(client, b.id, timeout=60).status == "completed"
+        assert serving.wait_done(client, b.id, timeout=60).status == "completed"
 
     def first_result(batch_id: str) -> float:
         return min(r["time"] for r in journal_records(server.batch_dir(batch_id)))
@@ -283,23 +284,25 @@ def test_the_creation_order_is_kept_across_a_restart_and_old_records_load(
     assert later.seq == 5
 
 
-def test_priority_high_runs_before_normal_before_low(server: Server, tmp_path: Path) -> None:
+def test_priority_high_runs_before_normal_before_low(
+    server: serving.Server, tmp_path: Path
+) -> None:
     """While a normal batch runs, a low then a high one arrive: high runs first, low last."""
     client = server.client()
-    normal = create_batch(client, requests_file(tmp_path / "n.jsonl", 600, "n"))
+    normal = serving.create_batch(client, serving.requests_file(tmp_path / "n.jsonl", 600, "n"))
     job = server.batch_dir(normal.id)
     wait_until(
         lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 20,
         "the normal batch runs",
     )
-    low = create_batch(
-        client, requests_file(tmp_path / "l.jsonl", 100, "l"), metadata={"priority": "low"}
+    low = serving.create_batch(
+        client, serving.requests_file(tmp_path / "l.jsonl", 100, "l"), metadata={"priority": "low"}
     )
-    high = create_batch(
-        client, requests_file(tmp_path / "h.jsonl", 100, "h"), metadata={"priority": "high"}
+    high = serving.create_batch(
+        client, serving.requests_file(tmp_path / "h.jsonl", 100, "h"), metadata={"priority": "high"}
     )
     for b in (normal, low, high):
-        assert wait_done(client, b.id, timeout=60).status == "completed"
+        assert serving.wait_done(client, b.id, timeout=60).status == "completed"
 
     def span(batch_id: str) -> tuple[float, float]:
         times = [
@@ -311,7 +314,7 @@ def test_priority_high_runs_before_normal_before_low(server: Server, tmp_path: P
     assert span(high.id)[1] <= span(low.id)[0]
 
 
-def test_auth_needs_the_key_everywhere_but_health(server: Server) -> None:
+def test_auth_needs_the_key_everywhere_but_health(server: serving.Server) -> None:
     """401 in OpenAI's shape without the right key; /health needs none."""
     with pytest.raises(openai.AuthenticationError) as e:
         server.client("wrong").files.list()
@@ -324,14 +327,16 @@ def test_auth_needs_the_key_everywhere_but_health(server: Server) -> None:
     for path in ("/v1/batches", "/metrics", "/v1/files/file-000000000000000000000000"):
         assert httpx.get(server.url + path).status_code == 401
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
-    metrics = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"})
+    metrics = httpx.get(
+        server.url + "/metrics", headers={"Authorization": f"Bearer {serving.API_KEY}"}
+    )
     assert 'batchrun_requests_total{outcome="succeeded"}' in metrics.text
     assert 'batchrun_engine_restarts_total{reason="crash"} 0.0' in metrics.text
 
 
-def test_ids_that_are_not_ours_are_404_and_reach_no_path(server: Server) -> None:
+def test_ids_that_are_not_ours_are_404_and_reach_no_path(server: serving.Server) -> None:
     """Traversal, unknown and encoded ids: 404 in OpenAI's shape."""
-    headers = {"Authorization": f"Bearer {API_KEY}"}
+    headers = {"Authorization": f"Bearer {serving.API_KEY}"}
     for path in (
         "/v1/files/..%2F..%2Fserver.lock/content",
         "/v1/files/..%2Fbatches",
@@ -349,11 +354,11 @@ def test_ids_that_are_not_ours_are_404_and_reach_no_path(server: Server) -> None
         server.client().files.delete("file-ffffffffffffffffffffffff")
 
 
-def test_bad_input_is_400_and_a_big_upload_413(server: Server, tmp_path: Path) -> None:
+def test_bad_input_is_400_and_a_big_upload_413(server: serving.Server, tmp_path: Path) -> None:
     """Wrong purpose, wrong endpoint, bad window: 400; an input file that does not exist: 404;
     over the cap: 413, nothing kept (a declared size, or a chunked body that runs over)."""
     client = server.client()
-    small = requests_file(tmp_path / "small.jsonl", 2)
+    small = serving.requests_file(tmp_path / "small.jsonl", 2)
     with pytest.raises(openai.BadRequestError, match="purpose"):
         client.files.create(file=small.open("rb"), purpose="fine-tune")
     with pytest.raises(openai.NotFoundError, match=r"No such file: 'file-f+' \(input_file_id\)"):
@@ -388,7 +393,7 @@ def test_bad_input_is_400_and_a_big_upload_413(server: Server, tmp_path: Path) -
         server.url + "/v1/files",
         content=chunks(),
         headers={
-            "Authorization": f"Bearer {API_KEY}",
+            "Authorization": f"Bearer {serving.API_KEY}",
             "Content-Type": "multipart/form-data; boundary=b",
         },
     )
@@ -399,15 +404,15 @@ def test_bad_input_is_400_and_a_big_upload_413(server: Server, tmp_path: Path) -
 
 
 def test_an_input_that_is_not_jsonl_fails_naming_its_file_id_not_a_path(
-    server: Server, tmp_path: Path
+    server: serving.Server, tmp_path: Path
 ) -> None:
     """A batch of an upload that is not JSONL fails; errors.data names the input by its file
     id, never by a path of the server's (its root, its copy of the input)."""
     client = server.client()
     path = tmp_path / "in.jsonl"
     path.write_bytes(random.Random(0).randbytes(4096))
-    batch = create_batch(client, path)
-    done = wait_done(client, batch.id)
+    batch = serving.create_batch(client, path)
+    done = serving.wait_done(client, batch.id)
     assert done.status == "failed"
     assert done.errors is not None and done.errors.data is not None
     [error] = done.errors.data
@@ -420,13 +425,15 @@ def test_an_input_that_is_not_jsonl_fails_naming_its_file_id_not_a_path(
         assert leak not in error.message
 
 
-def test_an_input_holding_one_json_array_fails_as_not_jsonl(server: Server, tmp_path: Path) -> None:
+def test_an_input_holding_one_json_array_fails_as_not_jsonl(
+    server: serving.Server, tmp_path: Path
+) -> None:
     """Refused as the CLI refuses it, not run as a batch of one invalid line."""
     client = server.client()
     path = tmp_path / "in.json"
     path.write_text(json.dumps([chat_line("a", "hi"), chat_line("b", "ho")], indent=2))
-    batch = create_batch(client, path)
-    done = wait_done(client, batch.id)
+    batch = serving.create_batch(client, path)
+    done = serving.wait_done(client, batch.id)
     assert done.status == "failed"
     assert done.errors is not None and done.errors.data is not None
     [error] = done.errors.data
@@ -436,28 +443,30 @@ def test_an_input_holding_one_json_array_fails_as_not_jsonl(server: Server, tmp_
     )
 
 
-def test_a_completion_window_beyond_a_year_is_refused(server: Server, tmp_path: Path) -> None:
+def test_a_completion_window_beyond_a_year_is_refused(
+    server: serving.Server, tmp_path: Path
+) -> None:
     """Durations are an extension (OpenAI takes only 24h), up to 365 days: beyond, OpenAI's 400."""
     client = server.client()
-    path = requests_file(tmp_path / "in.jsonl", 1)
+    path = serving.requests_file(tmp_path / "in.jsonl", 1)
     for window in ("99999999d", "366d", "8761h"):
         with pytest.raises(openai.BadRequestError) as e:
-            create_batch(client, path, window=window)
+            serving.create_batch(client, path, window=window)
         assert e.value.body == {
             "message": f"completion_window must be at most 365d (31536000 seconds), got '{window}'",
             "type": "invalid_request_error",
             "param": "completion_window",
             "code": None,
         }
-    longest = create_batch(client, path, window="365d")
+    longest = serving.create_batch(client, path, window="365d")
     assert longest.expires_at == longest.created_at + 365 * 86400
-    wait_done(client, longest.id)
+    serving.wait_done(client, longest.id)
 
 
-def test_a_body_that_is_not_json_is_an_openai_400(server: Server) -> None:
+def test_a_body_that_is_not_json_is_an_openai_400(server: serving.Server) -> None:
     """A body that is not JSON, or not an object, is OpenAI's 400 with param null; a bad field
     names its path as param (no "body", no loc index)."""
-    headers = {"Authorization": f"Bearer {API_KEY}"}
+    headers = {"Authorization": f"Bearer {serving.API_KEY}"}
 
     def post(content: bytes, content_type: str = "application/json") -> httpx.Response:
         return httpx.post(
@@ -505,14 +514,14 @@ def test_a_body_that_is_not_json_is_an_openai_400(server: Server) -> None:
     assert answer.json() == error("limit: Input should be greater than or equal to 1", "limit")
 
 
-def test_fifty_clients_at_once_lose_nothing(server: Server, tmp_path: Path) -> None:
+def test_fifty_clients_at_once_lose_nothing(server: serving.Server, tmp_path: Path) -> None:
     """50 clients upload, create and poll at the same time: no error, every file listed."""
 
     def one(i: int) -> tuple[str, Batch]:
         client = server.client()
-        path = requests_file(tmp_path / f"c{i}.jsonl", 3, f"c{i}")
-        batch = create_batch(client, path)
-        return batch.input_file_id, wait_done(client, batch.id, timeout=60)
+        path = serving.requests_file(tmp_path / f"c{i}.jsonl", 3, f"c{i}")
+        batch = serving.create_batch(client, path)
+        return batch.input_file_id, serving.wait_done(client, batch.id, timeout=60)
 
     with concurrent.futures.ThreadPoolExecutor(50) as pool:
         results = list(pool.map(one, range(50)))
@@ -522,7 +531,7 @@ def test_fifty_clients_at_once_lose_nothing(server: Server, tmp_path: Path) -> N
     assert all(b.request_counts is not None and b.request_counts.completed == 3 for _, b in results)
 
 
-def test_a_second_server_on_the_same_root_is_refused(server: Server) -> None:
+def test_a_second_server_on_the_same_root_is_refused(server: serving.Server) -> None:
     """One line, exit 1: two servers would run the same batches twice."""
     result = subprocess.run(
         [
@@ -550,7 +559,7 @@ def test_a_second_server_on_the_same_root_is_refused(server: Server) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_a_port_in_use_is_one_line_and_nothing_runs(server: Server, tmp_path: Path) -> None:
+def test_a_port_in_use_is_one_line_and_nothing_runs(server: serving.Server, tmp_path: Path) -> None:
     """The socket is bound before the banner and before any batch of the root resumes."""
     port = server.url.rsplit(":", 1)[1]
     other = tmp_path / "other-root"
@@ -568,8 +577,8 @@ def test_a_port_in_use_is_one_line_and_nothing_runs(server: Server, tmp_path: Pa
 
 def test_a_stopped_server_says_how_to_go_on(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    s = start_server(root)
-    stop_server(s)
+    s = serving.start_server(root)
+    serving.stop_server(s)
     assert s.process.returncode == 143
     assert s.log.read_text().splitlines()[-1] == (
         f"terminated: the journal is flushed; nothing finished is lost. Continue with: "
@@ -596,19 +605,19 @@ def test_a_batch_runs_in_the_dispatch_plans_order(tmp_path: Path) -> None:
     assert expected != [x["custom_id"] for x in lines]  # the plan moves them
     root = tmp_path / "root"
     # One request at a time: the journal's order is the order of dispatch.
-    server = start_server(root, "--batch-size", "1", env=SLOW_ENV)
+    server = serving.start_server(root, "--batch-size", "1", env=serving.SLOW_ENV)
     try:
         client = server.client(api_key="unused")
-        batch = create_batch(client, write_jsonl(tmp_path / "in.jsonl", lines))
-        assert wait_done(client, batch.id).status == "completed"
+        batch = serving.create_batch(client, write_jsonl(tmp_path / "in.jsonl", lines))
+        assert serving.wait_done(client, batch.id).status == "completed"
     finally:
-        stop_server(server)
+        serving.stop_server(server)
     done = [r["custom_id"] for r in journal_records(server.batch_dir(batch.id))]
     assert done == expected
 
 
 def test_identical_deterministic_lines_run_once_and_each_gets_its_answer(
-    server: Server, tmp_path: Path
+    server: serving.Server, tmp_path: Path
 ) -> None:
     """Greedy duplicates are sent to the engine once; every custom_id still gets its own answer
     (its own response id) in the output file; sampled duplicates each run."""
@@ -617,11 +626,11 @@ def test_identical_deterministic_lines_run_once_and_each_gets_its_answer(
         *(chat_line(f"same-{i}", "the same question", temperature=0) for i in range(5)),
         *(chat_line(f"sampled-{i}", "a sampled question", temperature=1.0) for i in range(3)),
     ]
-    batch = create_batch(client, write_jsonl(tmp_path / "dups.jsonl", lines))
-    done = wait_done(client, batch.id)
+    batch = serving.create_batch(client, write_jsonl(tmp_path / "dups.jsonl", lines))
+    done = serving.wait_done(client, batch.id)
     assert done.status == "completed" and done.request_counts is not None
     assert done.request_counts.completed == 8
-    output = {line["custom_id"]: line for line in lines_of(client, done.output_file_id)}
+    output = {line["custom_id"]: line for line in serving.lines_of(client, done.output_file_id)}
     assert sorted(output) == sorted(x["custom_id"] for x in lines)
     assert len({line["response"]["body"]["id"] for line in output.values()}) == 8
     records = journal_records(server.batch_dir(batch.id))
@@ -636,16 +645,18 @@ def test_identical_deterministic_lines_run_once_and_each_gets_its_answer(
 
 
 def test_output_expires_after_deletes_the_output_files_when_due(
-    server: Server, tmp_path: Path
+    server: serving.Server, tmp_path: Path
 ) -> None:
     """output_expires_after: the output and error files expire that many seconds after they are
     made (any number from 1: shorter than OpenAI's hour, an extension), then are gone."""
     client = server.client()
-    path = requests_file(tmp_path / "in.jsonl", 3)
+    path = serving.requests_file(tmp_path / "in.jsonl", 3)
     with path.open("a") as f:
         f.write("not json\n")  # an error file too
-    batch = create_batch(client, path, output_expires_after={"anchor": "created_at", "seconds": 2})
-    done = wait_done(client, batch.id)
+    batch = serving.create_batch(
+        client, path, output_expires_after={"anchor": "created_at", "seconds": 2}
+    )
+    done = serving.wait_done(client, batch.id)
     assert done.output_file_id and done.error_file_id
     for file_id in (done.output_file_id, done.error_file_id):
         made = client.files.retrieve(file_id)
@@ -685,11 +696,13 @@ def test_output_expires_after_deletes_the_output_files_when_due(
     ],
 )
 def test_a_bad_output_expires_after_is_refused(
-    server: Server, tmp_path: Path, expires: dict[str, Any], param: str, message: str
+    server: serving.Server, tmp_path: Path, expires: dict[str, Any], param: str, message: str
 ) -> None:
     client = server.client()
     with pytest.raises(openai.BadRequestError) as e:
-        create_batch(client, requests_file(tmp_path / "in.jsonl", 1), output_expires_after=expires)
+        serving.create_batch(
+            client, serving.requests_file(tmp_path / "in.jsonl", 1), output_expires_after=expires
+        )
     assert e.value.body == {
         "message": message,
         "type": "invalid_request_error",

@@ -16,40 +16,36 @@ import httpx
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
+from support import serving
 from support.jobs import journal_records
 from support.lines import chat_line
-from support.serving import (
-    API_KEY,
-    SLOW_ENGINE,
-    SLOW_ENV,
-    Server,
-    create_batch,
-    requests_file,
-    start_server,
-    stop_server,
-    wait_done,
-)
 from support.waits import results_at_least, wait_until
 
 from batchrun.serve.checks import check_metadata
 
 SERVED = "org/echo-model"  # a served name with a slash: GET /v1/models/org/echo-model
 REQUEST_ID = re.compile(r"req_[0-9a-f]{32}")
-KEY = {"Authorization": f"Bearer {API_KEY}"}
+KEY = {"Authorization": f"Bearer {serving.API_KEY}"}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[serving.Server]:
     """One server for this module: an API key, a served name with a slash, a slow echo engine."""
     root = tmp_path_factory.mktemp("serve-clients") / "root"
-    s = start_server(
-        root, "--api-key", API_KEY, "--served-model-name", SERVED, *SLOW_ENGINE, env=SLOW_ENV
+    s = serving.start_server(
+        root,
+        "--api-key",
+        serving.API_KEY,
+        "--served-model-name",
+        SERVED,
+        *serving.SLOW_ENGINE,
+        env=serving.SLOW_ENV,
     )
     yield s
-    stop_server(s)
+    serving.stop_server(s)
 
 
-def logged(server: Server, text: str) -> bool:
+def logged(server: serving.Server, text: str) -> bool:
     """Whether the server's log holds `text` (its lines are written as they happen)."""
     return text in server.log.read_text()
 
@@ -58,30 +54,32 @@ def logged(server: Server, text: str) -> bool:
 
 
 def test_a_priority_batchrun_does_not_know_is_kept_and_echoed_not_refused(
-    server: Server, tmp_path: Path
+    server: serving.Server, tmp_path: Path
 ) -> None:
     """The issue's 400 ("metadata.priority must be high, normal or low, got 'urgent'") is gone:
     the batch is made, runs at normal priority, and its metadata comes back as sent."""
     client = server.client()
     metadata = {"priority": "urgent", "team": "search", "batchrun_priority": "asap"}
-    batch = create_batch(client, requests_file(tmp_path / "in.jsonl", 5), metadata=metadata)
+    batch = serving.create_batch(
+        client, serving.requests_file(tmp_path / "in.jsonl", 5), metadata=metadata
+    )
     assert batch.metadata == metadata
     assert client.batches.retrieve(batch.id).metadata == metadata
     listed = {b.id: b for b in client.batches.list(limit=100).data}
     assert listed[batch.id].metadata == metadata
-    done = wait_done(client, batch.id)
+    done = serving.wait_done(client, batch.id)
     assert done.status == "completed" and done.metadata == metadata
     record = json.loads((server.batch_dir(batch.id) / "batch.json").read_text())
     assert record["priority"] == "normal"
 
 
-def test_openais_metadata_limits_hold(server: Server, tmp_path: Path) -> None:
+def test_openais_metadata_limits_hold(server: serving.Server, tmp_path: Path) -> None:
     """16 keys of 64 characters with values of 512 are taken; one more key, a longer key or a
     longer value is OpenAI's 400, param metadata."""
     client = server.client()
-    path = requests_file(tmp_path / "in.jsonl", 1)
+    path = serving.requests_file(tmp_path / "in.jsonl", 1)
     widest = {f"{i:02d}".ljust(64, "k"): "v" * 512 for i in range(16)}
-    assert create_batch(client, path, metadata=widest).metadata == widest
+    assert serving.create_batch(client, path, metadata=widest).metadata == widest
     too_many = {**widest, "one-more": "x"}
     for bad, message in (
         (too_many, "metadata holds at most 16 keys"),
@@ -89,7 +87,7 @@ def test_openais_metadata_limits_hold(server: Server, tmp_path: Path) -> None:
         ({"k": "v" * 513}, "metadata keys are at most 64 characters, values 512"),
     ):
         with pytest.raises(openai.BadRequestError) as e:
-            create_batch(client, path, metadata=bad)
+            serving.create_batch(client, path, metadata=bad)
         assert e.value.body == {
             "message": message,
             "type": "invalid_request_error",
@@ -115,29 +113,29 @@ def test_which_metadata_key_steers_the_queue() -> None:
 
 
 def test_batchrun_priority_comes_before_priority_in_the_queue(
-    server: Server, tmp_path: Path
+    server: serving.Server, tmp_path: Path
 ) -> None:
     """While a normal batch runs, three arrive: one tagged priority high but batchrun_priority
     low (low), one tagged priority p0 (an unknown value: normal), one tagged priority low but
     batchrun_priority high (high). The high one runs first, the low one last."""
     client = server.client()
-    normal = create_batch(client, requests_file(tmp_path / "n.jsonl", 600, "n"))
+    normal = serving.create_batch(client, serving.requests_file(tmp_path / "n.jsonl", 600, "n"))
     wait_until(results_at_least(server.batch_dir(normal.id), 20), "the normal batch runs")
-    low = create_batch(
+    low = serving.create_batch(
         client,
-        requests_file(tmp_path / "l.jsonl", 100, "l"),
+        serving.requests_file(tmp_path / "l.jsonl", 100, "l"),
         metadata={"priority": "high", "batchrun_priority": "low"},
     )
-    unknown = create_batch(
-        client, requests_file(tmp_path / "u.jsonl", 100, "u"), metadata={"priority": "p0"}
+    unknown = serving.create_batch(
+        client, serving.requests_file(tmp_path / "u.jsonl", 100, "u"), metadata={"priority": "p0"}
     )
-    high = create_batch(
+    high = serving.create_batch(
         client,
-        requests_file(tmp_path / "h.jsonl", 100, "h"),
+        serving.requests_file(tmp_path / "h.jsonl", 100, "h"),
         metadata={"priority": "low", "batchrun_priority": "high"},
     )
     for b in (normal, low, unknown, high):
-        assert wait_done(client, b.id, timeout=60).status == "completed"
+        assert serving.wait_done(client, b.id, timeout=60).status == "completed"
 
     def span(batch_id: str) -> tuple[float, float]:
         times = [
@@ -153,7 +151,7 @@ def test_batchrun_priority_comes_before_priority_in_the_queue(
 
 
 def test_every_response_carries_a_request_id_errors_and_health_included(
-    server: Server, tmp_path: Path
+    server: serving.Server, tmp_path: Path
 ) -> None:
     """Plain HTTP: success, 400, 401, 404, 405, 413 (refused by the guard, before any route)
     and the open /health and /metrics each carry their own `x-request-id`, OpenAI's form."""
@@ -200,12 +198,12 @@ def test_every_response_carries_a_request_id_errors_and_health_included(
 
 
 def test_the_openai_package_reads_the_request_id_of_answers_and_errors(
-    server: Server, tmp_path: Path
+    server: serving.Server, tmp_path: Path
 ) -> None:
     """The sync and async clients: `_request_id` on parsed objects, `request_id` on raw
     responses and on the errors they raise (a 404 and the 401 of a wrong key)."""
     client = server.client()
-    with requests_file(tmp_path / "in.jsonl", 2).open("rb") as f:
+    with serving.requests_file(tmp_path / "in.jsonl", 2).open("rb") as f:
         uploaded = client.files.create(file=f, purpose="batch")
     batch = client.batches.create(
         input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
@@ -226,7 +224,7 @@ def test_the_openai_package_reads_the_request_id_of_answers_and_errors(
 
     async def from_async() -> list[str | None]:
         aclient = AsyncOpenAI(
-            base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=30
+            base_url=f"{server.url}/v1", api_key=serving.API_KEY, max_retries=0, timeout=30
         )
         async with aclient:
             got = await aclient.batches.retrieve(batch.id)
@@ -239,10 +237,12 @@ def test_the_openai_package_reads_the_request_id_of_answers_and_errors(
     seen += asyncio.run(from_async())
     assert all(REQUEST_ID.fullmatch(str(i)) for i in seen), seen
     assert len(set(seen)) == len(seen)
-    wait_done(client, batch.id)
+    serving.wait_done(client, batch.id)
 
 
-def test_a_client_request_id_is_logged_beside_the_servers_and_echoed(server: Server) -> None:
+def test_a_client_request_id_is_logged_beside_the_servers_and_echoed(
+    server: serving.Server,
+) -> None:
     """A request with `X-Client-Request-Id` is logged with both ids (and the client's is sent
     back); a plain successful poll is not logged; a change and an error are."""
     client = server.client()
@@ -271,7 +271,9 @@ def test_a_client_request_id_is_logged_beside_the_servers_and_echoed(server: Ser
 # -- the batch's model ------------------------------------------------------------------------
 
 
-def test_a_batchs_model_is_the_model_its_first_line_names(server: Server, tmp_path: Path) -> None:
+def test_a_batchs_model_is_the_model_its_first_line_names(
+    server: serving.Server, tmp_path: Path
+) -> None:
     """OpenAI's Batch `model`: the model the lines name (the first line's, with several), not
     the engine; a line that names none is passed over; no line naming one: the served model."""
     client = server.client()
@@ -279,9 +281,9 @@ def test_a_batchs_model_is_the_model_its_first_line_names(server: Server, tmp_pa
     def named(lines: list[dict[str, Any] | str]) -> str:
         path = tmp_path / f"in-{len(list(tmp_path.iterdir()))}.jsonl"
         path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
-        batch = create_batch(client, path)
+        batch = serving.create_batch(client, path)
         assert client.batches.retrieve(batch.id).model == batch.model
-        assert wait_done(client, batch.id).model == batch.model
+        assert serving.wait_done(client, batch.id).model == batch.model
         return str(batch.model)
 
     def line(cid: str, model: str | None) -> dict[str, Any]:
@@ -302,7 +304,7 @@ def test_a_batchs_model_is_the_model_its_first_line_names(server: Server, tmp_pa
 
 
 def test_each_listed_model_can_be_retrieved_and_an_unknown_one_is_openais_404(
-    server: Server,
+    server: serving.Server,
 ) -> None:
     """GET /v1/models/{id} answers the entry GET /v1/models lists, for an id with a slash too;
     an unknown id is a 404 `model_not_found` in OpenAI's error shape."""
@@ -334,7 +336,9 @@ def test_each_listed_model_can_be_retrieved_and_an_unknown_one_is_openais_404(
 def test_several_models_each_retrieved(tmp_path: Path) -> None:
     """With several base models, each is retrieved by its id (adapters are covered by the
     same lookup: one list, one answer per id)."""
-    server = start_server(tmp_path / "root", "--model", "a=org/a-model", "--model", "b=org/b-model")
+    server = serving.start_server(
+        tmp_path / "root", "--model", "a=org/a-model", "--model", "b=org/b-model"
+    )
     try:
         client: OpenAI = server.client()
         roots = [(client.models.retrieve(i).model_extra or {}).get("root") for i in ("a", "b")]
@@ -342,4 +346,4 @@ def test_several_models_each_retrieved(tmp_path: Path) -> None:
         with pytest.raises(openai.NotFoundError):
             client.models.retrieve("org/a-model")  # a path, not a served name
     finally:
-        stop_server(server)
+        serving.stop_server(server)

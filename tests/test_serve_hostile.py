@@ -16,15 +16,15 @@ from urllib.parse import urlsplit
 import httpx
 import openai
 import pytest
+from support import serving
 from support.lines import chat_line, write_jsonl
-from support.serving import API_KEY, Server, create_batch, start_server, stop_server, wait_done
 from support.waits import wait_until
 
 from batchrun.serve.guard import MAX_BODY_BYTES, MAX_DEPTH
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 
-AUTH = {"Authorization": f"Bearer {API_KEY}"}
+AUTH = {"Authorization": f"Bearer {serving.API_KEY}"}
 BAD_KEY = {
     "error": {
         "message": "Incorrect API key provided. Pass it as 'Authorization: Bearer KEY'.",
@@ -36,15 +36,15 @@ BAD_KEY = {
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[serving.Server]:
     """One server with an API key, on the echo engine."""
     root = tmp_path_factory.mktemp("hostile") / "root"
-    s = start_server(root, "--api-key", API_KEY, "--max-file-bytes", "1000000")
+    s = serving.start_server(root, "--api-key", serving.API_KEY, "--max-file-bytes", "1000000")
     yield s
-    stop_server(s)
+    serving.stop_server(s)
 
 
-def raw_exchange(server: Server, head: bytes, body: bytes, timeout: float = 5) -> bytes:
+def raw_exchange(server: serving.Server, head: bytes, body: bytes, timeout: float = 5) -> bytes:
     """Send a request's head and part of its body on a socket; what the server answers."""
     where = urlsplit(server.url)
     with socket.create_connection((where.hostname, where.port), timeout=timeout) as s:
@@ -76,7 +76,7 @@ def status_and_json(answer: bytes) -> tuple[int, Any]:
     return int(head.split(b" ")[1]), json.loads(body)
 
 
-def test_no_key_is_401_before_a_byte_of_a_huge_body_is_read(server: Server) -> None:
+def test_no_key_is_401_before_a_byte_of_a_huge_body_is_read(server: serving.Server) -> None:
     """A 150 MB POST without a key is answered 401 at once (declared or chunked), the server
     never reading it; malformed JSON without a key is 401 too, not 400."""
     pid = server.process.pid
@@ -111,11 +111,11 @@ def _rss_kb(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def test_a_body_past_the_cap_is_413_declared_or_streamed(server: Server) -> None:
+def test_a_body_past_the_cap_is_413_declared_or_streamed(server: serving.Server) -> None:
     """With the key: a JSON body over MAX_BODY_BYTES is refused without being buffered whole."""
     head = (
         b"POST /v1/batches HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {MAX_BODY_BYTES + 1}\r\n\r\n".encode()
+        + f"Authorization: Bearer {serving.API_KEY}\r\nContent-Length: {MAX_BODY_BYTES + 1}\r\n\r\n".encode()
     )
     code, body = status_and_json(raw_exchange(server, head, b"{"))
     assert (code, body["error"]["code"]) == (413, "request_too_large")
@@ -129,7 +129,7 @@ def test_a_body_past_the_cap_is_413_declared_or_streamed(server: Server) -> None
 
 
 def test_json_nested_without_bound_is_a_clear_400_never_a_500(
-    server: Server, tmp_path: Path
+    server: serving.Server, tmp_path: Path
 ) -> None:
     """A body nesting 5,000 deep: 400 saying so. An input whose first line nests 5,000 deep
     (before any line naming a url): the batch is made, that line invalid, the rest run."""
@@ -148,13 +148,13 @@ def test_json_nested_without_bound_is_a_clear_400_never_a_500(
     lines += [chat_line(f"r{i}", f"hi {i}") for i in range(3)]
     write_jsonl(path, lines)
     client = server.client()
-    batch = wait_done(client, create_batch(client, path).id)
+    batch = serving.wait_done(client, serving.create_batch(client, path).id)
     assert batch.status == "completed"
     assert batch.request_counts is not None
     assert (batch.request_counts.completed, batch.request_counts.failed) == (3, 1)
 
 
-def test_an_upload_cut_short_is_refused_and_nothing_is_stored(server: Server) -> None:
+def test_an_upload_cut_short_is_refused_and_nothing_is_stored(server: serving.Server) -> None:
     """A multipart body without its closing boundary is 400; no file is listed or left."""
     files_dir = server.root / "files"
     listed = server.client().files.list().data
@@ -179,7 +179,7 @@ def test_an_upload_cut_short_is_refused_and_nothing_is_stored(server: Server) ->
     assert sorted(p.name for p in files_dir.iterdir()) == stored
 
 
-def test_an_upload_shorter_than_its_content_length_leaves_nothing(server: Server) -> None:
+def test_an_upload_shorter_than_its_content_length_leaves_nothing(server: serving.Server) -> None:
     """A whole multipart body, but fewer bytes than declared, the client then gone: nothing is
     listed or left on disk."""
     files_dir = server.root / "files"
@@ -193,7 +193,7 @@ def test_an_upload_shorter_than_its_content_length_leaves_nothing(server: Server
     )
     head = (
         b"POST /v1/files HTTP/1.1\r\nHost: x\r\n"
-        + f"Authorization: Bearer {API_KEY}\r\n".encode()
+        + f"Authorization: Bearer {serving.API_KEY}\r\n".encode()
         + b"Content-Type: multipart/form-data; boundary=XyZ\r\n"
         + f"Content-Length: {len(body) + 1000}\r\n\r\n".encode()
     )
@@ -211,7 +211,7 @@ def test_an_upload_shorter_than_its_content_length_leaves_nothing(server: Server
 
 
 def test_unknown_fields_on_a_batch_are_refused_naming_the_field(
-    server: Server, tmp_path: Path
+    server: serving.Server, tmp_path: Path
 ) -> None:
     """`bogus_field` and a misspelt `completion_windw`: OpenAI's 400, the field as param."""
     client = server.client()
@@ -232,7 +232,7 @@ def test_unknown_fields_on_a_batch_are_refused_naming_the_field(
 
 
 def test_lists_are_newest_first_stable_and_take_order_and_after(
-    server: Server, tmp_path: Path
+    server: serving.Server, tmp_path: Path
 ) -> None:
     """Files and batches made in the same second list in creation order (desc by default),
     order=asc reverses it, after pages through it."""
@@ -263,10 +263,10 @@ def test_lists_are_newest_first_stable_and_take_order_and_after(
     ).json()
     assert [b["id"] for b in asc_page["data"]] == batches[2:4] and asc_page["has_more"]
     for bid in batches:
-        wait_done(client, bid)
+        serving.wait_done(client, bid)
 
 
-def test_files_create_expires_after_is_honoured(server: Server, tmp_path: Path) -> None:
+def test_files_create_expires_after_is_honoured(server: serving.Server, tmp_path: Path) -> None:
     """expires_after sets expires_at; the file is gone (not listed, 404) once it passes."""
     client = server.client()
     path = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "x")])
@@ -292,12 +292,12 @@ def test_files_create_expires_after_is_honoured(server: Server, tmp_path: Path) 
     assert not (server.root / "files" / f"{made.id}.jsonl").exists()
 
 
-def test_an_input_of_blank_lines_fails_saying_why(server: Server, tmp_path: Path) -> None:
+def test_an_input_of_blank_lines_fails_saying_why(server: serving.Server, tmp_path: Path) -> None:
     """errors.data holds an entry with a code and a message, OpenAI's shape."""
     client = server.client()
     path = tmp_path / "blank.jsonl"
     path.write_text("\n\n  \n\n")
-    batch = wait_done(client, create_batch(client, path).id)
+    batch = serving.wait_done(client, serving.create_batch(client, path).id)
     assert batch.status == "failed"
     assert batch.errors is not None and batch.errors.data is not None
     entry = batch.errors.data[0]
@@ -308,13 +308,15 @@ def test_an_input_of_blank_lines_fails_saying_why(server: Server, tmp_path: Path
 
 
 def test_metrics_totals_equal_the_sum_of_the_batches_request_counts(
-    server: Server, tmp_path: Path
+    server: serving.Server, tmp_path: Path
 ) -> None:
     """Invalid lines are failed requests in /metrics as in request_counts."""
     client = server.client()
     lines: list[Any] = [chat_line(f"m{i}", f"x {i}") for i in range(20)]
     lines += ["not json", '{"custom_id": "bad"}']
-    done = wait_done(client, create_batch(client, write_jsonl(tmp_path / "m.jsonl", lines)).id)
+    done = serving.wait_done(
+        client, serving.create_batch(client, write_jsonl(tmp_path / "m.jsonl", lines)).id
+    )
     assert done.request_counts is not None and done.request_counts.failed == 2
     listed = httpx.get(server.url + "/v1/batches", params={"limit": 100}, headers=AUTH).json()
     assert not listed["has_more"]

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from openai import OpenAI
 from openai.types import Batch
+from support import serving
 from support.cli import cli
 from support.jobs import journal_records
 from support.lines import chat_line, write_jsonl
-from support.serving import API_KEY, Server, create_batch, start_server, stop_server, wait_done
 from support.waits import results_at_least, wait_until
 
 from batchrun.errors import BatchrunError
@@ -44,17 +44,17 @@ def make_batch(client: OpenAI, tmp: Path, name: str, n: int, priority: str) -> B
     kind = "/v1/chat/completions" if name.startswith("g") else "/v1/embeddings"
     line = chat_line if name.startswith("g") else embed_line
     path = write_jsonl(tmp / f"{name}.jsonl", [line(f"{name}-{i}", f"text {i}") for i in range(n)])
-    return create_batch(client, path, endpoint=kind, metadata={"priority": priority})
+    return serving.create_batch(client, path, endpoint=kind, metadata={"priority": priority})
 
 
-def serve(tmp_path: Path, **env: str) -> Server:
-    return start_server(
-        tmp_path / "root", "--api-key", API_KEY, "--batch-size", "4", "--workers", "1",
+def serve(tmp_path: Path, **env: str) -> serving.Server:
+    return serving.start_server(
+        tmp_path / "root", "--api-key", serving.API_KEY, "--batch-size", "4", "--workers", "1",
         env={**SLOW, **env},
     )  # fmt: skip
 
 
-def result_span(server: Server, batch_id: str) -> tuple[float, float]:
+def result_span(server: serving.Server, batch_id: str) -> tuple[float, float]:
     times = [
         r["time"] for r in journal_records(server.batch_dir(batch_id)) if r["kind"] == "result"
     ]
@@ -73,11 +73,11 @@ def test_a_batch_of_the_other_kind_runs_at_once_when_the_pool_is_idle(tmp_path: 
         for name, priority in zip(NAMES, ("normal", "high") * 3, strict=True):
             began = time.monotonic()
             made.append(make_batch(client, tmp_path, name, 20, priority))
-            assert wait_done(client, made[-1].id, timeout=60).status == "completed"
+            assert serving.wait_done(client, made[-1].id, timeout=60).status == "completed"
             took.append(time.monotonic() - began)
         log = server.log.read_text()
     finally:
-        stop_server(server)
+        serving.stop_server(server)
     assert max(took) < 15, took  # well under the 120 s limit
     assert log.count("starting echo engine") == 6, log[-4000:]
     spans = [result_span(server, b.id) for b in made]
@@ -105,11 +105,11 @@ def test_a_batch_waiting_for_its_kinds_engines_shows_it_has_not_started(tmp_path
             seen.append((shown.in_progress_at, client.batches.retrieve(long.id).status))
             time.sleep(0.2)
         for b in (long, waiting):
-            assert wait_done(client, b.id, timeout=60).status == "completed"
+            assert serving.wait_done(client, b.id, timeout=60).status == "completed"
         done = client.batches.retrieve(waiting.id)
         log = server.log.read_text()
     finally:
-        stop_server(server)
+        serving.stop_server(server)
     # It waited while the generate batch ran, in_progress_at null all along.
     assert len(seen) >= 5 and {at for at, _ in seen} == {None}, seen
     assert {status for _, status in seen} == {"in_progress"}
@@ -135,12 +135,12 @@ def test_a_batch_waiting_for_its_kinds_engines_is_cancelled_at_once(tmp_path: Pa
             "the embed batch is validated",
         )
         assert client.batches.cancel(waiting.id).status == "cancelling"
-        cancelled = wait_done(client, waiting.id, timeout=8)
+        cancelled = serving.wait_done(client, waiting.id, timeout=8)
         running = client.batches.retrieve(long.id).status
-        assert wait_done(client, long.id, timeout=60).status == "completed"
+        assert serving.wait_done(client, long.id, timeout=60).status == "completed"
         log = server.log.read_text()
     finally:
-        stop_server(server)
+        serving.stop_server(server)
     assert (cancelled.status, running) == ("cancelled", "in_progress")
     assert cancelled.in_progress_at is None and cancelled.request_counts is not None
     assert (cancelled.request_counts.total, cancelled.request_counts.completed) == (20, 0)
@@ -159,10 +159,10 @@ def test_a_batch_of_the_other_kind_waits_no_longer_than_the_switch_time(tmp_path
         wait_until(results_at_least(job, 20), "the generate batch runs")
         urgent = make_batch(client, tmp_path, "e0", 40, "high")
         for b in (long, urgent):
-            assert wait_done(client, b.id, timeout=120).status == "completed"
+            assert serving.wait_done(client, b.id, timeout=120).status == "completed"
         log = server.log.read_text()
     finally:
-        stop_server(server)
+        serving.stop_server(server)
     assert log.count("starting echo engine") == 3, log[-4000:]
     assert result_span(server, urgent.id)[1] < result_span(server, long.id)[1]
 

@@ -12,20 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import serving
 from support.cli import cli
 from support.jobs import journal_records
 from support.lines import model_line, write_jsonl
 from support.processes import group_alive
-from support.serving import (
-    SLOW,
-    TWO,
-    Server,
-    create_batch,
-    lines_of,
-    start_server,
-    stop_server,
-    wait_done,
-)
 from support.waits import results_at_least, wait_until
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
@@ -34,12 +25,12 @@ pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 ENV = {"BATCHRUN_ECHO_DELAY_MS": "40"}
 
 
-def _killed_after(server: Server, batch_id: str, results: int, total: int) -> Path:
+def _killed_after(server: serving.Server, batch_id: str, results: int, total: int) -> Path:
     """Kill -9 `server` (and its engine) once its batch has `results` journal records; returns
     the batch's job directory."""
     job = server.batch_dir(batch_id)
     wait_until(results_at_least(job, results), f"{results} lines finish", timeout=60)
-    stop_server(server, signal.SIGKILL)
+    serving.stop_server(server, signal.SIGKILL)
     wait_until(lambda: not group_alive(server.process.pid), "the killed server's processes end")
     assert len(journal_records(job)) < total  # killed mid-batch
     return job
@@ -50,14 +41,14 @@ def _ended(
 ) -> tuple[Any, dict[str, str], dict[str, Any], str]:
     """Restart on `root` with `models`; wait for the batch to end. Returns the batch, the
     output's model per custom_id, the error file's error per custom_id, and the server's log."""
-    server = start_server(root, *models, *SLOW, env=ENV)
+    server = serving.start_server(root, *models, *serving.SLOW, env=ENV)
     try:
         client = server.client()
-        done = wait_done(client, batch_id, timeout=60)
-        output = lines_of(client, done.output_file_id) if done.output_file_id else []
-        errors = lines_of(client, done.error_file_id) if done.error_file_id else []
+        done = serving.wait_done(client, batch_id, timeout=60)
+        output = serving.lines_of(client, done.output_file_id) if done.output_file_id else []
+        errors = serving.lines_of(client, done.error_file_id) if done.error_file_id else []
     finally:
-        stop_server(server)
+        serving.stop_server(server)
     ids = [x["custom_id"] for x in output + errors]
     assert len(ids) == len(set(ids))  # each custom_id once, in one of the two files
     answers = {x["custom_id"]: x["response"]["body"]["model"] for x in output}
@@ -75,8 +66,8 @@ def test_restart_with_only_a_ends_bs_unfinished_lines_as_model_not_found(tmp_pat
     root = tmp_path / "root"
     models = ["a", "b"] * 40
     lines = [model_line(f"r{i:02d}", m) for i, m in enumerate(models)]
-    first = start_server(root, *TWO, *SLOW, env=ENV)
-    batch = create_batch(first.client(), write_jsonl(tmp_path / "in.jsonl", lines))
+    first = serving.start_server(root, *serving.TWO, *serving.SLOW, env=ENV)
+    batch = serving.create_batch(first.client(), write_jsonl(tmp_path / "in.jsonl", lines))
     job = _killed_after(first, batch.id, 10, len(lines))
     before = {x["custom_id"] for x in journal_records(job)}
     assert before and all(models[int(c[1:])] == "a" for c in before)  # still in a's pass
@@ -108,8 +99,8 @@ def test_restart_with_a_and_c_keeps_bs_answers_and_ends_the_rest(tmp_path: Path)
     root = tmp_path / "root"
     models = ["a", "b"] * 60
     lines = [model_line(f"r{i:03d}", m) for i, m in enumerate(models)]
-    first = start_server(root, *TWO, *SLOW, env=ENV)
-    batch = create_batch(first.client(), write_jsonl(tmp_path / "in.jsonl", lines))
+    first = serving.start_server(root, *serving.TWO, *serving.SLOW, env=ENV)
+    batch = serving.create_batch(first.client(), write_jsonl(tmp_path / "in.jsonl", lines))
     job = _killed_after(first, batch.id, 70, len(lines))
     answered = {x["custom_id"] for x in journal_records(job) if x["ok"]}
     b_before = {c for c in answered if models[int(c[1:])] == "b"}
@@ -141,10 +132,10 @@ def test_one_model_batch_is_never_answered_by_named_models_it_was_not_accepted_o
     root's own settings (`--root` alone) finish the batch on the model it began with."""
     root = tmp_path / "root"
     lines = [model_line(f"one-{i:02d}", "a") for i in range(60)]
-    first = start_server(root, "--model", "m=org/m-model", *SLOW, env=ENV)
-    one = create_batch(first.client(), write_jsonl(tmp_path / "one.jsonl", lines))
+    first = serving.start_server(root, "--model", "m=org/m-model", *serving.SLOW, env=ENV)
+    one = serving.create_batch(first.client(), write_jsonl(tmp_path / "one.jsonl", lines))
     job = _killed_after(first, one.id, 10, len(lines))
-    refused = cli("serve", "--root", str(root), "--engine", "echo", *TWO)
+    refused = cli("serve", "--root", str(root), "--engine", "echo", *serving.TWO)
     assert refused.returncode == 2
     assert refused.stderr.strip() == (
         "error: --model a=org/a-model, b=org/b-model differs from this root's --model "

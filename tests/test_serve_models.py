@@ -14,20 +14,11 @@ from pathlib import Path
 
 import pytest
 from lora_models import make_adapter
+from support import serving
 from support.cli import cli
 from support.jobs import journal_records
 from support.lines import model_line, write_jsonl
 from support.processes import group_alive
-from support.serving import (
-    DONE,
-    SLOW,
-    TWO,
-    create_batch,
-    lines_of,
-    start_server,
-    stop_server,
-    wait_done,
-)
 from support.waits import results_at_least, wait_until
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
@@ -44,9 +35,9 @@ def _adapter_spec(tmp_path: Path, name: str, base: str | None) -> str:
 
 
 def test_models_lists_each_base_model_then_each_adapter_with_its_parent(tmp_path: Path) -> None:
-    server = start_server(
+    server = serving.start_server(
         tmp_path / "root",
-        *TWO,
+        *serving.TWO,
         "--lora-modules",
         _adapter_spec(tmp_path, "for-a", None),  # naming no base: the first model's
         "--lora-modules",
@@ -55,7 +46,7 @@ def test_models_lists_each_base_model_then_each_adapter_with_its_parent(tmp_path
     try:
         listed = server.client().models.list().data
     finally:
-        stop_server(server)
+        serving.stop_server(server)
     assert [(m.id, m.model_extra["parent"], m.model_extra["root"]) for m in listed] == [
         ("a", None, "org/a-model"),
         ("b", None, "org/b-model"),
@@ -84,10 +75,10 @@ def test_a_batch_mixing_models_and_one_in_flight_beside_it_are_answered_by_each_
     tmp_path: Path,
 ) -> None:
     record = tmp_path / "received.txt"
-    server = start_server(
+    server = serving.start_server(
         tmp_path / "root",
-        *TWO,
-        *SLOW,
+        *serving.TWO,
+        *serving.SLOW,
         "--lora-modules",
         _adapter_spec(tmp_path, "b-tuned", "b"),
         env={
@@ -103,24 +94,24 @@ def test_a_batch_mixing_models_and_one_in_flight_beside_it_are_answered_by_each_
     lines2 = [model_line(f"two-{i}", m) for i, m in enumerate(second)]
     try:
         client = server.client()
-        batch1 = create_batch(client, write_jsonl(tmp_path / "one.jsonl", lines1))
+        batch1 = serving.create_batch(client, write_jsonl(tmp_path / "one.jsonl", lines1))
         wait_until(
             lambda: client.batches.retrieve(batch1.id).status == "in_progress",
             "the first batch runs",
         )
-        batch2 = create_batch(client, write_jsonl(tmp_path / "two.jsonl", lines2))
+        batch2 = serving.create_batch(client, write_jsonl(tmp_path / "two.jsonl", lines2))
         # The second batch came while the first one ran: both are in flight at once.
-        assert client.batches.retrieve(batch1.id).status not in DONE
-        done1 = wait_done(client, batch1.id, timeout=60)
-        done2 = wait_done(client, batch2.id, timeout=60)
+        assert client.batches.retrieve(batch1.id).status not in serving.DONE
+        done1 = serving.wait_done(client, batch1.id, timeout=60)
+        done2 = serving.wait_done(client, batch2.id, timeout=60)
         answers = {
             line["custom_id"]: line["response"]["body"]["model"]
             for done in (done1, done2)
-            for line in lines_of(client, done.output_file_id)
+            for line in serving.lines_of(client, done.output_file_id)
         }
-        errors = {e["custom_id"]: e["error"] for e in lines_of(client, done1.error_file_id)}
+        errors = {e["custom_id"]: e["error"] for e in serving.lines_of(client, done1.error_file_id)}
     finally:
-        stop_server(server)
+        serving.stop_server(server)
     assert (done1.status, done2.status) == ("completed", "completed")
     assert done2.error_file_id is None
     # Each valid line answered once, reporting the name it asked for.
@@ -181,25 +172,25 @@ def test_kill_9_in_the_second_models_pass_then_restart_answers_each_line_once(
     env = {"BATCHRUN_ECHO_DELAY_MS": "40"}
     models = ["a", "b"] * 100
     lines = [model_line(f"r{i:03d}", m) for i, m in enumerate(models)]
-    first = start_server(root, *TWO, *SLOW, env=env)
+    first = serving.start_server(root, *serving.TWO, *serving.SLOW, env=env)
     client = first.client()
-    batch = create_batch(client, write_jsonl(tmp_path / "in.jsonl", lines))
+    batch = serving.create_batch(client, write_jsonl(tmp_path / "in.jsonl", lines))
     job = first.batch_dir(batch.id)
     wait_until(results_at_least(job, 130), "a's 100 lines and some of b's finish", timeout=60)
-    stop_server(first, signal.SIGKILL)
+    serving.stop_server(first, signal.SIGKILL)
     wait_until(lambda: not group_alive(first.process.pid), "the killed server's processes are gone")
     assert "runs model b" in first.log.read_text()
     assert len(journal_records(job)) < len(lines)  # killed mid-batch
-    second = start_server(root, *TWO, *SLOW, env=env)
+    second = serving.start_server(root, *serving.TWO, *serving.SLOW, env=env)
     try:
         client = second.client()
-        done = wait_done(client, batch.id, timeout=60)
+        done = serving.wait_done(client, batch.id, timeout=60)
         answers = {
             x["custom_id"]: x["response"]["body"]["model"]
-            for x in lines_of(client, done.output_file_id)
+            for x in serving.lines_of(client, done.output_file_id)
         }
     finally:
-        stop_server(second)
+        serving.stop_server(second)
     assert done.status == "completed"
     assert answers == {f"r{i:03d}": m for i, m in enumerate(models)}
     ok = Counter(x["custom_id"] for x in journal_records(job) if x["kind"] == "result" and x["ok"])
@@ -209,15 +200,19 @@ def test_kill_9_in_the_second_models_pass_then_restart_answers_each_line_once(
 
 
 def test_one_model_with_a_name_serves_as_before(tmp_path: Path) -> None:
-    server = start_server(tmp_path / "root", "--model", "only=org/only-model")
+    server = serving.start_server(tmp_path / "root", "--model", "only=org/only-model")
     try:
         client = server.client()
         lines = [model_line("r0", "anything"), model_line("r1", "anything")]
-        done = wait_done(client, create_batch(client, write_jsonl(tmp_path / "in.jsonl", lines)).id)
-        answers = [x["response"]["body"]["model"] for x in lines_of(client, done.output_file_id)]
+        done = serving.wait_done(
+            client, serving.create_batch(client, write_jsonl(tmp_path / "in.jsonl", lines)).id
+        )
+        answers = [
+            x["response"]["body"]["model"] for x in serving.lines_of(client, done.output_file_id)
+        ]
         listed = [m.id for m in client.models.list().data]
     finally:
-        stop_server(server)
+        serving.stop_server(server)
     assert done.status == "completed" and answers == ["anything", "anything"]
     assert listed == ["only"]
     assert "switching to model" not in server.log.read_text()

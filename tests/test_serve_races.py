@@ -14,30 +14,22 @@ from typing import Any
 
 import httpx
 import pytest
+from support import serving
 from support.jobs import journal_records
 from support.lines import chat_line, write_jsonl
-from support.serving import (
-    API_KEY,
-    Server,
-    create_batch,
-    requests_file,
-    start_server,
-    stop_server,
-    wait_done,
-)
 from support.waits import wait_until
 
 from batchrun.serve.batches import RECORD_NAME
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 
-AUTH = {"Authorization": f"Bearer {API_KEY}"}
+AUTH = {"Authorization": f"Bearer {serving.API_KEY}"}
 TERMINAL = ("completed", "failed", "expired", "cancelled")
-ENGINE = ("--api-key", API_KEY, "--batch-size", "8")
+ENGINE = ("--api-key", serving.API_KEY, "--batch-size", "8")
 FAST = {"BATCHRUN_ECHO_DELAY_MS": "3"}
 
 
-def _upload(server: Server, path: Path) -> str:
+def _upload(server: serving.Server, path: Path) -> str:
     with path.open("rb") as f:
         answer = httpx.post(
             server.url + "/v1/files",
@@ -78,7 +70,7 @@ def _create_then_cancel(
 
 
 def _round(
-    server: Server, files: list[str], rng: random.Random, n: int
+    server: serving.Server, files: list[str], rng: random.Random, n: int
 ) -> list[tuple[str, int | None, str | None]]:
     """`n` creates from 4 clients, most cancelled after a random moment (some at once, some
     while validating, running or finalizing)."""
@@ -100,7 +92,7 @@ def test_random_create_cancel_finish_and_kill_9_interleavings_keep_every_promise
     batch ends, across a kill -9 and a restart."""
     rng = random.Random(22)
     root = tmp_path / "root"
-    server = start_server(root, *ENGINE, env=FAST)
+    server = serving.start_server(root, *ENGINE, env=FAST)
     files = [
         _upload(
             server,
@@ -109,8 +101,10 @@ def test_random_create_cancel_finish_and_kill_9_interleavings_keep_every_promise
         for n in (1, 5, 20, 60)
     ]
     answers = _round(server, files, rng, 70)
-    stop_server(server, signal.SIGKILL)  # some batches validating, running, cancelling, finalizing
-    server = start_server(root, *ENGINE, env=FAST)
+    serving.stop_server(
+        server, signal.SIGKILL
+    )  # some batches validating, running, cancelling, finalizing
+    server = serving.start_server(root, *ENGINE, env=FAST)
     try:
         answers += _round(server, files, rng, 70)
         ids = [batch_id for batch_id, _, _ in answers]
@@ -134,7 +128,7 @@ def test_random_create_cancel_finish_and_kill_9_interleavings_keep_every_promise
             after = httpx.get(server.url + f"/v1/batches/{batch_id}", headers=AUTH).json()
             late.append((status, answer.status_code, after["status"]))
     finally:
-        stop_server(server)
+        serving.stop_server(server)
     broken: list[str] = []
     for batch_id, code, shown in answers:
         end = final[batch_id]
@@ -169,7 +163,7 @@ def test_request_counts_never_go_back_across_a_kill_9(tmp_path: Path) -> None:
     restart, the API shows at least what it showed before the kill, never 0/0/0."""
     root = tmp_path / "root"
     env = {"BATCHRUN_ECHO_DELAY_MS": "20"}
-    server = start_server(root, "--api-key", API_KEY, "--batch-size", "4", env=env)
+    server = serving.start_server(root, "--api-key", serving.API_KEY, "--batch-size", "4", env=env)
     path = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", "x") for i in range(2000)])
     file_id = _upload(server, path)
     batch_id, _, _ = _create_then_cancel(server.url, file_id, None)
@@ -182,16 +176,16 @@ def test_request_counts_never_go_back_across_a_kill_9(tmp_path: Path) -> None:
 
     wait_until(some_done, "a hundred requests complete", timeout=60)
     time.sleep(1.5)  # past the interval at which counts are written
-    stop_server(server, signal.SIGKILL)
+    serving.stop_server(server, signal.SIGKILL)
     on_disk = json.loads((root / "batches" / batch_id / RECORD_NAME).read_text())
     assert on_disk["batch"]["request_counts"]["completed"] >= seen["completed"]
-    server = start_server(root, "--api-key", API_KEY, "--batch-size", "4", env=env)
+    server = serving.start_server(root, "--api-key", serving.API_KEY, "--batch-size", "4", env=env)
     try:
         after = httpx.get(server.url + f"/v1/batches/{batch_id}", headers=AUTH).json()
         assert after["request_counts"]["total"] == 2000
         assert after["request_counts"]["completed"] >= seen["completed"]
     finally:
-        stop_server(server)
+        serving.stop_server(server)
 
 
 def test_a_cancel_while_finalizing_answers_the_batch_unchanged_and_it_completes(
@@ -202,7 +196,7 @@ def test_a_cancel_while_finalizing_answers_the_batch_unchanged_and_it_completes(
     cancelling_at; a cancel of the completed batch is OpenAI's 400."""
     root = tmp_path / "root"
     env = {**FAST, "BATCHRUN_SERVE_PAUSE_AFTER_OUTPUT_S": "1.5"}
-    server = start_server(root, *ENGINE, env=env)
+    server = serving.start_server(root, *ENGINE, env=env)
     try:
         path = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", "x") for i in range(5)])
         batch_id, _, _ = _create_then_cancel(server.url, _upload(server, path), None)
@@ -232,26 +226,26 @@ def test_a_cancel_while_finalizing_answers_the_batch_unchanged_and_it_completes(
             "code": "invalid_state",
         }
     finally:
-        stop_server(server)
+        serving.stop_server(server)
 
 
 def test_results_that_come_back_after_a_cancel_are_dropped(tmp_path: Path) -> None:
     """Requests in the engine when the batch is cancelled finish after it: they are dropped, not
     journaled, and the batch ends cancelled with only what finished before the cancel."""
-    server = start_server(tmp_path / "root", env={"BATCHRUN_ECHO_DELAY_MS": "3000"})
+    server = serving.start_server(tmp_path / "root", env={"BATCHRUN_ECHO_DELAY_MS": "3000"})
     try:
         client = server.client()
-        batch = create_batch(client, requests_file(tmp_path / "in.jsonl", 20))
+        batch = serving.create_batch(client, serving.requests_file(tmp_path / "in.jsonl", 20))
         wait_until(
             lambda: client.batches.retrieve(batch.id).status == "in_progress",
             "the batch is in progress",
         )
         time.sleep(0.5)  # dispatched, and 2.5 s from their answers
         assert client.batches.cancel(batch.id).status == "cancelling"
-        done = wait_done(client, batch.id, timeout=60)
+        done = serving.wait_done(client, batch.id, timeout=60)
         assert done.status == "cancelled"
         assert done.request_counts is not None and done.request_counts.completed == 0
         job = server.batch_dir(batch.id)
         assert not (job / "journal.jsonl").exists() or journal_records(job) == []
     finally:
-        stop_server(server)
+        serving.stop_server(server)

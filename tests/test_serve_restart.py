@@ -14,20 +14,11 @@ import httpx
 import openai
 import pytest
 from openai.types import Batch
+from support import serving
 from support.cli import cli
 from support.jobs import journal_records
 from support.lines import chat_line, write_jsonl
 from support.processes import group_alive
-from support.serving import (
-    SLOW_ENGINE,
-    SLOW_ENV,
-    create_batch,
-    lines_of,
-    requests_file,
-    start_server,
-    stop_server,
-    wait_done,
-)
 from support.waits import results_at_least, wait_until
 
 from batchrun.serve.batches import RECORD_NAME
@@ -40,11 +31,11 @@ def test_kill_9_mid_batch_then_restart_answers_each_request_once(tmp_path: Path)
     lines repeat the other half (greedy): run once each, answered for both, across the kill."""
     root = tmp_path / "root"
     n = 800
-    first = start_server(root, *SLOW_ENGINE, env=SLOW_ENV)
+    first = serving.start_server(root, *serving.SLOW_ENGINE, env=serving.SLOW_ENV)
     client = first.client()
     lines = [chat_line(f"req-{i:04d}", f"hello {i % 400}", temperature=0) for i in range(n)]
     src = write_jsonl(tmp_path / "in.jsonl", lines)
-    batch = create_batch(client, src, metadata={"k": "v"})
+    batch = serving.create_batch(client, src, metadata={"k": "v"})
     job = first.batch_dir(batch.id)
     wait_until(
         lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 200,
@@ -70,16 +61,16 @@ def test_kill_9_mid_batch_then_restart_answers_each_request_once(tmp_path: Path)
 
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
-    stop_server(first, signal.SIGKILL)  # the server and its engine worker, at once
+    serving.stop_server(first, signal.SIGKILL)  # the server and its engine worker, at once
     wait_until(lambda: not group_alive(first.process.pid), "the killed server's processes are gone")
     assert len(journal_records(job)) < n  # killed mid-batch
-    second = start_server(root, *SLOW_ENGINE, env=SLOW_ENV)
+    second = serving.start_server(root, *serving.SLOW_ENGINE, env=serving.SLOW_ENV)
     try:
         client = second.client()
         clients.append(client)
         poller.join(timeout=60)
         assert final, "the poller never saw the batch end"
-        done = wait_done(client, batch.id)
+        done = serving.wait_done(client, batch.id)
         assert done.status == "completed" and done.metadata == {"k": "v"}
         assert "down" in seen and seen[-1] == "completed"
         assert done.request_counts is not None
@@ -88,11 +79,11 @@ def test_kill_9_mid_batch_then_restart_answers_each_request_once(tmp_path: Path)
         results = Counter(r["custom_id"] for r in records)
         assert set(results.values()) == {1} and len(results) == n
         assert any("copy_of" in r for r in records)  # the duplicates were answered as copies
-        output = [line["custom_id"] for line in lines_of(client, done.output_file_id)]
+        output = [line["custom_id"] for line in serving.lines_of(client, done.output_file_id)]
         assert sorted(output) == [f"req-{i:04d}" for i in range(n)]
         assert batch.input_file_id in {f.id for f in client.files.list()}
     finally:
-        stop_server(second)
+        serving.stop_server(second)
 
 
 def test_sigterm_to_the_servers_group_stops_it_without_restarting_a_worker(
@@ -102,15 +93,15 @@ def test_sigterm_to_the_servers_group_stops_it_without_restarting_a_worker(
     while a batch runs: the server stops gracefully; its worker, which leaves stopping to its
     parent, is neither seen to die nor restarted; a restart finishes the batch."""
     root = tmp_path / "root"
-    server = start_server(root, *SLOW_ENGINE, env=SLOW_ENV)
+    server = serving.start_server(root, *serving.SLOW_ENGINE, env=serving.SLOW_ENV)
     client = server.client()
-    batch = create_batch(client, requests_file(tmp_path / "in.jsonl", 400))
+    batch = serving.create_batch(client, serving.requests_file(tmp_path / "in.jsonl", 400))
     job = server.batch_dir(batch.id)
     wait_until(
         lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 40,
         "40 requests of the batch finish",
     )
-    stop_server(server, signal.SIGTERM)  # to the whole group
+    serving.stop_server(server, signal.SIGTERM)  # to the whole group
     log = server.log.read_text()
     assert server.process.returncode == 143, log
     assert " died" not in log and log.count("starting echo engine") == 1, log
@@ -118,11 +109,11 @@ def test_sigterm_to_the_servers_group_stops_it_without_restarting_a_worker(
     exported = cli("export", "--job-dir", str(job))
     assert exported.returncode == 1 and "resume" not in exported.stderr
     assert f"batch {batch.id}, which runs on `batchrun serve --root {root}`" in exported.stderr
-    again = start_server(root, *SLOW_ENGINE, env=SLOW_ENV)
+    again = serving.start_server(root, *serving.SLOW_ENGINE, env=serving.SLOW_ENV)
     try:
-        done = wait_done(again.client(), batch.id, timeout=60)
+        done = serving.wait_done(again.client(), batch.id, timeout=60)
     finally:
-        stop_server(again)
+        serving.stop_server(again)
     assert done.status == "completed" and done.request_counts is not None
     assert done.request_counts.completed == 400
 
@@ -146,25 +137,25 @@ def test_kill_9_while_validating_then_while_finalizing_then_restart(tmp_path: Pa
         for i in range(n):
             f.write(json.dumps(chat_line(f"r{i:06d}", f"hello {i}")) + "\n")
     args = ("--max-file-bytes", str(100 * 2**20), "--batch-size", "256")
-    first = start_server(root, *args)
+    first = serving.start_server(root, *args)
     client = first.client()
-    batch = create_batch(client, src)
+    batch = serving.create_batch(client, src)
     job = first.batch_dir(batch.id)
     wait_until(lambda: job.exists(), "the batch's job directory exists", every=0.01)
     assert client.batches.retrieve(batch.id).status == "validating"
-    stop_server(first, signal.SIGKILL)  # in the middle of the validation
+    serving.stop_server(first, signal.SIGKILL)  # in the middle of the validation
     wait_until(lambda: not group_alive(first.process.pid), "the killed server is gone")
     assert _saved_status(job) == "validating"
-    second = start_server(root, *args)
+    second = serving.start_server(root, *args)
     client = second.client()
     wait_until(lambda: _status_is(client, batch.id, "finalizing"), "finalizing", every=0.01)
-    stop_server(second, signal.SIGKILL)  # in the middle of writing the output
+    serving.stop_server(second, signal.SIGKILL)  # in the middle of writing the output
     wait_until(lambda: not group_alive(second.process.pid), "the killed server is gone")
     assert _saved_status(job) == "finalizing"
-    third = start_server(root, *args)
+    third = serving.start_server(root, *args)
     try:
         client = third.client()
-        done = wait_done(client, batch.id, timeout=120)
+        done = serving.wait_done(client, batch.id, timeout=120)
         assert done.status == "completed" and done.request_counts is not None
         assert (done.request_counts.total, done.request_counts.completed) == (n, n)
         results = Counter(r["custom_id"] for r in journal_records(job) if r["kind"] == "result")
@@ -172,15 +163,15 @@ def test_kill_9_while_validating_then_while_finalizing_then_restart(tmp_path: Pa
         output = client.files.content(done.output_file_id or "").text.splitlines()
         assert len(output) == n
     finally:
-        stop_server(third)
+        serving.stop_server(third)
 
 
 def test_kill_9_keeps_the_killed_runs_time_in_the_batchs_wall_time(tmp_path: Path) -> None:
     """The killed server's run of the batch ends, in its manifest, when its run clock last saw it
     (status `killed`, all but the last seconds); the batch's wall time is both runs'."""
     root = tmp_path / "root"
-    first = start_server(root, *SLOW_ENGINE, env=SLOW_ENV)
-    batch = create_batch(first.client(), requests_file(tmp_path / "in.jsonl", 1600))
+    first = serving.start_server(root, *serving.SLOW_ENGINE, env=serving.SLOW_ENV)
+    batch = serving.create_batch(first.client(), serving.requests_file(tmp_path / "in.jsonl", 1600))
     job = first.batch_dir(batch.id)
     wait_until(results_at_least(job, 40), "40 requests of the batch finish")
     started = json.loads((job / "manifest.json").read_text())["runs"][0]["started_at"]
@@ -191,17 +182,17 @@ def test_kill_9_keeps_the_killed_runs_time_in_the_batchs_wall_time(tmp_path: Pat
     # A sighting after the first one (the clock is written every 2 s) is on disk.
     wait_until(lambda: seen() > started + 1.0, "the run clock sees the run 1 s on")
     killed_at = time.time()
-    stop_server(first, signal.SIGKILL)
+    serving.stop_server(first, signal.SIGKILL)
     wait_until(lambda: not group_alive(first.process.pid), "the killed server's processes are gone")
     assert len(journal_records(job)) < 1600  # killed mid-batch
     clock = json.loads((job / "run_clock.json").read_text())
     assert clock["started_at"] == started
     assert killed_at - 2.5 < clock["seen_at"] <= killed_at
-    second = start_server(root, *SLOW_ENGINE, env=SLOW_ENV)
+    second = serving.start_server(root, *serving.SLOW_ENGINE, env=serving.SLOW_ENV)
     try:
-        done = wait_done(second.client(), batch.id, timeout=60)
+        done = serving.wait_done(second.client(), batch.id, timeout=60)
     finally:
-        stop_server(second)
+        serving.stop_server(second)
     assert done.status == "completed"
     runs = json.loads((job / "manifest.json").read_text())["runs"]
     assert [(r["mode"], r["status"]) for r in runs] == [("serve", "killed"), ("serve", "completed")]
@@ -219,11 +210,13 @@ def test_sigterm_closes_the_servers_run_as_interrupted_with_its_time(tmp_path: P
     """A server stopped with SIGTERM closes its run of each batch it ran: `interrupted`, with its
     wall time; the next server's run is added beside it."""
     root = tmp_path / "root"
-    server = start_server(root, *SLOW_ENGINE, env=SLOW_ENV)
-    batch = create_batch(server.client(), requests_file(tmp_path / "in.jsonl", 1000))
+    server = serving.start_server(root, *serving.SLOW_ENGINE, env=serving.SLOW_ENV)
+    batch = serving.create_batch(
+        server.client(), serving.requests_file(tmp_path / "in.jsonl", 1000)
+    )
     job = server.batch_dir(batch.id)
     wait_until(results_at_least(job, 40), "40 requests of the batch finish")
-    stop_server(server, signal.SIGTERM)
+    serving.stop_server(server, signal.SIGTERM)
     runs = json.loads((job / "manifest.json").read_text())["runs"]
     assert [(r["mode"], r["status"]) for r in runs] == [("serve", "interrupted")]
     assert runs[0]["wall_s"] == round(runs[0]["ended_at"] - runs[0]["started_at"], 3) > 0

@@ -12,20 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support import serving
 from support.cli import cli
 from support.lines import write_jsonl
-from support.serving import (
-    API_KEY,
-    SLOW_ENV,
-    continue_with,
-    create_batch,
-    lines_of,
-    requests_file,
-    run_printed,
-    start_server,
-    stop_server,
-    wait_done,
-)
 from support.waits import results_at_least, wait_until
 
 from batchrun.config import GivenOptions
@@ -48,33 +37,37 @@ def test_stopped_with_sigterm_then_run_as_advised_keeps_key_engine_model_and_por
     printed command run as printed: the key is still required, the engine, model and port are
     the same, and every line of the batch is answered by the echo engine."""
     root = tmp_path / "root"
-    first = start_server(root, "--api-key", API_KEY, "--batch-size", "2", env=SLOW_ENV)
+    first = serving.start_server(
+        root, "--api-key", serving.API_KEY, "--batch-size", "2", env=serving.SLOW_ENV
+    )
     client = first.client()
     models = [m.id for m in client.models.list()]
     n = 300
-    batch = create_batch(client, requests_file(tmp_path / "in.jsonl", n))
+    batch = serving.create_batch(client, serving.requests_file(tmp_path / "in.jsonl", n))
     job = first.batch_dir(batch.id)
     wait_until(results_at_least(job, 30), "30 requests of the batch finish")
-    stop_server(first, signal.SIGTERM)
+    serving.stop_server(first, signal.SIGTERM)
     assert first.process.returncode == 143
-    command = continue_with(first)
+    command = serving.continue_with(first)
     assert command == f"batchrun serve --root {shlex.quote(str(root))}"
-    again = run_printed(command, root, first.url, env=SLOW_ENV)  # the same port, or no answer
+    again = serving.run_printed(
+        command, root, first.url, env=serving.SLOW_ENV
+    )  # the same port, or no answer
     try:
         assert httpx.get(f"{again.url}/v1/files", timeout=10).status_code == 401
         wrong = {"Authorization": "Bearer not-the-key"}
         assert httpx.get(f"{again.url}/v1/files", headers=wrong, timeout=10).status_code == 401
-        keyed = {"Authorization": f"Bearer {API_KEY}"}
+        keyed = {"Authorization": f"Bearer {serving.API_KEY}"}
         assert httpx.get(f"{again.url}/v1/files", headers=keyed, timeout=10).status_code == 200
         client = again.client()
         assert [m.id for m in client.models.list()] == models
-        done = wait_done(client, batch.id, timeout=60)
+        done = serving.wait_done(client, batch.id, timeout=60)
         assert done.status == "completed"
         assert done.request_counts is not None
         assert (done.request_counts.total, done.request_counts.completed) == (n, n)
-        output = lines_of(client, done.output_file_id)
+        output = serving.lines_of(client, done.output_file_id)
     finally:
-        stop_server(again)
+        serving.stop_server(again)
     # The echo engine answered every line, before the stop and after: its answer is the prompt.
     answers = {x["custom_id"]: x["response"]["body"]["choices"][0]["message"] for x in output}
     assert {c: a["content"] for c, a in answers.items()} == {
@@ -87,7 +80,7 @@ def test_stopped_with_sigterm_then_run_as_advised_keeps_key_engine_model_and_por
     # The key is kept as a salted hash only: no file under the root holds it.
     for path in root.rglob("*"):
         if path.is_file():
-            assert API_KEY.encode() not in path.read_bytes(), path
+            assert serving.API_KEY.encode() not in path.read_bytes(), path
 
 
 @pytest.mark.slow
@@ -95,10 +88,10 @@ def test_another_engine_is_refused_while_a_batch_is_unfinished_other_options_app
     tmp_path: Path,
 ) -> None:
     root = tmp_path / "root"
-    first = start_server(root, "--batch-size", "2", env=SLOW_ENV)
-    batch = create_batch(first.client(), requests_file(tmp_path / "in.jsonl", 300))
+    first = serving.start_server(root, "--batch-size", "2", env=serving.SLOW_ENV)
+    batch = serving.create_batch(first.client(), serving.requests_file(tmp_path / "in.jsonl", 300))
     wait_until(results_at_least(first.batch_dir(batch.id), 30), "30 requests finish")
-    stop_server(first, signal.SIGTERM)
+    serving.stop_server(first, signal.SIGTERM)
     assert (
         first.log.read_text()
         .splitlines()[0]
@@ -111,19 +104,19 @@ def test_another_engine_is_refused_while_a_batch_is_unfinished_other_options_app
         "batch was accepted on (a batch is never answered by two models): start it with "
         "--engine echo (or with --root alone) to finish them, or use another --root"
     )
-    again = start_server(root, "--batch-size", "4", env=SLOW_ENV)
+    again = serving.start_server(root, "--batch-size", "4", env=serving.SLOW_ENV)
     try:
-        done = wait_done(again.client(), batch.id, timeout=60)
+        done = serving.wait_done(again.client(), batch.id, timeout=60)
     finally:
-        stop_server(again)
+        serving.stop_server(again)
     assert done.status == "completed"
     log = again.log.read_text()
     assert "[batchrun serve] --batch-size 4 (this root had 2): applied from now on" in log
     saved = json.loads((root / SETTINGS_NAME).read_text())
     assert (saved["options"]["engine"], saved["options"]["batch_size"]) == ("echo", 4)
     # Every batch ended: another model is taken, for the batches to come.
-    later = start_server(root, "--model", "other-model")
-    stop_server(later)
+    later = serving.start_server(root, "--model", "other-model")
+    serving.stop_server(later)
     assert "--model other-model (this root had (the default)): applied from now on" in (
         later.log.read_text()
     )

@@ -14,17 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from support.serving import (
-    SLOW_ENGINE,
-    SLOW_ENV,
-    Server,
-    create_batch,
-    lines_of,
-    requests_file,
-    start_server,
-    stop_server,
-    wait_done,
-)
+from support import serving
 from support.waits import results_at_least, wait_until
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
@@ -59,11 +49,15 @@ def _no_key_on_disk(root: Path) -> None:
 def test_two_tenants_see_their_own_whole_and_nothing_of_each_others(tmp_path: Path) -> None:
     root = tmp_path / "root"
     keys = _keys_file(tmp_path / "keys", "# two teams", f"team-a {KEY_A}", f"team-b {KEY_B}")
-    server = start_server(root, "--api-keys-file", str(keys), "--api-key", KEY_C)
+    server = serving.start_server(root, "--api-keys-file", str(keys), "--api-key", KEY_C)
     try:
         a, b, c = server.client(KEY_A), server.client(KEY_B), server.client(KEY_C)
-        ba = wait_done(a, create_batch(a, requests_file(tmp_path / "a.jsonl", 30)).id)
-        bb = wait_done(b, create_batch(b, requests_file(tmp_path / "b.jsonl", 5, "b")).id)
+        ba = serving.wait_done(
+            a, serving.create_batch(a, serving.requests_file(tmp_path / "a.jsonl", 30)).id
+        )
+        bb = serving.wait_done(
+            b, serving.create_batch(b, serving.requests_file(tmp_path / "b.jsonl", 5, "b")).id
+        )
         assert ba.status == bb.status == "completed"
         assert ba.output_file_id is not None
         # Each of a's ids, asked by b (and by c, a tenant without a name), is one it never saw.
@@ -101,7 +95,7 @@ def test_two_tenants_see_their_own_whole_and_nothing_of_each_others(tmp_path: Pa
         assert c.batches.list().data == [] and list(c.files.list()) == []
         assert [x.id for x in a.batches.list().data] == [ba.id]
         assert {f.id for f in a.files.list()} == {ba.input_file_id, ba.output_file_id}
-        assert len(lines_of(a, ba.output_file_id)) == 30
+        assert len(serving.lines_of(a, ba.output_file_id)) == 30
         # /metrics and the log name tenants by name (or key- and 8 hex digits), never by key.
         metrics = httpx.get(
             f"{server.url}/metrics", headers={"Authorization": f"Bearer {KEY_B}"}, timeout=10
@@ -109,7 +103,7 @@ def test_two_tenants_see_their_own_whole_and_nothing_of_each_others(tmp_path: Pa
         assert 'batchrun_tenant_batches{status="completed",tenant="team-a"} 1.0' in metrics
         assert 'batchrun_tenant_requests{outcome="succeeded",tenant="team-b"} 5.0' in metrics
     finally:
-        stop_server(server)
+        serving.stop_server(server)
     log = server.log.read_text()
     assert "(tenant team-a)" in log and "(tenant team-b)" in log
     assert "API keys of 3 tenants (key-" in log and "team-a, team-b)" in log
@@ -117,7 +111,7 @@ def test_two_tenants_see_their_own_whole_and_nothing_of_each_others(tmp_path: Pa
         assert key not in log and key not in metrics
     _no_key_on_disk(root)
     # A restart with --root alone keeps the tenants: the keys (and the unnamed key's tenant).
-    again = start_server(root)
+    again = serving.start_server(root)
     try:
         a, b, c = again.client(KEY_A), again.client(KEY_B), again.client(KEY_C)
         assert [x.id for x in a.batches.list().data] == [ba.id]
@@ -125,17 +119,19 @@ def test_two_tenants_see_their_own_whole_and_nothing_of_each_others(tmp_path: Pa
         assert c.batches.list().data == []
         assert a.batches.retrieve(ba.id).status == "completed"
     finally:
-        stop_server(again)
+        serving.stop_server(again)
     _no_key_on_disk(root)
 
 
 def test_the_keys_file_is_read_again_on_sighup(tmp_path: Path) -> None:
     root = tmp_path / "root"
     keys = _keys_file(tmp_path / "keys", f"team-a {KEY_A}")
-    server = start_server(root, "--api-keys-file", str(keys))
+    server = serving.start_server(root, "--api-keys-file", str(keys))
     try:
         a = server.client(KEY_A)
-        batch = wait_done(a, create_batch(a, requests_file(tmp_path / "a.jsonl", 3)).id)
+        batch = serving.wait_done(
+            a, serving.create_batch(a, serving.requests_file(tmp_path / "a.jsonl", 3)).id
+        )
         with pytest.raises(openai.AuthenticationError):
             server.client(KEY_B).files.list()
         _reread(server, keys, f"team-a {KEY_A}", f"team-b {KEY_B}")
@@ -151,12 +147,12 @@ def test_the_keys_file_is_read_again_on_sighup(tmp_path: Path) -> None:
         wait_until(lambda: "the keys stay as they were" in server.log.read_text(), "refused")
         assert server.client(KEY_C).batches.retrieve(batch.id).status == "completed"
     finally:
-        stop_server(server)
+        serving.stop_server(server)
     assert KEY_A not in server.log.read_text()
     _no_key_on_disk(root)
 
 
-def _reread(server: Server, keys: Path, *lines: str) -> None:
+def _reread(server: serving.Server, keys: Path, *lines: str) -> None:
     """Write the keys file, send SIGHUP, wait until the server says it read it."""
     before = server.log.read_text().count("SIGHUP: read")
     _keys_file(keys, *lines)
@@ -171,16 +167,20 @@ def test_one_tenants_flood_does_not_starve_anothers_small_batch(tmp_path: Path) 
     made once A's is under way, gets its turn at once: done in a few seconds, while A's runs."""
     root = tmp_path / "root"
     keys = _keys_file(tmp_path / "keys", f"team-a {KEY_A}", f"team-b {KEY_B}")
-    server = start_server(root, "--api-keys-file", str(keys), *SLOW_ENGINE, env=SLOW_ENV)
+    server = serving.start_server(
+        root, "--api-keys-file", str(keys), *serving.SLOW_ENGINE, env=serving.SLOW_ENV
+    )
     try:
         a, b = server.client(KEY_A), server.client(KEY_B)
-        big = create_batch(a, requests_file(tmp_path / "a.jsonl", 3000))
+        big = serving.create_batch(a, serving.requests_file(tmp_path / "a.jsonl", 3000))
         wait_until(results_at_least(server.batch_dir(big.id), 100), "a's batch is under way")
         began = time.monotonic()
-        small = wait_done(b, create_batch(b, requests_file(tmp_path / "b.jsonl", 20, "b")).id)
+        small = serving.wait_done(
+            b, serving.create_batch(b, serving.requests_file(tmp_path / "b.jsonl", 20, "b")).id
+        )
         took = time.monotonic() - began
         assert small.status == "completed"
         assert a.batches.retrieve(big.id).status == "in_progress", "a's batch ended first"
         assert took < 6, took
     finally:
-        stop_server(server)
+        serving.stop_server(server)
