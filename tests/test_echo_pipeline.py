@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import cli
-from support.jobs import journal_records, rerun, start_echo, submit_echo
+from support.jobs import echo_args, journal_records, rerun, start_echo, submit_echo
 from support.lines import chat_input, chat_line, read_jsonl, write_jsonl
 from support.processes import kill_9_after
 from support.waits import results_at_least, wait_until
@@ -327,20 +327,7 @@ def test_a_full_disk_stops_the_job_clearly_and_resume_completes_it(tmp_path: Pat
         resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, 40_000))
 
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "batchrun",
-            "submit",
-            str(src),
-            "--job-dir",
-            str(job),
-            "--engine",
-            "echo",
-            "--batch-size",
-            "16",
-            "--no-progress",
-        ],
+        [sys.executable, "-m", "batchrun", *echo_args(src, job, "--batch-size", "16")],
         capture_output=True,
         text=True,
         preexec_fn=limit_file_size,

@@ -11,15 +11,22 @@ import base64
 import json
 import math
 import struct
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-from support.jobs import journal_records, rerun, start_echo, submit_echo
+from support.jobs import journal_records, rerun, submit_echo
 from support.lines import write_jsonl
-from support.processes import kill_9_after
-from support.vectors import embedding_line, embedding_lines, export_all, f32, vector_of
+from support.vectors import (
+    each_answered_once_bit_for_bit,
+    embedding_line,
+    embedding_lines,
+    embeddings_job_killed_mid_run,
+    export_all,
+    f32,
+    resume_recording,
+    vector_of,
+)
 
 from batchrun.config import EngineSettings
 from batchrun.engines.echo import (
@@ -162,31 +169,16 @@ def test_a_journal_of_float_lists_from_an_earlier_version_resumes_and_exports(
 
 def test_a_kill_9_mid_job_resumes_with_every_request_exactly_once(tmp_path: Path) -> None:
     n = 600
-    src = write_jsonl(tmp_path / "in.jsonl", embedding_lines(n))
-    job = tmp_path / "job"
-    env = {"BATCHRUN_ECHO_DELAY_MS": "20"}
-    proc = start_echo(src, job, "--batch-size", "16", env=env)
-    kill_9_after(proc, job, 100)
+    job, done = embeddings_job_killed_mid_run(tmp_path, n)
     journal = job / "journal.jsonl"
-    done = {r["custom_id"] for r in journal_records(job) if r["kind"] == "result"}
-    assert 100 <= len(done) < n
     # A crash mid-write: half of one more record, no newline. Resume cuts it off.
     whole = journal.read_bytes()
     last = whole[whole.rstrip(b"\n").rfind(b"\n") + 1 :]
     with journal.open("ab") as f:
         f.write(last[: len(last) // 2])
-    record = tmp_path / "engine-record.txt"
-    run = rerun("resume", job, env={**env, "BATCHRUN_ECHO_RECORD": str(record)})
-    assert run.returncode == 0, run.stderr
-    assert journal.read_bytes().startswith(whole)
-    ran_again = record.read_text().split()
+    ran_again = resume_recording(tmp_path, job, whole)
     assert not set(ran_again) & done  # nothing journaled before the kill ran again
-    results = Counter(r["custom_id"] for r in journal_records(job) if r["kind"] == "result")
-    assert set(results) == {f"e{i}" for i in range(n)} and set(results.values()) == {1}
-    outputs, df = export_all(job)
-    assert len(outputs) == n and len(df) == n
-    for i in range(n):
-        assert vector_of(outputs[f"e{i}"]) == echo_vector_bytes(f"passage {i}", 1024)
+    each_answered_once_bit_for_bit(job, n)
 
 
 def test_the_echo_engine_takes_dimensions_up_to_4096() -> None:

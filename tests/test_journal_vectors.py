@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import base64
 import os
-from collections import Counter
 from pathlib import Path
 
 import pytest
-from support.jobs import journal_records, rerun, start_echo, submit_echo
+from support.jobs import journal_records, submit_echo
 from support.lines import write_jsonl
-from support.processes import kill_9_after
-from support.vectors import embedding_line, embedding_lines, export_all, vector_of
+from support.vectors import (
+    each_answered_once_bit_for_bit,
+    embedding_line,
+    embedding_lines,
+    embeddings_job_killed_mid_run,
+    export_all,
+    resume_recording,
+    vector_of,
+)
 
 from batchrun.engines.echo import echo_vector_bytes
 from batchrun.job.journal import JournalWriter, encode_record
@@ -184,14 +190,8 @@ def test_the_journal_and_its_side_file_hold_at_most_1_15x_the_vectors_bytes(
 
 def test_a_kill_9_with_torn_tails_of_both_files_resumes_exactly_once(tmp_path: Path) -> None:
     n = 600
-    src = write_jsonl(tmp_path / "in.jsonl", embedding_lines(n))
-    job = tmp_path / "job"
-    env = {"BATCHRUN_ECHO_DELAY_MS": "20"}
-    proc = start_echo(src, job, "--batch-size", "16", env=env)
-    kill_9_after(proc, job, 100)
+    job, done = embeddings_job_killed_mid_run(tmp_path, n)
     journal, side = job / "journal.jsonl", job / "journal.f32"
-    done = {r["custom_id"] for r in journal_records(job) if r["kind"] == "result"}
-    assert 100 <= len(done) < n
     # A kill between the two writes of one more append: its vectors half in the side file,
     # its line half in the journal.
     whole = journal.read_bytes()
@@ -200,17 +200,8 @@ def test_a_kill_9_with_torn_tails_of_both_files_resumes_exactly_once(tmp_path: P
         f.write(os.urandom(6000))
     with journal.open("ab") as f:
         f.write(last[: len(last) // 2])
-    record = tmp_path / "engine-record.txt"
-    run = rerun("resume", job, env={**env, "BATCHRUN_ECHO_RECORD": str(record)})
-    assert run.returncode == 0, run.stderr
-    assert journal.read_bytes().startswith(whole)
-    assert not set(record.read_text().split()) & done  # nothing journaled ran again
-    results = Counter(r["custom_id"] for r in journal_records(job) if r["kind"] == "result")
-    assert set(results) == {f"e{i}" for i in range(n)} and set(results.values()) == {1}
-    outputs, df = export_all(job)
-    assert len(outputs) == n and len(df) == n
-    for i in range(n):
-        assert vector_of(outputs[f"e{i}"]) == echo_vector_bytes(f"passage {i}", 1024)
+    assert not set(resume_recording(tmp_path, job, whole)) & done  # nothing journaled ran again
+    each_answered_once_bit_for_bit(job, n)
 
 
 def test_the_answer_cache_keeps_whole_answers_of_split_vectors(tmp_path: Path) -> None:

@@ -305,15 +305,9 @@ def test_serve_routes_a_batchs_lines_to_the_base_or_its_adapter(
 def test_serve_refuses_a_missing_adapter_in_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "missing"
     r = cli(
-        "serve",
-        "--root",
-        str(tmp_path / "root"),
-        "--engine",
-        "echo",
-        "--lora-modules",
-        f"x={missing}",
-        env=WIDE,
-    )
+        "serve", "--root", str(tmp_path / "root"), "--engine", "echo", "--lora-modules",
+        f"x={missing}", env=WIDE,
+    )  # fmt: skip
     assert r.returncode == 1, r.stderr
     assert _refusal(r) == f"error: adapter 'x': {missing} does not exist"
 
@@ -368,16 +362,9 @@ def test_an_adapter_of_another_base_model_is_refused_before_a_job_exists(
     src = write_jsonl(tmp_path / "in.jsonl", [model_line("a", None)])
     job = tmp_path / "job"
     r = cli(
-        "submit",
-        str(src),
-        "--job-dir",
-        str(job),
-        "--model",
-        str(model),
-        "--lora-modules",
-        f"other={other}",
-        "--no-progress",
-    )
+        "submit", str(src), "--job-dir", str(job), "--model", str(model),
+        "--lora-modules", f"other={other}", "--no-progress",
+    )  # fmt: skip
     assert r.returncode == 1, r.stderr
     assert _refusal(r) == (
         "error: adapter 'other' does not fit the base model smol: "
@@ -426,15 +413,8 @@ def test_an_adapter_named_like_the_base_model_is_refused_by_submit_resume_and_se
     r = _submit(src, job, "--served-model-name", "smol", "--lora-modules", f"a1={adapters['a1']}")
     assert r.returncode == 0, r.stderr
     before = (job / "manifest.json").read_text()
-    r = rerun(
-        "resume",
-        job,
-        "--served-model-name",
-        "a1",
-        "--lora-modules",
-        f"a1={adapters['a1']}",
-        env=WIDE,
-    )
+    lora = f"a1={adapters['a1']}"
+    r = rerun("resume", job, "--served-model-name", "a1", "--lora-modules", lora, env=WIDE)
     assert r.returncode == 1, r.stderr
     assert _refusal(r) == clash.replace("'smol'", "'a1'")
     assert (job / "manifest.json").read_text() == before

@@ -13,16 +13,16 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from support.cli import cli, start_cli
-from support.jobs import journal_records
+from support.cli import cli
+from support.jobs import journal_records, start_echo, submit_echo
 from support.lines import model_line
 from support.processes import kill_9_after
 
 from batchrun.run.lanes import MOVE_BATCHES, next_lane, share_out
 
-ECHO = ("--engine", "echo", "--no-progress", "--batch-size", "8")
 WIDE = {"COLUMNS": "1000"}
 TWO = ("--model", "small=org/small-model", "--model", "large=org/large-model")
+BATCHES_OF_8 = (*TWO, "--batch-size", "8")  # the two models, 8 requests a batch
 
 
 def _input(tmp_path: Path, models: list[str], **body: object) -> tuple[Path, dict[str, str]]:
@@ -65,10 +65,9 @@ def test_workers_are_shared_out_by_each_models_work_and_run_only_its_lines(
     # after small's (process starts on a busy machine) still leaves large too little to be worth
     # a move (lanes.MOVE_BATCHES). At 20 ms a round, small's worker could finish before large's
     # had started, and rightly moved.
-    r = cli(
-        "submit", str(src), "--job-dir", str(job), *ECHO, *TWO, "--workers", "3",
-        env=_env(record, BATCHRUN_ECHO_DELAY_MS="250"),
-    )  # fmt: skip
+    r = submit_echo(
+        src, job, *BATCHES_OF_8, "--workers", "3", env=_env(record, BATCHRUN_ECHO_DELAY_MS="250")
+    )
     assert r.returncode == 0, r.stderr
     assert "running 2 models at once on 3 workers: small (80 requests), large (160 requests)" in (
         r.stderr
@@ -113,10 +112,7 @@ def test_a_worker_whose_model_ran_out_moves_to_the_one_with_most_left(tmp_path: 
     models = ["small"] * 8 + ["large"] * 400
     src, model_of = _input(tmp_path, models)
     record, job = tmp_path / "record", tmp_path / "job"
-    r = cli(
-        "submit", str(src), "--job-dir", str(job), *ECHO, *TWO, "--workers", "2",
-        env=_env(record),
-    )  # fmt: skip
+    r = submit_echo(src, job, *BATCHES_OF_8, "--workers", "2", env=_env(record))
     assert r.returncode == 0, r.stderr
     assert re.search(r"worker \d moving to model large", r.stderr), r.stderr
     received = _received(record)
@@ -131,10 +127,9 @@ def test_a_poison_line_is_isolated_on_its_own_models_workers(tmp_path: Path) -> 
     models = ["small", "large"] * 60
     src, model_of = _input(tmp_path, models)
     record, job = tmp_path / "record", tmp_path / "job"
-    r = cli(
-        "submit", str(src), "--job-dir", str(job), *ECHO, *TWO, "--workers", "2",
-        env=_env(record, BATCHRUN_ECHO_CRASH_ON="r6"),
-    )  # fmt: skip
+    r = submit_echo(
+        src, job, *BATCHES_OF_8, "--workers", "2", env=_env(record, BATCHRUN_ECHO_CRASH_ON="r6")
+    )
     assert r.returncode == 1, r.stderr
     assert all(model_of[cid] == engine for cid, engine in _received(record))
     final = {str(x["custom_id"]): x for x in _results(job)}
@@ -150,9 +145,7 @@ def test_kill_9_mid_run_then_resume_answers_every_line_once(tmp_path: Path) -> N
     src, model_of = _input(tmp_path, models)
     record, job = tmp_path / "record", tmp_path / "job"
     env = _env(record, BATCHRUN_ECHO_DELAY_MS="100")
-    proc = start_cli(
-        "submit", str(src), "--job-dir", str(job), *ECHO, *TWO, "--workers", "2", env=env
-    )
+    proc = start_echo(src, job, *BATCHES_OF_8, "--workers", "2", env=env)
     kill_9_after(proc, job, 60, timeout=60)
     done_before = {str(x["custom_id"]) for x in _results(job) if x["ok"]}
     assert 0 < len(done_before) < len(models)
@@ -192,18 +185,16 @@ def test_answers_stored_at_once_are_found_by_each_models_own_cache(tmp_path: Pat
     cache = tmp_path / "cache"
     first, again = tmp_path / "first", tmp_path / "again"
     record = tmp_path / "record"
-    r = cli(
-        "submit", str(src), "--job-dir", str(first), *ECHO, *TWO, "--workers", "2",
-        "--cache-dir", str(cache), env=_env(record),
-    )  # fmt: skip
+    r = submit_echo(
+        src, first, *BATCHES_OF_8, "--workers", "2", "--cache-dir", str(cache), env=_env(record)
+    )
     assert r.returncode == 0, r.stderr
     assert "running 2 models at once" in r.stderr
     assert not any(x.get("cached") for x in _results(first))
     assert len(_received(record)) == len(models)
-    r = cli(
-        "submit", str(src), "--job-dir", str(again), *ECHO, *TWO, "--workers", "1",
-        "--cache-dir", str(cache), env=_env(record),
-    )  # fmt: skip
+    r = submit_echo(
+        src, again, *BATCHES_OF_8, "--workers", "1", "--cache-dir", str(cache), env=_env(record)
+    )
     assert r.returncode == 0, r.stderr
     cached = {str(x["custom_id"]) for x in _results(again) if x.get("cached")}
     assert cached == set(model_of)

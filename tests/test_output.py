@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from support.cli import cli
+from support.jobs import echo_args
 from support.lines import chat_input
 from support.paths import ROOT
 
@@ -22,14 +23,7 @@ def test_a_closed_output_pipe_does_not_stop_the_job(tmp_path: Path) -> None:
             sys.executable,
             "-m",
             "batchrun",
-            "submit",
-            str(src),
-            "--job-dir",
-            str(job),
-            "--engine",
-            "echo",
-            "--batch-size",
-            "64",
+            *echo_args(src, job, "--batch-size", "64", progress=True),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -25,7 +25,7 @@ from support.powerloss.crashes import (
     recover,
     template_of,
 )
-from support.powerloss.mount import Cut, FuseUnavailable, ensure_fuse
+from support.powerloss.mount import Cut, require_fuse
 
 pytestmark = [pytest.mark.slow, pytest.mark.powerloss]
 
@@ -42,10 +42,7 @@ ECHO = ["--engine", "echo", "--batch-size", "24"]
 @pytest.fixture(autouse=True)
 def fuse_here() -> None:
     """FUSE must work on this machine: the tests fail saying why, never skip."""
-    try:
-        ensure_fuse()
-    except FuseUnavailable as e:
-        pytest.fail(f"the power-loss tests need FUSE: {e}")
+    require_fuse()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from support.cli import cli
 from support.jobs import submit_echo
 from support.lines import write_jsonl
 from support.powerloss.crashes import BATCHRUN, CrashPoint, Violation
-from support.powerloss.mount import Cut, FuseUnavailable, ensure_fuse
+from support.powerloss.mount import Cut, require_fuse
 from support.vectors import embedding_lines
 
 from batchrun.engines.echo import echo_vector_bytes
@@ -35,10 +35,7 @@ DIMENSIONS = 256
 @pytest.fixture(autouse=True)
 def fuse_here() -> None:
     """FUSE must work on this machine: the tests fail saying why, never skip."""
-    try:
-        ensure_fuse()
-    except FuseUnavailable as e:
-        pytest.fail(f"the power-loss tests need FUSE: {e}")
+    require_fuse()
 
 
 def vectors_answered(job: Path, where: str) -> set[str]:

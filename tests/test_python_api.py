@@ -19,11 +19,11 @@ import pyarrow.parquet as pq
 import pytest
 from support.api_jobs import answered, api_process, chat_requests, input_lines
 from support.cli import cli
-from support.jobs import journal_records, rerun
+from support.jobs import rerun
 from support.lines import write_jsonl
 from support.paths import ROOT
 from support.processes import kill_9_after
-from support.waits import wait_until
+from support.waits import results_at_least, wait_until
 
 import batchrun
 from batchrun.api.options import ENGINE_OPTIONS, EngineOptions
@@ -295,7 +295,7 @@ def test_ctrl_c_stops_a_python_run_and_the_cli_resumes_it(
     job = tmp_path / "job"
 
     def interrupt_once_running() -> None:
-        wait_until(lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 4,
+        wait_until(results_at_least(job, 4),
                    "the run has answered a few requests", timeout=60)  # fmt: skip
         os.kill(os.getpid(), signal.SIGINT)
 

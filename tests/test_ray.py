@@ -273,13 +273,7 @@ def test_several_models_on_ray_each_line_on_its_model(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", lines)
     job = tmp_path / "job"
     r = submit_echo(
-        src,
-        job,
-        "--model",
-        "small=org/small-model",
-        "--model",
-        "large=org/large-model",
-        *RAY_TWO,
+        src, job, "--model", "small=org/small-model", "--model", "large=org/large-model", *RAY_TWO
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "running 2 models at once on 2 workers" in r.stderr, r.stderr[-3000:]

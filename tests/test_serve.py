@@ -145,10 +145,7 @@ def test_cancel_keeps_what_finished(server: serving.Server, tmp_path: Path) -> N
     client = server.client()
     batch = serving.create_batch(client, serving.requests_file(tmp_path / "in.jsonl", 3000))
     job = server.batch_dir(batch.id)
-    wait_until(
-        lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 50,
-        "50 requests of the batch finish",
-    )
+    wait_until(results_at_least(job, 50), "50 requests of the batch finish")
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status == "cancelling" and cancelling.cancelling_at
     done = serving.wait_done(client, batch.id)
@@ -291,10 +288,7 @@ def test_priority_high_runs_before_normal_before_low(
     client = server.client()
     normal = serving.create_batch(client, serving.requests_file(tmp_path / "n.jsonl", 600, "n"))
     job = server.batch_dir(normal.id)
-    wait_until(
-        lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 20,
-        "the normal batch runs",
-    )
+    wait_until(results_at_least(job, 20), "the normal batch runs")
     low = serving.create_batch(
         client, serving.requests_file(tmp_path / "l.jsonl", 100, "l"), metadata={"priority": "low"}
     )

@@ -37,10 +37,7 @@ def test_kill_9_mid_batch_then_restart_answers_each_request_once(tmp_path: Path)
     src = write_jsonl(tmp_path / "in.jsonl", lines)
     batch = serving.create_batch(client, src, metadata={"k": "v"})
     job = first.batch_dir(batch.id)
-    wait_until(
-        lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 200,
-        "200 requests of the batch finish",
-    )
+    wait_until(results_at_least(job, 200), "200 requests of the batch finish")
     # A client keeps polling across the kill and the restart, as the loop does.
     seen: list[str] = []
     final: list[Batch] = []
@@ -97,10 +94,7 @@ def test_sigterm_to_the_servers_group_stops_it_without_restarting_a_worker(
     client = server.client()
     batch = serving.create_batch(client, serving.requests_file(tmp_path / "in.jsonl", 400))
     job = server.batch_dir(batch.id)
-    wait_until(
-        lambda: (job / "journal.jsonl").exists() and len(journal_records(job)) >= 40,
-        "40 requests of the batch finish",
-    )
+    wait_until(results_at_least(job, 40), "40 requests of the batch finish")
     serving.stop_server(server, signal.SIGTERM)  # to the whole group
     log = server.log.read_text()
     assert server.process.returncode == 143, log

@@ -7,30 +7,28 @@ from pathlib import Path
 
 import pytest
 from support.cli import cli
-from support.jobs import submit_echo
+from support.jobs import status_json, submit_echo
 from support.lines import chat_input, write_jsonl
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 
 
-def status(job: Path) -> dict[str, object]:
-    r = cli("status", "--job-dir", str(job), "--json")
-    assert r.returncode == 0, r.stderr
-    data = json.loads(r.stdout)
-    assert isinstance(data, dict)
-    return data
-
-
-def test_a_back_off_lowers_the_cached_size_and_the_job_records_the_size_running(
-    tmp_path: Path, isolated_cache: Path
-) -> None:
-    # An earlier job on this set-up found 256 (its probe ran 512 requests: a real measurement).
+def _an_earlier_job_found_256(tmp_path: Path, isolated_cache: Path) -> Path:
+    """An earlier job on this set-up found 256 (its probe ran 512 requests: a real measurement);
+    the size cache's file."""
     first = submit_echo(
         chat_input(tmp_path / "a.jsonl", 600, "m"), tmp_path / "a", "--min-batch-size", "256"
     )
     assert first.returncode == 0, first.stderr
     cache = isolated_cache / "batch_sizes.json"
     assert list(json.loads(cache.read_text()).values()) == [256]
+    return cache
+
+
+def test_a_back_off_lowers_the_cached_size_and_the_job_records_the_size_running(
+    tmp_path: Path, isolated_cache: Path
+) -> None:
+    cache = _an_earlier_job_found_256(tmp_path, isolated_cache)
     # The set-up now runs out of memory above 8: the job backs off from the cached 256 to 8.
     oom = {"BATCHRUN_ECHO_OOM_ABOVE": "8"}
     job = tmp_path / "b"
@@ -38,7 +36,7 @@ def test_a_back_off_lowers_the_cached_size_and_the_job_records_the_size_running(
     assert second.returncode == 0, second.stderr
     assert "batch size 256 (found by an earlier job on this set-up)" in second.stderr
     assert "backing off, batch size 16 -> 8" in second.stderr
-    s = status(job)
+    s = status_json(job)
     assert (s["batch_size"], s["batch_size_source"]) == (8, "out-of-memory back-off")
     assert list(json.loads(cache.read_text()).values()) == [8]
     # The next job starts at 8 and pays no restart.
@@ -51,13 +49,8 @@ def test_a_back_off_lowers_the_cached_size_and_the_job_records_the_size_running(
 def test_a_job_with_its_own_kv_budget_keeps_its_sizes_apart(
     tmp_path: Path, isolated_cache: Path
 ) -> None:
-    first = submit_echo(
-        chat_input(tmp_path / "a.jsonl", 600, "m"), tmp_path / "a", "--min-batch-size", "256"
-    )
-    assert first.returncode == 0, first.stderr
-    cache = isolated_cache / "batch_sizes.json"
+    cache = _an_earlier_job_found_256(tmp_path, isolated_cache)
     before = json.loads(cache.read_text())
-    assert list(before.values()) == [256]
     # A small KV budget backs off to 4: the size jobs without one start from stays.
     small = submit_echo(
         chat_input(tmp_path / "b.jsonl", 50, "m"),

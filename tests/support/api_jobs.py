@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from support.cli import kill_new_workers
 from support.jobs import journal_records
 from support.lines import chat_line
 
@@ -38,15 +39,10 @@ def api_process() -> Iterator[None]:
     """Put back what an in-process run changes for the whole process: the media policy of the
     job it read; and end the worker processes it left, as a process's exit would."""
     from batchrun.openai import media
-    from batchrun.workers import process, process_group
+    from batchrun.workers import process
 
     policy = media._policy
     groups, children = set(process._GROUPS), set(multiprocessing.active_children())
     yield
     media._policy = policy
-    for pgid in set(process._GROUPS) - groups:
-        process_group.kill_group(pgid)
-        process._GROUPS.discard(pgid)
-    for child in set(multiprocessing.active_children()) - children:
-        child.kill()
-        child.join(timeout=5)
+    kill_new_workers(groups, children)

@@ -79,7 +79,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
             _COMMAND.append(typer.main.get_command(app))
     from batchrun import stopping
     from batchrun.openai import media
-    from batchrun.workers import cpu_claims, devices, gpu_release, process, process_group
+    from batchrun.workers import cpu_claims, devices, gpu_release, process
 
     # Process-wide state a command sets, which a process of its own would start without: the
     # media policy of the job it read, nvidia-smi's inventory (read again after 10 s, and a test
@@ -105,12 +105,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     finally:
         # What the exit of a process would do: kill the workers it left (workers/process.py's
         # exit handler), give up its cores (workers/cpu_claims.py's).
-        for pgid in set(process._GROUPS) - groups:
-            process_group.kill_group(pgid)
-            process._GROUPS.discard(pgid)
-        for child in set(multiprocessing.active_children()) - children:
-            child.kill()
-            child.join(timeout=5)
+        kill_new_workers(groups, children)
         cpu_claims.release_claim()
         media._policy, cached, baselines = saved_state
         devices._CACHE.clear()
@@ -129,6 +124,20 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         assert result.exc_info is not None
         stderr += "".join(traceback.format_exception(*result.exc_info))
     return subprocess.CompletedProcess(["batchrun", *args], result.exit_code, result.stdout, stderr)
+
+
+def kill_new_workers(groups: set[int], children: set[Any]) -> None:
+    """What a process's exit does to the workers it started (workers/process.py's exit handler):
+    kill the process groups and children that are not among `groups` and `children`, those
+    this process had before."""
+    from batchrun.workers import process, process_group
+
+    for pgid in set(process._GROUPS) - groups:
+        process_group.kill_group(pgid)
+        process._GROUPS.discard(pgid)
+    for child in set(multiprocessing.active_children()) - children:
+        child.kill()
+        child.join(timeout=5)
 
 
 def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:

@@ -38,7 +38,7 @@ from support.cli import cli, cli_process
 from support.hub_cache import HUB_ID, make_hub_cache
 from support.jobs import journal_records
 from support.lines import chat_line, write_jsonl
-from support.models import default_model_dir
+from support.models import default_model_dir, default_model_with
 from support.openai_checks import requests_of
 from support.paths import ROOT
 
@@ -268,11 +268,6 @@ RESPONSES_REASONING = [
 def thinking_model(tmp: Path) -> Path:
     """The default model with a test-only chat template that opens the assistant turn inside a
     think block (closed at once with reasoning effort "none"), as Qwen3's does."""
-    source = default_model_dir()
-    model = tmp / "thinking-model"
-    model.mkdir()
-    for item in source.iterdir():
-        if item.name != "chat_template.jinja":
-            (model / item.name).symlink_to(item)
+    model, _ = default_model_with(tmp, "thinking-model", "chat_template.jinja")
     (model / "chat_template.jinja").write_text(THINKING_TEMPLATE.read_text(encoding="utf-8"))
     return model

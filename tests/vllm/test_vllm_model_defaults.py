@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from support.cli import cli
 from support.lines import chat_line, write_jsonl
-from support.models import default_model_dir
+from support.models import default_model_with
 
 pytestmark = pytest.mark.vllm
 
@@ -20,12 +20,7 @@ PROMPT = "Count from 1 to 20 separated by commas."
 
 def model_with_defaults(tmp: Path, defaults: dict[str, Any]) -> Path:
     """The default model, its generation config given `defaults` (every other file linked)."""
-    source = default_model_dir()
-    model = tmp / "model-with-defaults"
-    model.mkdir()
-    for item in source.iterdir():
-        if item.name != "generation_config.json":
-            (model / item.name).symlink_to(item)
+    model, source = default_model_with(tmp, "model-with-defaults", "generation_config.json")
     config = json.loads((source / "generation_config.json").read_text())
     (model / "generation_config.json").write_text(json.dumps({**config, **defaults}))
     return model

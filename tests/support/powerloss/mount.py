@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+import pytest
 
 FS_SCRIPT = Path(__file__).with_name("fs.py")
 
@@ -44,6 +45,14 @@ def ensure_fuse() -> None:
             f"mfusepy cannot load: {e}; install the dev dependencies (pip install -e '.[dev]') "
             "and Debian's libfuse3-3"
         ) from e
+
+
+def require_fuse() -> None:
+    """FUSE must work on this machine: the test fails saying why (ensure_fuse), never skips."""
+    try:
+        ensure_fuse()
+    except FuseUnavailable as e:
+        pytest.fail(f"the power-loss tests need FUSE: {e}")
 
 
 def _install_fuse3() -> None:
