@@ -18,19 +18,13 @@ from typing import Any
 import pytest
 from support.advice import advised, follow, last_line
 from support.cli import cli
-from support.jobs import ECHO, journal_records, rerun, start_echo, submit_echo
+from support.jobs import ECHO, journal_records, rerun, start_echo, status_json, submit_echo
 from support.lines import chat_input, chat_line, read_jsonl, write_jsonl
 from support.processes import kill_group
 from support.waits import results_at_least, wait_until
 
 # Wide enough that no table row wraps.
 WIDE = {"COLUMNS": "1000"}
-
-
-def status(job: Path) -> dict[str, Any]:
-    r = cli("status", "--job-dir", str(job), "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)  # type: ignore[no-any-return]
 
 
 def row(proc_stdout: str, name: str) -> str:
@@ -69,8 +63,8 @@ def test_requests_over_the_context_are_not_advised_for_retry_failed(tmp_path: Pa
     )
     shown = cli("status", "--job-dir", str(job), env=WIDE)
     assert row(shown.stdout, "failed") == row(r.stdout, "failed")
-    assert status(job)["errors"]["failed_by_code"] == {"context_length_exceeded": 5}
-    assert status(job)["retry_cannot_fix"] == {"context_length_exceeded": 5}
+    assert status_json(job)["errors"]["failed_by_code"] == {"context_length_exceeded": 5}
+    assert status_json(job)["retry_cannot_fix"] == {"context_length_exceeded": 5}
 
     # What the advice does not say to do, done: a retry as it is fails them the same way.
     again = rerun("retry-failed", job, env=WIDE)
@@ -86,7 +80,7 @@ def test_requests_over_the_context_are_not_advised_for_retry_failed(tmp_path: Pa
     fixed = follow(longer, "--no-progress", env=WIDE, N="64")
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert row(fixed.stdout, "failed") == "0"
-    assert status(job)["requests"]["succeeded"] == 8
+    assert status_json(job)["requests"]["succeeded"] == 8
     (done,) = advised(last_line(fixed))
     assert done == export
     assert follow(done).returncode == 0
@@ -107,7 +101,7 @@ def test_requests_over_the_context_shortened_in_the_input_run_as_advised(tmp_pat
     assert taken.returncode == 1, taken.stderr  # nothing run yet: the two still failed
     ran = follow(retry, "--no-progress")
     assert ran.returncode == 0, ran.stdout + ran.stderr
-    assert status(job)["requests"] | {"total": 3} == {
+    assert status_json(job)["requests"] | {"total": 3} == {
         "total": 3, "valid": 3, "succeeded": 3, "failed": 0, "invalid": 0, "pending": 0
     }  # fmt: skip
     answers = [r["body"] for r in journal_records(job) if r["kind"] == "result" and r["ok"]]
@@ -176,8 +170,8 @@ def test_failures_a_retry_may_fix_are_advised_for_retry_failed_beside_the_others
         == "2 (a retry cannot fix 2: context_length_exceeded 2 needs a longer --max-model-len or a shorter input)"
     )
     assert "may succeed if run again" not in last_line(ran)
-    assert status(job)["requests"]["succeeded"] == 1
-    assert status(job)["retry_cannot_fix"] == {"context_length_exceeded": 2}
+    assert status_json(job)["requests"]["succeeded"] == 1
+    assert status_json(job)["retry_cannot_fix"] == {"context_length_exceeded": 2}
 
 
 def test_pending_requests_are_run_by_the_advised_resume_and_exported_as_advised(
@@ -193,7 +187,7 @@ def test_pending_requests_are_run_by_the_advised_resume_and_exported_as_advised(
     assert resume == ["resume", "--job-dir", str(job)]
     ran = follow(resume, "--no-progress")
     assert ran.returncode == 0, ran.stderr
-    assert status(job)["requests"]["succeeded"] == 3
+    assert status_json(job)["requests"]["succeeded"] == 3
     (export,) = advised(last_line(ran))
     assert follow(export).returncode == 0
     assert [o["custom_id"] for o in read_jsonl(job / "output.jsonl")] == ["r0", "r1", "r2"]
@@ -208,7 +202,7 @@ def test_tune_s_advice_runs_the_rest_at_the_size_found(tmp_path: Path) -> None:
     (resume,) = advised(last_line(r))
     ran = follow(resume, "--no-progress")
     assert ran.returncode == 0, ran.stderr
-    assert status(job)["requests"]["succeeded"] == 40
+    assert status_json(job)["requests"]["succeeded"] == 40
     assert json.loads((job / "manifest.json").read_text())["batch_size"] == size
 
 
@@ -289,7 +283,7 @@ def test_a_broken_engine_s_advice_runs_the_rest_and_then_the_crashed_ones(tmp_pa
     assert len(crashed) == 3
     rest = follow(resume, "--no-progress")
     assert rest.returncode == 1, rest.stderr  # the three crashed ones are still failed
-    assert status(job)["requests"] | {"total": 0} == {
+    assert status_json(job)["requests"] | {"total": 0} == {
         "total": 0, "valid": 12, "succeeded": 9, "failed": 3, "invalid": 0, "pending": 0
     }  # fmt: skip
     again = follow(retry, "--no-progress")
@@ -311,7 +305,7 @@ def test_a_lost_input_map_is_written_again_by_the_advised_forced_resume(tmp_path
     (force,) = advised(r.stderr)
     ran = follow(force, "--no-progress")
     assert ran.returncode == 0, ran.stderr
-    assert status(job)["requests"]["succeeded"] == 4
+    assert status_json(job)["requests"]["succeeded"] == 4
     assert rerun("resume", job).returncode == 0
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from mm_models import wav_bytes
 from support.cli import cli
-from support.jobs import journal_records, rerun, start_echo, submit_echo
+from support.jobs import journal_records, rerun, start_echo, status_json, submit_echo
 from support.lines import chat_line, write_jsonl
 from support.processes import kill_9_after
 from support.serving import start_server, stop_server, wait_done
@@ -41,13 +41,6 @@ def by_id(job: Path) -> dict[str, dict[str, Any]]:
     return {rec["custom_id"]: rec for rec in journal_records(job)}
 
 
-def status(job: Path) -> dict[str, Any]:
-    r = cli("status", "--job-dir", str(job), "--json")
-    assert r.returncode == 0, r.stderr
-    out: dict[str, Any] = json.loads(r.stdout)
-    return out
-
-
 def entry_files(cache: Path) -> list[Path]:
     return sorted(p for p in (cache / "answers-v1").glob("*/*.json") if not p.name.startswith("."))
 
@@ -68,7 +61,7 @@ def test_hits_misses_and_sampled_requests(tmp_path: Path) -> None:
     old = by_id(first)["r0"]["body"]
     new = recs["r0"]["body"]
     assert new["choices"] == old["choices"] and new["id"] != old["id"]
-    s = status(second)
+    s = status_json(second)
     assert s["cache_hits"] == 6
     assert s["requests"]["succeeded"] == 6 and s["requests"]["failed"] == 2
 
@@ -269,7 +262,7 @@ def test_serve_answers_a_later_batch_from_the_cache(tmp_path: Path) -> None:
         assert not any(rec.get("cached") for rec in first.values())
         assert {cid for cid, rec in second.items() if rec.get("cached")} == set(IDS[:6])
         assert second["r0"]["body"]["choices"] == first["r0"]["body"]["choices"]
-        assert status(server.batch_dir(ids[1]))["cache_hits"] == 6
+        assert status_json(server.batch_dir(ids[1]))["cache_hits"] == 6
     finally:
         stop_server(server)
 

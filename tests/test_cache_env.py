@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cli import cli
-from support.jobs import journal_records, rerun, submit_echo
+from support.jobs import journal_records, rerun, status_json, submit_echo
 from support.lines import chat_line, write_jsonl
 
 from batchrun.cache_home import cache_root
@@ -28,13 +27,6 @@ def cached(job: Path) -> set[str]:
     return {cid for cid, rec in last.items() if rec.get("cached") and rec["ok"]}
 
 
-def status(job: Path) -> dict[str, Any]:
-    r = cli("status", "--job-dir", str(job), "--json")
-    assert r.returncode == 0, r.stderr
-    out: dict[str, Any] = json.loads(r.stdout)
-    return out
-
-
 @pytest.fixture
 def src(tmp_path: Path) -> Path:
     path = tmp_path / "in.jsonl"
@@ -51,7 +43,7 @@ def test_the_env_variable_turns_the_answer_cache_on(tmp_path: Path, src: Path) -
     r = submit(src, second, BATCHRUN_CACHE_DIR=str(cache), BATCHRUN_ECHO_FAIL=ALL)
     assert r.returncode == 0, r.stderr
     assert cached(second) == set(IDS)
-    assert status(second)["cache_hits"] == len(IDS)
+    assert status_json(second)["cache_hits"] == len(IDS)
 
 
 @pytest.mark.slow

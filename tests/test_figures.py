@@ -14,17 +14,11 @@ from typing import Any
 
 import pytest
 from support.cli import cli
-from support.jobs import ECHO, journal_records, start_echo, submit_echo
+from support.jobs import ECHO, journal_records, start_echo, status_json, submit_echo
 from support.lines import chat_input, chat_line, write_jsonl
 from support.waits import results_at_least, wait_until
 
 from batchrun.job.run_clock import INTERVAL_S
-
-
-def status_json(job: Path) -> dict[str, Any]:
-    r = cli("status", "--job-dir", str(job), "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)  # type: ignore[no-any-return]
 
 
 def report_data(job: Path) -> dict[str, Any]:

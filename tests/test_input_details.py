@@ -9,9 +9,8 @@ from pathlib import Path
 
 from support.cli import cli
 from support.jobs import submit_echo
-from support.lines import chat_line, read_jsonl, write_jsonl
+from support.lines import chat_line, read_jsonl, read_lines, write_jsonl
 
-from batchrun.openai.reader import read_input
 from batchrun.openai.records import LineError, Request
 
 WIDE = {"COLUMNS": "400"}
@@ -26,26 +25,22 @@ def message(key: str, where: str) -> str:
     )
 
 
-def read(tmp_path: Path, lines: list[str]) -> list[Request | LineError]:
-    return list(read_input(write_jsonl(tmp_path / "in.jsonl", lines)))
-
-
 def test_two_custom_ids_are_an_error_record_that_names_the_key(tmp_path: Path) -> None:
     """Which custom_id did the user mean? Neither is taken: the record has none."""
-    got = read(tmp_path, [LINE % ('"a", "custom_id": "b"', BODY), LINE % ('"c"', BODY)])
+    got = read_lines(tmp_path, LINE % ('"a", "custom_id": "b"', BODY), LINE % ('"c"', BODY))
     assert got[0] == LineError(1, None, "duplicate_key", message("custom_id", "on this line"))
     assert isinstance(got[1], Request) and got[1].custom_id == "c"
 
 
 def test_a_key_given_twice_in_the_body_names_it(tmp_path: Path) -> None:
     body = '{"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7}'
-    got = read(tmp_path, [LINE % ('"a"', body)])
+    got = read_lines(tmp_path, LINE % ('"a"', body))
     assert got == [LineError(1, "a", "duplicate_key", message("max_tokens", "in body"))]
 
 
 def test_a_key_spelled_with_an_escape_is_the_same_key(tmp_path: Path) -> None:
     """ "custom\\u005fid" is "custom_id": the quoted text alone would not find it."""
-    got = read(tmp_path, [LINE % ('"a", "custom\\u005fid": "b"', BODY)])
+    got = read_lines(tmp_path, LINE % ('"a", "custom\\u005fid": "b"', BODY))
     assert got == [LineError(1, None, "duplicate_key", message("custom_id", "on this line"))]
 
 
@@ -53,7 +48,7 @@ def test_a_key_name_inside_a_value_is_no_duplicate(tmp_path: Path) -> None:
     """Text that looks like a key ("model", "custom_id" in a message) is not one."""
     line = chat_line("a", 'say "custom_id" and "model" and "messages"', max_tokens=3)
     line["body"]["note"] = {"model": "x"}  # a nested object's keys are its own
-    got = read(tmp_path, [json.dumps(line)])
+    got = read_lines(tmp_path, json.dumps(line))
     assert isinstance(got[0], Request), got
 
 
@@ -108,7 +103,7 @@ def test_duplicates_are_found_in_every_layout(tmp_path: Path) -> None:
         % many_quotes,
         LINE % ('"d"', '{"messages": [{"role": "user", "role": "user", "content": "deep"}]}'),
     ]
-    got = read(tmp_path, lines)
+    got = read_lines(tmp_path, *lines)
     assert [(g.custom_id, getattr(g, "message", None)) for g in got] == [
         ("a", message("model", "in body")),
         ("b", message("n", "in body")),

@@ -13,11 +13,10 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from support.cli import cli
-from support.jobs import journal_records, rerun, start_echo, submit_echo
+from support.jobs import journal_records, rerun, start_echo, status_json, submit_echo
 from support.lines import chat_input, chat_line, read_jsonl, write_jsonl
 from support.paths import ROOT
 from support.waits import results_at_least, wait_until
@@ -36,13 +35,6 @@ def tune(src: Path, job: Path) -> set[str]:
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     return {x["custom_id"] for x in journal_records(job) if x["kind"] == "result"}
-
-
-def status(job: Path) -> dict[str, Any]:
-    r = cli("status", "--job-dir", str(job), "--json")
-    assert r.returncode == 0, r.stderr
-    result: dict[str, Any] = json.loads(r.stdout)
-    return result
 
 
 def parquet_rows(job: Path) -> list[tuple[str | None, int, str]]:
@@ -136,7 +128,7 @@ def test_resume_force_after_finished_lines_were_deleted_counts_the_file_as_it_is
     assert r.returncode == 1 and "changed since the job was submitted" in r.stderr
     r = rerun("resume", job, "--force")
     assert r.returncode == 0, r.stdout + r.stderr
-    s = status(job)
+    s = status_json(job)
     assert s["requests"] == {
         "total": 390, "valid": 390, "succeeded": 390, "failed": 0, "invalid": 0, "pending": 0
     }  # fmt: skip
@@ -177,7 +169,7 @@ def test_resume_force_after_a_line_was_inserted_numbers_lines_as_the_file_is_now
     r = rerun("resume", job, "--force", env={"BATCHRUN_ECHO_RECORD": str(record)})
     assert r.returncode == 1, r.stderr  # the new file has an invalid line of its own
     assert sorted(record.read_text().split()) == ["fixed", "new"]  # a, b, c were done
-    s = status(job)
+    s = status_json(job)
     assert s["requests"] == {
         "total": 6, "valid": 5, "succeeded": 5, "failed": 0, "invalid": 1, "pending": 0
     }  # fmt: skip
@@ -203,7 +195,7 @@ def test_resume_force_after_a_line_was_inserted_numbers_lines_as_the_file_is_now
     assert r.returncode == 0, r.stdout + r.stderr
     r = rerun("resume", job)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert status(job)["requests"] == {
+    assert status_json(job)["requests"] == {
         "total": 5, "valid": 5, "succeeded": 5, "failed": 0, "invalid": 0, "pending": 0
     }  # fmt: skip
     assert cli("export", "--job-dir", str(job)).returncode == 0
@@ -229,7 +221,7 @@ def test_a_job_moved_with_its_input_resumes(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     manifest = json.loads((job / "manifest.json").read_text())
     assert manifest["input_path"] == str(moved / "input.jsonl")
-    assert status(job)["input"] == str(moved / "input.jsonl")
+    assert status_json(job)["input"] == str(moved / "input.jsonl")
 
 
 def test_resume_input_points_a_job_at_its_moved_input(tmp_path: Path) -> None:
@@ -262,7 +254,7 @@ def test_resume_input_points_a_job_at_its_moved_input(tmp_path: Path) -> None:
     assert rerun("resume", job).returncode == 0
     r = rerun("resume", job, "--input", str(other), "--force")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert status(job)["requests"]["succeeded"] == 101
+    assert status_json(job)["requests"]["succeeded"] == 101
 
 
 # --- a job directory that cannot be written ----------------------------------------------------

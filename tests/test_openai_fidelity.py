@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from support.cli import cli
 from support.jobs import submit_echo
-from support.lines import write_jsonl
+from support.lines import line_error, read_lines, write_jsonl
 from support.openai_checks import check_against_request, output_lines, parse_body, requests_of
 from support.paths import ROOT
 
@@ -53,16 +53,6 @@ def line(url: str, custom_id: str = "a", **body: Any) -> dict[str, Any]:
         base["input"] = "hello"
     base.update(body)
     return {"custom_id": custom_id, "method": "POST", "url": url, "body": base}
-
-
-def read_lines(tmp_path: Path, *lines: dict[str, Any]) -> list[Request | LineError]:
-    return list(read_input(write_jsonl(tmp_path / "in.jsonl", list(lines))))
-
-
-def error_of(tmp_path: Path, obj: dict[str, Any]) -> LineError:
-    (out,) = read_lines(tmp_path, obj)
-    assert isinstance(out, LineError), out
-    return out
 
 
 # --- request rules ---------------------------------------------------------------------------
@@ -311,13 +301,13 @@ def test_fields_that_are_honoured_pass_validation(
 def test_fields_that_cannot_be_honoured_are_refused_with_the_field_and_why(
     tmp_path: Path, url: str, body: dict[str, Any], message: str
 ) -> None:
-    assert error_of(tmp_path, line(url, **body)) == LineError(1, "a", "invalid_request", message)
+    assert line_error(tmp_path, line(url, **body)) == LineError(1, "a", "invalid_request", message)
 
 
 def test_embeddings_input_is_required(tmp_path: Path) -> None:
     obj = line(EMBEDDINGS)
     del obj["body"]["input"]
-    assert error_of(tmp_path, obj).message == (
+    assert line_error(tmp_path, obj).message == (
         "body.input is missing; an embeddings request needs a string or an array of them"
     )
 

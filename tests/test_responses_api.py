@@ -15,14 +15,14 @@ from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 from support.cli import cli
 from support.jobs import submit_echo
-from support.lines import chat_line, write_jsonl
+from support.lines import chat_line, line_error, write_jsonl
 from support.models import default_model_dir
 from support.openai_checks import assert_no_extra, output_lines, requests_of
 from support.paths import ROOT
 
 from batchrun.openai.params import OutputFormat, Sampling, sampling
 from batchrun.openai.reader import read_input
-from batchrun.openai.records import CHAT, RESPONSES, LineError, Request
+from batchrun.openai.records import CHAT, RESPONSES, Request
 from batchrun.openai.responses import Choice, success
 from batchrun.openai.responses_api import responses_messages
 from batchrun.openai.vllm_sampling import VllmSampling
@@ -35,9 +35,7 @@ def line(**body: Any) -> dict[str, Any]:
 
 
 def error_of(tmp_path: Path, obj: dict[str, Any]) -> str:
-    (out,) = read_input(write_jsonl(tmp_path / "in.jsonl", [obj]))
-    assert isinstance(out, LineError), out
-    return out.message
+    return line_error(tmp_path, obj).message
 
 
 @pytest.mark.parametrize(

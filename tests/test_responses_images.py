@@ -13,12 +13,11 @@ import pytest
 from mm_models import png_bytes
 from support.cli import cli
 from support.jobs import submit_echo
-from support.lines import read_jsonl, write_jsonl
+from support.lines import read_jsonl, read_lines, write_jsonl
 from support.media import default_media_policy
 
 from batchrun.engines.vllm.media import media_messages
 from batchrun.openai.media import MediaPolicy, use_media_policy
-from batchrun.openai.reader import read_input
 from batchrun.openai.records import LineError, Request
 from batchrun.run.dedup import dedup_key
 
@@ -57,13 +56,9 @@ def default_policy() -> Iterator[None]:
     yield from default_media_policy()
 
 
-def _read(tmp_path: Path, lines: list[dict[str, Any]]) -> list[Request | LineError]:
-    return list(read_input(write_jsonl(tmp_path / "in.jsonl", lines)))
-
-
 def test_an_input_image_line_is_valid(tmp_path: Path) -> None:
     lines = [responses_line("a", image()), responses_line("b", image(detail="low"))]
-    assert _read(tmp_path, lines) == [
+    assert read_lines(tmp_path, *lines) == [
         Request("a", 1, "/v1/responses", lines[0]["body"]),
         Request("b", 2, "/v1/responses", lines[1]["body"]),
     ]
@@ -120,7 +115,7 @@ def test_an_input_image_line_is_valid(tmp_path: Path) -> None:
 def test_a_bad_input_image_is_an_error_record_naming_the_field(
     tmp_path: Path, part: dict[str, Any], role: str, code: str, message: str
 ) -> None:
-    [err] = _read(tmp_path, [responses_line("a", part, role)])
+    [err] = read_lines(tmp_path, responses_line("a", part, role))
     assert err == LineError(1, "a", code, message)
 
 
@@ -128,7 +123,7 @@ def test_input_images_count_against_the_limit_and_the_models_modalities(tmp_path
     use_media_policy(
         MediaPolicy(limit_mm_per_prompt=(("image", 1),), model_modalities=("text",), model_name="t")
     )
-    [err] = _read(tmp_path, [responses_line("a", image())])
+    [err] = read_lines(tmp_path, responses_line("a", image()))
     assert err == LineError(
         1,
         "a",
@@ -138,7 +133,7 @@ def test_input_images_count_against_the_limit_and_the_models_modalities(tmp_path
     use_media_policy(MediaPolicy(limit_mm_per_prompt=(("image", 1),)))
     line = responses_line("b", image())
     line["body"]["input"][0]["content"].append(image(BLUE))
-    [err] = _read(tmp_path, [line])
+    [err] = read_lines(tmp_path, line)
     assert err == LineError(
         1,
         "b",

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cli import cli
-from support.jobs import rerun, start_echo, submit_echo
+from support.jobs import rerun, start_echo, status_json, submit_echo
 from support.lines import chat_input, chat_line, write_jsonl
 from support.paths import ROOT
 from support.waits import wait_until
@@ -250,13 +249,6 @@ def echo_job(tmp_path: Path, n: int, prompt: str = "hi", **env: str) -> Path:
     r = submit_echo(src, job, "--batch-size", "256", env=env)
     assert r.returncode in (0, 1), r.stderr
     return job
-
-
-def status_json(job: Path) -> dict[str, Any]:
-    r = cli("status", "--job-dir", str(job), "--json")
-    assert r.returncode == 0, r.stderr
-    out: dict[str, Any] = json.loads(r.stdout)
-    return out
 
 
 def test_a_finished_job_leaves_a_summary_of_its_whole_journal(tmp_path: Path) -> None:

@@ -12,13 +12,12 @@ from typing import Any
 import pytest
 from support.cli import cli
 from support.jobs import submit_echo
-from support.lines import write_jsonl
+from support.lines import line_error
 from support.openai_checks import output_lines, parse_body
 from support.paths import ROOT
 
 from batchrun.openai.params import sampling
-from batchrun.openai.reader import read_input
-from batchrun.openai.records import CHAT, LineError, Request
+from batchrun.openai.records import CHAT, Request
 from batchrun.openai.toolchoice import ForcedCall, forced_answer, forced_call
 
 SAMPLE = ROOT / "sample_data" / "chat_tool_choice.jsonl"
@@ -43,8 +42,7 @@ def body(**fields: Any) -> dict[str, Any]:
 
 def error_of(tmp_path: Path, fields: dict[str, Any]) -> str:
     line = {"custom_id": "a", "method": "POST", "url": CHAT, "body": body(**fields)}
-    (out,) = read_input(write_jsonl(tmp_path / "in.jsonl", [line]))
-    assert isinstance(out, LineError), out
+    out = line_error(tmp_path, line)
     assert out.code == "invalid_request"
     return out.message
 

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support.cli import cli
-from support.jobs import journal_records, rerun, start_echo, submit_echo
+from support.jobs import journal_records, rerun, start_echo, status_json, submit_echo
 from support.lines import chat_line, write_jsonl
 from support.waits import results_at_least, wait_until
 
@@ -37,12 +37,6 @@ def _input(tmp_path: Path, n: int, duplicates: int = 0) -> Path:
         chat_line(f"d{i}", f"message {i}", max_tokens=8, temperature=0) for i in range(duplicates)
     ]
     return write_jsonl(tmp_path / "in.jsonl", lines)
-
-
-def _status(job: Path) -> dict[str, Any]:
-    r = cli("status", "--job-dir", str(job), "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)  # type: ignore[no-any-return]
 
 
 def _page_data(job: Path, tmp_path: Path) -> dict[str, Any]:
@@ -83,7 +77,7 @@ def test_two_workers_status_page_and_metrics_show_the_same_per_worker_figures(
         src, job, "--workers", "2", "--batch-size", "16", env={"BATCHRUN_ECHO_DELAY_MS": "25"}
     )
     assert r.returncode == 0, r.stderr
-    status = _status(job)
+    status = status_json(job)
     workers = status["workers"]
     assert [w["worker"] for w in workers] == [0, 1]
     # Copies of a duplicate's answer are no worker's attempts: the workers' add up to the
@@ -141,7 +135,7 @@ def test_a_job_killed_and_resumed_after_a_pause_shows_its_runs_rate(tmp_path: Pa
     time.sleep(pause)
     r = rerun("resume", job, env=env)
     assert r.returncode == 0, r.stderr
-    status = _status(job)
+    status = status_json(job)
     assert status["requests"]["succeeded"] == 240 and status["runs"] == 2
     records = journal_records(job)
     first, last = min(x["time"] for x in records), max(x["time"] for x in records)

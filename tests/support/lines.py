@@ -7,6 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from batchrun.openai.reader import read_input
+from batchrun.openai.records import LineError, Request
+
 
 def request_line(cid: str, url: str, body: dict[str, Any]) -> dict[str, Any]:
     """One batch request line: POST `body` to `url`."""
@@ -73,3 +76,15 @@ def write_jsonl(path: Path, lines: Sequence[Any]) -> Path:
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Read a JSONL file."""
     return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+def read_lines(tmp_path: Path, *lines: Any) -> list[Request | LineError]:
+    """What the reader makes of `lines` (objects or raw strings) in an input file."""
+    return list(read_input(write_jsonl(tmp_path / "in.jsonl", lines)))
+
+
+def line_error(tmp_path: Path, line: Any) -> LineError:
+    """The error record the reader makes of `line` (the test fails if it makes a request)."""
+    (out,) = read_lines(tmp_path, line)
+    assert isinstance(out, LineError), out
+    return out

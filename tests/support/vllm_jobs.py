@@ -271,3 +271,11 @@ def thinking_model(tmp: Path) -> Path:
     model, _ = default_model_with(tmp, "thinking-model", "chat_template.jinja")
     (model / "chat_template.jinja").write_text(THINKING_TEMPLATE.read_text(encoding="utf-8"))
     return model
+
+
+def body(job: dict[str, Any], custom_id: str) -> dict[str, Any]:
+    """The response body of a shared job's line that succeeded (the test fails if it did not)."""
+    out = job["outputs"][custom_id]
+    assert out["response"]["status_code"] == 200 and out["error"] is None
+    result: dict[str, Any] = out["response"]["body"]
+    return result

@@ -32,6 +32,7 @@ from support.vllm_jobs import (
     CHAT_SAMPLE,
     COMPLETIONS_SAMPLE,
     EMBEDDINGS_SAMPLE,
+    body,
     embedding_model_dir,
     line_numbers,
     part,
@@ -74,13 +75,6 @@ def completions(vllm_completions_job: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture
 def embeddings(vllm_embeddings_job: dict[str, Any]) -> dict[str, Any]:
     return sample_part(vllm_embeddings_job, EMBEDDINGS_SAMPLE, "submit")
-
-
-def body(job: dict[str, Any], custom_id: str) -> dict[str, Any]:
-    out = job["outputs"][custom_id]
-    assert out["response"]["status_code"] == 200 and out["error"] is None
-    result: dict[str, Any] = out["response"]["body"]
-    return result
 
 
 def check_every_line(job: dict[str, Any], url: str, failing: set[str]) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from support.vllm_jobs import body
 from support.vllm_pooling import (
     CROSS_LINES,
     LONG,
@@ -58,13 +59,6 @@ def finished(job: dict[str, Any], failing: set[str]) -> None:
         assert "Traceback" not in run.stderr
     assert set(job["errors"]) == failing
     assert set(job["outputs"]) == set(requests_of(job)) - failing
-
-
-def body(job: dict[str, Any], custom_id: str) -> dict[str, Any]:
-    out = job["outputs"][custom_id]
-    assert out["response"]["status_code"] == 200 and out["error"] is None
-    result: dict[str, Any] = out["response"]["body"]
-    return result
 
 
 def pairs(queries: list[str], documents: list[str]) -> list[tuple[str, str]]:
