@@ -123,6 +123,7 @@ def validate_into_job(
         workers=options.workers,
         order=options.order,
         model_requests=model_requests,
+        vocab_sizes=dict(index.vocab.sizes) if index.vocab is not None else None,
         cache_dir=str(options.cache_dir.resolve()) if options.cache_dir is not None else None,
         counts={"total": valid + invalid, "succeeded": 0, "failed": 0, "invalid": invalid},
     )

@@ -25,7 +25,7 @@ from batchrun.run.inputs import (
     validate_into_job,
 )
 from batchrun.run.model_prep import prepare_model
-from batchrun.run.model_routes import prepare_models
+from batchrun.run.model_routes import job_vocabularies, prepare_models, vocabularies
 from batchrun.run.options import (
     Notify,
     RunMode,
@@ -101,7 +101,7 @@ def submit(
     with job_lock(paths):
         discard_unfinished_validation(paths)
         # What the validating pass finds, so that the run pass reads the file cheaply.
-        index = InputIndex(known)
+        index = InputIndex(known, vocabularies(options.settings))
         started: StartedWorkers | None = None
         try:
             digest = None
@@ -271,7 +271,7 @@ def _continue(
         # Every run resolves the model again: a hub id may have left the cache, a .gguf file
         # changed, the default model's conversion been deleted.
         # The same adapters as the job's first answers: a changed or missing one refuses.
-        index = InputIndex(prepare_models(options.settings, say))
+        index = InputIndex(prepare_models(options.settings, say), job_vocabularies(manifest))
         check_input_unchanged(paths, manifest, force=force, new_input=input_path, index=index)
         # The job's own input, as it was submitted (no --force, no --input).
         same_input = not force and input_path is None
