@@ -65,7 +65,10 @@ def test_each_line_is_checked_against_its_own_models_vocabulary(tmp_path: Path) 
     vocab = Vocabularies({"big": 1000, "small": 50}, known)
     lines = [
         {**_line("big"), "body": {**_line("x")["body"], "model": "big", "stop_token_ids": [60]}},
-        {**_line("small"), "body": {**_line("x")["body"], "model": "small", "stop_token_ids": [60]}},
+        {
+            **_line("small"),
+            "body": {**_line("x")["body"], "model": "small", "stop_token_ids": [60]},
+        },
         {**_line("lora"), "body": {**_line("x")["body"], "model": "lora", "stop_token_ids": [60]}},
     ]
     items = _read(tmp_path, lines, vocab)
