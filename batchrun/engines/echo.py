@@ -79,7 +79,7 @@ from batchrun.openai.records import (
     Outcome,
     Request,
 )
-from batchrun.openai.responses import (
+from batchrun.openai.response_bodies import (
     Choice,
     TokenLogprob,
     embedding_success,

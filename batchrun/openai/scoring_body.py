@@ -13,7 +13,7 @@ from typing import Any
 
 from batchrun.openai.params import ScoreParams
 from batchrun.openai.records import Outcome, Request
-from batchrun.openai.responses import response_id
+from batchrun.openai.response_bodies import response_id
 
 
 def scoring_success(

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from batchrun import timeline
 from batchrun.job.journal import JournalWriter, plain_result
-from batchrun.job.records import ResultRecord, result_record
+from batchrun.job.journal_records import ResultRecord, result_record
 from batchrun.job.state import JobState
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.answer_cache import AnswerCache

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchrun.job.journal import JournalWriter, plain_result
+from batchrun.job.journal_records import ResultRecord, result_record
 from batchrun.job.manifest import Manifest, load_manifest
 from batchrun.job.paths import JobPaths
-from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.state import JobState, replay
 from batchrun.job.summary import keep_summary
 from batchrun.models.named import settings_for

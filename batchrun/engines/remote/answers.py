@@ -22,7 +22,7 @@ from typing import Any
 
 from batchrun.job.journal import encode_body
 from batchrun.openai.records import EMBEDDINGS, Outcome, Request
-from batchrun.openai.responses import failure
+from batchrun.openai.response_bodies import failure
 from batchrun.openai.vectors import FLOAT_MARK, base64_of, float32_bytes
 
 # Statuses that say the server (or the way to it) is overloaded or restarting, not the line.
