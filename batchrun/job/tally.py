@@ -196,6 +196,14 @@ class ModelFigures(_Dumped):
         ]
 
 
+# A tally's counts and its times, in the order the summary file keeps them (`Tally.dump`).
+_COUNTS = (
+    "done", "succeeded", "invalid", "attempts", "prompt_tokens", "completion_tokens",
+    "deduplicated", "cache_hits", "engine_attempts", "engine_completion_tokens",
+)  # fmt: skip
+_TIMES = ("first_time", "last_time")
+
+
 class Tally(_Dumped):
     """A job's counts over the results and invalid lines folded so far (see the module
     docstring); `add` is the one per-result step."""
@@ -341,36 +349,21 @@ class Tally(_Dumped):
 
     def dump(self) -> dict[str, Any]:
         """As the summary file keeps it."""
-        return {
-            "done": self.done,
-            "succeeded": self.succeeded,
-            "invalid": self.invalid,
-            "attempts": self.attempts,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "deduplicated": self.deduplicated,
-            "cache_hits": self.cache_hits,
-            "engine_attempts": self.engine_attempts,
-            "engine_completion_tokens": self.engine_completion_tokens,
-            "first_time": self.first_time,
-            "last_time": self.last_time,
-            "per_worker": {k: w.dump() for k, w in self.per_worker.items()},
-            "per_model": {k: m.dump() for k, m in self.per_model.items()},
-        }
+        dumped: dict[str, Any] = {name: getattr(self, name) for name in _COUNTS + _TIMES}
+        dumped["per_worker"] = {k: w.dump() for k, w in self.per_worker.items()}
+        dumped["per_model"] = {k: m.dump() for k, m in self.per_model.items()}
+        return dumped
 
     @classmethod
     def load(cls, data: dict[str, Any]) -> Tally:
         """From `dump`'s dict; raises (KeyError, TypeError, ValueError) on a malformed one."""
         tally = cls()
-        for name in (
-            "done", "succeeded", "invalid", "attempts", "prompt_tokens", "completion_tokens",
-            "deduplicated", "cache_hits", "engine_attempts", "engine_completion_tokens",
-        ):  # fmt: skip
+        for name in _COUNTS:
             value = data[name]
             if type(value) is not int or value < 0:
                 raise ValueError(name)
             setattr(tally, name, value)
-        for name in ("first_time", "last_time"):
+        for name in _TIMES:
             value = data[name]
             setattr(tally, name, None if value is None else float(value))
         if tally.succeeded > tally.done:
