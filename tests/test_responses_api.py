@@ -21,7 +21,7 @@ from openai_checks import assert_no_extra, output_lines, requests_of
 from batchrun.openai.params import OutputFormat, Sampling, sampling
 from batchrun.openai.reader import read_input
 from batchrun.openai.records import CHAT, RESPONSES, LineError, Request
-from batchrun.openai.responses import Choice, success
+from batchrun.openai.response_bodies import Choice, success
 from batchrun.openai.responses_api import responses_messages
 from batchrun.openai.vllm_sampling import VllmSampling
 

@@ -79,9 +79,10 @@ from batchrun.openai.records import (
     Outcome,
     Request,
 )
-from batchrun.openai.responses import (
+from batchrun.openai.response_bodies import (
     Choice,
     TokenLogprob,
+    answered,
     embedding_success,
     failure,
     response_model,
@@ -372,11 +373,9 @@ def _speech(request: Request, latency_s: float) -> Outcome:
     body: dict[str, Any] = {"text": text}
     if request.url == TRANSCRIPTIONS:
         body["usage"] = {"type": "duration", "seconds": 0}
-    return Outcome(
-        custom_id=request.custom_id,
-        ok=True,
-        status_code=200,
-        body=body,
+    return answered(
+        request,
+        body,
         prompt_tokens=0,
         completion_tokens=len(text.split()),
         latency_s=latency_s,

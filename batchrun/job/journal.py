@@ -5,7 +5,7 @@ kernel already has) and fsync'd by a background thread within about a second (so
 loses at most that); closing fsyncs the rest. On open, a torn last line left by a crash
 mid-write is cut off.
 
-Record shapes (one JSON object a line; typed in batchrun.job.records):
+Record shapes (one JSON object a line; typed in batchrun.job.journal_records):
 
 - ``{"kind": "result", "custom_id", "line", "attempt", "ok", "status_code", "body", "error",
   "retryable", "prompt_tokens", "completion_tokens", "latency_s", "time"}``: one attempt.
@@ -34,10 +34,10 @@ import msgspec
 
 from batchrun.errors import BatchrunError
 from batchrun.job.files import fsync_dir
-from batchrun.job.records import InvalidRecord as InvalidRecord
-from batchrun.job.records import ResultRecord as ResultRecord
-from batchrun.job.records import invalid_record as invalid_record
-from batchrun.job.records import result_record as result_record
+from batchrun.job.journal_records import InvalidRecord as InvalidRecord
+from batchrun.job.journal_records import ResultRecord as ResultRecord
+from batchrun.job.journal_records import invalid_record as invalid_record
+from batchrun.job.journal_records import result_record as result_record
 from batchrun.job.vectors import VectorWriter, drop_unbacked, vectors_path
 from batchrun.openai.records import Outcome
 

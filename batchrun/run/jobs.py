@@ -181,66 +181,12 @@ def check_submit(job_dir: Path, options: RunOptions) -> list[str]:
     return preflight(options)
 
 
-def resume(
-    job_dir: Path,
-    *,
-    progress: bool = True,
-    force: bool = False,
-    ray: str | None = None,
-    input_path: Path | None = None,
-    given: GivenOptions | None = None,
-    notify: Notify | None = None,
-    metrics: RunMetrics | None = None,
-    cache_dir: Path | None = None,
-) -> JobSummary:
-    """Continue a job: run only the requests with no finished attempt, then the retry passes.
-
-    `input_path` points the job at its input's new place (a moved file); `given` holds engine
-    options that replace the job's (saved into it).
-    """
-    return _continue(
-        job_dir,
-        "resume",
-        progress=progress,
-        ray=ray,
-        force=force,
-        input_path=input_path,
-        given=given,
-        notify=notify,
-        metrics=metrics,
-        cache_dir=cache_dir,
-    )
-
-
-def retry_failed(
-    job_dir: Path,
-    *,
-    progress: bool = True,
-    ray: str | None = None,
-    given: GivenOptions | None = None,
-    notify: Notify | None = None,
-    metrics: RunMetrics | None = None,
-    cache_dir: Path | None = None,
-) -> JobSummary:
-    """Run one more pass over the requests whose last attempt failed (`given`: as resume's)."""
-    return _continue(
-        job_dir,
-        "retry",
-        progress=progress,
-        ray=ray,
-        given=given,
-        notify=notify,
-        metrics=metrics,
-        cache_dir=cache_dir,
-    )
-
-
-def _continue(
+def continue_job(
     job_dir: Path,
     mode: RunMode,
     *,
-    progress: bool,
-    ray: str | None,
+    progress: bool = True,
+    ray: str | None = None,
     force: bool = False,
     input_path: Path | None = None,
     given: GivenOptions | None = None,
@@ -248,7 +194,12 @@ def _continue(
     metrics: RunMetrics | None = None,
     cache_dir: Path | None = None,
 ) -> JobSummary:
-    """resume and retry-failed: the job's options with those given over them, then run `mode`."""
+    """Continue a job: resume runs only the requests with no finished attempt, then the retry
+    passes; retry one more pass over the requests whose last attempt failed.
+
+    The job's options with `given` over them (engine options that replace the job's, saved into
+    it); `force` and `input_path` (resume only) take its input changed, or at a new place.
+    """
     paths = JobPaths(job_dir)
     manifest = load_manifest(paths)
     served = served_batch(manifest)
@@ -339,10 +290,9 @@ __all__ = [
     "Probe",
     "RunOptions",
     "check_submit",
+    "continue_job",
     "prepare_model",
     "refuse_existing_job",
-    "resume",
-    "retry_failed",
     "submit",
 ]
 

@@ -17,10 +17,10 @@ from batchrun.export.jsonl import ERRORS_NAME, OUTPUT_NAME
 from batchrun.job.figures import job_figures
 from batchrun.job.files import fsync_dir, fsync_file
 from batchrun.job.journal import read_records
+from batchrun.job.journal_records import ResultRecord, result_record
 from batchrun.job.lock import job_lock
 from batchrun.job.manifest import load_manifest
 from batchrun.job.paths import JobPaths
-from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.state import replay
 from batchrun.openai.records import Outcome
 from batchrun.run.inputs import discard_unfinished_validation, validate_into_job

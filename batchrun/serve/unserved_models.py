@@ -20,8 +20,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from batchrun.config import EngineSettings
+from batchrun.job.journal_records import ResultRecord, result_record
 from batchrun.job.manifest import Manifest
-from batchrun.job.records import ResultRecord, result_record
 from batchrun.openai.records import Outcome, Request
 from batchrun.openai.routing import MODEL_NOT_FOUND, KnownModels
 from batchrun.run.model_routes import job_vocabularies, known_models
