@@ -7,7 +7,7 @@ vLLM's `LLM.chat` with one `LoRARequest` per request in the file's order (issue 
     .venv/bin/python scripts/bench_lora.py --lora-echo --no-docs    # dry: echo engine, no vLLM
 
 The workload: N chat lines (the generated prompts of scripts/bench_harness.py, each made unique)
-over 4 rank-8 adapters on the packaged SmolLM2 model (tests/lora_models.py's make_adapter: random
+over 4 rank-8 adapters on the packaged SmolLM2 model (scripts/testmodels/lora.py's make_adapter: random
 weights, seeds 1-4), each line's adapter drawn at random (fixed seed), temperature 0, short
 max_tokens. Two contenders, each in a process of its own, with the same engine settings (model,
 dtype, max_model_len, max_num_seqs, seed, KV budget, enable_lora, max_loras, max_lora_rank), the
@@ -321,7 +321,7 @@ def part_lora(args: argparse.Namespace, work: Path, command: str, machine: dict[
 - Command: `{command}`
 - Workload: {args.lora_lines} chat lines (scripts/bench_harness.py's prompts, seed {args.seed},
   each made unique), each naming one of 4 rank-{RANK} LoRA adapters on SmolLM2-135M-Instruct
-  drawn at random (tests/lora_models.py's `make_adapter`, random weights, seeds 1-4, scale
+  drawn at random (scripts/testmodels/lora.py's `make_adapter`, random weights, seeds 1-4, scale
   {ADAPTER_SCALE}), temperature 0, max_tokens {args.lora_max_tokens}.
 - Engine settings, the same for both: dtype {dtype}, max_model_len {MAX_MODEL_LEN}, enforce_eager,
   max_num_seqs {MAX_NUM_SEQS}, seed {SEED}, enable_lora, max_loras {max_loras(len(adapters), cuda)}
