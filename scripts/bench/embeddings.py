@@ -1,7 +1,7 @@
-"""Benchmark: an embeddings job at corpus scale against its chat-completion twin (issue 40).
+"""An embeddings job at corpus scale against its chat-completion twin, echo engine (issue 40).
 
-    .venv/bin/python scripts/bench_embeddings.py                      # 200,000 of 1,024 dims
-    .venv/bin/python scripts/bench_embeddings.py --requests 20000 --rounds 2 --no-docs
+    .venv/bin/python scripts/bench.py embeddings                      # 200,000 of 1,024 dims
+    .venv/bin/python scripts/bench.py embeddings --requests 20000 --rounds 2 --no-docs
 
 Two jobs of N requests each on the echo engine (no model: what is measured is batchrun's own
 cost), run one after the other in each round, the rounds alternating which goes first, so that
@@ -15,8 +15,8 @@ Each command is a process of its own (`submit --batch-size 1024`, `export`, `exp
 the figures: its wall time and requests/s, the parent's own CPU seconds (its engine worker not
 counted), and the journal's bytes per result. Targets: the embeddings journal at most 1.5x the
 vectors' float32 bytes (4 x D), and the embeddings job's submit at least half the chat job's
-requests/s. Results are printed and, unless --no-docs, written to docs/benchmarks.md between
-`<!-- bench:embeddings -->` and its closing marker.
+requests/s. Results are printed and, unless --no-docs, written to
+docs/benchmarks/results/embeddings.md (section `bench:embeddings`).
 """
 
 from __future__ import annotations
@@ -27,24 +27,15 @@ import json
 import shutil
 import statistics
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(1, str(ROOT))  # this checkout's batchrun (float_text_bytes), as the jobs run it
-
-from bench_harness import (  # noqa: E402
-    DOCS,
-    common_arguments,
+from bench.harness import (
     machine_line,
     md_table,
     print_table,
-    replace_section,
-    run_benchmark,
-    the_command,
+    write_results,
 )
-from bench_scale import run_phase  # noqa: E402
+from bench.scale import run_phase
 
 KINDS = ("embeddings", "chat")
 PHASES = ("submit", "export", "export --parquet")
@@ -137,83 +128,73 @@ def measure(
     return results
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark; print the table (and write it into docs/benchmarks.md)."""
-    parser = argparse.ArgumentParser(
-        prog="bench_embeddings.py", description=(__doc__ or "").split("\n\n")[0]
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
     parser.add_argument("--requests", type=int, default=200_000, help="requests in each job")
     parser.add_argument("--dimensions", type=int, default=1024, help="each vector's size")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of the two jobs")
-    common_arguments(parser)
-    args = parser.parse_args(argv)
-    command = the_command(__file__, argv)
-    status = [0]
-
-    def body(work: Path, command: str, machine: dict[str, str]) -> None:
-        n, dims = args.requests, args.dimensions
-        inputs = write_inputs(work, n, dims)
-        rounds: list[dict[str, dict[str, tuple[float, int, float]]]] = []
-        for r in range(args.rounds):
-            order = KINDS if r % 2 == 0 else KINDS[::-1]
-            rounds.append({kind: measure(work, inputs[kind], kind, n, dims) for kind in order})
-        head = ["round", "job", "command", "wall s", "requests/s", "parent CPU s",
-                "requests/parent CPU s", "bytes/result"]  # fmt: skip
-        rows: list[list[str]] = []
-        ratios: list[float] = []
-        cpu_ratios: list[float] = []
-        for r, measured in enumerate(rounds, start=1):
-            for kind in KINDS:
-                for phase in PHASES:
-                    wall, rc, cpu = measured[kind][phase]
-                    status[0] |= rc
-                    size = ""
-                    if phase == "submit":
-                        size = f"{measured[kind]['journal'][0] / n:,.0f} (journal)"
-                    elif phase == "export":
-                        size = f"{measured[kind]['output'][0] / n:,.0f} (output.jsonl)"
-                    rows.append([str(r), kind, phase + ("" if rc == 0 else f" (exit {rc})"),
-                                 f"{wall:.2f}", f"{n / wall:,.0f}", f"{cpu:.2f}",
-                                 f"{n / cpu:,.0f}" if cpu else "", size])  # fmt: skip
-            emb, chat = measured["embeddings"]["submit"], measured["chat"]["submit"]
-            ratios.append(chat[0] / emb[0])  # requests/s, embeddings over chat
-            if emb[2] and chat[2]:
-                cpu_ratios.append(chat[2] / emb[2])  # requests a parent CPU second
-        journal = statistics.median(m["embeddings"]["journal"][0] for m in rounds) / n
-        vector = 4 * dims
-        ratio = statistics.median(ratios)
-        as_text = float_text_bytes(dims)
-        lines = [
-            f"embeddings journal: {journal:,.0f} bytes a result for {vector:,} bytes of float32 "
-            f"({journal / vector:.2f}x; target at most 1.5x): "
-            + ("met" if journal <= 1.5 * vector else "NOT met")
-            + f"; the same vectors as JSON float text, as journaled before: {as_text:,.0f} bytes "
-            f"each ({as_text / vector:.1f}x)",
-            "embeddings submit requests/s over chat's, by round: "
-            + ", ".join(f"{x:.2f}" for x in ratios)
-            + f"; median {ratio:.2f} (target at least 0.5): "
-            + ("met" if ratio >= 0.5 else "NOT met"),
-            "the same by the parent's CPU (requests per parent CPU second, which a loaded "
-            "machine inflates less than wall time): " + ", ".join(f"{x:.2f}" for x in cpu_ratios),
-        ]
-        print_table(head, rows)
-        print("\n".join(lines))
-        if not args.no_docs:
-            text = (
-                "## Embeddings at corpus scale: vectors journaled as float32\n\n"
-                f"`{command}`; {machine_line(machine)}. {n:,} /v1/embeddings requests of "
-                f"{dims:,} dimensions (float and base64 alternating) and their chat-completion "
-                "twin (the same count, 8-token answers), both on the echo engine, one after the "
-                "other in each round (the rounds alternate which goes first). Each command is a "
-                "process of its own; parent CPU s: that process's own (its engine worker not "
-                "counted); bytes/result: the journal's after submit, output.jsonl's after "
-                "export.\n\n" + md_table(head, rows) + "\n\n" + "\n".join(f"- {x}" for x in lines)
-            )
-            replace_section(DOCS, "embeddings", text)
-
-    run_benchmark(args.work_dir, command, body)
-    return 0 if status[0] == 0 else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> int:
+    """Run the two jobs in rounds; print the table (and write it into the results)."""
+    status = 0
+    n, dims = args.requests, args.dimensions
+    inputs = write_inputs(work, n, dims)
+    rounds: list[dict[str, dict[str, tuple[float, int, float]]]] = []
+    for r in range(args.rounds):
+        order = KINDS if r % 2 == 0 else KINDS[::-1]
+        rounds.append({kind: measure(work, inputs[kind], kind, n, dims) for kind in order})
+    head = ["round", "job", "command", "wall s", "requests/s", "parent CPU s",
+            "requests/parent CPU s", "bytes/result"]  # fmt: skip
+    rows: list[list[str]] = []
+    ratios: list[float] = []
+    cpu_ratios: list[float] = []
+    for r, measured in enumerate(rounds, start=1):
+        for kind in KINDS:
+            for phase in PHASES:
+                wall, rc, cpu = measured[kind][phase]
+                status |= rc
+                size = ""
+                if phase == "submit":
+                    size = f"{measured[kind]['journal'][0] / n:,.0f} (journal)"
+                elif phase == "export":
+                    size = f"{measured[kind]['output'][0] / n:,.0f} (output.jsonl)"
+                rows.append([str(r), kind, phase + ("" if rc == 0 else f" (exit {rc})"),
+                             f"{wall:.2f}", f"{n / wall:,.0f}", f"{cpu:.2f}",
+                             f"{n / cpu:,.0f}" if cpu else "", size])  # fmt: skip
+        emb, chat = measured["embeddings"]["submit"], measured["chat"]["submit"]
+        ratios.append(chat[0] / emb[0])  # requests/s, embeddings over chat
+        if emb[2] and chat[2]:
+            cpu_ratios.append(chat[2] / emb[2])  # requests a parent CPU second
+    journal = statistics.median(m["embeddings"]["journal"][0] for m in rounds) / n
+    vector = 4 * dims
+    ratio = statistics.median(ratios)
+    as_text = float_text_bytes(dims)
+    lines = [
+        f"embeddings journal: {journal:,.0f} bytes a result for {vector:,} bytes of float32 "
+        f"({journal / vector:.2f}x; target at most 1.5x): "
+        + ("met" if journal <= 1.5 * vector else "NOT met")
+        + f"; the same vectors as JSON float text, as journaled before: {as_text:,.0f} bytes "
+        f"each ({as_text / vector:.1f}x)",
+        "embeddings submit requests/s over chat's, by round: "
+        + ", ".join(f"{x:.2f}" for x in ratios)
+        + f"; median {ratio:.2f} (target at least 0.5): "
+        + ("met" if ratio >= 0.5 else "NOT met"),
+        "the same by the parent's CPU (requests per parent CPU second, which a loaded "
+        "machine inflates less than wall time): " + ", ".join(f"{x:.2f}" for x in cpu_ratios),
+    ]
+    print_table(head, rows)
+    print("\n".join(lines))
+    if not args.no_docs:
+        text = (
+            "## Embeddings at corpus scale: vectors journaled as float32\n\n"
+            f"`{command}`; {machine_line(machine)}. {n:,} /v1/embeddings requests of "
+            f"{dims:,} dimensions (float and base64 alternating) and their chat-completion "
+            "twin (the same count, 8-token answers), both on the echo engine, one after the "
+            "other in each round (the rounds alternate which goes first). Each command is a "
+            "process of its own; parent CPU s: that process's own (its engine worker not "
+            "counted); bytes/result: the journal's after submit, output.jsonl's after "
+            "export.\n\n" + md_table(head, rows) + "\n\n" + "\n".join(f"- {x}" for x in lines)
+        )
+        write_results(__name__, "embeddings", text)
+    return 0 if status == 0 else 1

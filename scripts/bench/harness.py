@@ -1,13 +1,8 @@
-"""The benchmarks' shared harness: the generated workload, running and timing commands (wall
-time, peak RSS of the process tree), results, the machine's description, and docs/benchmarks.md's
-sections and tables. Each benchmark is a module of its own beside it:
-
-    scripts/bench_vllm.py       batchrun against raw vLLM, vLLM's batch runner and fixed chunks
-    scripts/bench_overhead.py   batchrun's own overhead with the echo engine (no model)
-    scripts/bench_dispatch.py   the dispatch plan (--order auto) against raw vLLM
-    scripts/bench.py            all of them, with the flags they always had
-
-Each runs alone (`--help` lists its options). Not a benchmark itself.
+"""What the benchmarks share, once: the generated workload, running and timing commands (wall
+time, peak RSS of the process tree, CPU), results and ratios, tables, the machine's description,
+the results files (docs/benchmarks/results/NAME.md, one section a key), the child processes of
+contenders, and `scripts/bench.py`'s entry point (`main`). Not a benchmark itself; the benchmarks
+are the other modules of this package (the list: __init__.py).
 """
 
 from __future__ import annotations
@@ -33,10 +28,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-DOCS = ROOT / "docs" / "benchmarks.md"
+from bench import BENCHMARKS
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH_PY = ROOT / "scripts" / "bench.py"
+RESULTS = ROOT / "docs" / "benchmarks" / "results"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 
 # Engine settings shared by every contender of part A.
@@ -405,19 +404,13 @@ def machine_line(m: dict[str, str]) -> str:
     )
 
 
-def replace_section(path: Path, key: str, body: str) -> None:
-    """Put `body` between `<!-- bench:key -->` and `<!-- /bench:key -->`, keeping the rest."""
+def replace_section(path: Path, key: str, body: str, header: str) -> None:
+    """Put `body` between `<!-- bench:key -->` and `<!-- /bench:key -->`, keeping the rest (a
+    new file starts with `header`)."""
     start, end = f"<!-- bench:{key} -->", f"<!-- /bench:{key} -->"
     block = f"{start}\n{body.rstrip()}\n{end}"
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = (
-        path.read_text(encoding="utf-8")
-        if path.exists()
-        else (
-            "# Benchmarks\n\nWritten by `scripts/bench.py`; each section is replaced by the run that "
-            "measured it. Rerun with `.venv/bin/python scripts/bench.py`.\n"
-        )
-    )
+    text = path.read_text(encoding="utf-8") if path.exists() else header
     i, j = text.find(start), text.find(end)
     if i >= 0 and j > i:
         text = text[:i] + block + text[j + len(end) :]
@@ -426,6 +419,30 @@ def replace_section(path: Path, key: str, body: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def bench_name(module: str) -> str:
+    """The name scripts/bench.py knows a benchmark module by (`__name__`: "bench.imports")."""
+    return {m: n for n, m in BENCHMARKS.items()}[module.rpartition(".")[2]]
+
+
+def write_results(module: str, key: str, body: str) -> None:
+    """Write a run's results (Markdown) as section `key` of its benchmark's results file, the
+    file's other sections kept: docs/benchmarks/results/NAME.md."""
+    name = bench_name(module)
+    path = RESULTS / f"{name}.md"
+    header = (
+        f"# Benchmark results: {name}\n\nWritten by `.venv/bin/python scripts/bench.py {name}`; "
+        "each section is replaced by the run that measured it. The notes on them, written by "
+        "hand: [benchmarks.md](../../benchmarks.md).\n"
+    )
+    replace_section(path, key, body, header)
+    print(f"  wrote {path.relative_to(ROOT)} (section bench:{key})")
+
+
+def measured_lines(machine: dict[str, str], command: str) -> str:
+    """The first lines of every results section: where and when, and the command that ran it."""
+    return f"- Measured: {machine_line(machine)}.\n- Command: `{command}`"
 
 
 def _f(x: float | None, fmt: str = "{:,.1f}") -> str:
@@ -509,36 +526,84 @@ def _x(ratio: float | None) -> str:
     return f"{ratio:.2f}x" if ratio is not None else "n/a"
 
 
-def common_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options every benchmark takes: where its files go and whether docs are written."""
+def common_arguments(parser: argparse.ArgumentParser, writes_results: bool) -> None:
+    """The options every benchmark takes: where its files go and whether results are written."""
     parser.add_argument("--work-dir", type=Path, default=None, help="keep the files here")
-    parser.add_argument("--no-docs", action="store_true", help="do not write docs/benchmarks.md")
+    if writes_results:
+        parser.add_argument(
+            "--no-docs", action="store_true", help="do not write docs/benchmarks/results/"
+        )
 
 
-def the_command(script: str, argv: Sequence[str] | None) -> str:
-    """The command line that ran this benchmark, as docs/benchmarks.md records it."""
+def the_command(name: str, argv: Sequence[str]) -> str:
+    """The command line that ran this benchmark, as its results record it."""
     python = (
         os.path.relpath(sys.executable, ROOT)
         if sys.executable.startswith(str(ROOT))
         else (sys.executable)
     )
-    path = os.path.relpath(Path(script).resolve(), ROOT)
-    command = shlex.join([python, path, *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join([python, os.path.relpath(BENCH_PY, ROOT), name, *argv])
     # The model cache's place (BATCHRUN_HOME) and the answer cache (BATCHRUN_CACHE_DIR, which
     # answers repeated requests without the engine) both change what a run measures.
-    for name in ("BATCHRUN_CACHE_DIR", "BATCHRUN_HOME"):
-        if os.environ.get(name):
-            command = f"{name}={os.environ[name]} {command}"
+    for var in ("BATCHRUN_CACHE_DIR", "BATCHRUN_HOME"):
+        if os.environ.get(var):
+            command = f"{var}={os.environ[var]} {command}"
     return command
+
+
+def child_command(module: str, **options: Any) -> list[str]:
+    """The command of a contender's child process: `module.child(options)` in a fresh Python
+    (options JSON-encoded; paths as strings)."""
+    encoded = json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in options.items()})
+    return [sys.executable, str(BENCH_PY), "--child", module, encoded]
+
+
+def load(name: str) -> ModuleType:
+    """The benchmark module called `name`."""
+    return importlib.import_module(f"bench.{BENCHMARKS[name]}")
+
+
+def summary(module: ModuleType) -> str:
+    """A benchmark's one line: its docstring's first."""
+    return (module.__doc__ or "").strip().splitlines()[0]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """scripts/bench.py: `--list`, `NAME [options]`, or (internal) `--child MODULE OPTIONS`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--child"]:
+        importlib.import_module(argv[1]).child(argparse.Namespace(**json.loads(argv[2])))
+        return 0
+    if not argv or argv[0] not in BENCHMARKS:
+        width = max(map(len, BENCHMARKS))
+        usage = "usage: bench.py --list | bench.py NAME [--help | options]\n\nbenchmarks:"
+        listing = [f"  {name.ljust(width)}  {summary(load(name))}" for name in BENCHMARKS]
+        listed = argv[:1] in ([], ["--list"], ["-h"], ["--help"])
+        print("\n".join([usage, *listing]), file=sys.stdout if listed else sys.stderr)
+        if not listed:
+            print(f"\nbench.py: no benchmark called {argv[0]!r}", file=sys.stderr)
+        return 0 if listed else 2
+    name, rest = argv[0], argv[1:]
+    module = load(name)
+    parser = argparse.ArgumentParser(prog=f"bench.py {name}", description=summary(module))
+    module.add_arguments(parser)
+    common_arguments(parser, getattr(module, "WRITES_RESULTS", True))
+    args = parser.parse_args(rest)
+    return run_benchmark(
+        args.work_dir,
+        the_command(name, rest),
+        lambda work, command, machine: module.run(args, work, command, machine),
+    )
 
 
 def run_benchmark(
     work_dir: Path | None,
     command: str,
-    body: Callable[[Path, str, dict[str, str]], object],
-) -> None:
+    body: Callable[[Path, str, dict[str, str]], int | None],
+) -> int:
     """Print the machine, make the work directory (a temporary one unless `work_dir`), run
-    `body(work, command, machine)`, and remove a temporary work directory after."""
+    `body(work, command, machine)`, and remove a temporary work directory after; its exit
+    status (None: 0)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     machine = machine_info()
     print(f"Machine: {machine_line(machine)}")
@@ -551,7 +616,7 @@ def run_benchmark(
         keep = False
     print(f"Work dir: {work}\n")
     try:
-        body(work, command, machine)
+        return body(work, command, machine) or 0
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)

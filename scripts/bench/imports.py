@@ -1,8 +1,9 @@
-"""Benchmark: what `import batchrun` costs a Python process (issue 52: the Python API must keep
-it cheap), against the interpreter's own start, and what the API's first use adds.
+"""What `import batchrun` and the API's first use cost a Python process (issue 52).
 
-    .venv/bin/python scripts/bench_import.py                # 30 runs of each, docs written
-    .venv/bin/python scripts/bench_import.py --runs 5 --no-docs
+    .venv/bin/python scripts/bench.py import                # 30 runs of each, results written
+    .venv/bin/python scripts/bench.py import --runs 5 --no-docs
+
+Against the interpreter's own start (the Python API must keep the import cheap).
 
 Each contender is a fresh `python -c CODE` process, timed from launch to exit, `--runs` times,
 interleaved (one of each in turn, so that a busy moment of the machine falls on all alike):
@@ -15,8 +16,8 @@ interleaved (one of each in turn, so that a busy moment of the machine falls on 
 
 batchrun's modules are compiled first (as `scripts/test.sh` does and an install does), so no
 run pays for compiling them. Each row also lists the heavy modules the code left imported
-(none of vLLM, torch, pandas, pyarrow for `import batchrun` is the promise). Results are printed and written to docs/benchmarks.md between
-`<!-- bench:import -->` and its closing marker.
+(none of vLLM, torch, pandas, pyarrow for `import batchrun` is the promise). Results are printed
+and written to docs/benchmarks/results/import.md (section `bench:import`).
 """
 
 from __future__ import annotations
@@ -29,19 +30,14 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
-from bench_harness import (
-    DOCS,
+from bench.harness import (
     ROOT,
-    common_arguments,
     machine_line,
     md_table,
     print_table,
-    replace_section,
-    run_benchmark,
-    the_command,
+    write_results,
 )
 
 HEAVY = ("vllm", "torch", "pandas", "pyarrow", "numpy", "typer", "batchrun.api")
@@ -56,13 +52,6 @@ CONTENDERS = {
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """This benchmark's options."""
     p.add_argument("--runs", type=int, default=30, help="processes per contender")
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    common_arguments(p)
-    return p.parse_args(argv)
 
 
 def timed(code: str) -> float:
@@ -95,57 +84,46 @@ def measure(runs: int) -> dict[str, list[float]]:
     return times
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    command = the_command(__file__, argv)
-
-    def body(work: Path, command: str, machine: dict[str, str]) -> None:
-        compileall.compile_dir(ROOT / "batchrun", quiet=1)
-        load_before = os.getloadavg()[0]
-        times = measure(args.runs)
-        load_after = os.getloadavg()[0]
-        floor = statistics.median(times["python -c pass"])
-        watched = ", ".join(HEAVY)
-        head = ["code", "median", "min", "max", "over `python -c pass`", f"of {watched}: imported"]
-        rows = []
-        for name, code in CONTENDERS.items():
-            median = statistics.median(times[name])
-            heavy = left_imported(code) if code != "pass" else []
-            rows.append(
-                [
-                    f"`{name}`",
-                    f"{median * 1000:.0f} ms",
-                    f"{min(times[name]) * 1000:.0f} ms",
-                    f"{max(times[name]) * 1000:.0f} ms",
-                    "-" if code == "pass" else f"+{(median - floor) * 1000:.0f} ms",
-                    ", ".join(heavy) or "none",
-                ]
-            )
-        print_table(head, rows)
-        if args.no_docs:
-            return
-        text = "\n".join(
+def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
+    """Time the contenders; print the table (and write it into the results)."""
+    compileall.compile_dir(ROOT / "batchrun", quiet=1)
+    load_before = os.getloadavg()[0]
+    times = measure(args.runs)
+    load_after = os.getloadavg()[0]
+    floor = statistics.median(times["python -c pass"])
+    watched = ", ".join(HEAVY)
+    head = ["code", "median", "min", "max", "over `python -c pass`", f"of {watched}: imported"]
+    rows = []
+    for name, code in CONTENDERS.items():
+        median = statistics.median(times[name])
+        heavy = left_imported(code) if code != "pass" else []
+        rows.append(
             [
-                "## `import batchrun`: what the package costs a Python process",
-                "",
-                f"`{command}`; {args.runs} processes of each, interleaved, wall time from "
-                "launch to exit, batchrun's modules compiled; load average "
-                f"{load_before:.1f} before, {load_after:.1f} after ({os.cpu_count()} cores).",
-                f"Machine: {machine_line(machine)}",
-                "",
-                md_table(head, rows),
-                "",
-                "The Python API (`batchrun.run`, `batchrun.submit`, `batchrun.Job`) is imported "
-                "on first use (batchrun/__init__.py), and nothing of it imports vLLM, torch, "
-                "pandas or pyarrow until a job, its results or its DataFrame need them.",
+                f"`{name}`",
+                f"{median * 1000:.0f} ms",
+                f"{min(times[name]) * 1000:.0f} ms",
+                f"{max(times[name]) * 1000:.0f} ms",
+                "-" if code == "pass" else f"+{(median - floor) * 1000:.0f} ms",
+                ", ".join(heavy) or "none",
             ]
         )
-        replace_section(DOCS, "import", text)
-        print(f"\nwrote {DOCS}")
-
-    run_benchmark(args.work_dir, command, body)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    print_table(head, rows)
+    if args.no_docs:
+        return
+    text = "\n".join(
+        [
+            "## `import batchrun`: what the package costs a Python process",
+            "",
+            f"`{command}`; {args.runs} processes of each, interleaved, wall time from "
+            "launch to exit, batchrun's modules compiled; load average "
+            f"{load_before:.1f} before, {load_after:.1f} after ({os.cpu_count()} cores).",
+            f"Machine: {machine_line(machine)}",
+            "",
+            md_table(head, rows),
+            "",
+            "The Python API (`batchrun.run`, `batchrun.submit`, `batchrun.Job`) is imported "
+            "on first use (batchrun/__init__.py), and nothing of it imports vLLM, torch, "
+            "pandas or pyarrow until a job, its results or its DataFrame need them.",
+        ]
+    )
+    write_results(__name__, "import", text)

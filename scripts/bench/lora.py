@@ -1,12 +1,12 @@
-"""Benchmark: LoRA adapters chosen per line, interleaved at random, through batchrun against raw
-vLLM's `LLM.chat` with one `LoRARequest` per request in the file's order (issue 24).
+"""LoRA adapters interleaved at random per line, batchrun against raw `LLM.chat` (issue 24).
 
-    .venv/bin/python scripts/bench_lora.py                          # 256 lines, 2 rounds
-    .venv/bin/python scripts/bench_lora.py --lora-lines 128 --rounds 1
-    .venv/bin/python scripts/bench.py --lora                        # the same through bench.py
-    .venv/bin/python scripts/bench_lora.py --lora-echo --no-docs    # dry: echo engine, no vLLM
+    .venv/bin/python scripts/bench.py lora                          # 256 lines, 2 rounds
+    .venv/bin/python scripts/bench.py lora --lora-lines 128 --rounds 1
+    .venv/bin/python scripts/bench.py lora --lora-echo --no-docs    # dry: echo engine, no vLLM
 
-The workload: N chat lines (the generated prompts of scripts/bench_harness.py, each made unique)
+Raw vLLM's `LLM.chat` gets one `LoRARequest` per request in the file's order.
+
+The workload: N chat lines (the generated prompts of scripts/bench/harness.py, each made unique)
 over 4 rank-8 adapters on the packaged SmolLM2 model (scripts/testmodels/lora.py's make_adapter: random
 weights, seeds 1-4), each line's adapter drawn at random (fixed seed), temperature 0, short
 max_tokens. Two contenders, each in a process of its own, with the same engine settings (model,
@@ -23,7 +23,8 @@ rounds alternating which goes first:
 Times: *wall*, the whole command(s); *generation*, raw: the `LLM.chat` call; batchrun: from its
 "worker 0 ready" line (time-stamped here as it arrives) to the last result in its journal. The
 ratio raw / batchrun (of times: >= 1.0x means batchrun is no slower). The answers are compared too.
-Results are printed and written to docs/benchmarks.md (section `bench:lora`) unless --no-docs.
+Results are printed and written to docs/benchmarks/results/lora.md (section `bench:lora`) unless
+--no-docs.
 """
 
 from __future__ import annotations
@@ -33,38 +34,30 @@ import json
 import random
 import shutil
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from bench_harness import (  # noqa: E402
+from bench.harness import (
     CPU_MEMORY_UTILIZATION,
-    DOCS,
     INPROC_ENV,
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,
     SEED,
     _f,
     batchrun_cmd,
-    common_arguments,
+    child_command,
     default_model_dir,
     effective_dtype,
-    machine_line,
     make_chat_requests,
     md_table,
+    measured_lines,
     on_cuda,
     print_table,
-    replace_section,
-    run_benchmark,
     run_cmd,
-    the_command,
     write_jsonl,
+    write_results,
 )
 
 ADAPTERS = 4
@@ -88,7 +81,7 @@ def lora_lines(n: int, adapters: Sequence[str], seed: int, max_tokens: int) -> l
 
 def make_adapters(directory: Path, count: int) -> dict[str, str]:
     """`count` adapters (name -> directory), random weights under seeds 1..count."""
-    from lora_models import make_adapter  # type: ignore[import-not-found]
+    from testmodels.lora import make_adapter
 
     return {
         f"adapter{i}": str(
@@ -181,14 +174,13 @@ def contender_batchrun(
 def contender_raw(
     inp: Path, work: Path, model: str, adapters: dict[str, str], dtype: str, cuda: bool
 ) -> dict[str, Any]:
-    """Raw vLLM in a child process of its own (this script with --_child-raw)."""
+    """Raw vLLM in a child process of its own (`child`)."""
     out = work / "raw-result.json"
     out.unlink(missing_ok=True)
-    argv = [
-        sys.executable, str(Path(__file__).resolve()), "--_child-raw", "--input", str(inp),
-        "--model", model, "--result", str(out), "--dtype", dtype,
-        "--adapters", json.dumps(adapters), "--max-loras", str(max_loras(len(adapters), cuda)),
-    ]  # fmt: skip
+    argv = child_command(
+        __name__, input=inp, model=model, result=out, dtype=dtype, adapters=adapters,
+        max_loras=max_loras(len(adapters), cuda),
+    )  # fmt: skip
     run = run_cmd(argv, work / "raw.log", env={INPROC_ENV: "0"})
     if run.rc != 0 or not out.exists():
         raise SystemExit(f"raw vLLM exited {run.rc}; see {work / 'raw.log'}:\n{run.tail(8)}")
@@ -199,14 +191,14 @@ def contender_raw(
     return data
 
 
-def child_raw(args: argparse.Namespace) -> None:
+def child(args: argparse.Namespace) -> None:
     """Raw vLLM in this (fresh) process: engine start, then one timed `LLM.chat` call."""
     import torch
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
 
     requests = [json.loads(x) for x in Path(args.input).read_text().splitlines() if x.strip()]
-    adapters: dict[str, str] = json.loads(args.adapters)
+    adapters: dict[str, str] = args.adapters
     kwargs: dict[str, Any] = {
         "model": args.model,
         "max_model_len": MAX_MODEL_LEN,
@@ -317,9 +309,8 @@ def part_lora(args: argparse.Namespace, work: Path, command: str, machine: dict[
         return
     body = f"""## LoRA: 4 adapters interleaved at random, batchrun against raw `LLM.chat`
 
-- Measured: {machine_line(machine)}.
-- Command: `{command}`
-- Workload: {args.lora_lines} chat lines (scripts/bench_harness.py's prompts, seed {args.seed},
+{measured_lines(machine, command)}
+- Workload: {args.lora_lines} chat lines (scripts/bench/harness.py's prompts, seed {args.seed},
   each made unique), each naming one of 4 rank-{RANK} LoRA adapters on SmolLM2-135M-Instruct
   drawn at random (scripts/testmodels/lora.py's `make_adapter`, random weights, seeds 1-4, scale
   {ADAPTER_SCALE}), temperature 0, max_tokens {args.lora_max_tokens}.
@@ -341,11 +332,11 @@ def part_lora(args: argparse.Namespace, work: Path, command: str, machine: dict[
 - {verdict}.
 - {same_line}.
 """
-    replace_section(DOCS, "lora", body)
+    write_results(__name__, "lora", body)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """This benchmark's own options (scripts/bench.py takes them too)."""
+    """This benchmark's options."""
     p.add_argument("--lora-lines", type=int, default=256, help="chat lines in the file (256)")
     p.add_argument("--lora-max-tokens", type=int, default=16, help="max_tokens of each line (16)")
     p.add_argument(
@@ -353,33 +344,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="dry run: batchrun with the echo engine only (no model, no raw vLLM, no docs)",
     )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(p)
     p.add_argument("--rounds", type=int, default=2, help="rounds, alternating the order (2)")
     p.add_argument("--seed", type=int, default=1234, help="seed of the lines and their adapters")
     p.add_argument("--dtype", default=None, help="dtype for both (default: batchrun's auto here)")
-    common_arguments(p)
-    # internal: the raw contender's child process
-    p.add_argument("--_child-raw", dest="child_raw", action="store_true", help=argparse.SUPPRESS)
-    for hidden in ("--input", "--model", "--result", "--adapters"):
-        p.add_argument(hidden, help=argparse.SUPPRESS)
-    p.add_argument("--max-loras", type=int, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.child_raw:
-        child_raw(args)
-        return 0
+
+
+def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
+    """The LoRA benchmark; dry with --lora-echo (no results written)."""
     if args.lora_echo:
         args.no_docs = True
-    run_benchmark(
-        args.work_dir,
-        the_command(__file__, argv),
-        lambda work, command, machine: part_lora(args, work, command, machine),
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    part_lora(args, work, command, machine)

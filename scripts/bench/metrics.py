@@ -1,7 +1,7 @@
-"""Benchmark: what /metrics costs the parent (echo engine, no model).
+"""What /metrics costs the parent (echo engine, no model).
 
-    .venv/bin/python scripts/bench_metrics.py                    # 300,000 requests, 3 rounds
-    .venv/bin/python scripts/bench_metrics.py --requests 20000 --rounds 1 --no-docs
+    .venv/bin/python scripts/bench.py metrics                    # 300,000 requests, 3 rounds
+    .venv/bin/python scripts/bench.py metrics --requests 20000 --rounds 1 --no-docs
 
 The same input through submit's core (`--engine echo --batch-size 1024`), each run in a fresh
 process of its own, with and without metrics served (as `--metrics-port 0` serves them, scraped
@@ -13,8 +13,7 @@ its throughput where it is the bottleneck, as here. Its throughput (requests ove
 the first to the last result, `status --json`) is shown too, but on a machine shared with other
 work it moves by more than 3% from run to run.
 
-Results are printed and written to docs/benchmarks.md between `<!-- bench:metrics -->` and its
-closing marker; the rest of that file is kept as it is.
+Results are printed and written to docs/benchmarks/results/metrics.md (section `bench:metrics`).
 """
 
 from __future__ import annotations
@@ -25,24 +24,19 @@ import json
 import shutil
 import statistics
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
 from pathlib import Path
 
-from bench_harness import (
-    DOCS,
+from bench.harness import (
     ROOT,
-    common_arguments,
-    machine_line,
+    child_command,
     md_table,
+    measured_lines,
     print_table,
-    replace_section,
-    run_benchmark,
-    the_command,
     write_completion_requests,
+    write_results,
 )
 
 TARGET = 0.03
@@ -79,7 +73,7 @@ def one_run(inp: Path, job: Path, metrics: bool) -> tuple[float, float, int, flo
     it, wall seconds, scrapes made, CPU seconds of the parent process alone: its worker's are
     not counted)."""
     shutil.rmtree(job, ignore_errors=True)
-    argv = [sys.executable, __file__, "--_child", str(inp), str(job), "on" if metrics else "off"]
+    argv = child_command(__name__, inp=inp, job=job, metrics=metrics)
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
     )
@@ -127,105 +121,96 @@ def hook_ns_per_request(batch: int = 64) -> float:
     return best / (rounds * 1024) * 1e9
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Run the rounds, print the table, write the docs section."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
     parser.add_argument("--requests", type=int, default=300_000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--_child", nargs=3, help=argparse.SUPPRESS)
-    common_arguments(parser)
-    args = parser.parse_args(argv)
-    if args._child:
-        inp, job, mode = args._child
-        child_run(inp, job, mode == "on")
-        return
-    command = the_command(__file__, argv)
 
-    def body(work: Path, command: str, machine: dict[str, str]) -> None:
-        inp = work / "in.jsonl"
-        write_completion_requests(inp, args.requests)
-        runs: dict[bool, list[tuple[float, float, int, float]]] = {False: [], True: []}
-        for r in range(args.rounds):
-            order = (False, True) if r % 2 == 0 else (True, False)
-            for metrics in order:
-                result = one_run(inp, work / "job", metrics)
-                runs[metrics].append(result)
-                print(
-                    f"round {r + 1}, metrics {'on' if metrics else 'off'}: "
-                    f"{result[0]:,.0f} req/s, wall {result[1]:.2f} s, CPU {result[3]:.2f} s, "
-                    f"{result[2]} scrapes"
-                )
-        rows = []
-        median, cpu = {}, {}
-        for metrics in (False, True):
-            rates = [x[0] for x in runs[metrics]]
-            median[metrics] = statistics.median(rates)
-            cpu[metrics] = statistics.median(x[3] for x in runs[metrics])
-            rows.append(
-                [
-                    "on (--metrics-port, scraped every second)" if metrics else "off",
-                    ", ".join(f"{x:,.0f}" for x in rates),
-                    f"{median[metrics]:,.0f}",
-                    f"{statistics.median(x[1] for x in runs[metrics]):.2f}",
-                    ", ".join(f"{x[3]:.2f}" for x in runs[metrics]),
-                    f"{cpu[metrics]:.2f}",
-                ]
+
+def child(args: argparse.Namespace) -> None:
+    """One run's process (`child_run`)."""
+    child_run(args.inp, args.job, args.metrics)
+
+
+def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
+    """Run the rounds, print the table, write the results section."""
+    inp = work / "in.jsonl"
+    write_completion_requests(inp, args.requests)
+    runs: dict[bool, list[tuple[float, float, int, float]]] = {False: [], True: []}
+    for r in range(args.rounds):
+        order = (False, True) if r % 2 == 0 else (True, False)
+        for metrics in order:
+            result = one_run(inp, work / "job", metrics)
+            runs[metrics].append(result)
+            print(
+                f"round {r + 1}, metrics {'on' if metrics else 'off'}: "
+                f"{result[0]:,.0f} req/s, wall {result[1]:.2f} s, CPU {result[3]:.2f} s, "
+                f"{result[2]} scrapes"
             )
-        cost = 1 - median[True] / median[False]
-        cpu_cost = cpu[True] / cpu[False] - 1
-        head = [
-            "metrics",
-            "requests/s per round",
-            "median requests/s",
-            "median wall (s)",
-            "CPU s per round",
-            "median CPU (s)",
-        ]
-        print_table(head, rows)
-        # The parent's CPU per request bounds its throughput where it is the bottleneck (the
-        # echo engine): the verdict. Wall-time throughput is shown too, but on a machine shared
-        # with other work it moves by more than the 3% measured.
-        verdict = "met" if cpu_cost <= TARGET else "NOT met"
-        line = (
-            f"metrics on cost {cpu_cost:+.1%} of the parent's CPU time per request (target <= 3%: "
-            f"{verdict}); its throughput over the run time moved {-cost:+.1%} (medians)"
-        )
-        print(line)
-        hook = hook_ns_per_request()
-        cpu_us = cpu[False] / args.requests * 1e6
-        estimate = (
-            f"in process, the metrics calls cost {hook:,.0f} ns per request (dispatch, result and "
-            f"journaling in batches of 64; best of 7): {hook / 1000 / cpu_us:.1%} of the parent's "
-            f"{cpu_us:,.1f} us of CPU per request with metrics off"
-        )
-        print(estimate)
-        if args.no_docs:
-            return
-        text = "\n".join(
+    rows = []
+    median, cpu = {}, {}
+    for metrics in (False, True):
+        rates = [x[0] for x in runs[metrics]]
+        median[metrics] = statistics.median(rates)
+        cpu[metrics] = statistics.median(x[3] for x in runs[metrics])
+        rows.append(
             [
-                "## What /metrics costs the parent (echo engine)",
-                "",
-                f"- Measured: {machine_line(machine)}.",
-                f"- Command: `{command}`",
-                f"- Workload: {args.requests:,} short `/v1/completions` requests through submit "
-                "(`--engine echo --batch-size 1024`), with and without metrics served as "
-                "`--metrics-port 0` serves them (then scraped every second), alternating which goes first "
-                f"each round, {args.rounds} rounds. Throughput: requests over the time from the "
-                "first to the last result (`status --json`), the parent's own work since the "
-                "echo engine answers at once. Each run is `submit` called in a fresh process of its "
-                "own (`--_child`); CPU: that process's user + system seconds (the parent's alone, "
-                "its worker's not counted), less exposed than the wall time to other load.",
-                "",
-                md_table(head, rows),
-                "",
-                f"- {line}.",
-                f"- {estimate[0].upper() + estimate[1:]}.",
+                "on (--metrics-port, scraped every second)" if metrics else "off",
+                ", ".join(f"{x:,.0f}" for x in rates),
+                f"{median[metrics]:,.0f}",
+                f"{statistics.median(x[1] for x in runs[metrics]):.2f}",
+                ", ".join(f"{x[3]:.2f}" for x in runs[metrics]),
+                f"{cpu[metrics]:.2f}",
             ]
         )
-        replace_section(DOCS, "metrics", text)
-
-    run_benchmark(args.work_dir, command, body)
-
-
-if __name__ == "__main__":
-    main()
+    cost = 1 - median[True] / median[False]
+    cpu_cost = cpu[True] / cpu[False] - 1
+    head = [
+        "metrics",
+        "requests/s per round",
+        "median requests/s",
+        "median wall (s)",
+        "CPU s per round",
+        "median CPU (s)",
+    ]
+    print_table(head, rows)
+    # The parent's CPU per request bounds its throughput where it is the bottleneck (the
+    # echo engine): the verdict. Wall-time throughput is shown too, but on a machine shared
+    # with other work it moves by more than the 3% measured.
+    verdict = "met" if cpu_cost <= TARGET else "NOT met"
+    line = (
+        f"metrics on cost {cpu_cost:+.1%} of the parent's CPU time per request (target <= 3%: "
+        f"{verdict}); its throughput over the run time moved {-cost:+.1%} (medians)"
+    )
+    print(line)
+    hook = hook_ns_per_request()
+    cpu_us = cpu[False] / args.requests * 1e6
+    estimate = (
+        f"in process, the metrics calls cost {hook:,.0f} ns per request (dispatch, result and "
+        f"journaling in batches of 64; best of 7): {hook / 1000 / cpu_us:.1%} of the parent's "
+        f"{cpu_us:,.1f} us of CPU per request with metrics off"
+    )
+    print(estimate)
+    if args.no_docs:
+        return
+    text = "\n".join(
+        [
+            "## What /metrics costs the parent (echo engine)",
+            "",
+            measured_lines(machine, command),
+            f"- Workload: {args.requests:,} short `/v1/completions` requests through submit "
+            "(`--engine echo --batch-size 1024`), with and without metrics served as "
+            "`--metrics-port 0` serves them (then scraped every second), alternating which goes first "
+            f"each round, {args.rounds} rounds. Throughput: requests over the time from the "
+            "first to the last result (`status --json`), the parent's own work since the "
+            "echo engine answers at once. Each run is `submit` called in a fresh process of its "
+            "own (`child`); CPU: that process's user + system seconds (the parent's alone, "
+            "its worker's not counted), less exposed than the wall time to other load.",
+            "",
+            md_table(head, rows),
+            "",
+            f"- {line}.",
+            f"- {estimate[0].upper() + estimate[1:]}.",
+        ]
+    )
+    write_results(__name__, "metrics", text)

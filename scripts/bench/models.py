@@ -1,15 +1,13 @@
-"""Benchmark: two base models in one batchrun job against the same lines as two separate jobs,
-one per model (issue 24).
+"""Two base models in one batchrun job against the same lines as two jobs, one a model (issue 24).
 
-    .venv/bin/python scripts/bench_models.py                          # 256 lines, 2 rounds
-    .venv/bin/python scripts/bench_models.py --models-lines 128 --rounds 1
-    .venv/bin/python scripts/bench.py --models                        # the same through bench.py
-    .venv/bin/python scripts/bench_models.py --models-echo --no-docs  # dry: echo engine
+    .venv/bin/python scripts/bench.py models                          # 256 lines, 2 rounds
+    .venv/bin/python scripts/bench.py models --models-lines 128 --rounds 1
+    .venv/bin/python scripts/bench.py models --models-echo --no-docs  # dry: echo engine
 
 The two models: the packaged default model (`python -m batchrun.models`) served as `smol-a`, and
 a second directory that is a symbolic link to it, served as `smol-b`: batchrun sees two models
 (two names, two paths, an engine start each) without a second model to build, and both answer
-alike, so the contenders do the same work. N chat lines (scripts/bench_harness.py's prompts, each
+alike, so the contenders do the same work. N chat lines (scripts/bench/harness.py's prompts, each
 made unique), each naming one of the two drawn at random (fixed seed), temperature 0, short
 max_tokens. Contenders, each command a fresh process, the rounds alternating which goes first:
 
@@ -21,7 +19,7 @@ max_tokens. Contenders, each command a fresh process, the rounds alternating whi
 The ratio one job / two jobs, of wall times (target <= 1.1x), and of generation times: the sum,
 over each model's pass, of the time from that pass's "worker 0 ready" line to its last result in
 the journal (engine starts and shutdowns left out). Results are printed and written to
-docs/benchmarks.md (section `bench:models`) unless --no-docs.
+docs/benchmarks/results/models.md (section `bench:models`) unless --no-docs.
 """
 
 from __future__ import annotations
@@ -31,35 +29,27 @@ import json
 import random
 import shutil
 import statistics
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from bench_harness import (  # noqa: E402
+from bench.harness import (
     CPU_MEMORY_UTILIZATION,
-    DOCS,
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,
     SEED,
     _f,
     batchrun_cmd,
-    common_arguments,
     default_model_dir,
     effective_dtype,
-    machine_line,
     make_chat_requests,
     md_table,
+    measured_lines,
     on_cuda,
     print_table,
-    replace_section,
-    run_benchmark,
     run_cmd,
-    the_command,
     write_jsonl,
+    write_results,
 )
 
 NAMES = ("smol-a", "smol-b")
@@ -220,12 +210,11 @@ def part_models(
         return
     body = f"""## Two base models in one job against two separate jobs
 
-- Measured: {machine_line(machine)}.
-- Command: `{command}`
+{measured_lines(machine, command)}
 - Models: `smol-a`, the packaged SmolLM2-135M-Instruct directory, and `smol-b`, a symbolic link
   to that directory under another name (two models to batchrun: two names, two engine starts;
   the same work for both contenders, since both answer alike).
-- Workload: {args.models_lines} chat lines (scripts/bench_harness.py's prompts, seed {args.seed},
+- Workload: {args.models_lines} chat lines (scripts/bench/harness.py's prompts, seed {args.seed},
   each made unique; {", ".join(f"{k}: {v}" for k, v in counts.items())} lines), each naming one of
   the two drawn at random, temperature 0, max_tokens {args.models_max_tokens}.
 - Engine settings for every job: dtype {dtype}, max_model_len {MAX_MODEL_LEN}, enforce_eager,
@@ -243,11 +232,11 @@ def part_models(
 
 - {verdict}.
 """
-    replace_section(DOCS, "models", body)
+    write_results(__name__, "models", body)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """This benchmark's own options (scripts/bench.py takes them too)."""
+    """This benchmark's options."""
     p.add_argument("--models-lines", type=int, default=256, help="chat lines in the file (256)")
     p.add_argument("--models-max-tokens", type=int, default=16, help="max_tokens of each line (16)")
     p.add_argument(
@@ -255,25 +244,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="dry run: every job on the echo engine (no model loaded, no docs)",
     )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(p)
     p.add_argument("--rounds", type=int, default=2, help="rounds, alternating the order (2)")
     p.add_argument("--seed", type=int, default=1234, help="seed of the lines and their models")
     p.add_argument("--dtype", default=None, help="dtype for every job (default: batchrun's auto)")
-    common_arguments(p)
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
+    """The two-models benchmark; dry with --models-echo (no results written)."""
     if args.models_echo:
         args.no_docs = True
-    run_benchmark(
-        args.work_dir,
-        the_command(__file__, argv),
-        lambda work, command, machine: part_models(args, work, command, machine),
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    part_models(args, work, command, machine)

@@ -1,7 +1,7 @@
 """The cost of GET /v1/batches and GET /metrics of `batchrun serve` with many stored batches.
 
-    .venv/bin/python scripts/bench_serve.py                 # 1,000 batches, 300 requests each
-    .venv/bin/python scripts/bench_serve.py --batches 5000 --requests 500 --json out.json
+    .venv/bin/python scripts/bench.py serve                 # 1,000 batches, 300 requests each
+    .venv/bin/python scripts/bench.py serve --batches 5000 --requests 500 --json out.json
 
 It writes `--batches` ended batch records into a fresh server root (as the server writes them,
 through its BatchStore), starts `batchrun serve` on it (echo engine: no model is loaded), and
@@ -20,22 +20,23 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from batchrun.serve.batches import BatchRecord, BatchStore, new_batch
-from batchrun.serve.ids import new_batch_id
+from bench.harness import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+WRITES_RESULTS = False
 SERVE = (sys.executable, "-m", "batchrun", "serve", "--engine", "echo")
 PATHS = ("/v1/batches", "/v1/batches?limit=100", "/metrics")
 
 
 def fill(root: Path, n: int) -> None:
     """`n` completed batches of 1,000 requests each in `root` (each record written once)."""
+    from batchrun.serve.batches import BatchRecord, BatchStore, new_batch
+    from batchrun.serve.ids import new_batch_id
+
     store = BatchStore(root)
     for i in range(n):
         batch = new_batch(
@@ -73,57 +74,54 @@ def timings(url: str, path: str, n: int) -> list[float]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; print (and with --json write) the figures."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
     parser.add_argument("--batches", type=int, default=1000)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
-        root = Path(tmp) / "root"
-        started = time.monotonic()
-        fill(root, args.batches)
-        print(f"{args.batches} batches written in {time.monotonic() - started:.1f}s")
-        port = free_port()
-        server = subprocess.Popen(
-            [*SERVE, "--root", str(root), "--port", str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            cwd=ROOT,
-            start_new_session=True,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline or server.poll() is not None:
-                    print("the server did not start", file=sys.stderr)
-                    return 2
-                time.sleep(0.1)
-            figures: dict[str, dict[str, float]] = {}
-            for path in PATHS:
-                ms = timings(url, path, args.requests)
-                figures[path] = {
-                    "median_ms": round(statistics.median(ms), 2),
-                    "p90_ms": round(statistics.quantiles(ms, n=10)[-1], 2),
-                }
-                print(
-                    f"{path:28} median {figures[path]['median_ms']:6.2f} ms   "
-                    f"p90 {figures[path]['p90_ms']:6.2f} ms   ({args.requests} requests)"
-                )
-        finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=30)
+
+
+def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> int:
+    """Run the benchmark; print (and with --json write) the figures."""
+    root = work / "root"
+    started = time.monotonic()
+    fill(root, args.batches)
+    print(f"{args.batches} batches written in {time.monotonic() - started:.1f}s")
+    port = free_port()
+    server = subprocess.Popen(
+        [*SERVE, "--root", str(root), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or server.poll() is not None:
+                print("the server did not start", file=sys.stderr)
+                return 2
+            time.sleep(0.1)
+        figures: dict[str, dict[str, float]] = {}
+        for path in PATHS:
+            ms = timings(url, path, args.requests)
+            figures[path] = {
+                "median_ms": round(statistics.median(ms), 2),
+                "p90_ms": round(statistics.quantiles(ms, n=10)[-1], 2),
+            }
+            print(
+                f"{path:28} median {figures[path]['median_ms']:6.2f} ms   "
+                f"p90 {figures[path]['p90_ms']:6.2f} ms   ({args.requests} requests)"
+            )
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
     if args.json:
         args.json.write_text(json.dumps({"batches": args.batches, "paths": figures}, indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
