@@ -85,6 +85,41 @@ _WORDS = (
 _VOCAB = _WORDS.split()
 
 
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
+    p.add_argument(
+        "--dispatch-scale",
+        type=float,
+        default=1.0,
+        help="workload sizes as a fraction of the issue's (1.0: 200/400/200/200 lines)",
+    )
+    p.add_argument(
+        "--kv-cache-bytes",
+        type=int,
+        default=150_000_000,
+        help="the KV cache budget every contender gets (kv_cache_memory_bytes)",
+    )
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a folder holding batchrun's package as it was (`git archive COMMIT batchrun | tar "
+        "-x -C DIR`): the batchrun-before contender runs it, to compare before and after",
+    )
+    p.add_argument(
+        "--section",
+        default="dispatch",
+        help="the section of its results file to write (another keeps the full run's table)",
+    )
+    p.add_argument(
+        "--workloads",
+        default=None,
+        help=f"comma list of workloads to run (default: all of {','.join(WORKLOADS)})",
+    )
+    p.add_argument("--only", default=None, help=f"comma list of contenders: {','.join(CONTENDERS)}")
+    bench.contender_arguments(p, rounds=1)
+
+
 @dataclass
 class CResult(Result):
     """One contender's numbers on one workload."""
@@ -191,16 +226,9 @@ def run_raw(
     out = work / "raw-result.json"
     out.unlink(missing_ok=True)
     argv = bench.child_command(__name__, inp=inp, model=model, dtype=dtype, kv=kv, result=out)
-    env = {bench.INPROC_ENV: "0"} if inproc else None
-    run = run_cmd(argv, work / f"{res.name}.log", env=env)
-    res.wall_s, res.cpu_s, res.load = run.wall_s, run.cpu_s, run.load
-    if run.rc != 0 or not out.exists():
-        res.error = f"exited {run.rc}: {run.tail(5)}"
-        return res
-    data = json.loads(out.read_text())
-    res.gen_s, res.tokens, res.succeeded = data["gen_s"], data["tokens"], data["requests"]
-    res.ready_s = data["gen_start_wall"] - run.started_wall
-    res.hit_rate = data["hit_rate"]
+    data = bench.run_raw_child(argv, work / f"{res.name}.log", out, res, inproc)
+    if data is not None:
+        res.hit_rate = data["hit_rate"]
     return res
 
 
@@ -312,15 +340,9 @@ def run_batchrun(
     if export.rc != 0:
         res.error = f"export exited {export.rc}: {export.tail(5)}"
         return res
-    ready = submit.first(r"worker \d+.*? ready \(")
-    times = [
-        float(r["time"])
-        for r in (json.loads(x) for x in (job / "journal.jsonl").read_text().splitlines())
-        if r.get("kind") == "result"
-    ]
-    if ready and times:
-        res.gen_s = max(times) - ready[0]
-        res.ready_s = ready[0] - submit.started_wall
+    span = bench.generation_span(submit, job)
+    if span is not None:
+        res.ready_s, res.gen_s = span
     res.succeeded, res.tokens = count_output_tokens(job / "output.jsonl")
     status = run_cmd([*br, "status", "--job-dir", str(job), "--json"], work / "status.log", env=env)
     text = "\n".join(t for _, s, t in status.lines if s == "out")
@@ -505,49 +527,6 @@ def part_c(args: argparse.Namespace, work: Path, command: str, machine: dict[str
 {chr(10).join(f"- {v}." for v in found)}
 """
     bench.write_results(__name__, args.section, body)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """This benchmark's options."""
-    p.add_argument(
-        "--dispatch-scale",
-        type=float,
-        default=1.0,
-        help="workload sizes as a fraction of the issue's (1.0: 200/400/200/200 lines)",
-    )
-    p.add_argument(
-        "--kv-cache-bytes",
-        type=int,
-        default=150_000_000,
-        help="the KV cache budget every contender gets (kv_cache_memory_bytes)",
-    )
-    p.add_argument(
-        "--baseline",
-        type=Path,
-        default=None,
-        help="a folder holding batchrun's package as it was (`git archive COMMIT batchrun | tar "
-        "-x -C DIR`): the batchrun-before contender runs it, to compare before and after",
-    )
-    p.add_argument(
-        "--section",
-        default="dispatch",
-        help="the section of its results file to write (another keeps the full run's table)",
-    )
-    p.add_argument(
-        "--workloads",
-        default=None,
-        help=f"comma list of workloads to run (default: all of {','.join(WORKLOADS)})",
-    )
-    p.add_argument("--seed", type=int, default=1234, help="seed of the generated requests")
-    p.add_argument(
-        "--dtype",
-        default=None,
-        help="dtype for every contender (default: what batchrun's auto resolves to here)",
-    )
-    p.add_argument("--only", default=None, help=f"comma list of contenders: {','.join(CONTENDERS)}")
-    p.add_argument(
-        "--rounds", type=int, default=1, help="run every contender this many times, interleaved"
-    )
 
 
 def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 from bench.harness import (
+    alternating_rounds,
     machine_line,
     md_table,
     print_table,
@@ -40,6 +41,13 @@ from bench.scale import run_phase
 KINDS = ("embeddings", "chat")
 PHASES = ("submit", "export", "export --parquet")
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
+    parser.add_argument("--requests", type=int, default=200_000, help="requests in each job")
+    parser.add_argument("--dimensions", type=int, default=1024, help="each vector's size")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of the two jobs")
 
 
 def write_inputs(work: Path, n: int, dimensions: int) -> dict[str, Path]:
@@ -128,21 +136,13 @@ def measure(
     return results
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """This benchmark's options."""
-    parser.add_argument("--requests", type=int, default=200_000, help="requests in each job")
-    parser.add_argument("--dimensions", type=int, default=1024, help="each vector's size")
-    parser.add_argument("--rounds", type=int, default=1, help="rounds of the two jobs")
-
-
 def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> int:
     """Run the two jobs in rounds; print the table (and write it into the results)."""
     status = 0
     n, dims = args.requests, args.dimensions
     inputs = write_inputs(work, n, dims)
     rounds: list[dict[str, dict[str, tuple[float, int, float]]]] = []
-    for r in range(args.rounds):
-        order = KINDS if r % 2 == 0 else KINDS[::-1]
+    for _, order in alternating_rounds(args.rounds, KINDS):
         rounds.append({kind: measure(work, inputs[kind], kind, n, dims) for kind in order})
     head = ["round", "job", "command", "wall s", "requests/s", "parent CPU s",
             "requests/parent CPU s", "bytes/result"]  # fmt: skip

@@ -25,17 +25,18 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from bench import BENCHMARKS
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_PY = ROOT / "scripts" / "bench.py"
 RESULTS = ROOT / "docs" / "benchmarks" / "results"
+T = TypeVar("T")
 MODEL_NAME = "SmolLM2-135M-Instruct"
 
 # Engine settings shared by every contender of part A.
@@ -138,6 +139,22 @@ def make_chat_requests(n: int, seed: int) -> list[dict[str, Any]]:
                 },
             }
         )
+    return lines
+
+
+def routed_chat_requests(
+    n: int, names: Sequence[str], seed: int, max_tokens: int
+) -> list[dict[str, Any]]:
+    """`n` chat lines (make_chat_requests), each naming one of `names` (models or adapters) drawn
+    at random (seeded), `max_tokens` each, every prompt made unique: no contender gets to merge
+    identical requests."""
+    rng = random.Random(seed)
+    lines = make_chat_requests(n, seed)
+    for i, line in enumerate(lines):
+        body = line["body"]
+        body["model"] = rng.choice(list(names))
+        body["max_tokens"] = max_tokens
+        body["messages"][-1]["content"] += f" (item {i})"
     return lines
 
 
@@ -309,6 +326,52 @@ class Result:
         if self.tokens is None or not self.gen_s:
             return None
         return self.tokens / self.gen_s
+
+
+def engine_options(dtype: str, cuda: bool, echo: bool = False) -> list[str]:
+    """batchrun's engine options for a contender, the settings raw vLLM gets: batch size
+    MAX_NUM_SEQS, MAX_MODEL_LEN, eager, `dtype`, SEED, and on a CPU the memory fraction; on the
+    echo engine (a dry run) only the batch size."""
+    if echo:
+        return ["--engine", "echo", "--batch-size", str(MAX_NUM_SEQS)]
+    options = ["--batch-size", str(MAX_NUM_SEQS), "--max-model-len", str(MAX_MODEL_LEN)]
+    options += ["--enforce-eager", "--dtype", dtype, "--seed", str(SEED)]
+    if not cuda:
+        options += ["--gpu-memory-utilization", str(CPU_MEMORY_UTILIZATION)]
+    return options
+
+
+def submit_and_export(inp: Path, job: Path, log: Path, options: list[str]) -> tuple[Run, Run]:
+    """`batchrun submit INP --job-dir JOB OPTIONS --no-progress`, then `batchrun export` (a fresh
+    job: an earlier round's is removed first); exits with the log's tail if either fails."""
+    shutil.rmtree(job, ignore_errors=True)
+    submit = run_cmd(
+        [*batchrun_cmd(), "submit", str(inp), "--job-dir", str(job), *options, "--no-progress"],
+        log,
+    )
+    if submit.rc != 0:
+        raise SystemExit(f"batchrun submit exited {submit.rc}; see {log}:\n{submit.tail(8)}")
+    export = run_cmd(
+        [*batchrun_cmd(), "export", "--job-dir", str(job)], log.with_suffix(".export.log")
+    )
+    if export.rc != 0:
+        raise SystemExit(f"batchrun export exited {export.rc}:\n{export.tail(8)}")
+    return submit, export
+
+
+def generation_span(submit: Run, job: Path) -> tuple[float, float] | None:
+    """batchrun's (start, generation) seconds in a `submit` run: from the command's launch to its
+    first worker's "ready" line (time-stamped as it arrived), and from that line to the `time`
+    of the last result in the job's journal. None without either."""
+    ready = submit.first(r"worker \d+.*? ready \(")
+    times = [
+        float(r["time"])
+        for r in (json.loads(x) for x in (job / "journal.jsonl").read_text().splitlines())
+        if r.get("kind") == "result"
+    ]
+    if ready is None or not times:
+        return None
+    return ready[0] - submit.started_wall, max(times) - ready[0]
 
 
 def count_output_tokens(path: Path) -> tuple[int, int]:
@@ -522,6 +585,27 @@ def effective_dtype(requested: str | None, cuda: bool) -> tuple[str, str]:
     )
 
 
+def alternating_rounds(rounds: int, contenders: Sequence[T]) -> Iterator[tuple[int, list[T]]]:
+    """(round, the contenders in that round's order) for rounds 1..`rounds`, the order reversed
+    every other round: side by side, so that the machine's drift hits every contender alike."""
+    for r in range(1, rounds + 1):
+        yield r, list(contenders) if r % 2 else list(reversed(contenders))
+
+
+def ratio_of(a: float | None, b: float | None) -> float | None:
+    """a / b, or None where either is unknown (or b is 0)."""
+    return a / b if a is not None and b else None
+
+
+def engine_setup(requested_dtype: str | None, echo: bool) -> tuple[bool, str]:
+    """(CUDA, the dtype every contender gets: effective_dtype); a dry run on the echo engine
+    needs neither (False, "auto")."""
+    if echo:
+        return False, "auto"
+    cuda = on_cuda()
+    return cuda, effective_dtype(requested_dtype, cuda)[0]
+
+
 def _x(ratio: float | None) -> str:
     return f"{ratio:.2f}x" if ratio is not None else "n/a"
 
@@ -549,6 +633,52 @@ def the_command(name: str, argv: Sequence[str]) -> str:
         if os.environ.get(var):
             command = f"{var}={os.environ[var]} {command}"
     return command
+
+
+def contender_arguments(parser: argparse.ArgumentParser, *, rounds: int) -> None:
+    """--rounds, --seed and --dtype: the options of a benchmark whose contenders run an engine."""
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=rounds,
+        help=f"run the contenders this many times, interleaved (median ratio reported) ({rounds})",
+    )
+    parser.add_argument("--seed", type=int, default=1234, help="seed of the generated lines")
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        help="dtype for every contender (default: what batchrun's auto resolves to here; "
+        "'auto' hands vLLM's own auto to all of them)",
+    )
+
+
+def routed_arguments(parser: argparse.ArgumentParser, prefix: str, dry_run: str) -> None:
+    """--PREFIX-lines, --PREFIX-max-tokens, --PREFIX-echo (a dry run on the echo engine, which
+    `dry_run` describes) and contender_arguments: a benchmark of lines routed among models."""
+    parser.add_argument(
+        f"--{prefix}-lines", type=int, default=256, help="chat lines in the file (256)"
+    )
+    parser.add_argument(
+        f"--{prefix}-max-tokens", type=int, default=16, help="max_tokens of each line (16)"
+    )
+    parser.add_argument(f"--{prefix}-echo", action="store_true", help=f"dry run: {dry_run}")
+    contender_arguments(parser, rounds=2)
+
+
+def run_raw_child(argv: list[str], log: Path, out: Path, res: Result, inproc: bool) -> Any:
+    """Run a raw-vLLM contender's child process (`argv`: child_command), its engine core
+    in-process where `inproc`; fill `res` (wall, CPU, load, and from the child's result file
+    `out`: generation time, tokens, requests, start) and return that file's data, or None where
+    the child failed (`res.error` says how)."""
+    run = run_cmd(argv, log, env={INPROC_ENV: "0"} if inproc else None)
+    res.wall_s, res.cpu_s, res.load = run.wall_s, run.cpu_s, run.load
+    if run.rc != 0 or not out.exists():
+        res.error = f"exited {run.rc}: {run.tail(5)}"
+        return None
+    data = json.loads(out.read_text())
+    res.gen_s, res.tokens, res.succeeded = data["gen_s"], data["tokens"], data["requests"]
+    res.ready_s = data["gen_start_wall"] - run.started_wall
+    return data
 
 
 def child_command(module: str, **options: Any) -> list[str]:

@@ -60,6 +60,15 @@ if __name__ == "__main__":
 """
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
+    parser.add_argument("--model", type=Path, help="an image-language model directory")
+    parser.add_argument("--lines", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--gpu-memory-utilization", default="0.2")
+    parser.add_argument("--rounds", type=int, default=1)
+
+
 def image_lines(n: int, max_tokens: int) -> list[dict[str, object]]:
     """`n` chat lines, each with an image of its own."""
     lines: list[dict[str, object]] = []
@@ -125,15 +134,6 @@ def run_round(work: Path, model: Path, src: Path, args: argparse.Namespace) -> d
         "batchrun_tokens": tokens,
         "same": texts == raw_result["texts"] == raws["warm"]["texts"],
     }
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """This benchmark's options."""
-    parser.add_argument("--model", type=Path, help="an image-language model directory")
-    parser.add_argument("--lines", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--gpu-memory-utilization", default="0.2")
-    parser.add_argument("--rounds", type=int, default=1)
 
 
 def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:

@@ -31,11 +31,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
-import shutil
 import statistics
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,16 +43,20 @@ from bench.harness import (
     MAX_NUM_SEQS,
     SEED,
     _f,
-    batchrun_cmd,
+    alternating_rounds,
     child_command,
     default_model_dir,
-    effective_dtype,
-    make_chat_requests,
+    engine_options,
+    engine_setup,
+    generation_span,
     md_table,
     measured_lines,
-    on_cuda,
     print_table,
+    ratio_of,
+    routed_arguments,
+    routed_chat_requests,
     run_cmd,
+    submit_and_export,
     write_jsonl,
     write_results,
 )
@@ -66,17 +67,11 @@ RANK = 8
 ADAPTER_SCALE = 0.08
 
 
-def lora_lines(n: int, adapters: Sequence[str], seed: int, max_tokens: int) -> list[dict[str, Any]]:
-    """`n` chat lines, each naming one of `adapters` drawn at random (seeded), all prompts unique."""
-    rng = random.Random(seed)
-    lines = make_chat_requests(n, seed)
-    for i, line in enumerate(lines):
-        body = line["body"]
-        body["model"] = rng.choice(list(adapters))
-        body["max_tokens"] = max_tokens
-        # Unique prompts: neither contender gets to merge identical requests.
-        body["messages"][-1]["content"] += f" (item {i})"
-    return lines
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
+    routed_arguments(
+        p, "lora", "batchrun with the echo engine only (no model, no raw vLLM, no docs)"
+    )
 
 
 def make_adapters(directory: Path, count: int) -> dict[str, str]:
@@ -108,45 +103,15 @@ def read_output(path: Path) -> tuple[dict[str, str], int]:
     return texts, tokens
 
 
-def journal_last_time(job: Path) -> float | None:
-    """The time of the last result record in a job's journal."""
-    times = [
-        float(r["time"])
-        for r in (json.loads(x) for x in (job / "journal.jsonl").read_text().splitlines())
-        if r.get("kind") == "result"
-    ]
-    return max(times) if times else None
-
-
-def run_batchrun(
-    inp: Path,
-    job: Path,
-    log: Path,
-    engine_args: list[str],
-    *,
-    gpu_args: list[str],
-) -> dict[str, Any]:
+def run_batchrun(inp: Path, job: Path, log: Path, options: list[str]) -> dict[str, Any]:
     """`batchrun submit` then `export` on `inp`: wall, generation time, answers, tokens, load."""
-    shutil.rmtree(job, ignore_errors=True)
-    submit = run_cmd(
-        [*batchrun_cmd(), "submit", str(inp), "--job-dir", str(job), *engine_args, *gpu_args,
-         "--no-progress"],
-        log,
-    )  # fmt: skip
-    if submit.rc != 0:
-        raise SystemExit(f"batchrun submit exited {submit.rc}; see {log}:\n{submit.tail(8)}")
-    export = run_cmd(
-        [*batchrun_cmd(), "export", "--job-dir", str(job)], log.with_suffix(".export.log")
-    )
-    if export.rc != 0:
-        raise SystemExit(f"batchrun export exited {export.rc}:\n{export.tail(8)}")
-    ready = submit.first(r"worker \d+.*? ready \(")
-    last = journal_last_time(job)
+    submit, export = submit_and_export(inp, job, log, options)
+    start_s, gen_s = generation_span(submit, job) or (None, None)
     texts, tokens = read_output(job / "output.jsonl")
     return {
         "wall_s": submit.wall_s + export.wall_s,
-        "start_s": ready[0] - submit.started_wall if ready else None,
-        "gen_s": last - ready[0] if ready and last else None,
+        "start_s": start_s,
+        "gen_s": gen_s,
         "tokens": tokens,
         "texts": texts,
         "load": submit.load,
@@ -162,13 +127,8 @@ def contender_batchrun(
     args += ["--max-loras", str(max_loras(len(adapters), cuda))]
     for name, path in adapters.items():
         args += ["--lora-modules", f"{name}={path}"]
-    if echo:
-        args += ["--engine", "echo", "--batch-size", str(MAX_NUM_SEQS)]
-        return run_batchrun(inp, work / "job", work / "batchrun.log", args, gpu_args=[])
-    args += ["--batch-size", str(MAX_NUM_SEQS), "--max-model-len", str(MAX_MODEL_LEN)]
-    args += ["--enforce-eager", "--dtype", dtype, "--seed", str(SEED)]
-    gpu = [] if cuda else ["--gpu-memory-utilization", str(CPU_MEMORY_UTILIZATION)]
-    return run_batchrun(inp, work / "job", work / "batchrun.log", args, gpu_args=gpu)
+    options = [*args, *engine_options(dtype, cuda, echo)]
+    return run_batchrun(inp, work / "job", work / "batchrun.log", options)
 
 
 def contender_raw(
@@ -242,19 +202,16 @@ def child(args: argparse.Namespace) -> None:
     )
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
-def part_lora(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
+def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
     """Build the adapters and the file, run the contenders in alternating rounds, report."""
     echo = bool(args.lora_echo)
-    cuda = False if echo else on_cuda()
-    dtype = "auto" if echo else effective_dtype(args.dtype, cuda)[0]
+    cuda, dtype = engine_setup(args.dtype, echo)
     model = default_model_dir()
     adapters = make_adapters(work / "adapters", ADAPTERS)
     inp = work / "lora.jsonl"
-    write_jsonl(inp, lora_lines(args.lora_lines, list(adapters), args.seed, args.lora_max_tokens))
+    write_jsonl(
+        inp, routed_chat_requests(args.lora_lines, list(adapters), args.seed, args.lora_max_tokens)
+    )
     print(
         f"{args.lora_lines} lines over {len(adapters)} adapters (rank {RANK}), max_tokens "
         f"{args.lora_max_tokens}, dtype {dtype}, max_loras {max_loras(len(adapters), cuda)}"
@@ -263,8 +220,7 @@ def part_lora(args: argparse.Namespace, work: Path, command: str, machine: dict[
     gen_ratios: list[float] = []
     wall_ratios: list[float] = []
     equal_notes: list[str] = []
-    for rnd in range(1, args.rounds + 1):
-        order = ["batchrun", "raw"] if rnd % 2 else ["raw", "batchrun"]
+    for rnd, order in alternating_rounds(args.rounds, ["batchrun", "raw"]):
         if echo:
             order = ["batchrun"]
         results: dict[str, dict[str, Any]] = {}
@@ -278,11 +234,11 @@ def part_lora(args: argparse.Namespace, work: Path, command: str, machine: dict[
             r = results[name]
             rows.append(
                 [name, str(rnd), _f(r["wall_s"]), _f(r["start_s"]), _f(r["gen_s"]),
-                 f"{r['tokens']:,}", _f(_ratio(r["tokens"], r["gen_s"])), f"{r['load']:.2f}"]
+                 f"{r['tokens']:,}", _f(ratio_of(r["tokens"], r["gen_s"])), f"{r['load']:.2f}"]
             )  # fmt: skip
         if "raw" in results:
             b, raw = results["batchrun"], results["raw"]
-            g, w = _ratio(raw["gen_s"], b["gen_s"]), _ratio(raw["wall_s"], b["wall_s"])
+            g, w = ratio_of(raw["gen_s"], b["gen_s"]), ratio_of(raw["wall_s"], b["wall_s"])
             if g is not None and w is not None:
                 gen_ratios.append(g)
                 wall_ratios.append(w)
@@ -333,24 +289,3 @@ def part_lora(args: argparse.Namespace, work: Path, command: str, machine: dict[
 - {same_line}.
 """
     write_results(__name__, "lora", body)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """This benchmark's options."""
-    p.add_argument("--lora-lines", type=int, default=256, help="chat lines in the file (256)")
-    p.add_argument("--lora-max-tokens", type=int, default=16, help="max_tokens of each line (16)")
-    p.add_argument(
-        "--lora-echo",
-        action="store_true",
-        help="dry run: batchrun with the echo engine only (no model, no raw vLLM, no docs)",
-    )
-    p.add_argument("--rounds", type=int, default=2, help="rounds, alternating the order (2)")
-    p.add_argument("--seed", type=int, default=1234, help="seed of the lines and their adapters")
-    p.add_argument("--dtype", default=None, help="dtype for both (default: batchrun's auto here)")
-
-
-def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
-    """The LoRA benchmark; dry with --lora-echo (no results written)."""
-    if args.lora_echo:
-        args.no_docs = True
-    part_lora(args, work, command, machine)

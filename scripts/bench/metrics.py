@@ -31,6 +31,7 @@ from pathlib import Path
 
 from bench.harness import (
     ROOT,
+    alternating_rounds,
     child_command,
     md_table,
     measured_lines,
@@ -40,6 +41,12 @@ from bench.harness import (
 )
 
 TARGET = 0.03
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
+    parser.add_argument("--requests", type=int, default=300_000)
+    parser.add_argument("--rounds", type=int, default=3)
 
 
 def child_run(inp: str, job: str, metrics: bool) -> None:
@@ -121,12 +128,6 @@ def hook_ns_per_request(batch: int = 64) -> float:
     return best / (rounds * 1024) * 1e9
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """This benchmark's options."""
-    parser.add_argument("--requests", type=int, default=300_000)
-    parser.add_argument("--rounds", type=int, default=3)
-
-
 def child(args: argparse.Namespace) -> None:
     """One run's process (`child_run`)."""
     child_run(args.inp, args.job, args.metrics)
@@ -137,13 +138,12 @@ def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, s
     inp = work / "in.jsonl"
     write_completion_requests(inp, args.requests)
     runs: dict[bool, list[tuple[float, float, int, float]]] = {False: [], True: []}
-    for r in range(args.rounds):
-        order = (False, True) if r % 2 == 0 else (True, False)
+    for r, order in alternating_rounds(args.rounds, (False, True)):
         for metrics in order:
             result = one_run(inp, work / "job", metrics)
             runs[metrics].append(result)
             print(
-                f"round {r + 1}, metrics {'on' if metrics else 'off'}: "
+                f"round {r}, metrics {'on' if metrics else 'off'}: "
                 f"{result[0]:,.0f} req/s, wall {result[1]:.2f} s, CPU {result[3]:.2f} s, "
                 f"{result[2]} scrapes"
             )

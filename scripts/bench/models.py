@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
-import shutil
 import statistics
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +36,17 @@ from bench.harness import (
     MAX_NUM_SEQS,
     SEED,
     _f,
-    batchrun_cmd,
+    alternating_rounds,
     default_model_dir,
-    effective_dtype,
-    make_chat_requests,
+    engine_options,
+    engine_setup,
     md_table,
     measured_lines,
-    on_cuda,
     print_table,
-    run_cmd,
+    ratio_of,
+    routed_arguments,
+    routed_chat_requests,
+    submit_and_export,
     write_jsonl,
     write_results,
 )
@@ -55,37 +54,17 @@ from bench.harness import (
 NAMES = ("smol-a", "smol-b")
 
 
-def model_lines(n: int, names: Sequence[str], seed: int, max_tokens: int) -> list[dict[str, Any]]:
-    """`n` chat lines, each naming one of `names` drawn at random (seeded), all prompts unique."""
-    rng = random.Random(seed)
-    lines = make_chat_requests(n, seed)
-    for i, line in enumerate(lines):
-        body = line["body"]
-        body["model"] = rng.choice(list(names))
-        body["max_tokens"] = max_tokens
-        # Unique prompts: no request is merged with another in either contender.
-        body["messages"][-1]["content"] += f" (item {i})"
-    return lines
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
+    routed_arguments(p, "models", "every job on the echo engine (no model loaded, no docs)")
 
 
 def run_job(
     inp: Path, job: Path, log: Path, models: dict[str, str], engine_args: list[str]
 ) -> dict[str, Any]:
     """`batchrun submit` + `export` of `inp` on `models`: wall, per-pass generation, tokens."""
-    shutil.rmtree(job, ignore_errors=True)
     model_args = [x for name, path in models.items() for x in ("--model", f"{name}={path}")]
-    submit = run_cmd(
-        [*batchrun_cmd(), "submit", str(inp), "--job-dir", str(job), *model_args, *engine_args,
-         "--no-progress"],
-        log,
-    )  # fmt: skip
-    if submit.rc != 0:
-        raise SystemExit(f"batchrun submit exited {submit.rc}; see {log}:\n{submit.tail(8)}")
-    export = run_cmd(
-        [*batchrun_cmd(), "export", "--job-dir", str(job)], log.with_suffix(".export.log")
-    )
-    if export.rc != 0:
-        raise SystemExit(f"batchrun export exited {export.rc}:\n{export.tail(8)}")
+    submit, export = submit_and_export(inp, job, log, [*model_args, *engine_args])
     readies = [t for t, _, x in submit.lines if " ready (" in x]
     last: dict[str, float] = {}
     for raw in (job / "journal.jsonl").read_text().splitlines():
@@ -117,36 +96,23 @@ def _add(a: float | None, b: float | None) -> float | None:
     return a + b if a is not None and b is not None else None
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
-def part_models(
-    args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]
-) -> None:
+def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
     """Make the second model's link and the file, run both contenders in rounds, report."""
     echo = bool(args.models_echo)
-    cuda = False if echo else on_cuda()
-    dtype = "auto" if echo else effective_dtype(args.dtype, cuda)[0]
+    cuda, dtype = engine_setup(args.dtype, echo)
     base = Path(default_model_dir())
     link = work / "smol-b"
     if not link.exists():
         link.symlink_to(base, target_is_directory=True)
     models = {NAMES[0]: str(base), NAMES[1]: str(link)}
-    lines = model_lines(args.models_lines, NAMES, args.seed, args.models_max_tokens)
+    lines = routed_chat_requests(args.models_lines, NAMES, args.seed, args.models_max_tokens)
     whole = work / "models.jsonl"
     write_jsonl(whole, lines)
     parts = {name: work / f"{name}.jsonl" for name in NAMES}
     for name, path in parts.items():
         write_jsonl(path, [x for x in lines if x["body"]["model"] == name])
     counts = {name: sum(1 for x in lines if x["body"]["model"] == name) for name in NAMES}
-    if echo:
-        engine = ["--engine", "echo", "--batch-size", str(MAX_NUM_SEQS)]
-    else:
-        engine = ["--batch-size", str(MAX_NUM_SEQS), "--max-model-len", str(MAX_MODEL_LEN),
-                  "--enforce-eager", "--dtype", dtype, "--seed", str(SEED)]  # fmt: skip
-        if not cuda:
-            engine += ["--gpu-memory-utilization", str(CPU_MEMORY_UTILIZATION)]
+    engine = engine_options(dtype, cuda, echo)
     print(
         f"{args.models_lines} lines ({', '.join(f'{k} {v}' for k, v in counts.items())}), "
         f"max_tokens {args.models_max_tokens}, dtype {dtype}"
@@ -154,8 +120,7 @@ def part_models(
     rows: list[list[str]] = []
     wall_ratios: list[float] = []
     gen_ratios: list[float] = []
-    for rnd in range(1, args.rounds + 1):
-        order = ["one", "two"] if rnd % 2 else ["two", "one"]
+    for rnd, order in alternating_rounds(args.rounds, ["one", "two"]):
         res: dict[str, dict[str, Any]] = {}
         for which in order:
             print(f"round {rnd}: {'one job' if which == 'one' else 'two jobs'} ...", flush=True)
@@ -185,8 +150,8 @@ def part_models(
                  r.get("note", "") + "generation " + ", ".join(
                      f"{k} {v:.1f} s" for k, v in r["passes"].items())]
             )  # fmt: skip
-        w = _ratio(res["one"]["wall_s"], res["two"]["wall_s"])
-        g = _ratio(res["one"]["gen_s"], res["two"]["gen_s"])
+        w = ratio_of(res["one"]["wall_s"], res["two"]["wall_s"])
+        g = ratio_of(res["one"]["gen_s"], res["two"]["gen_s"])
         if w is not None:
             wall_ratios.append(w)
         if g is not None:
@@ -233,24 +198,3 @@ def part_models(
 - {verdict}.
 """
     write_results(__name__, "models", body)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """This benchmark's options."""
-    p.add_argument("--models-lines", type=int, default=256, help="chat lines in the file (256)")
-    p.add_argument("--models-max-tokens", type=int, default=16, help="max_tokens of each line (16)")
-    p.add_argument(
-        "--models-echo",
-        action="store_true",
-        help="dry run: every job on the echo engine (no model loaded, no docs)",
-    )
-    p.add_argument("--rounds", type=int, default=2, help="rounds, alternating the order (2)")
-    p.add_argument("--seed", type=int, default=1234, help="seed of the lines and their models")
-    p.add_argument("--dtype", default=None, help="dtype for every job (default: batchrun's auto)")
-
-
-def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
-    """The two-models benchmark; dry with --models-echo (no results written)."""
-    if args.models_echo:
-        args.no_docs = True
-    part_models(args, work, command, machine)

@@ -49,6 +49,18 @@ from bench.harness import (
 # -- part B: overhead ----------------------------------------------------------------------------------
 
 
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
+    p.add_argument("--overhead-requests", type=int, default=None, help="requests (1,000,000)")
+    p.add_argument("--quick", action="store_true", help="20,000 requests")
+    p.add_argument(
+        "--floor-runs",
+        type=int,
+        default=3,
+        help="runs of the floor (median taken), spread between the phases (3)",
+    )
+
+
 def child_floor(inp: Path, out: Path) -> None:
     """The floor of any Python tool on the overhead input: per line, read, `json.loads`, build the
     OpenAI batch output record batchrun writes for it, `json.dumps`, write. Nothing else: no
@@ -405,18 +417,6 @@ def part_b(args: argparse.Namespace, work: Path, command: str, machine: dict[str
 """
     write_results(__name__, "overhead", body)
     return ratio_ok and rss_ok
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """This benchmark's options."""
-    p.add_argument("--overhead-requests", type=int, default=None, help="requests (1,000,000)")
-    p.add_argument("--quick", action="store_true", help="20,000 requests")
-    p.add_argument(
-        "--floor-runs",
-        type=int,
-        default=3,
-        help="runs of the floor (median taken), spread between the phases (3)",
-    )
 
 
 def child(args: argparse.Namespace) -> None:

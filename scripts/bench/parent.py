@@ -35,16 +35,16 @@ TARGET_US = 8.0
 TARGET_BYTES = 1.15
 
 
-def tree_bytes(path: Path) -> int:
-    """The bytes of every file under `path`."""
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """This benchmark's options."""
     parser.add_argument("--requests", type=int, default=200_000, help="requests in each job")
     parser.add_argument("--dimensions", type=int, default=1024, help="each vector's size")
     parser.add_argument("--workers", type=int, default=2, help="engine workers")
+
+
+def tree_bytes(path: Path) -> int:
+    """The bytes of every file under `path`."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> int:

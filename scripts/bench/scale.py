@@ -59,6 +59,14 @@ _WRAP = (
 PHASES = ["submit", "status", "resume", "retry-failed", "export --parquet", "status --json"]
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
+    parser.add_argument("--sizes", type=int, nargs="+", default=[20_000, 1_000_000])
+    parser.add_argument(
+        "--long-prompts", action="store_true", help="2,000 prompts of 250 KB instead."
+    )
+
+
 def run_phase(args: list[str]) -> tuple[float, int, int, float]:
     """Run `batchrun ARGS` in a process of its own: (wall seconds, exit code, peak RSS KiB, CPU
     seconds of that process: what a shared machine's load does not inflate)."""
@@ -148,14 +156,6 @@ def long_prompts(work: Path, docs: bool, command: str, machine: dict[str, str]) 
         )
         write_results(__name__, "long-prompts", body)
     return 0 if rc == 0 else 1
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """This benchmark's options."""
-    parser.add_argument("--sizes", type=int, nargs="+", default=[20_000, 1_000_000])
-    parser.add_argument(
-        "--long-prompts", action="store_true", help="2,000 prompts of 250 KB instead."
-    )
 
 
 def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> int:

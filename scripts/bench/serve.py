@@ -32,6 +32,13 @@ SERVE = (sys.executable, "-m", "batchrun", "serve", "--engine", "echo")
 PATHS = ("/v1/batches", "/v1/batches?limit=100", "/metrics")
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
+    parser.add_argument("--batches", type=int, default=1000)
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--json", type=Path, help="write the figures here as JSON")
+
+
 def fill(root: Path, n: int) -> None:
     """`n` completed batches of 1,000 requests each in `root` (each record written once)."""
     from batchrun.serve.batches import BatchRecord, BatchStore, new_batch
@@ -72,13 +79,6 @@ def timings(url: str, path: str, n: int) -> list[float]:
             if i >= 20:
                 out.append(elapsed)
     return out
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """This benchmark's options."""
-    parser.add_argument("--batches", type=int, default=1000)
-    parser.add_argument("--requests", type=int, default=300)
-    parser.add_argument("--json", type=Path, help="write the figures here as JSON")
 
 
 def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> int:

@@ -60,9 +60,11 @@ from bench.harness import (
     _f,
     batchrun_cmd,
     child_command,
+    contender_arguments,
     count_output_tokens,
     default_model_dir,
     effective_dtype,
+    generation_span,
     job_timeline,
     make_chat_requests,
     md_table,
@@ -70,6 +72,7 @@ from bench.harness import (
     on_cuda,
     print_table,
     run_cmd,
+    run_raw_child,
     timeline_lines,
     warm_file_cache,
     write_jsonl,
@@ -77,6 +80,25 @@ from bench.harness import (
 )
 
 # -- part A: the contenders ---------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
+    p.add_argument("--requests", type=int, default=None, help="chat requests (200)")
+    p.add_argument("--quick", action="store_true", help="40 requests")
+    p.add_argument(
+        "--only",
+        default=None,
+        help="comma list of contenders: batchrun,raw,run_batch,naive,raw-inproc (default all)",
+    )
+    contender_arguments(p, rounds=1)
+    p.add_argument(
+        "--end-to-end",
+        action="store_true",
+        help="the user's measure instead of part A: `batchrun submit` launch to exit against "
+        "raw vLLM in one process timed from before its import, 300 distinct requests, with "
+        "batchrun's timeline (issue 38)",
+    )
 
 
 def submit_argv(inp: Path, job: Path, dtype: str, max_model_len: int) -> list[str]:
@@ -121,15 +143,9 @@ def contender_batchrun(inp: Path, work: Path, dtype: str) -> Result:
     if export.rc != 0:
         res.error = f"export exited {export.rc}: {export.tail(5)}"
         return res
-    ready = submit.first(r"worker \d+.*? ready \(")
-    times = [
-        float(r["time"])
-        for r in (json.loads(x) for x in (job / "journal.jsonl").read_text().splitlines())
-        if r.get("kind") == "result"
-    ]
-    if ready and times:
-        res.gen_s = max(times) - ready[0]
-        res.ready_s = ready[0] - submit.started_wall
+    span = generation_span(submit, job)
+    if span is not None:
+        res.ready_s, res.gen_s = span
     else:
         res.note = "no 'worker ready' line or no journal records: generation time unknown"
     res.succeeded, res.tokens = count_output_tokens(job / "output.jsonl")
@@ -171,16 +187,8 @@ def contender_llm(
     res = Result(name, label)
     out = work / f"{name}-result.json"
     argv = child_llm_argv(inp, model, out, dtype, chunk)
-    env = {INPROC_ENV: "0"} if inproc else None
-    run = run_cmd(argv, work / f"{name}.log", env=env)
-    res.wall_s, res.cpu_s, res.load = run.wall_s, run.cpu_s, run.load
-    if run.rc != 0 or not out.exists():
-        res.error = f"exited {run.rc}: {run.tail(5)}"
-        return res
-    data = json.loads(out.read_text())
-    res.gen_s, res.tokens, res.succeeded = data["gen_s"], data["tokens"], data["requests"]
-    res.ready_s = data["gen_start_wall"] - run.started_wall
-    if chunk is not None:
+    data = run_raw_child(argv, work / f"{name}.log", out, res, inproc)
+    if data is not None and chunk is not None:
         res.note = f"{data['calls']} calls"
     return res
 
@@ -650,37 +658,6 @@ def part_e2e(args: argparse.Namespace, work: Path, command: str, machine: dict[s
 
 # The targets of part B: submit + export (JSONL) within this many times the floor's wall time, and
 # the peak RSS of every phase's process tree under this many KiB (at 1M requests).
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """This benchmark's options."""
-    p.add_argument("--requests", type=int, default=None, help="chat requests (200)")
-    p.add_argument("--quick", action="store_true", help="40 requests")
-    p.add_argument("--seed", type=int, default=1234, help="seed of the generated requests")
-    p.add_argument(
-        "--dtype",
-        default=None,
-        help="dtype for every contender (default: what batchrun's auto resolves to here; "
-        "'auto' hands vLLM's own auto to all of them)",
-    )
-    p.add_argument(
-        "--only",
-        default=None,
-        help="comma list of contenders: batchrun,raw,run_batch,naive,raw-inproc (default all)",
-    )
-    p.add_argument(
-        "--rounds",
-        type=int,
-        default=1,
-        help="run the contenders this many times, interleaved (median ratio reported)",
-    )
-    p.add_argument(
-        "--end-to-end",
-        action="store_true",
-        help="the user's measure instead of part A: `batchrun submit` launch to exit against "
-        "raw vLLM in one process timed from before its import, 300 distinct requests, with "
-        "batchrun's timeline (issue 38)",
-    )
 
 
 def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
