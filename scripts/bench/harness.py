@@ -500,7 +500,7 @@ def write_results(module: str, key: str, body: str) -> None:
         "hand: [benchmarks.md](../../benchmarks.md).\n"
     )
     replace_section(path, key, body, header)
-    print(f"  wrote {path.relative_to(ROOT)} (section bench:{key})")
+    print(f"  wrote {os.path.relpath(path, ROOT)} (section bench:{key})")
 
 
 def measured_lines(machine: dict[str, str], command: str) -> str:

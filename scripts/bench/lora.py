@@ -272,7 +272,7 @@ def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, s
   {ADAPTER_SCALE}), temperature 0, max_tokens {args.lora_max_tokens}.
 - Engine settings, the same for both: dtype {dtype}, max_model_len {MAX_MODEL_LEN}, enforce_eager,
   max_num_seqs {MAX_NUM_SEQS}, seed {SEED}, enable_lora, max_loras {max_loras(len(adapters), cuda)}
-  (the adapters + 1 on a CPU: [adapters](adapters.md#vllms-cpu-bug-and-what-batchrun-does-about-it)),
+  (the adapters + 1 on a CPU: [adapters](../../adapters.md#vllms-cpu-bug-and-what-batchrun-does-about-it)),
   max_lora_rank {RANK}, gpu_memory_utilization {CPU_MEMORY_UTILIZATION} (of CPU memory).
 - batchrun: `batchrun submit --lora-modules adapterN=DIR x4 --max-loras ... --batch-size
   {MAX_NUM_SEQS}` then `batchrun export` (the plan, `--order auto`, groups the lines by adapter).
