@@ -255,6 +255,8 @@ def run_overhead(n: int, work: Path, floor_runs: int = 3) -> Overhead:
     return Overhead(phases, floors, gen_s, inp.stat().st_size, sizes, shape)
 
 
+# The targets: submit + export (JSONL) within this many times the floor's wall time, and the peak
+# RSS of every phase's process tree under this many KiB (at 1M requests).
 FLOOR_RATIO_TARGET = 3.0
 RSS_TARGET_KB = 512 * 1024
 

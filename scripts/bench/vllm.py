@@ -656,10 +656,6 @@ def part_e2e(args: argparse.Namespace, work: Path, command: str, machine: dict[s
     write_results(__name__, "vllm-e2e", body)
 
 
-# The targets of part B: submit + export (JSONL) within this many times the floor's wall time, and
-# the peak RSS of every phase's process tree under this many KiB (at 1M requests).
-
-
 def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
     """Part A, or with --end-to-end the user's measure."""
     (part_e2e if args.end_to_end else part_a)(args, work, command, machine)
