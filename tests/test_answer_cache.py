@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 from conftest import chat_line, cli, journal_records, start_cli, wait_until, write_jsonl
-from mm_models import wav_bytes
 from serving import start_server, stop_server, wait_done
+from testmodels.multimodal import wav_bytes
 
 from batchrun.config import EngineSettings
 from batchrun.engines.echo import EchoEngine

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from conftest import cli, model_line, read_jsonl, write_jsonl
-from lora_models import make_adapter
+from testmodels.lora import make_adapter
 
 from batchrun.openai.reader import read_input
 from batchrun.openai.records import CHAT, LineError, Request

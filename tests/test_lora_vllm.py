@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, chat_line, cli, read_jsonl, reference_run, write_jsonl
-from lora_models import make_adapter
+from testmodels.lora import make_adapter
 
 pytestmark = pytest.mark.vllm
 
@@ -60,7 +60,7 @@ def lora_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     raw = reference_run(
         [
             sys.executable,
-            str(ROOT / "tests" / "lora_models.py"),
+            str(ROOT / "scripts" / "testmodels" / "lora.py"),
             str(default_model_dir()),  # converted here, before either uses it
             json.dumps(adapters),
             json.dumps(work),

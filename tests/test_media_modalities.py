@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from conftest import cli, read_jsonl, write_jsonl
-from mm_models import png_bytes, wav_bytes
+from testmodels.multimodal import png_bytes, wav_bytes
 
 from batchrun.config import EngineSettings
 from batchrun.models.modalities import config_modalities

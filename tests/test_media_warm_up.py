@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import cli, journal_records, write_jsonl
 from mm_jobs import data_url, image_chat
-from mm_models import png_bytes
+from testmodels.multimodal import png_bytes
 
 pytestmark = pytest.mark.vllm
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from conftest import cli, read_jsonl, write_jsonl
-from mm_models import png_bytes
+from testmodels.multimodal import png_bytes
 
 from batchrun.engines.vllm.media import media_messages
 from batchrun.openai.media import MediaPolicy, use_media_policy

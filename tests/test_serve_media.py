@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 from conftest import write_jsonl
-from mm_models import png_bytes, wav_bytes
 from serving import create_batch, lines_of, start_server, stop_server, wait_done
+from testmodels.multimodal import png_bytes, wav_bytes
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 

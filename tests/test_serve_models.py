@@ -22,8 +22,8 @@ from conftest import (
     wait_until,
     write_jsonl,
 )
-from lora_models import make_adapter
 from serving import DONE, SLOW, TWO, create_batch, lines_of, start_server, stop_server, wait_done
+from testmodels.lora import make_adapter
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 

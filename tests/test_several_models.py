@@ -23,7 +23,7 @@ from conftest import (
     start_cli,
     wait_until,
 )
-from lora_models import make_adapter
+from testmodels.lora import make_adapter
 
 from batchrun.openai.routing import KnownModels
 

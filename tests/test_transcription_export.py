@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 from conftest import cli, write_jsonl
-from mm_models import wav_bytes
+from testmodels.multimodal import wav_bytes
 
 WAV_URL = "data:audio/wav;base64," + base64.b64encode(wav_bytes(0.1, 440)).decode()
 
