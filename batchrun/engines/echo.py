@@ -9,7 +9,7 @@ Embeddings requests get a deterministic unit vector per input, derived from a ha
 `ECHO_DIMENSIONS` (8) float32 values by default, ``dimensions`` up to `ECHO_MAX_DIMENSIONS` (4096).
 Up to 8 they are the hash's first bytes, renormalised (a shorter vector keeps the first values);
 above, one of a few fixed random unit vectors of that size, rotated by the hash (cheap enough to
-measure batchrun's own cost of large vectors: scripts/bench_embeddings.py).
+measure batchrun's own cost of large vectors: scripts/bench.py embeddings).
 Score and rerank requests get the cosine similarity of the two texts' word counts (runs of
 letters and digits, lowercased, each word a token; the truncation fields cut words), so identical texts score 1 and
 texts with no word in common 0. Audio lines (transcriptions, translations) get OpenAI's
