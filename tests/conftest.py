@@ -145,7 +145,7 @@ def vllm_responses_job(vllm_generative_server: dict[str, Any]) -> dict[str, Any]
 
 @pytest.fixture(scope="session")
 def tiny_mm_models(isolated_cache: Path) -> dict[str, Path]:
-    """The tiny Idefics3 and Whisper (tests/mm_models.py), built once for the run."""
+    """The tiny Idefics3 and Whisper (scripts/testmodels/multimodal.py), built once for the run."""
     from support.mm_jobs import build_tiny_models
 
     return build_tiny_models(isolated_cache)

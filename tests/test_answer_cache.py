@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mm_models import wav_bytes
 from support.cli import cli
 from support.jobs import journal_records, rerun, start_echo, status_json, submit_echo
 from support.lines import chat_line, write_jsonl
 from support.processes import kill_9_after
 from support.serving import start_server, stop_server, wait_done
+from testmodels.multimodal import wav_bytes
 
 from batchrun.config import EngineSettings
 from batchrun.engines.echo import EchoEngine

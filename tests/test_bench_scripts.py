@@ -1,5 +1,5 @@
-"""The benchmarks, one module each (scripts/bench_*.py, sharing scripts/bench_harness.py), run
-alone with --help, and scripts/bench.py still runs them with the flags it always took."""
+"""The benchmarks, a registry (scripts/bench/: one module each, sharing scripts/bench/harness.py):
+`scripts/bench.py --list` shows every one, and `scripts/bench.py NAME` runs each."""
 
 from __future__ import annotations
 
@@ -7,62 +7,86 @@ import re
 from pathlib import Path
 
 import pytest
+from bench import BENCHMARKS
 from support.cli import run_python as run
 from support.fakes.openai_server import fake_openai_server
-from support.paths import SCRIPTS
+from support.paths import ROOT, SCRIPTS
+
+BENCH = str(SCRIPTS / "bench.py")
+NOT_WRITING_RESULTS = {"images", "serve"}
 
 
-@pytest.mark.parametrize(
-    "script",
-    [
-        "bench",
-        "bench_vllm",
-        "bench_overhead",
-        "bench_dispatch",
-        "bench_lora",
-        "bench_models",
-        "bench_embeddings",
-        "bench_parent",
-        "bench_pooling",
-        "bench_remote",
-        "bench_import",
-    ],
-)
-def test_each_benchmark_runs_alone_with_help(script: str) -> None:
-    r = run(str(SCRIPTS / f"{script}.py"), "--help")
+def test_the_list_shows_every_benchmark_module_with_its_line() -> None:
+    """Every module of scripts/bench/ but the harness is in the registry, and --list shows each
+    name with its docstring's first line."""
+    modules = {p.stem for p in (SCRIPTS / "bench").glob("*.py")} - {"__init__", "harness"}
+    assert set(BENCHMARKS.values()) == modules
+    r = run(BENCH, "--list")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith(f"usage: {script}.py")
-    assert "--work-dir" in r.stdout and "--no-docs" in r.stdout
+    listed = dict(line.split(maxsplit=1) for line in r.stdout.splitlines() if line.startswith("  "))
+    assert list(listed) == list(BENCHMARKS)
+    assert all(len(text) > 20 and "\n" not in text for text in listed.values()), listed
+    unknown = run(BENCH, "nosuch")
+    assert unknown.returncode == 2 and "no benchmark called 'nosuch'" in unknown.stderr
+
+
+@pytest.mark.parametrize("name", list(BENCHMARKS))
+def test_each_benchmark_runs_with_help(name: str) -> None:
+    r = run(BENCH, name, "--help")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"usage: bench.py {name}")
+    assert "--work-dir" in r.stdout
+    assert ("--no-docs" in r.stdout) == (name not in NOT_WRITING_RESULTS)
+
+
+def test_results_go_to_the_benchmarks_own_file_one_section_a_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run replaces its section of docs/benchmarks/results/NAME.md and keeps the others."""
+    from bench import harness
+
+    monkeypatch.setattr(harness, "RESULTS", tmp_path)
+    harness.write_results("bench.imports", "import", "## A\n\nfirst run")
+    harness.write_results("bench.imports", "other", "## B\n\nkept")
+    harness.write_results("bench.imports", "import", "## A\n\nsecond run")
+    text = (tmp_path / "import.md").read_text(encoding="utf-8")
+    assert text.startswith("# Benchmark results: import\n")
+    assert "second run" in text and "first run" not in text and "kept" in text
+    assert text.index("<!-- bench:import -->") < text.index("<!-- bench:other -->")
+
+
+def test_the_notes_hold_no_generated_section_and_link_every_results_file() -> None:
+    """docs/benchmarks.md is written by hand; what the benchmarks write is apart, each file named
+    for a benchmark and linked from the notes."""
+    notes = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert "<!-- bench:" not in notes
+    results = sorted((ROOT / "docs" / "benchmarks" / "results").glob("*.md"))
+    assert results
+    for path in results:
+        assert path.stem in BENCHMARKS, path
+        assert f"](benchmarks/results/{path.name}#" in notes, path
 
 
 @pytest.mark.slow
-def test_the_overhead_benchmark_runs_on_its_own_and_through_bench_py(tmp_path: Path) -> None:
-    """A tiny run of part B (echo engine, no model), both ways: the phases all exit 0."""
-    for script, extra in (("bench_overhead.py", ()), ("bench.py", ("--overhead",))):
-        r = run(
-            str(SCRIPTS / script),
-            *extra,
-            "--overhead-requests",
-            "300",
-            "--floor-runs",
-            "1",
-            "--no-docs",
-            "--work-dir",
-            str(tmp_path / script),
-        )
-        assert r.returncode == 0, r.stderr + r.stdout
-        phases = [line for line in r.stdout.splitlines() if "(exit " in line]
-        assert len(phases) == 4 and all("(exit 0)" in line for line in phases), r.stdout
+def test_the_overhead_benchmark_runs_small(tmp_path: Path) -> None:
+    """A tiny run of part B (echo engine, no model): the phases all exit 0, and the floor ran in
+    its child process."""
+    r = run(
+        BENCH, "overhead", "--overhead-requests", "300", "--floor-runs", "1", "--no-docs",
+        "--work-dir", str(tmp_path),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr + r.stdout
+    phases = [line for line in r.stdout.splitlines() if "(exit " in line]
+    assert len(phases) == 4 and all("(exit 0)" in line for line in phases), r.stdout
 
 
 @pytest.mark.slow
 def test_the_embeddings_benchmark_runs_small(tmp_path: Path) -> None:
-    """bench_embeddings.py on 300 requests of 1,024 dimensions and their chat twin: every phase
+    """bench.py embeddings on 300 requests of 1,024 dimensions and their chat twin: every phase
     of both jobs is in the table and exited 0, and both targets' lines are printed (the
     journal's bytes a result do not depend on the count: that target holds at any size)."""
     r = run(
-        str(SCRIPTS / "bench_embeddings.py"),
-        "--requests", "300", "--no-docs", "--work-dir", str(tmp_path),
+        BENCH, "embeddings", "--requests", "300", "--no-docs", "--work-dir", str(tmp_path),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr + r.stdout
     for job in ("embeddings", "chat"):
@@ -78,11 +102,10 @@ def test_the_embeddings_benchmark_runs_small(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_parent_benchmark_runs_small(tmp_path: Path) -> None:
-    """bench_parent.py on 300 requests of each kind, 2 workers: both submits exited 0, the
+    """bench.py parent on 300 requests of each kind, 2 workers: both submits exited 0, the
     parent's CPU per request and the job directory's size against float32 are printed."""
     r = run(
-        str(SCRIPTS / "bench_parent.py"),
-        "--requests", "300", "--no-docs", "--work-dir", str(tmp_path),
+        BENCH, "parent", "--requests", "300", "--no-docs", "--work-dir", str(tmp_path),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr + r.stdout
     for job in ("embeddings", "chat"):
@@ -94,12 +117,20 @@ def test_the_parent_benchmark_runs_small(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_lora_benchmark_runs_dry_through_bench_py(tmp_path: Path) -> None:
-    """bench.py --lora --lora-echo: 4 adapters made, every line answered by batchrun (echo)."""
+def test_the_lora_benchmark_runs_dry(tmp_path: Path) -> None:
+    """bench.py lora --lora-echo: 4 adapters made, every line answered by batchrun (echo)."""
     r = run(
-        str(SCRIPTS / "bench.py"), "--lora", "--lora-echo", "--lora-lines", "24", "--rounds", "1",
-        "--no-docs", "--work-dir", str(tmp_path),
-    )  # fmt: skip
+        BENCH,
+        "lora",
+        "--lora-echo",
+        "--lora-lines",
+        "24",
+        "--rounds",
+        "1",
+        "--no-docs",
+        "--work-dir",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr + r.stdout
     assert "24 lines over 4 adapters (rank 8), max_tokens 16, dtype auto, max_loras 5" in r.stdout
     assert "echo engine: batchrun answered 24 of 24 lines" in r.stdout
@@ -109,13 +140,21 @@ def test_the_lora_benchmark_runs_dry_through_bench_py(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_two_models_benchmark_runs_dry_on_its_own(tmp_path: Path) -> None:
-    """bench_models.py --models-echo: the one job starts an engine per model, the two jobs one
+def test_the_two_models_benchmark_runs_dry(tmp_path: Path) -> None:
+    """bench.py models --models-echo: the one job starts an engine per model, the two jobs one
     each, every line answered in both, and the ratio line is printed."""
     r = run(
-        str(SCRIPTS / "bench_models.py"), "--models-echo", "--models-lines", "24", "--rounds", "1",
-        "--no-docs", "--work-dir", str(tmp_path),
-    )  # fmt: skip
+        BENCH,
+        "models",
+        "--models-echo",
+        "--models-lines",
+        "24",
+        "--rounds",
+        "1",
+        "--no-docs",
+        "--work-dir",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr + r.stdout
     # contender, round, wall, generation, answered, tokens, engine starts, load avg
     rows = {
@@ -132,11 +171,11 @@ def test_the_two_models_benchmark_runs_dry_on_its_own(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_remote_benchmark_runs_small_against_a_fake_server(tmp_path: Path) -> None:
-    """bench_remote.py on 20 lines against the fake OpenAI server: every contender answered
+    """bench.py remote on 20 lines against the fake OpenAI server: every contender answered
     every line, and the table gives batchrun's ratio to the best fixed concurrency."""
     with fake_openai_server(delay_s=0.01) as server:
         r = run(
-            str(SCRIPTS / "bench_remote.py"), "--base-url", server.url, "--requests", "20",
+            BENCH, "remote", "--base-url", server.url, "--requests", "20",
             "--concurrency", "4,8", "--no-docs", "--work-dir", str(tmp_path),
         )  # fmt: skip
     assert r.returncode == 0, r.stderr

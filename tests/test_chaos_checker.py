@@ -15,14 +15,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.paths import ROOT
-
-sys.path.insert(0, str(ROOT / "scripts"))
 from chaos_check import Checker, Expected, read_journal
 
 CLEAN = Path(__file__).resolve().parent / "fixtures" / "chaos_clean"

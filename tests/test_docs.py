@@ -1,5 +1,6 @@
 """The README is a front door (short, the two set-up commands first) and every relative link and
-heading anchor in README.md and docs/*.md resolves, by GitHub's rules for heading anchors."""
+heading anchor in README.md, docs/*.md and the benchmarks' results (docs/benchmarks/results/)
+resolves, by GitHub's rules for heading anchors."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import pytest
 from support.paths import ROOT
 
 README = ROOT / "README.md"
-PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [
+    README,
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "docs" / "benchmarks" / "results").glob("*.md")),
+]
 MAX_README_LINES = 400
 SETUP_COMMANDS = ("bash scripts/run_sample.sh", "bash scripts/test.sh")
 

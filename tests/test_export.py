@@ -28,7 +28,7 @@ from batchrun.job.inputmap import InputMap
 from batchrun.job.journal import JournalWriter, invalid_record, result_record
 from batchrun.job.state import FAILED_RETRYABLE, OK
 from batchrun.openai.records import CHAT, COMPLETIONS, LineError, Outcome, Request
-from batchrun.openai.responses import Choice, failure, success
+from batchrun.openai.response_bodies import Choice, failure, success
 
 
 def chat(custom_id: str, line: int) -> Request:

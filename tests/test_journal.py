@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -288,6 +289,35 @@ def test_a_full_group_is_synced_at_once_and_close_syncs_the_rest(
     j.close()  # a normal end (or a graceful stop) syncs before it returns
     assert spy.calls == 2
     assert [r["custom_id"] for r in read_records(tmp_path / "journal.jsonl")] == list("abcd")
+
+
+def test_sync_does_not_return_while_a_background_fsync_is_under_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The background fsync counts its records out as it begins: a sync() then must not take
+    "nothing unsynced" for "all on the disk" (a serve batch marked done, a power cut after)."""
+    real = journal_module.os.fsync
+    entered, release = threading.Event(), threading.Event()
+    by: list[str] = []
+
+    def fsync(fd: int) -> None:
+        by.append(threading.current_thread().name)
+        if threading.current_thread().name == "batchrun-journal-fsync":
+            entered.set()
+            release.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(journal_module.os, "fsync", fsync)
+    (tmp_path / "journal.jsonl").touch()  # no directory fsync at open
+    j = JournalWriter(tmp_path / "journal.jsonl", interval_s=0.01).open()
+    try:
+        j.append([result_record(outcome("a"), 1, 1)])
+        assert entered.wait(10)  # the background fsync holds "a", and has not returned
+        j.sync()
+        assert by == ["batchrun-journal-fsync", threading.current_thread().name]
+    finally:
+        release.set()
+        j.close()
 
 
 def test_a_failed_background_fsync_stops_the_next_append(

@@ -26,7 +26,7 @@ from support.vectors import (
 
 from batchrun.engines.echo import echo_vector_bytes
 from batchrun.job.journal import JournalWriter, encode_record
-from batchrun.job.records import result_record
+from batchrun.job.journal_records import result_record
 from batchrun.job.vectors import (
     VectorReader,
     VectorWriter,
@@ -36,7 +36,7 @@ from batchrun.job.vectors import (
     vectors_path,
 )
 from batchrun.openai.records import EMBEDDINGS, Outcome, Request
-from batchrun.openai.responses import embedding_success
+from batchrun.openai.response_bodies import embedding_success
 from batchrun.openai.vectors import PLACEHOLDER, fill_vectors, split_vectors
 from batchrun.workers.child import _messages
 

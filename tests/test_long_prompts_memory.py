@@ -4,7 +4,7 @@ freed large blocks go back to the system (run/scheduler.py, run/planner.py, run/
 
 The issue's case is 2,000 prompts of 250 KB (a 500 MB file) under 300 MiB; this one is 800 of them
 (200 MB: more than the 512 requests a worker held before), the full one is in
-scripts/bench_scale.py --long-prompts.
+scripts/bench.py scale --long-prompts.
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench.scale import write_long_prompts  # the benchmark's own file of long prompts
 from support.paths import ROOT
-
-sys.path.insert(0, str(ROOT / "scripts"))
-from bench_scale import write_long_prompts  # the benchmark's own file of long prompts
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 

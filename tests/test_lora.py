@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lora_models import make_adapter
 from support.cli import cli
 from support.jobs import answer_models, rerun, start_echo, submit_echo
 from support.lines import model_input, model_line, read_jsonl, write_jsonl
 from support.processes import kill_9_after
+from testmodels.lora import make_adapter
 
 from batchrun.openai.reader import read_input
 from batchrun.openai.records import CHAT, LineError, Request

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mm_models import png_bytes, wav_bytes
 from support.cli import cli
 from support.lines import media_line, read_jsonl, write_jsonl
 from support.media import default_media_policy
+from testmodels.multimodal import png_bytes, wav_bytes
 
 from batchrun.config import EngineSettings
 from batchrun.models.modalities import config_modalities

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mm_models import png_bytes, wav_bytes
 from support.cli import cli
 from support.jobs import submit_echo
 from support.lines import media_line, read_jsonl, request_line, write_jsonl
 from support.media import default_media_policy
+from testmodels.multimodal import png_bytes, wav_bytes
 
 from batchrun.openai.reader import read_input
 from batchrun.openai.records import LineError, Request

@@ -30,7 +30,7 @@ from batchrun.export.job import export_parquet
 from batchrun.job.journal import JournalWriter, result_record
 from batchrun.openai.reader import read_input
 from batchrun.openai.records import CHAT, COMPLETIONS, EMBEDDINGS, LineError, Request
-from batchrun.openai.responses import (
+from batchrun.openai.response_bodies import (
     Choice,
     TokenLogprob,
     decode_base64,

@@ -11,7 +11,7 @@ import pytest
 
 from batchrun.console.progress import ProgressReporter
 from batchrun.openai.records import CHAT, Outcome, Request
-from batchrun.openai.responses import Choice, failure, success
+from batchrun.openai.response_bodies import Choice, failure, success
 
 
 def _outcomes(count: int, failed: int = 0) -> list[Outcome]:

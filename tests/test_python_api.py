@@ -436,9 +436,9 @@ def test_a_script_without_the_main_guard_is_told_what_to_do(tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_the_import_benchmark_measures_and_sees_no_heavy_module() -> None:
-    """scripts/bench_import.py, one round: `import batchrun` left none of the watched modules."""
+    """scripts/bench.py import, one round: `import batchrun` left none of the watched modules."""
     ran = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_import.py"), "--runs", "1", "--no-docs"],
+        [sys.executable, str(ROOT / "scripts" / "bench.py"), "import", "--runs", "1", "--no-docs"],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -23,7 +23,7 @@ from support.paths import ROOT
 from batchrun.openai.params import OutputFormat, Sampling, sampling
 from batchrun.openai.reader import read_input
 from batchrun.openai.records import CHAT, RESPONSES, Request
-from batchrun.openai.responses import Choice, success
+from batchrun.openai.response_bodies import Choice, success
 from batchrun.openai.responses_api import responses_messages
 from batchrun.openai.vllm_sampling import VllmSampling
 

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mm_models import png_bytes
 from support.cli import cli
 from support.jobs import submit_echo
 from support.lines import read_jsonl, read_lines, write_jsonl
 from support.media import default_media_policy
+from testmodels.multimodal import png_bytes
 
 from batchrun.engines.vllm.media import media_messages
 from batchrun.openai.media import MediaPolicy, use_media_policy

@@ -14,6 +14,7 @@ import pytest
 from batchrun.openai.reader import read_input
 from batchrun.openai.records import CHAT, COMPLETIONS, LineError, Request
 from batchrun.openai.routing import KnownModels
+from batchrun.openai.token_ids import Vocabularies
 from batchrun.run import source
 from batchrun.run.source import InputIndex, fast_requests, requests
 
@@ -139,9 +140,11 @@ def test_a_change_the_stats_miss_hands_over_at_the_first_surprise(
     index = indexed(path)
     calls: list[Path] = []
 
-    def counted(p: Path, known: KnownModels | None = None) -> Iterator[Request | LineError]:
+    def counted(
+        p: Path, known: KnownModels | None = None, vocab: Vocabularies | None = None
+    ) -> Iterator[Request | LineError]:
         calls.append(p)
-        return read_input(p, known)
+        return read_input(p, known, vocab)
 
     monkeypatch.setattr(source, "read_input", counted)
     for changed in (
@@ -212,9 +215,11 @@ def test_submit_runs_its_passes_without_validating_again(
     calls: list[Path] = []
     real = source.read_input
 
-    def counted(p: Path, known: KnownModels | None = None) -> Iterator[Request | LineError]:
+    def counted(
+        p: Path, known: KnownModels | None = None, vocab: Vocabularies | None = None
+    ) -> Iterator[Request | LineError]:
         calls.append(p)
-        return real(p, known)
+        return real(p, known, vocab)
 
     monkeypatch.setattr(source, "read_input", counted)
     monkeypatch.setenv("BATCHRUN_ECHO_FAIL", "c")  # a 500 every time: two retry passes

@@ -24,7 +24,7 @@ from batchrun.errors import BatchrunError
 from batchrun.job.journal import JournalWriter, encode_body
 from batchrun.job.state import JobState
 from batchrun.openai.records import Outcome, Request
-from batchrun.openai.responses import failure
+from batchrun.openai.response_bodies import failure
 from batchrun.run.memory import fewer_collections
 from batchrun.run.recording import JournalSink
 from batchrun.run.scheduler import Scheduler

@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
-from mm_models import png_bytes, wav_bytes
 from support.lines import media_line, write_jsonl
 from support.serving import create_batch, lines_of, start_server, stop_server, wait_done
+from testmodels.multimodal import png_bytes, wav_bytes
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 

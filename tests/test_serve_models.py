@@ -13,13 +13,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from lora_models import make_adapter
 from support import serving
 from support.cli import cli
 from support.jobs import journal_records
 from support.lines import model_line, write_jsonl
 from support.processes import group_alive
 from support.waits import results_at_least, wait_until
+from testmodels.lora import make_adapter
 
 pytestmark = pytest.mark.slow  # out of the fast tier: docs/development.md
 

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lora_models import make_adapter
 from support.cli import cli
 from support.jobs import answer_models, journal_records, rerun, start_echo, submit_echo
 from support.lines import model_input, model_line, read_jsonl
 from support.processes import kill_9_after
+from testmodels.lora import make_adapter
 
 from batchrun.openai.routing import KnownModels
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from batchrun.job.journal import JournalWriter
+from batchrun.job.journal_records import result_record
 from batchrun.job.paths import JobPaths
-from batchrun.job.records import result_record
 from batchrun.job.state import FAILED_FINAL, FAILED_RETRYABLE, OK, JobState, replay
 from batchrun.openai.records import Outcome
 

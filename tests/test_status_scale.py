@@ -446,11 +446,13 @@ def test_the_fold_reads_in_blocks_any_size_of_line(
 
 @pytest.mark.slow
 def test_bench_scale_runs_every_command_and_prints_the_table() -> None:
-    script = str(ROOT / "scripts" / "bench_scale.py")
-    r = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True)
+    script = str(ROOT / "scripts" / "bench.py")
+    r = subprocess.run([sys.executable, script, "scale", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--sizes" in r.stdout
     r = subprocess.run(
-        [sys.executable, script, "--sizes", "30", "--no-docs"], capture_output=True, text=True
+        [sys.executable, script, "scale", "--sizes", "30", "--no-docs"],
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 0, r.stderr
     for phase in ("submit", "status", "resume", "retry-failed", "export --parquet"):

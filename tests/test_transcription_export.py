@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from mm_models import wav_bytes
 from support.cli import cli
 from support.jobs import submit_echo
 from support.lines import request_line, write_jsonl
+from testmodels.multimodal import wav_bytes
 
 WAV_URL = "data:audio/wav;base64," + base64.b64encode(wav_bytes(0.1, 440)).decode()
 

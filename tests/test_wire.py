@@ -18,7 +18,7 @@ import msgspec
 from batchrun.config import EngineSettings
 from batchrun.engines import echo
 from batchrun.job.journal import encode_body
-from batchrun.openai import responses
+from batchrun.openai import response_bodies
 from batchrun.openai.params import Sampling
 from batchrun.openai.records import CHAT, COMPLETIONS, Outcome, Request
 from batchrun.workers import child
@@ -46,7 +46,7 @@ def test_requests_and_outcomes_pickle_by_their_fields() -> None:
 
 
 def test_response_ids_look_like_uuid_hex_and_do_not_repeat() -> None:
-    ids = [responses.response_id() for _ in range(10_000)]
+    ids = [response_bodies.response_id() for _ in range(10_000)]
     assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
     assert len(set(ids)) == len(ids)
 
@@ -55,13 +55,13 @@ def test_a_forked_child_draws_ids_of_its_own() -> None:
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report one id, and leave without running anything else
-        os.write(write, responses.response_id().encode())
+        os.write(write, response_bodies.response_id().encode())
         os._exit(0)
     os.close(write)
     theirs = os.read(read, 64).decode()
     os.waitpid(pid, 0)
     os.close(read)
-    mine = {responses.response_id() for _ in range(100)}
+    mine = {response_bodies.response_id() for _ in range(100)}
     assert re.fullmatch(r"[0-9a-f]{32}", theirs) and theirs not in mine
     assert abs(int(theirs, 16) - int(next(iter(mine)), 16)) > 10**6  # not our sequence
 
@@ -106,7 +106,7 @@ def test_an_echo_reply_with_n_choices_and_echo_keeps_its_shape() -> None:
     assert {c["finish_reason"] for c in out.body["choices"]} == {"length"}
     assert out.body["usage"] == {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10}
     assert out.completion_tokens == 6
-    assert responses.holds_no_float(out.body)
+    assert response_bodies.holds_no_float(out.body)
 
 
 def test_bodies_with_logprobs_tools_or_metadata_may_hold_floats() -> None:
@@ -120,15 +120,15 @@ def test_bodies_with_logprobs_tools_or_metadata_may_hold_floats() -> None:
         request = Request(custom_id="a", line=1, url=CHAT, body={**chat, **extra})
         out = engine._finish(request, 0.0)
         assert out.body is not None and not isinstance(out.body, msgspec.Raw)
-        assert responses.holds_no_float(out.body) is plain
+        assert response_bodies.holds_no_float(out.body) is plain
     embedding = engine._finish(
         Request(custom_id="e", line=1, url="/v1/embeddings", body={"input": "x"}), 0.0
     )
     assert embedding.body is not None and not isinstance(embedding.body, msgspec.Raw)
     # Its vectors travel as base64 float32 (openai/vectors.py): no float text to check.
-    assert responses.holds_no_float(embedding.body)
+    assert response_bodies.holds_no_float(embedding.body)
     score = {"object": "list", "data": [{"index": 0, "score": 0.5}], "usage": {}}
-    assert not responses.holds_no_float(score)
+    assert not response_bodies.holds_no_float(score)
 
 
 def test_results_go_in_messages_of_bounded_size_in_order() -> None:

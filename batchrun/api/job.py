@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,23 +72,10 @@ class Job:
             force: run even if the input file changed since submit (`--force`).
             input: the job's input file at a new place (`--input`).
         """
-        from batchrun.run.jobs import resume
-
-        with in_process(self.job_dir, api_key):
-            given = given_options("resume", options, override=True)
-            asked = monitoring(metrics_port, metrics_host, metrics_pushgateway, gpu_hour_cost)
-            with started(asked) as metrics:
-                resume(
-                    self.job_dir,
-                    progress=progress,
-                    force=force,
-                    ray=ray,
-                    input_path=Path(input) if input is not None else None,
-                    given=given,
-                    metrics=metrics,
-                    cache_dir=Path(cache_dir) if cache_dir is not None else None,
-                )
-        return self
+        metrics = (metrics_port, metrics_host, metrics_pushgateway, gpu_hour_cost)
+        return self._continue(
+            "resume", ray, progress, cache_dir, api_key, metrics, options, force, input
+        )
 
     def retry_failed(
         self,
@@ -104,18 +92,38 @@ class Job:
     ) -> Job:
         """One more pass over the requests whose last attempt failed, as `batchrun
         retry-failed` does (engine and metrics options as resume's). Returns this job."""
-        from batchrun.run.jobs import retry_failed
+        metrics = (metrics_port, metrics_host, metrics_pushgateway, gpu_hour_cost)
+        return self._continue("retry_failed", ray, progress, cache_dir, api_key, metrics, options)
+
+    def _continue(
+        self,
+        function: str,
+        ray: str | None,
+        progress: bool,
+        cache_dir: str | os.PathLike[str] | None,
+        api_key: str | None,
+        metrics: tuple[int | None, str | None, str | None, float | None],
+        options: Mapping[str, Any],
+        force: bool = False,
+        input: str | os.PathLike[str] | None = None,
+    ) -> Job:
+        """resume and retry_failed (`function`): the options given checked as the CLI's, the
+        run's metrics started, the job continued in this process."""
+        from batchrun.run.jobs import continue_job
 
         with in_process(self.job_dir, api_key):
-            given = given_options("retry_failed", options, override=True)
-            asked = monitoring(metrics_port, metrics_host, metrics_pushgateway, gpu_hour_cost)
-            with started(asked) as metrics:
-                retry_failed(
+            given = given_options(function, options, override=True)
+            asked = monitoring(*metrics)
+            with started(asked) as run_metrics:
+                continue_job(
                     self.job_dir,
+                    "resume" if function == "resume" else "retry",
                     progress=progress,
+                    force=force,
                     ray=ray,
+                    input_path=Path(input) if input is not None else None,
                     given=given,
-                    metrics=metrics,
+                    metrics=run_metrics,
                     cache_dir=Path(cache_dir) if cache_dir is not None else None,
                 )
         return self

@@ -7,6 +7,8 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
     from typing import Unpack
 
     from batchrun.api.options import EngineOptions
+    from batchrun.metrics.monitoring import Monitoring
+    from batchrun.run.options import RunOptions
 
 
 def run(
@@ -59,17 +63,11 @@ def run(
             continues it.
     """
     job = Path(job_dir) if job_dir is not None else _new_job_dir()
-    with in_process(job, api_key):
-        job_options = new_job_options(
-            given_options("run", options, override=False),
-            progress=progress,
-            ray=ray,
-            cache_dir=cache_dir,
-        )
-        asked = monitoring(metrics_port, metrics_host, metrics_pushgateway, gpu_hour_cost)
-        from batchrun.run.jobs import check_submit, refuse_existing_job, submit
+    metrics = (metrics_port, metrics_host, metrics_pushgateway, gpu_hour_cost)
+    with _checked("run", job, api_key, options, progress, ray, cache_dir, metrics) as checked:
+        job_options, asked, warnings = checked
+        from batchrun.run.jobs import refuse_existing_job, submit
 
-        warnings = check_submit(job, job_options)  # before anything is made
         refuse_existing_job(job)
         input_path = job / INPUT_NAME
         if input_path.exists():  # never written over: it may be someone's own file
@@ -78,11 +76,11 @@ def run(
             )
         created = not job.exists()
         try:
-            with started(asked) as metrics:  # the port bound before the job is made
+            with started(asked) as run_metrics:  # the port bound before the job is made
                 job.mkdir(parents=True, exist_ok=True)
                 if write_requests(requests, input_path) == 0:
                     raise BatchrunError("no requests were given: a job needs at least one")
-                submit(input_path, job, job_options, metrics=metrics, checked=warnings)
+                submit(input_path, job, job_options, metrics=run_metrics, checked=warnings)
         except BaseException:
             if not JobPaths(job).manifest.exists():  # no job was made: leave nothing behind
                 input_path.unlink(missing_ok=True)
@@ -111,21 +109,41 @@ def submit(
     jobs/<input name>, as the CLI's. Raises as `run` does."""
     source = os.fspath(path_or_url)
     job = Path(job_dir) if job_dir is not None else default_job_dir(source)
+    metrics = (metrics_port, metrics_host, metrics_pushgateway, gpu_hour_cost)
+    with _checked("submit", job, api_key, options, progress, ray, cache_dir, metrics) as checked:
+        job_options, asked, warnings = checked
+        from batchrun.run.jobs import submit as submit_job
+
+        with started(asked) as run_metrics:
+            submit_job(source, job, job_options, metrics=run_metrics, checked=warnings)
+    return Job(job)
+
+
+@contextmanager
+def _checked(
+    function: str,
+    job: Path,
+    api_key: str | None,
+    options: Mapping[str, Any],
+    progress: bool,
+    ray: str | None,
+    cache_dir: str | os.PathLike[str] | None,
+    metrics: tuple[int | None, str | None, str | None, float | None],
+) -> Iterator[tuple[RunOptions, Monitoring | None, list[str]]]:
+    """run and submit (`function`), in the process as a command runs: a new job's options,
+    its metrics (not started) and the pre-flight check's warnings, every option checked before
+    anything is made or the metrics port bound."""
     with in_process(job, api_key):
         job_options = new_job_options(
-            given_options("submit", options, override=False),
+            given_options(function, options, override=False),
             progress=progress,
             ray=ray,
             cache_dir=cache_dir,
         )
-        asked = monitoring(metrics_port, metrics_host, metrics_pushgateway, gpu_hour_cost)
+        asked = monitoring(*metrics)
         from batchrun.run.jobs import check_submit
-        from batchrun.run.jobs import submit as submit_job
 
-        warnings = check_submit(job, job_options)  # before the metrics port is bound
-        with started(asked) as metrics:
-            submit_job(source, job, job_options, metrics=metrics, checked=warnings)
-    return Job(job)
+        yield job_options, asked, check_submit(job, job_options)
 
 
 def _new_job_dir() -> Path:

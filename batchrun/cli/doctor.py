@@ -9,20 +9,11 @@ import typer
 
 from batchrun.cli.exits import plain
 from batchrun.cli.options import use_api_key
-from batchrun.config import Device, OptionError, check_base_url, parse_gpus
+from batchrun.config import Device, check_base_url, parse_gpus
+from batchrun.options.option import checked
 
 if TYPE_CHECKING:
     from batchrun.workers.diagnosis import Diagnosis
-
-
-def _gpus(value: str | None) -> str | None:
-    """--gpus checked as submit checks it."""
-    if value is not None:
-        try:
-            parse_gpus(value)
-        except OptionError as e:
-            raise typer.BadParameter(str(e)) from e
-    return value
 
 
 def doctor(
@@ -35,7 +26,7 @@ def doctor(
             "--gpus",
             help="GPUs a job would use, as submit takes them: ordinals within the visible list, or UUIDs. \\[default: all visible]",
             show_default=False,
-            callback=_gpus,
+            callback=checked(parse_gpus),  # as submit checks it
         ),
     ] = None,
     tensor_parallel_size: Annotated[
@@ -61,7 +52,7 @@ def doctor(
             help="Check this OpenAI-compatible server instead (the remote engine): reachable, "
             "answering OpenAI's JSON, taking the key, its models.",
             show_default=False,
-            callback=_base_url,
+            callback=checked(check_base_url),  # as submit checks it
             metavar="URL",
         ),
     ] = None,
@@ -101,16 +92,6 @@ def doctor(
         for line in summary(found):
             plain(line)
     raise typer.Exit(0 if found.ok else 1)
-
-
-def _base_url(value: str | None) -> str | None:
-    """--base-url checked as submit checks it."""
-    if value is not None:
-        try:
-            check_base_url(value)
-        except OptionError as e:
-            raise typer.BadParameter(str(e)) from e
-    return value
 
 
 def _doctor_server(

@@ -14,7 +14,7 @@ import typer
 from batchrun import stopping
 from batchrun.cli.cache import CacheDir
 from batchrun.cli.exits import finish, guarded, out, plain, say
-from batchrun.cli.metrics_options import GpuHourCost, MetricsHost, MetricsPort, MetricsPushgateway
+from batchrun.cli.metrics_options import GivenMetrics, metrics_options
 from batchrun.cli.options import (
     InputFile,
     JobDir,
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from batchrun.console.render import JobSummary
     from batchrun.metrics.monitoring import Monitoring
     from batchrun.metrics.recorder import RunMetrics
+    from batchrun.run.options import RunMode
 
 
 def _start(
@@ -82,18 +83,16 @@ def _start(
 
 
 @engine_options(override=False)
+@metrics_options
 def submit(
     ctx: typer.Context,
     input_file: InputFile,
     job_dir: NewJobDir = None,
     ray: RayAddress = None,
     no_progress: NoProgress = False,
-    metrics_port: MetricsPort = None,
-    metrics_host: MetricsHost = None,
-    metrics_pushgateway: MetricsPushgateway = None,
-    gpu_hour_cost: GpuHourCost = None,
     cache_dir: CacheDir = None,
     *,
+    metrics: GivenMetrics,
     options: GivenOptions,
 ) -> None:
     """Validate INPUT_FILE, create a job, and run it to the end, checkpointing every result."""
@@ -105,7 +104,7 @@ def submit(
         ray=ray,
         no_progress=no_progress,
         tune_only=False,
-        monitoring=_monitoring(metrics_port, metrics_host, gpu_hour_cost, metrics_pushgateway),
+        monitoring=metrics.monitoring(),
         cache_dir=cache_dir,
     )
 
@@ -127,6 +126,7 @@ def tune(
 
 
 @engine_options(override=True)
+@metrics_options
 def resume(
     ctx: typer.Context,
     job_dir: JobDir,
@@ -147,67 +147,71 @@ def resume(
     ] = None,
     ray: RayAddress = None,
     no_progress: NoProgress = False,
-    metrics_port: MetricsPort = None,
-    metrics_host: MetricsHost = None,
-    metrics_pushgateway: MetricsPushgateway = None,
-    gpu_hour_cost: GpuHourCost = None,
     cache_dir: CacheDir = None,
     *,
+    metrics: GivenMetrics,
     options: GivenOptions,
 ) -> None:
     """Continue a job after a crash, a kill or Ctrl-C: runs only what is not done. Engine
     options given replace the job's own (and are saved into it)."""
-    from batchrun.run.jobs import resume as run_resume
-
-    stopping.set_job(job_dir)
-    monitoring = _monitoring(metrics_port, metrics_host, gpu_hour_cost, metrics_pushgateway)
-    try:
-        summary = guarded(
-            ctx,
-            lambda: run_resume(
-                job_dir,
-                progress=not no_progress,
-                force=force,
-                ray=ray,
-                input_path=input_file,
-                given=options,
-                notify=say,
-                metrics=_monitor(monitoring),
-                cache_dir=cache_dir,
-            ),
-        )
-    finally:
-        monitoring.close()
-    finish(summary, "resume")
+    _continue(
+        ctx,
+        job_dir,
+        "resume",
+        ray,
+        no_progress,
+        cache_dir,
+        metrics,
+        options,
+        force=force,
+        input_path=input_file,
+    )
 
 
 @engine_options(override=True)
+@metrics_options
 def retry_failed(
     ctx: typer.Context,
     job_dir: JobDir,
     ray: RayAddress = None,
     no_progress: NoProgress = False,
-    metrics_port: MetricsPort = None,
-    metrics_host: MetricsHost = None,
-    metrics_pushgateway: MetricsPushgateway = None,
-    gpu_hour_cost: GpuHourCost = None,
     cache_dir: CacheDir = None,
     *,
+    metrics: GivenMetrics,
     options: GivenOptions,
 ) -> None:
     """Run one more pass over the requests whose last attempt failed. Engine options given
     replace the job's own (and are saved into it)."""
-    from batchrun.run.jobs import retry_failed as run_retry
+    _continue(ctx, job_dir, "retry", ray, no_progress, cache_dir, metrics, options)
+
+
+def _continue(
+    ctx: typer.Context,
+    job_dir: Path,
+    mode: RunMode,
+    ray: str | None,
+    no_progress: bool,
+    cache_dir: Path | None,
+    metrics: GivenMetrics,
+    options: GivenOptions,
+    force: bool = False,
+    input_path: Path | None = None,
+) -> None:
+    """resume and retry-failed: continue the job with the run's metrics, print the summary."""
+    from batchrun.run.jobs import continue_job
 
     stopping.set_job(job_dir)
-    monitoring = _monitoring(metrics_port, metrics_host, gpu_hour_cost, metrics_pushgateway)
+    monitoring = metrics.monitoring()
     try:
         summary = guarded(
             ctx,
-            lambda: run_retry(
+            lambda: continue_job(
                 job_dir,
+                mode,
                 progress=not no_progress,
                 ray=ray,
+                force=force,
+                input_path=input_path,
                 given=options,
                 notify=say,
                 metrics=_monitor(monitoring),
@@ -216,17 +220,7 @@ def retry_failed(
         )
     finally:
         monitoring.close()
-    finish(summary, "retry-failed")
-
-
-def _monitoring(
-    port: int | None, host: str | None, gpu_hour_cost: float | None, pushgateway: str | None
-) -> Monitoring:
-    """What the metrics options ask for, started once the options are checked (metrics/ is
-    imported here, not with the CLI: prometheus_client costs `batchrun --help` ~140 ms)."""
-    from batchrun.metrics.monitoring import Monitoring
-
-    return Monitoring(gpu_hour_cost=gpu_hour_cost, port=port, host=host, pushgateway=pushgateway)
+    finish(summary, "resume" if mode == "resume" else "retry-failed")
 
 
 def _monitor(monitoring: Monitoring | None) -> RunMetrics | None:

@@ -25,18 +25,20 @@ def _job_dir(value: str) -> Path:
     return Path(value)
 
 
-JobDir = Annotated[
-    Path,
-    typer.Option(
+def _job_dir_option(help: str) -> Any:
+    """--job-dir (-j, BATCHRUN_JOB_DIR), as a command declares it."""
+    return typer.Option(
         "--job-dir",
         "-j",
         envvar="BATCHRUN_JOB_DIR",
-        help="The job directory.",
+        help=help,
         show_default=False,
         parser=_job_dir,
         metavar="DIR",  # typer 0.28 would name it after the parser: <_job_dir>
-    ),
-]
+    )
+
+
+JobDir = Annotated[Path, _job_dir_option("The job directory.")]
 # Help texts are rich markup: a literal "[" is written "\\[" (else "[ray]" vanishes).
 RayAddress = Annotated[
     str | None,
@@ -62,15 +64,7 @@ InputFile = Annotated[
 ]
 NewJobDir = Annotated[
     Path | None,
-    typer.Option(
-        "--job-dir",
-        "-j",
-        envvar="BATCHRUN_JOB_DIR",
-        help="The job directory to create. \\[default: jobs/<input file name>]",
-        show_default=False,
-        parser=_job_dir,
-        metavar="DIR",  # typer 0.28 would name it after the parser: <_job_dir>
-    ),
+    _job_dir_option("The job directory to create. \\[default: jobs/<input file name>]"),
 ]
 
 

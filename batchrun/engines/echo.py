@@ -9,7 +9,7 @@ Embeddings requests get a deterministic unit vector per input, derived from a ha
 `ECHO_DIMENSIONS` (8) float32 values by default, ``dimensions`` up to `ECHO_MAX_DIMENSIONS` (4096).
 Up to 8 they are the hash's first bytes, renormalised (a shorter vector keeps the first values);
 above, one of a few fixed random unit vectors of that size, rotated by the hash (cheap enough to
-measure batchrun's own cost of large vectors: scripts/bench_embeddings.py).
+measure batchrun's own cost of large vectors: scripts/bench.py embeddings).
 Score and rerank requests get the cosine similarity of the two texts' word counts (runs of
 letters and digits, lowercased, each word a token; the truncation fields cut words), so identical texts score 1 and
 texts with no word in common 0. Audio lines (transcriptions, translations) get OpenAI's
@@ -79,9 +79,10 @@ from batchrun.openai.records import (
     Outcome,
     Request,
 )
-from batchrun.openai.responses import (
+from batchrun.openai.response_bodies import (
     Choice,
     TokenLogprob,
+    answered,
     embedding_success,
     failure,
     response_model,
@@ -372,11 +373,9 @@ def _speech(request: Request, latency_s: float) -> Outcome:
     body: dict[str, Any] = {"text": text}
     if request.url == TRANSCRIPTIONS:
         body["usage"] = {"type": "duration", "seconds": 0}
-    return Outcome(
-        custom_id=request.custom_id,
-        ok=True,
-        status_code=200,
-        body=body,
+    return answered(
+        request,
+        body,
         prompt_tokens=0,
         completion_tokens=len(text.split()),
         latency_s=latency_s,

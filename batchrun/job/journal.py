@@ -5,7 +5,7 @@ kernel already has) and fsync'd by a background thread within about a second (so
 loses at most that); closing fsyncs the rest. On open, a torn last line left by a crash
 mid-write is cut off.
 
-Record shapes (one JSON object a line; typed in batchrun.job.records):
+Record shapes (one JSON object a line; typed in batchrun.job.journal_records):
 
 - ``{"kind": "result", "custom_id", "line", "attempt", "ok", "status_code", "body", "error",
   "retryable", "prompt_tokens", "completion_tokens", "latency_s", "time"}``: one attempt.
@@ -34,10 +34,10 @@ import msgspec
 
 from batchrun.errors import BatchrunError
 from batchrun.job.files import fsync_dir
-from batchrun.job.records import InvalidRecord as InvalidRecord
-from batchrun.job.records import ResultRecord as ResultRecord
-from batchrun.job.records import invalid_record as invalid_record
-from batchrun.job.records import result_record as result_record
+from batchrun.job.journal_records import InvalidRecord as InvalidRecord
+from batchrun.job.journal_records import ResultRecord as ResultRecord
+from batchrun.job.journal_records import invalid_record as invalid_record
+from batchrun.job.journal_records import result_record as result_record
 from batchrun.job.vectors import VectorWriter, drop_unbacked, vectors_path
 from batchrun.openai.records import Outcome
 
@@ -264,6 +264,8 @@ class JournalWriter:
     _f: BinaryIO | None = field(default=None, init=False)
     # Written and not yet covered by an fsync (one in flight covers what was written before it).
     _unsynced: int = field(default=0, init=False)
+    # A background fsync under way: what it covers is not on the disk until it returns.
+    _syncing: bool = field(default=False, init=False)
     _dirty_since: float | None = field(default=None, init=False)
     _urgent: bool = field(default=False, init=False)
     _closing: bool = field(default=False, init=False)
@@ -392,6 +394,7 @@ class JournalWriter:
                 if f is None:
                     continue
                 error: OSError | None = None
+                self._syncing = True
                 cond.release()
                 try:
                     if self._vectors is not None:  # first: no synced record lacks its vectors
@@ -401,6 +404,7 @@ class JournalWriter:
                     error = e if isinstance(e, OSError) else OSError(str(e))
                 finally:
                     cond.acquire()
+                    self._syncing = False
                 if error is not None:
                     self._error = self._error or error
                     return
@@ -418,7 +422,10 @@ class JournalWriter:
         if self._f is None:
             return
         with self._cond:
-            if self._unsynced == 0:
+            # Nothing new, and no background fsync under way: its records, counted out of
+            # _unsynced as it began, are not on the disk until it returns; fsync'ing here too
+            # is what makes them so before this returns.
+            if self._unsynced == 0 and not self._syncing:
                 return
             self._unsynced, self._dirty_since, self._urgent = 0, None, False
         try:

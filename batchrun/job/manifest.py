@@ -91,6 +91,10 @@ class Manifest(msgspec.Struct, kw_only=True):
     # Valid requests per model their lines name (a base model or an adapter), counted when the
     # job has several models or adapters (run/model_routes.py); empty otherwise.
     model_requests: dict[str, int] = msgspec.field(default_factory=dict)
+    # Each base model's vocabulary size, as submit checked the lines' token ids against it
+    # (openai/token_ids.py): every later read of the input checks them the same way. None: a
+    # job from before, or whose models' sizes were not known (the engine checks them).
+    vocab_sizes: dict[str, int] | None = None
     # vLLM's prefix-cache counters summed over the job's runs that ended (a run killed with -9
     # loses its own): prompt tokens looked up, and found cached.
     prefix_cache: dict[str, int] = msgspec.field(default_factory=dict)

@@ -12,7 +12,7 @@ from batchrun.job.inputmap import load_input_map
 from batchrun.job.journal import read_records
 from batchrun.job.manifest import Manifest
 from batchrun.job.paths import JobPaths
-from batchrun.job.tally import CACHED, COPY, ENGINE, Tally, WorkerFigures
+from batchrun.job.tally import CACHED, COPY, ENGINE, Tally, TallyTotals
 from batchrun.openai.records import Outcome, Request
 
 
@@ -175,7 +175,7 @@ class Attempts(_View):
 
 
 @dataclass
-class JobState:
+class JobState(TallyTotals):
     """What the journal says: per request, attempts and how the last one ended; totals.
 
     With `journal` (replay gives it), requests are kept by their input line (a byte each) and
@@ -197,41 +197,6 @@ class JobState:
     # attempt succeeded, and attempts.
     ok: int = 0
     tried: int = 0
-
-    @property
-    def invalid(self) -> int:
-        """Invalid input lines (of the input's current generation)."""
-        return self.tally.invalid
-
-    @property
-    def prompt_tokens(self) -> int:
-        """Prompt tokens of every result."""
-        return self.tally.prompt_tokens
-
-    @property
-    def completion_tokens(self) -> int:
-        """Generated tokens of every result, copies and cache hits included."""
-        return self.tally.completion_tokens
-
-    @property
-    def engine_completion_tokens(self) -> int:
-        """Generated tokens of the attempts the engine ran (neither copies nor cache hits)."""
-        return self.tally.engine_completion_tokens
-
-    @property
-    def deduplicated(self) -> int:
-        """Results copied from an identical request's outcome (run/dedup.py)."""
-        return self.tally.deduplicated
-
-    @property
-    def cache_hits(self) -> int:
-        """Results answered from the cross-job answer cache (run/answer_cache.py)."""
-        return self.tally.cache_hits
-
-    @property
-    def per_worker(self) -> dict[str, WorkerFigures]:
-        """Per worker index: its engine attempts, their tokens, its active time."""
-        return self.tally.per_worker
 
     @property
     def last(self) -> LastStatuses:

@@ -9,7 +9,15 @@ from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchrun.job.tally import CACHED, COPY, ENGINE, ModelFigures, Tally, WorkerFigures
+from batchrun.job.tally import (
+    CACHED,
+    COPY,
+    ENGINE,
+    ModelFigures,
+    Tally,
+    TallyFigure,
+    TallyTotals,
+)
 from batchrun.job.timing import LightRecord, LogHistogram, Timing
 
 # Bumped whenever a field's meaning changes: a summary of another version is rebuilt.
@@ -29,7 +37,7 @@ def _source(rec: SummaryRecord) -> int:
 
 
 @dataclass
-class Summary:
+class Summary(TallyTotals):
     """A job's counts as of journal offset `offset` (see job/summary.py's docstring): the
     journal's records folded by `fold_many` into a `Tally` (job/tally.py, the one per-record
     step), with latency and errors (`timing`) beside them."""
@@ -42,75 +50,14 @@ class Summary:
     timing: dict[str, Any] = field(default_factory=dict)
 
     # The counts, as the tally keeps them (docs/metrics.md's glossary names each).
-    @property
-    def done(self) -> int:
-        """Requests with a finished attempt."""
-        return self.tally.done
-
-    @property
-    def succeeded(self) -> int:
-        """Requests whose last attempt succeeded."""
-        return self.tally.succeeded
-
-    @property
-    def invalid(self) -> int:
-        """Invalid input lines of the summary's generation."""
-        return self.tally.invalid
-
-    @property
-    def attempts(self) -> int:
-        """Every result journaled, copies and cache hits included."""
-        return self.tally.attempts
-
-    @property
-    def prompt_tokens(self) -> int:
-        """Prompt tokens of every result."""
-        return self.tally.prompt_tokens
-
-    @property
-    def completion_tokens(self) -> int:
-        """Generated tokens of every result."""
-        return self.tally.completion_tokens
-
-    @property
-    def deduplicated(self) -> int:
-        """Results copied from an identical request's outcome."""
-        return self.tally.deduplicated
-
-    @property
-    def cache_hits(self) -> int:
-        """Results answered from the answer cache."""
-        return self.tally.cache_hits
-
-    @property
-    def engine_attempts(self) -> int:
-        """Results the engine ran (neither copies nor cache hits)."""
-        return self.tally.engine_attempts
-
-    @property
-    def engine_completion_tokens(self) -> int:
-        """Generated tokens of the results the engine ran."""
-        return self.tally.engine_completion_tokens
-
-    @property
-    def first_time(self) -> float | None:
-        """When the first record counted was journaled."""
-        return self.tally.first_time
-
-    @property
-    def last_time(self) -> float | None:
-        """When the last record counted was journaled."""
-        return self.tally.last_time
-
-    @property
-    def per_worker(self) -> dict[str, WorkerFigures]:
-        """Per worker index: its engine attempts, their tokens, its active time."""
-        return self.tally.per_worker
-
-    @property
-    def per_model(self) -> dict[str, ModelFigures]:
-        """Per model a record names (several models, or adapters: run/model_routes.py)."""
-        return self.tally.per_model
+    done = TallyFigure[int]()  # requests with a finished attempt
+    succeeded = TallyFigure[int]()  # requests whose last attempt succeeded
+    attempts = TallyFigure[int]()  # every result journaled, copies and cache hits included
+    engine_attempts = TallyFigure[int]()  # results the engine ran (neither copies nor hits)
+    first_time = TallyFigure[float | None]()  # when the first record counted was journaled
+    last_time = TallyFigure[float | None]()  # when the last record counted was journaled
+    # Per model a record names (several models, or adapters: run/model_routes.py).
+    per_model = TallyFigure[dict[str, ModelFigures]]()
 
     @property
     def failed(self) -> int:

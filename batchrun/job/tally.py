@@ -19,11 +19,13 @@ The figures' meanings are docs/metrics.md's glossary; in short:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 # Where a result came from: the engine ran it, it copies an identical request's outcome
 # (run/dedup.py), or the cross-job answer cache answered it (run/answer_cache.py).
 ENGINE, COPY, CACHED = 0, 1, 2
+
+T = TypeVar("T")
 
 
 class _Dumped:
@@ -194,6 +196,14 @@ class ModelFigures(_Dumped):
         ]
 
 
+# A tally's counts and its times, in the order the summary file keeps them (`Tally.dump`).
+_COUNTS = (
+    "done", "succeeded", "invalid", "attempts", "prompt_tokens", "completion_tokens",
+    "deduplicated", "cache_hits", "engine_attempts", "engine_completion_tokens",
+)  # fmt: skip
+_TIMES = ("first_time", "last_time")
+
+
 class Tally(_Dumped):
     """A job's counts over the results and invalid lines folded so far (see the module
     docstring); `add` is the one per-result step."""
@@ -269,7 +279,18 @@ class Tally(_Dumped):
             int(engine), completion if engine else 0, int(source == COPY), latency if engine else 0.0,
         )  # fmt: skip
         if model is not None:
-            self._add_model(t, latency, prompt, completion, new, ok_change, source, model)
+            counts = self.per_model.get(model)
+            if counts is None:
+                counts = self.per_model[model] = ModelFigures()
+            counts.done += new
+            counts.succeeded += ok_change
+            counts.prompt_tokens += prompt
+            counts.completion_tokens += completion
+            if engine:
+                counts.engine_attempts += 1
+                counts.engine_completion_tokens += completion
+                if t > 0:
+                    counts.active.add(t - latency, t)
 
     def add_group(
         self,
@@ -295,12 +316,7 @@ class Tally(_Dumped):
         since they all end at `t`.
         """
         if t > 0:  # 0: no time (the journal's are seconds since the epoch)
-            first = self.first_time
-            if first is None or t < first:
-                self.first_time = t
-            last = self.last_time
-            if last is None or t > last:
-                self.last_time = t
+            self._seen(t)
         self.attempts += results
         self.done += new
         self.succeeded += ok_change
@@ -331,62 +347,23 @@ class Tally(_Dumped):
         self._by_index[index] = stats
         return stats
 
-    def _add_model(
-        self,
-        t: float,
-        latency: float,
-        prompt: int,
-        completion: int,
-        new: bool,
-        ok_change: int,
-        source: int,
-        model: str,
-    ) -> None:
-        counts = self.per_model.get(model)
-        if counts is None:
-            counts = self.per_model[model] = ModelFigures()
-        counts.done += new
-        counts.succeeded += ok_change
-        counts.prompt_tokens += prompt
-        counts.completion_tokens += completion
-        if source == ENGINE:
-            counts.engine_attempts += 1
-            counts.engine_completion_tokens += completion
-            if t > 0:
-                counts.active.add(t - latency, t)
-
     def dump(self) -> dict[str, Any]:
         """As the summary file keeps it."""
-        return {
-            "done": self.done,
-            "succeeded": self.succeeded,
-            "invalid": self.invalid,
-            "attempts": self.attempts,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "deduplicated": self.deduplicated,
-            "cache_hits": self.cache_hits,
-            "engine_attempts": self.engine_attempts,
-            "engine_completion_tokens": self.engine_completion_tokens,
-            "first_time": self.first_time,
-            "last_time": self.last_time,
-            "per_worker": {k: w.dump() for k, w in self.per_worker.items()},
-            "per_model": {k: m.dump() for k, m in self.per_model.items()},
-        }
+        dumped: dict[str, Any] = {name: getattr(self, name) for name in _COUNTS + _TIMES}
+        dumped["per_worker"] = {k: w.dump() for k, w in self.per_worker.items()}
+        dumped["per_model"] = {k: m.dump() for k, m in self.per_model.items()}
+        return dumped
 
     @classmethod
     def load(cls, data: dict[str, Any]) -> Tally:
         """From `dump`'s dict; raises (KeyError, TypeError, ValueError) on a malformed one."""
         tally = cls()
-        for name in (
-            "done", "succeeded", "invalid", "attempts", "prompt_tokens", "completion_tokens",
-            "deduplicated", "cache_hits", "engine_attempts", "engine_completion_tokens",
-        ):  # fmt: skip
+        for name in _COUNTS:
             value = data[name]
             if type(value) is not int or value < 0:
                 raise ValueError(name)
             setattr(tally, name, value)
-        for name in ("first_time", "last_time"):
+        for name in _TIMES:
             value = data[name]
             setattr(tally, name, None if value is None else float(value))
         if tally.succeeded > tally.done:
@@ -394,3 +371,40 @@ class Tally(_Dumped):
         tally.per_worker = {str(k): WorkerFigures.load(v) for k, v in data["per_worker"].items()}
         tally.per_model = {str(k): ModelFigures(v) for k, v in data["per_model"].items()}
         return tally
+
+
+class TallyFigure(Generic[T]):
+    """A figure of the holder's `tally`, read (never set) on the holder under the same name."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, holder: None, owner: type) -> TallyFigure[T]: ...
+    @overload
+    def __get__(self, holder: object, owner: type) -> T: ...
+    def __get__(self, holder: object, owner: type) -> T | TallyFigure[T]:
+        if holder is None:
+            return self
+        figure: T = getattr(holder.tally, self.name)  # type: ignore[attr-defined]
+        return figure
+
+    def __set__(self, holder: object, value: T) -> None:
+        raise AttributeError(f"{self.name} is the tally's: it cannot be set")
+
+
+class TallyTotals:
+    """The figures a `Tally` keeps, read on the object that holds it as `tally` (the running
+    job's `JobState`, the summary's `Summary`): the same names and meanings on both."""
+
+    tally: Tally
+
+    invalid = TallyFigure[int]()  # invalid input lines (of the input's current generation)
+    prompt_tokens = TallyFigure[int]()  # of every result
+    completion_tokens = TallyFigure[int]()  # of every result, copies and cache hits included
+    # Generated tokens of the attempts the engine ran (neither copies nor cache hits).
+    engine_completion_tokens = TallyFigure[int]()
+    deduplicated = TallyFigure[int]()  # results copied from an identical request's (run/dedup.py)
+    cache_hits = TallyFigure[int]()  # results from the cross-job cache (run/answer_cache.py)
+    # Per worker index: its engine attempts, their tokens, its active time.
+    per_worker = TallyFigure[dict[str, WorkerFigures]]()

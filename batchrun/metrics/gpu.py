@@ -9,7 +9,6 @@ dashboard shows no data rather than an idle GPU.
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from batchrun import nvml
 from batchrun.metrics import names
 
 
@@ -32,34 +32,23 @@ class GpuReading:
 def read_gpus(devices: Sequence[str] | None = None) -> list[GpuReading]:
     """What NVML says of `devices` (CUDA_VISIBLE_DEVICES entries: an index, or a GPU-/MIG- UUID),
     or of every GPU it sees when None; empty when NVML cannot be read."""
-    try:
-        pynvml = importlib.import_module("pynvml")  # optional, and untyped
-    except ImportError:
-        return []
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # no driver, or a library that does not load
-        return []
-    try:
-        if devices is None:
-            devices = [str(i) for i in range(int(pynvml.nvmlDeviceGetCount()))]
-        readings = []
-        for device in devices:
-            with contextlib.suppress(Exception):  # a device gone, or a name NVML cannot resolve
-                readings.append(_reading(pynvml, device.strip()))
-        return readings
-    except Exception:
-        return []
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
+    with nvml.opened() as pynvml:
+        if pynvml is None:
+            return []
+        try:
+            if devices is None:
+                devices = [str(i) for i in range(int(pynvml.nvmlDeviceGetCount()))]
+            readings = []
+            for device in devices:
+                with contextlib.suppress(Exception):  # a device gone, or a name NVML cannot resolve
+                    readings.append(_reading(pynvml, device.strip()))
+            return readings
+        except Exception:
+            return []
 
 
 def _reading(pynvml: Any, device: str) -> GpuReading:
-    if device.startswith(("GPU-", "MIG-")):
-        handle = pynvml.nvmlDeviceGetHandleByUUID(device)
-    else:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(int(device))
+    handle = nvml.device_handle(pynvml, device)
     used = int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
     try:
         utilization = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu) / 100.0

@@ -52,13 +52,7 @@ class FastHistogram:
         ordered = sorted(values)
         # Values <= each bound ("le"), cumulative; the differences are each bucket's.
         below = list(map(partial(bisect_right, ordered), bounds))
-        with self._lock:
-            previous = 0
-            for i, at in enumerate(below):
-                counts[i] += at - previous
-                previous = at
-            counts[-1] += n - previous
-            self.sum += total
+        self._add_cumulative(below, n, total)
 
     def observe_since(self, now: float, times: list[float]) -> None:
         """One observation of `now - t` for each of `times` (when each began), binned from the
@@ -71,6 +65,11 @@ class FastHistogram:
         total = n * now - sum(times)
         # now - t <= bound exactly when t >= now - bound: the times from there on.
         below = [n - bisect_left(times, now - bound) for bound in self.bounds]
+        self._add_cumulative(below, n, total)
+
+    def _add_cumulative(self, below: list[int], n: int, total: float) -> None:
+        """Add `n` observations summing to `total`, given as how many are <= each bound
+        (cumulative): each bucket gains the difference, the last the rest."""
         counts = self.counts
         with self._lock:
             previous = 0

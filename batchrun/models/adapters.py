@@ -17,10 +17,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from batchrun.cache_home import cache_root
 from batchrun.config import LORA_RANKS, EngineSettings, OptionError
 from batchrun.errors import BatchrunError
-from batchrun.models.convert import DEFAULT_MODEL_NAME
+from batchrun.models.config_file import model_config
 from batchrun.openai.routing import KnownModels
 
 # vLLM 0.32's LoRAConfig.max_lora_rank default, and the ranks it takes (MaxLoRARanks).
@@ -112,29 +111,12 @@ def prepare_adapters(settings: EngineSettings) -> KnownModels | None:
     check_adapters(
         settings.lora_modules, max_lora_rank=settings.max_lora_rank, base=settings.model_name
     )
-    config = _base_config(settings) if settings.lora_modules else None
+    # A hub id's config is not read: an adapter that does not fit it is vLLM's to refuse.
+    config = model_config(settings, hub=False) if settings.lora_modules else None
     if config is not None:
         for adapter in settings.lora_modules:
             check_fits_base(adapter, config, settings.model_name)
     return known_models(settings.model_name, settings.lora_modules)
-
-
-def _base_config(settings: EngineSettings) -> dict[str, Any] | None:
-    """The base model's config.json when it is a local directory (the embedded default model
-    included); None for a hub id, a .gguf file or an engine that loads no model."""
-    if settings.spec.model != "huggingface":
-        return None
-    if settings.model is None:
-        directory = cache_root() / "models" / DEFAULT_MODEL_NAME
-    elif Path(settings.model).is_dir():
-        directory = Path(settings.model)
-    else:
-        return None
-    try:
-        data = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # prepare_model has checked the model; vLLM will say what is wrong
-    return data if isinstance(data, dict) else None
 
 
 def check_fits_base(adapter: Adapter, config: dict[str, Any], base: str) -> None:

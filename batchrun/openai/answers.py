@@ -1,6 +1,6 @@
 """What a successful answer of each endpoint holds: the object kind and the parts a reader of
 it (export, the openai package's types, a client) indexes into. Batchrun's own builders of
-answers (openai/responses.py, responses_api_body.py, scoring_body.py, the engines' audio
+answers (openai/response_bodies.py, responses_api_body.py, scoring_body.py, the engines' audio
 answers) make exactly these; an answer from anywhere else (an entry of the answer cache shared
 by jobs, a file on disk anyone may edit) is an answer only if it holds them too.
 """

@@ -6,7 +6,8 @@ body.<key> when the value breaks the rule; an endpoint's table maps its field na
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from batchrun.openai.invalid import bad, describe, show
 
@@ -136,16 +137,28 @@ def check_metadata(key: str, value: object) -> None:
             )
 
 
-def check_response_format(key: str, value: object) -> None:
+def format_object(where: str, value: object, formats: Sequence[str]) -> dict[str, Any]:
+    """The response format object at `where` (chat's body.response_format, the Responses API's
+    body.text.format); raises unless it is an object whose type is one of `formats`."""
     if not isinstance(value, dict):
-        bad(
-            f'body.{key} must be an object such as {{"type": "json_object"}}, got {describe(value)}'
-        )
+        bad(f'{where} must be an object such as {{"type": "json_object"}}, got {describe(value)}')
     kind = value.get("type")
-    if kind not in RESPONSE_FORMATS:
+    if kind not in formats:
         got = "it is missing" if "type" not in value else f"got {show(kind)}"
-        bad(f"body.{key}.type must be one of {', '.join(RESPONSE_FORMATS)}; {got}")
-    if kind != "json_schema":
+        bad(f"{where}.type must be one of {', '.join(formats)}; {got}")
+    return value
+
+
+def check_strict(where: str, spec: Mapping[str, Any]) -> None:
+    """A JSON schema format's `strict` at `where`: true, false or left out."""
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        bad(f"{where}.strict must be true or false, got {describe(strict)}")
+
+
+def check_response_format(key: str, value: object) -> None:
+    value = format_object(f"body.{key}", value, RESPONSE_FORMATS)
+    if value["type"] != "json_schema":
         return
     spec = value.get("json_schema")
     if not isinstance(spec, dict):
@@ -161,9 +174,7 @@ def check_response_format(key: str, value: object) -> None:
     schema = spec.get("schema")
     if schema is not None and not isinstance(schema, dict):
         bad(f"body.{key}.json_schema.schema must be a JSON Schema object, got {describe(schema)}")
-    strict = spec.get("strict")
-    if strict is not None and not isinstance(strict, bool):
-        bad(f"body.{key}.json_schema.strict must be true or false, got {describe(strict)}")
+    check_strict(f"body.{key}.json_schema", spec)
 
 
 def refuse(why: str) -> FieldCheck:

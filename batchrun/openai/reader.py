@@ -33,6 +33,7 @@ from batchrun.openai.records import LineError, Request
 from batchrun.openai.routing import MODEL_NOT_FOUND, KnownModels
 from batchrun.openai.seen_ids import OFFSET_EVERY, SeenIds
 from batchrun.openai.text import SURROGATE_ESCAPE, may_hold_lone_surrogate
+from batchrun.openai.token_ids import Vocabularies
 from batchrun.openai.validation import check_body, check_custom_id, check_method, check_url
 
 BOM = b"\xef\xbb\xbf"
@@ -98,13 +99,18 @@ COMPRESSED_FORMATS = (
 _BLOCK_SIZES = tuple(b"%d" % n for n in range(1, 10))  # the digit after bzip2's "BZh"
 
 
-def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request | LineError]:
+def read_input(
+    path: Path, known: KnownModels | None = None, vocab: Vocabularies | None = None
+) -> Iterator[Request | LineError]:
     """Yield a Request for each valid line of `path` and a LineError for each invalid one.
 
     `known`: a job with LoRA adapters or several base models: a line may name a base model or
     any adapter (with several base models it must name one), and a line naming another model
-    is an error record `model_not_found` (openai/routing.py).
+    is an error record `model_not_found` (openai/routing.py). `vocab`: the job's vocabulary
+    sizes: a token id a line names outside its model's is an `invalid_request`
+    (openai/token_ids.py).
     """
+    refusal = vocab.refusal if vocab is not None else None
     seen = SeenIds(path, _custom_id_of)  # custom_id -> the line where it first appeared
     offsets = seen.offsets  # where every OFFSET_EVERY-th line starts, to read it again
     pos = 0
@@ -183,6 +189,9 @@ def read_input(path: Path, known: KnownModels | None = None) -> Iterator[Request
                     continue
             elif model and model != models.value and (mixed := models.differs(model, lineno)):
                 yield LineError(lineno, custom_id, "mixed_models", mixed)
+                continue
+            if refusal is not None and (why := refusal(body)) is not None:
+                yield LineError(lineno, custom_id, "invalid_request", why)
                 continue
             yield Request(custom_id, lineno, url, body)
 

@@ -10,7 +10,7 @@ import msgspec
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
-# OpenAI's Responses API (batchrun.openai.responses_api); not the module that shapes bodies.
+# OpenAI's Responses API (batchrun.openai.responses_api; its bodies: responses_api_body).
 RESPONSES = "/v1/responses"
 # vLLM's scoring APIs (batchrun.openai.scoring). vLLM's server answers them with and without the
 # /v1 prefix, and its run-batch takes either, so both spellings are accepted; a file still uses

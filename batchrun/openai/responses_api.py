@@ -20,7 +20,9 @@ from batchrun.openai.fields import (
     check_bool,
     check_metadata,
     check_stream,
+    check_strict,
     check_string,
+    format_object,
     int_in,
     number_in,
     refuse,
@@ -127,15 +129,8 @@ def _check_text(key: str, value: object) -> None:
     fmt = value.get("format")
     if fmt is None:
         return
-    if not isinstance(fmt, dict):
-        bad(
-            f'body.{key}.format must be an object such as {{"type": "json_object"}}, got {describe(fmt)}'
-        )
-    kind = fmt.get("type")
-    if kind not in TEXT_FORMATS:
-        got = "it is missing" if "type" not in fmt else f"got {show(kind)}"
-        bad(f"body.{key}.format.type must be one of {', '.join(TEXT_FORMATS)}; {got}")
-    if kind != "json_schema":
+    fmt = format_object(f"body.{key}.format", fmt, TEXT_FORMATS)
+    if fmt["type"] != "json_schema":
         return
     # The Responses API puts name and schema beside the type (chat nests them in json_schema).
     name = fmt.get("name")
@@ -146,9 +141,7 @@ def _check_text(key: str, value: object) -> None:
     if not isinstance(schema, dict):
         got = "it is missing" if "schema" not in fmt else f"got {describe(schema)}"
         bad(f"body.{key}.format.schema must be a JSON Schema object for type 'json_schema'; {got}")
-    strict = fmt.get("strict")
-    if strict is not None and not isinstance(strict, bool):
-        bad(f"body.{key}.format.strict must be true or false, got {describe(strict)}")
+    check_strict(f"body.{key}.format", fmt)
 
 
 def _check_reasoning(key: str, value: object) -> None:

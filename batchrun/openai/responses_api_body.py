@@ -91,17 +91,18 @@ def _or(value: Any, default: float) -> float:
 
 def output_text(body: dict[str, Any]) -> str | None:
     """The text of a Response's assistant message (None when it has none)."""
-    for item in body.get("output") or ():
-        if isinstance(item, dict) and item.get("type") == "message":
-            parts = [p.get("text", "") for p in item.get("content") or () if isinstance(p, dict)]
-            return "".join(parts)
-    return None
+    return _item_text(body, "message")
 
 
 def reasoning_text(body: dict[str, Any]) -> str | None:
     """The text of a Response's reasoning item (None when it has none)."""
+    return _item_text(body, "reasoning")
+
+
+def _item_text(body: dict[str, Any], kind: str) -> str | None:
+    """The text of a Response's first output item of type `kind` (None when it has none)."""
     for item in body.get("output") or ():
-        if isinstance(item, dict) and item.get("type") == "reasoning":
+        if isinstance(item, dict) and item.get("type") == kind:
             parts = [p.get("text", "") for p in item.get("content") or () if isinstance(p, dict)]
             return "".join(parts)
     return None

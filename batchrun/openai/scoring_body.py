@@ -13,7 +13,7 @@ from typing import Any
 
 from batchrun.openai.params import ScoreParams
 from batchrun.openai.records import Outcome, Request
-from batchrun.openai.responses import response_id
+from batchrun.openai.response_bodies import answered, response_id
 
 
 def scoring_success(
@@ -33,11 +33,9 @@ def scoring_success(
         if params.rerank
         else score_body(rid, scores, model=model, prompt_tokens=prompt_tokens)
     )
-    return Outcome(
-        custom_id=request.custom_id,
-        ok=True,
-        status_code=200,
-        body=body,
+    return answered(
+        request,
+        body,
         prompt_tokens=prompt_tokens,
         latency_s=latency_s,
     )

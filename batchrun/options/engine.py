@@ -19,7 +19,6 @@ from batchrun.config import (
     STALL_PER_SEQUENCE_S,
     Device,
     Dtype,
-    OptionError,
     check_base_url,
     check_name,
     check_number,
@@ -30,32 +29,32 @@ from batchrun.engine_registry import DEFAULT_ENGINE, engine_choice, engine_help
 from batchrun.models.adapters import parse_lora_modules
 from batchrun.models.named import parse_models, split_model_values
 from batchrun.openai.media import DEFAULT_MAX_MEDIA_BYTES
-from batchrun.options.option import Option, bad_value, checked
+from batchrun.options.option import Option, checked
 from batchrun.run.planner import DEFAULT_ORDER, Order
 
 
 def _lora_modules(value: list[str] | None) -> list[str] | None:
     """--lora-modules as given (None when not given), each value of a form it takes."""
-    if not value:
-        return None
-    try:
-        parse_lora_modules(value)
-    except OptionError as e:
-        raise bad_value(str(e)) from e
-    return value
+    return checked(parse_lora_modules)(value or None)  # type: ignore[no-any-return]
 
 
 def _model_values(value: list[str] | None) -> list[str] | None:
     """--model as given (None when not given): one plain value, or NAME=PATH values."""
-    if not value:
-        return None
-    _, named = split_model_values(value)
+    return checked(_check_named_models)(value or None)  # type: ignore[no-any-return]
+
+
+def _check_named_models(values: list[str]) -> None:
+    """--model's NAME=PATH values, where it was given such, each of the form it takes."""
+    _, named = split_model_values(values)
     if named is not None:
-        try:
-            parse_models(named)
-        except OptionError as e:
-            raise bad_value(str(e)) from e
-    return value
+        parse_models(named)
+
+
+def _name_option(name: str, help: str, default: str) -> Option:
+    """An option whose value names something (a revision, a tokenizer, a parser): a name
+    check_name takes."""
+    flag = "--" + name.replace("_", "-")
+    return Option(name, str, help, default=default, callback=checked(lambda v: check_name(flag, v)))
 
 
 ENGINE_OPTIONS = (
@@ -69,27 +68,17 @@ ENGINE_OPTIONS = (
         callback=_model_values,
         metavar="MODEL",
     ),
-    Option(
-        "revision",
-        str,
-        "The hub id's branch, tag or commit.",
-        default="main",
-        callback=checked(lambda v: check_name("--revision", v)),
-    ),
-    Option(
+    _name_option("revision", "The hub id's branch, tag or commit.", default="main"),
+    _name_option(
         "tokenizer",
-        str,
         "A tokenizer (hub id or directory) other than the model's own; for a .gguf file, its "
         "base model's.",
         default="the model's",
-        callback=checked(lambda v: check_name("--tokenizer", v)),
     ),
-    Option(
+    _name_option(
         "served_model_name",
-        str,
         "The model name answers report when a request names none.",
         default="the hub id, else the directory or file name",
-        callback=checked(lambda v: check_name("--served-model-name", v)),
     ),
     # Its choices and help come from the engine registry (engine_registry.py).
     Option("engine", engine_choice(), engine_help(), default=DEFAULT_ENGINE),
@@ -189,13 +178,11 @@ ENGINE_OPTIONS = (
         "it is, in the file's order.",
         default=DEFAULT_ORDER,
     ),
-    Option(
+    _name_option(
         "reasoning_parser",
-        str,
         "One of vLLM's reasoning parsers (qwen3, deepseek_r1, ...): chat and responses answers "
         "carry the model's reasoning apart from its content.",
         default="none: answers stay whole",
-        callback=checked(lambda v: check_name("--reasoning-parser", v)),
     ),
     Option(
         "device",

@@ -24,7 +24,7 @@ import msgspec
 from batchrun.job.journal import encode_body
 from batchrun.openai.media import media_identity
 from batchrun.openai.records import POOLING_ENDPOINTS, Outcome, Request
-from batchrun.openai.responses import holds_no_float, response_id
+from batchrun.openai.response_bodies import holds_no_float, response_id
 
 # Canonical bodies: keys sorted, so that the same body written in another key order matches.
 _CANONICAL = msgspec.json.Encoder(order="sorted")

@@ -145,7 +145,9 @@ def start_continued_early(
 
 def first_endpoint(input_path: Path, index: InputIndex) -> str | None:
     """The url of the file's first valid request within its first lines, or None."""
-    items = read_input(input_path, index.known)  # a generator: closed, its file with it
+    items = read_input(
+        input_path, index.known, index.vocab
+    )  # a generator: closed, its file with it
     try:
         for item in itertools.islice(items, PEEK_LINES):
             if isinstance(item, Request):

@@ -12,6 +12,7 @@ from pathlib import Path
 from batchrun.errors import BatchrunError
 from batchrun.job.inputmap import write_input_map
 from batchrun.job.journal import JournalWriter, read_records
+from batchrun.job.journal_records import InvalidRecord, invalid_record
 from batchrun.job.manifest import (
     InputMapRef,
     Manifest,
@@ -21,7 +22,6 @@ from batchrun.job.manifest import (
     save_manifest,
 )
 from batchrun.job.paths import INPUT_MAP_PREFIX, JobPaths, command
-from batchrun.job.records import InvalidRecord, invalid_record
 from batchrun.openai.reader import check_input_file, hash_file, holds_json_array, read_input
 from batchrun.openai.records import LineError, Request
 from batchrun.openai.routing import count_model
@@ -123,6 +123,7 @@ def validate_into_job(
         workers=options.workers,
         order=options.order,
         model_requests=model_requests,
+        vocab_sizes=dict(index.vocab.sizes) if index.vocab is not None else None,
         cache_dir=str(options.cache_dir.resolve()) if options.cache_dir is not None else None,
         counts={"total": valid + invalid, "succeeded": 0, "failed": 0, "invalid": invalid},
     )

@@ -25,7 +25,7 @@ from batchrun.run.inputs import (
     validate_into_job,
 )
 from batchrun.run.model_prep import prepare_model
-from batchrun.run.model_routes import prepare_models
+from batchrun.run.model_routes import job_vocabularies, prepare_models, vocabularies
 from batchrun.run.options import (
     Notify,
     RunMode,
@@ -101,7 +101,7 @@ def submit(
     with job_lock(paths):
         discard_unfinished_validation(paths)
         # What the validating pass finds, so that the run pass reads the file cheaply.
-        index = InputIndex(known)
+        index = InputIndex(known, vocabularies(options.settings))
         started: StartedWorkers | None = None
         try:
             digest = None
@@ -181,66 +181,12 @@ def check_submit(job_dir: Path, options: RunOptions) -> list[str]:
     return preflight(options)
 
 
-def resume(
-    job_dir: Path,
-    *,
-    progress: bool = True,
-    force: bool = False,
-    ray: str | None = None,
-    input_path: Path | None = None,
-    given: GivenOptions | None = None,
-    notify: Notify | None = None,
-    metrics: RunMetrics | None = None,
-    cache_dir: Path | None = None,
-) -> JobSummary:
-    """Continue a job: run only the requests with no finished attempt, then the retry passes.
-
-    `input_path` points the job at its input's new place (a moved file); `given` holds engine
-    options that replace the job's (saved into it).
-    """
-    return _continue(
-        job_dir,
-        "resume",
-        progress=progress,
-        ray=ray,
-        force=force,
-        input_path=input_path,
-        given=given,
-        notify=notify,
-        metrics=metrics,
-        cache_dir=cache_dir,
-    )
-
-
-def retry_failed(
-    job_dir: Path,
-    *,
-    progress: bool = True,
-    ray: str | None = None,
-    given: GivenOptions | None = None,
-    notify: Notify | None = None,
-    metrics: RunMetrics | None = None,
-    cache_dir: Path | None = None,
-) -> JobSummary:
-    """Run one more pass over the requests whose last attempt failed (`given`: as resume's)."""
-    return _continue(
-        job_dir,
-        "retry",
-        progress=progress,
-        ray=ray,
-        given=given,
-        notify=notify,
-        metrics=metrics,
-        cache_dir=cache_dir,
-    )
-
-
-def _continue(
+def continue_job(
     job_dir: Path,
     mode: RunMode,
     *,
-    progress: bool,
-    ray: str | None,
+    progress: bool = True,
+    ray: str | None = None,
     force: bool = False,
     input_path: Path | None = None,
     given: GivenOptions | None = None,
@@ -248,7 +194,12 @@ def _continue(
     metrics: RunMetrics | None = None,
     cache_dir: Path | None = None,
 ) -> JobSummary:
-    """resume and retry-failed: the job's options with those given over them, then run `mode`."""
+    """Continue a job: resume runs only the requests with no finished attempt, then the retry
+    passes; retry one more pass over the requests whose last attempt failed.
+
+    The job's options with `given` over them (engine options that replace the job's, saved into
+    it); `force` and `input_path` (resume only) take its input changed, or at a new place.
+    """
     paths = JobPaths(job_dir)
     manifest = load_manifest(paths)
     served = served_batch(manifest)
@@ -271,7 +222,7 @@ def _continue(
         # Every run resolves the model again: a hub id may have left the cache, a .gguf file
         # changed, the default model's conversion been deleted.
         # The same adapters as the job's first answers: a changed or missing one refuses.
-        index = InputIndex(prepare_models(options.settings, say))
+        index = InputIndex(prepare_models(options.settings, say), job_vocabularies(manifest))
         check_input_unchanged(paths, manifest, force=force, new_input=input_path, index=index)
         # The job's own input, as it was submitted (no --force, no --input).
         same_input = not force and input_path is None
@@ -339,10 +290,9 @@ __all__ = [
     "Probe",
     "RunOptions",
     "check_submit",
+    "continue_job",
     "prepare_model",
     "refuse_existing_job",
-    "resume",
-    "retry_failed",
     "submit",
 ]
 

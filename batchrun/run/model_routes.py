@@ -18,10 +18,13 @@ from typing import TYPE_CHECKING
 
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
+from batchrun.job.manifest import Manifest
 from batchrun.models.adapters import prepare_adapters
+from batchrun.models.config_file import vocab_size
 from batchrun.models.named import adapters_of, model_names, settings_for
 from batchrun.openai.records import Request
 from batchrun.openai.routing import KnownModels, named_model
+from batchrun.openai.token_ids import Vocabularies
 from batchrun.run.answer_cache import AnswerCache
 from batchrun.run.model_prep import prepare_model
 from batchrun.run.options import Notify
@@ -85,6 +88,28 @@ def known_models(settings: EngineSettings) -> KnownModels | None:
         tuple(a["name"] for a in settings.lora_modules),
         others=tuple(names[1:]),
         adapter_bases=owners,
+    )
+
+
+def vocabularies(settings: EngineSettings) -> Vocabularies | None:
+    """The vocabulary size of each of the job's base models (after prepare_models), against
+    which its lines' token ids are checked (openai/token_ids.py); None when none is known (an
+    engine that loads no model here, a .gguf file, a hub snapshot without its config.json)."""
+    sizes: dict[str, int] = {}
+    for name in model_names(settings):
+        size = vocab_size(settings_for(settings, name) if settings.models else settings)
+        if size is not None:
+            sizes[name] = size
+    return Vocabularies(sizes, known_models(settings)) if sizes else None
+
+
+def job_vocabularies(manifest: Manifest) -> Vocabularies | None:
+    """The vocabulary sizes a job's lines were checked against when it was submitted (None: a
+    job from before they were, or whose models' sizes were not known)."""
+    if not manifest.vocab_sizes:
+        return None
+    return Vocabularies(
+        manifest.vocab_sizes, known_models(EngineSettings.from_dict(manifest.engine))
     )
 
 

@@ -11,13 +11,16 @@ from batchrun.openai.records import Outcome, Request
 
 
 class RunFigures(Protocol):
-    """What a run's metrics are told: each dispatch, result, journaled count, restart, back-off."""
+    """What a run's metrics are told: each dispatch, result, journaled count, restart, back-off.
+    Each method does nothing unless a class implements it (NullFigures implements none)."""
 
     def dispatched(self, requests: Sequence[Request]) -> None:
         """These requests were just sent to a worker."""
+        return None
 
     def results(self, pairs: Sequence[tuple[Outcome, Request]]) -> None:
         """These outcomes just came back from a worker."""
+        return None
 
     def counted(
         self,
@@ -28,55 +31,34 @@ class RunFigures(Protocol):
         attempts: Mapping[str, int],
     ) -> None:
         """These outcomes were journaled (`attempts`: each custom_id's so far)."""
+        return None
 
     def from_cache(self, requests: int) -> None:
         """Requests answered from the answer cache were journaled."""
+        return None
 
     def restarted(self, reason: str) -> None:
         """A worker started again after `reason`."""
+        return None
 
     def backed_off(self) -> None:
         """A worker backed off to a smaller batch after running out of memory."""
+        return None
 
 
 class Events(Protocol):
-    """The job's event log (starts, restarts, back-offs), for `report`."""
+    """The job's event log (starts, restarts, back-offs), for `report`; `write` does nothing
+    unless a class implements it (NullEvents)."""
 
     def write(self, kind: str, **fields: Any) -> None:
         """One event of `kind` now."""
+        return None
 
 
-class NullFigures:
-    """The metrics of a run without /metrics: told everything, keeping nothing."""
-
-    def dispatched(self, requests: Sequence[Request]) -> None:
-        """Nothing to keep."""
-
-    def results(self, pairs: Sequence[tuple[Outcome, Request]]) -> None:
-        """Nothing to keep."""
-
-    def counted(
-        self,
-        outcomes: Sequence[Outcome],
-        succeeded: int,
-        prompt: int,
-        completion: int,
-        attempts: Mapping[str, int],
-    ) -> None:
-        """Nothing to keep."""
-
-    def from_cache(self, requests: int) -> None:
-        """Nothing to keep."""
-
-    def restarted(self, reason: str) -> None:
-        """Nothing to keep."""
-
-    def backed_off(self) -> None:
-        """Nothing to keep."""
+class NullFigures(RunFigures):
+    """The metrics of a run without /metrics: told everything, keeping nothing (the protocol's
+    methods, which do nothing)."""
 
 
-class NullEvents:
-    """The event log of a run that keeps none."""
-
-    def write(self, kind: str, **fields: Any) -> None:
-        """Nothing to write."""
+class NullEvents(Events):
+    """The event log of a run that keeps none (the protocol's method, which writes nothing)."""

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from batchrun.openai.records import Outcome, Request
-from batchrun.openai.responses import failure
+from batchrun.openai.response_bodies import failure
 
 # Defined beside the worker that holds a group of them (workers/ is below run/); named here too.
 from batchrun.workers.process import Suspects

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from batchrun import timeline
 from batchrun.job.journal import JournalWriter, plain_result
-from batchrun.job.records import ResultRecord, result_record
+from batchrun.job.journal_records import ResultRecord, result_record
 from batchrun.job.state import JobState
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.answer_cache import AnswerCache
@@ -59,6 +59,34 @@ class ResultSink(Protocol):
         ...
 
 
+def counted_records(
+    state: JobState,
+    pairs: Sequence[tuple[Outcome, Request]],
+    index: int | None,
+    now: float,
+    record_model: Callable[[Request], str] | None,
+) -> tuple[list[ResultRecord], bool]:
+    """Count worker `index`'s outcomes (None: the answer cache's) in the job's state and make
+    their journal records, at `now`; returns them and whether they are all `plain` (see
+    journal.encode_records). `record_model`: the name a request's record gives as its model
+    (None: records name none)."""
+    done = [outcome for outcome, _ in pairs]
+    lines = [request.line for _, request in pairs]
+    models = [record_model(r) for _, r in pairs] if record_model is not None else None
+    attempts = state.record_results(done, index, now, lines, models)
+    records: list[ResultRecord] = []
+    plain = True
+    for i, ((outcome, request), attempt) in enumerate(zip(pairs, attempts, strict=True)):
+        rec = result_record(outcome, request.line, attempt, now)
+        if index is not None:
+            rec["worker"] = index
+        if models is not None:  # status counts per model and adapter
+            rec["model"] = models[i]
+        records.append(rec)
+        plain = plain and plain_result(outcome)
+    return records, plain
+
+
 class JournalSink:
     """A job's run: each outcome counted in the job's state and journaled into its journal."""
 
@@ -87,22 +115,9 @@ class JournalSink:
         duplicates' copies) to `outcomes` and `records`; return whether they are `plain` (see
         journal.encode_records)."""
         now = round(time.time(), 3)
-        done = [outcome for outcome, _ in pairs]
-        lines = [request.line for _, request in pairs]
-        name = self.record_model
-        models = [name(request) for _, request in pairs] if name is not None else None
-        attempts = self.state.record_results(done, index, now, lines, models)
-        plain = True
-        for i, ((outcome, request), attempt) in enumerate(zip(pairs, attempts, strict=True)):
-            rec = result_record(outcome, request.line, attempt, now)
-            if index is not None:
-                rec["worker"] = index
-            if models is not None:
-                rec["model"] = models[i]
-            records.append(rec)
-            if plain:
-                plain = plain_result(outcome)
-        outcomes += done
+        counted, plain = counted_records(self.state, pairs, index, now, self.record_model)
+        records += counted
+        outcomes += [outcome for outcome, _ in pairs]
         if self.duplicates is not None and self.duplicates.held:
             # In the same journal append as their representatives' records: a kill leaves
             # either both or a duplicate with no record, which then simply runs again.

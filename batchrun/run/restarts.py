@@ -38,8 +38,8 @@ from batchrun.console.text import plural
 from batchrun.engines import startup
 from batchrun.engines.startup import StartFailure, StartKind
 from batchrun.errors import BatchrunError
+from batchrun.job.journal_records import ResultRecord
 from batchrun.job.paths import command
-from batchrun.job.records import ResultRecord
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.poison import (
     ENGINE_CRASH,

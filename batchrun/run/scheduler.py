@@ -37,7 +37,7 @@ from batchrun import stopping, timeline
 from batchrun.config import EngineSettings
 from batchrun.engines.vllm.model_defaults import sampling_defaults_line
 from batchrun.errors import BatchrunError
-from batchrun.job.records import ResultRecord
+from batchrun.job.journal_records import ResultRecord
 from batchrun.openai.records import Outcome, Request
 from batchrun.run import admission as admission_rule
 from batchrun.run.admission import Admission, KvCache

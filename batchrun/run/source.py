@@ -29,6 +29,7 @@ import msgspec
 from batchrun.openai.reader import BOM, READ_BUFFER, read_input
 from batchrun.openai.records import LineError, Request
 from batchrun.openai.routing import KnownModels
+from batchrun.openai.token_ids import Vocabularies
 
 # What identifies a file as it is: device, inode, size, modification and change times. Writing
 # to the file or replacing it changes at least one of them.
@@ -47,9 +48,11 @@ FINGERPRINT = 0xFFFF
 class InputIndex:
     """What one whole validating pass over an input file found, for later passes over it."""
 
-    def __init__(self, known: KnownModels | None = None) -> None:
-        # The names lines may give in body.model when the job has adapters (read_input's).
+    def __init__(self, known: KnownModels | None = None, vocab: Vocabularies | None = None) -> None:
+        # The names lines may give in body.model when the job has adapters, and the job's
+        # vocabulary sizes (read_input's).
         self.known = known
+        self.vocab = vocab
         # The file's stats when the pass began; None until a pass ran to the end with the file
         # unchanged throughout.
         self.stats: Stats | None = None
@@ -68,7 +71,7 @@ class InputIndex:
         self.invalid = array("Q")
         self.ids = array("H")
         before = _stats(path.stat())
-        for item in read_input(path, self.known):
+        for item in read_input(path, self.known, self.vocab):
             if isinstance(item, Request):
                 self.ids.append(hash(item.custom_id) & FINGERPRINT)
             else:
@@ -151,6 +154,6 @@ def fast_requests(path: Path, index: InputIndex) -> Iterator[Request]:
             if unchanged and v == n_ids and k == n_invalid:
                 return
     # The rest of the pass, from the line after the last one yielded.
-    for item in read_input(path, index.known):
+    for item in read_input(path, index.known, index.vocab):
         if isinstance(item, Request) and item.line > last:
             yield item

@@ -24,7 +24,7 @@ import json
 import threading
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -79,14 +79,8 @@ class BatchRecord:
         return (PRIORITIES.get(self.priority, 1), *self.created())
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready copy."""
-        return {
-            "batch": self.batch,
-            "priority": self.priority,
-            "final": self.final,
-            "seq": self.seq,
-            "owner": self.owner,
-        }
+        """A JSON-ready copy: its fields by name (the batch object itself not copied)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def new_batch(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -133,37 +134,39 @@ def check_metadata(metadata: dict[str, str] | None) -> str:
     return "normal"
 
 
-def batch_model(path: Path) -> str | None:
-    """The model a batch's lines name, as OpenAI's Batch object shows it: the first line's
-    `body.model` (of the first SCAN_LINES lines, the first that names one); None when none does."""
+def _first_lines(path: Path) -> Iterator[object]:
+    """The first SCAN_LINES lines of a batch's input, parsed; a line JSON cannot read is
+    skipped (left to validation, which says why)."""
     with path.open("rb") as f:
         for _, raw in zip(range(SCAN_LINES), f, strict=False):
             try:
                 line = json.loads(raw)
-            except (ValueError, RecursionError):  # left to validation, which says why
+            except (ValueError, RecursionError):
                 continue
-            body = line.get("body") if isinstance(line, dict) else None
-            model = body.get("model") if isinstance(body, dict) else None
-            if isinstance(model, str) and model:
-                return model
+            yield line
+
+
+def batch_model(path: Path) -> str | None:
+    """The model a batch's lines name, as OpenAI's Batch object shows it: the first line's
+    `body.model` (of the first SCAN_LINES lines, the first that names one); None when none does."""
+    for line in _first_lines(path):
+        body = line.get("body") if isinstance(line, dict) else None
+        model = body.get("model") if isinstance(body, dict) else None
+        if isinstance(model, str) and model:
+            return model
     return None
 
 
 def check_file_endpoint(path: Path, endpoint: str) -> None:
     """Refuse a batch whose input's requests name another url than `endpoint` (the first line
     that names one decides; lines that name none are left to validation)."""
-    with path.open("rb") as f:
-        for _, raw in zip(range(SCAN_LINES), f, strict=False):
-            try:
-                line = json.loads(raw)
-            except (ValueError, RecursionError):  # left to validation, which says why
-                continue
-            url = line.get("url") if isinstance(line, dict) else None
-            if isinstance(url, str):
-                if url != endpoint:
-                    raise ApiError(
-                        400,
-                        f"the input file's requests use {url}, not the batch's endpoint {endpoint}",
-                        param="endpoint",
-                    )
-                return
+    for line in _first_lines(path):
+        url = line.get("url") if isinstance(line, dict) else None
+        if isinstance(url, str):
+            if url != endpoint:
+                raise ApiError(
+                    400,
+                    f"the input file's requests use {url}, not the batch's endpoint {endpoint}",
+                    param="endpoint",
+                )
+            return

@@ -89,10 +89,7 @@ class FileStore:
     ) -> dict[str, Any]:
         """Make the finished, fsync'd temporary file `tmp` a file of `owner` (deleted
         `expires_after` seconds after its creation, when given); return its record."""
-        file_id = new_file_id()
-        os.replace(tmp, self.content(file_id))
-        fsync_dir(self.dir)
-        return self._publish(file_id, filename, purpose, expires_after, owner)
+        return self._publish(tmp, new_file_id(), filename, purpose, expires_after, owner)
 
     def add_copy(
         self,
@@ -118,18 +115,21 @@ class FileStore:
             shutil.copyfile(source, tmp)
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
-        os.replace(tmp, self.content(file_id))
-        fsync_dir(self.dir)
-        return self._publish(file_id, filename, purpose, expires_after, owner)
+        return self._publish(tmp, file_id, filename, purpose, expires_after, owner)
 
     def _publish(
         self,
+        tmp: Path,
         file_id: str,
         filename: str,
         purpose: str,
-        expires_after: int | None = None,
-        owner: str | None = None,
+        expires_after: int | None,
+        owner: str | None,
     ) -> dict[str, Any]:
+        """Move the fsync'd temporary file `tmp` into place as file `file_id` (its directory
+        fsync'd: the file survives a crash), then record and return it."""
+        os.replace(tmp, self.content(file_id))
+        fsync_dir(self.dir)
         now = int(time.time())
         record: dict[str, Any] = {
             "id": file_id,

@@ -9,14 +9,8 @@ from collections.abc import Mapping
 
 from batchrun.errors import BatchrunError
 
-# A switch of the engine pool between generate and embed batches stops one set of engines and
-# starts another (on GPUs, minutes of loading weights). When a batch of the other kind comes
-# first in the queue's order, the pool switches as soon as its own kind has no work left
-# (nothing pending, nothing in flight): an idle pool holds no batch back. While its kind has
-# work (its batches' passes, and new batches of it), it keeps that kind, but no longer than the
-# waiting batch has waited KIND_SWITCH_S: then it takes no new work, finishes what it holds and
-# switches. So a long batch of one kind cannot hold off the other kind for more than about
-# KIND_SWITCH_S, and a busy mix of both kinds switches at most about once per KIND_SWITCH_S.
+# A switch stops one set of engines and starts another (on GPUs, minutes of loading weights);
+# how this bound holds the pool to its kind and when it switches: serve/kind_switch.py.
 KIND_SWITCH_ENV = "BATCHRUN_SERVE_KIND_SWITCH_S"
 KIND_SWITCH_S = 120.0
 

@@ -17,14 +17,14 @@ from batchrun.export.jsonl import ERRORS_NAME, OUTPUT_NAME
 from batchrun.job.figures import job_figures
 from batchrun.job.files import fsync_dir, fsync_file
 from batchrun.job.journal import read_records
+from batchrun.job.journal_records import ResultRecord, result_record
 from batchrun.job.lock import job_lock
 from batchrun.job.manifest import load_manifest
 from batchrun.job.paths import JobPaths
-from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.state import replay
 from batchrun.openai.records import Outcome
 from batchrun.run.inputs import discard_unfinished_validation, validate_into_job
-from batchrun.run.model_routes import known_models
+from batchrun.run.model_routes import job_vocabularies, known_models, vocabularies
 from batchrun.run.options import RunOptions
 from batchrun.run.source import InputIndex, requests
 from batchrun.serve.batches import BatchStore
@@ -84,11 +84,12 @@ def validate(
             manifest = load_manifest(paths)
             # A restart with other models: read by this server's names (serve/unserved_models.py).
             served = served_models(options.settings, manifest)
-            index = InputIndex(served) if served is not None else None
+            # Always an index: it carries the vocabulary sizes the batch was accepted with.
+            index = InputIndex(served, job_vocabularies(manifest))
         else:
             discard_unfinished_validation(paths)
             source = _input_copy(files, str(record.batch["input_file_id"]), paths.root)
-            index = InputIndex(known)
+            index = InputIndex(known, vocabularies(options.settings))
             run_options = dataclasses.replace(
                 options, settings=dataclasses.replace(options.settings)
             )

@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchrun.job.journal import JournalWriter, plain_result
+from batchrun.job.journal import JournalWriter
+from batchrun.job.journal_records import ResultRecord
 from batchrun.job.manifest import Manifest, load_manifest
 from batchrun.job.paths import JobPaths
-from batchrun.job.records import ResultRecord, result_record
 from batchrun.job.state import JobState, replay
 from batchrun.job.summary import keep_summary
 from batchrun.models.named import settings_for
@@ -37,6 +37,7 @@ from batchrun.run.dedup import Duplicates
 from batchrun.run.options import RunOptions
 from batchrun.run.parts import RunFigures
 from batchrun.run.planner import plan
+from batchrun.run.recording import counted_records
 from batchrun.run.reporting import Reporter
 from batchrun.run.scheduler import Scheduler
 from batchrun.run.source import InputIndex, requests
@@ -249,22 +250,9 @@ class BatchJournals:
                 group += job.duplicates.answer(group)
             done = [outcome for outcome, _ in group]
             ok_before, failed_before = job.state.ok, job.state.failed
-            lines = [request.line for _, request in group]
-            name = self.record_model
-            models = [name(request) for _, request in group] if name is not None else None
-            attempts = job.state.record_results(done, index, now, lines, models)
+            recs, plain = counted_records(job.state, group, index, now, self.record_model)
             ok_added = job.state.ok - ok_before
             failed_added = job.state.failed - failed_before
-            recs: list[ResultRecord] = []
-            plain = True
-            for i, ((outcome, request), attempt) in enumerate(zip(group, attempts, strict=True)):
-                rec = result_record(outcome, request.line, attempt, now)
-                if index is not None:
-                    rec["worker"] = index
-                if models is not None:  # status counts per model and adapter
-                    rec["model"] = models[i]
-                recs.append(rec)
-                plain = plain and plain_result(outcome)
             job.journal.append(recs, plain=plain)
             job.completed += ok_added
             job.failed += failed_added

@@ -29,9 +29,10 @@ from batchrun.run.scheduler import Scheduler
 from batchrun.serve import lifecycle, unserved_models
 from batchrun.serve.batches import CANCELLABLE, BatchRecord, BatchStore
 from batchrun.serve.clocks import Clocks
-from batchrun.serve.ending import SWEEP_EVERY_S, JobEnding
+from batchrun.serve.ending import JobEnding
 from batchrun.serve.files import FileStore
 from batchrun.serve.jobview import stamp_job
+from batchrun.serve.kind_switch import KindSwitch
 from batchrun.serve.kinds import kind_switch_after
 from batchrun.serve.metrics import Metrics
 from batchrun.serve.router import (
@@ -92,11 +93,8 @@ class Runner(JobEnding):
         # Which base model answers each line (several models: run/model_routes.py).
         self.route = ModelRoute(options.settings)
         self._pool_kind: str | None = None
-        self._switch_after = kind_switch_after()
-        # Since when a batch of another kind than the pool's has come first in the queue's order.
-        self._other_first_since: float | None = None
-        # Whether the feed holds back for that batch (checked at most every SWEEP_EVERY_S).
-        self._yielding, self._yield_checked = False, 0.0
+        # When the pool gives way to a batch of another kind (serve/kind_switch.py).
+        self._switch = KindSwitch(kind_switch_after())
         self.restarts = 0
         self._to_validate: queue.Queue[str | None] = queue.Queue()
         self._to_finalize: queue.Queue[str | None] = queue.Queue()
@@ -320,7 +318,7 @@ class Runner(JobEnding):
         )
         self.metrics.watch(pool, self.active)
         self.pool, self._pool_kind = pool, kind
-        self._other_first_since, self._yielding = None, False
+        self._switch.new_pool()
         return pool
 
     @staticmethod
@@ -343,40 +341,26 @@ class Runner(JobEnding):
                     self._finish(job)
 
     def _live(self, kind: str) -> bool:
-        """While the pool runs: go on unless the server stops, or a batch of another kind (or,
-        with several models, of another model) comes first in the queue's order and either
-        this kind has no work left (nothing pending, nothing in flight) or that batch has
-        waited KIND_SWITCH_S (see KIND_SWITCH_S)."""
+        """While the pool runs: go on unless the server stops, or the kind switch says the pool
+        gives way to a batch of another kind (or, with several models, of another model) that
+        comes first in the queue's order (serve/kind_switch.py)."""
         if self._stopping:
             raise StopServing
         with self.lock:
             self._sweep()
-            waited = self._other_waited(kind)
-            if waited is None:
-                return True
-            return waited < self._switch_after and self._has_work(kind)
+            return self._switch.keeps(
+                kind, self._first_kind(), self._has_work(kind), time.monotonic()
+            )
 
-    def _other_waited(self, kind: str) -> float | None:
-        """How long a batch of another kind than `kind` has come first in the queue's order
-        (None while none does)."""
+    def _first_kind(self) -> str | None:
+        """The kind of the first job in the queue's order with requests to feed."""
         top = self._wanted()
-        if top is None or top.kind == kind:
-            self._other_first_since = None
-            return None
-        now = time.monotonic()
-        if self._other_first_since is None:
-            self._other_first_since = now
-        return now - self._other_first_since
+        return top.kind if top is not None else None
 
     def yields(self, kind: str) -> bool:
         """Whether the pool of `kind` stops taking work, for a batch of another kind that came
-        first and has waited KIND_SWITCH_S (the pool then finishes what it holds and switches)."""
-        now = time.monotonic()
-        if now - self._yield_checked >= SWEEP_EVERY_S:
-            self._yield_checked = now
-            waited = self._other_waited(kind)
-            self._yielding = waited is not None and waited >= self._switch_after
-        return self._yielding
+        first and has waited long enough (the pool then finishes what it holds and switches)."""
+        return self._switch.yields(kind, self._first_kind, time.monotonic())
 
     def _has_work(self, kind: str) -> bool:
         """Whether a batch of `kind` has requests left to feed (now, or in its next pass)."""

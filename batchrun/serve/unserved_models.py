@@ -20,11 +20,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from batchrun.config import EngineSettings
+from batchrun.job.journal_records import ResultRecord, result_record
 from batchrun.job.manifest import Manifest
-from batchrun.job.records import ResultRecord, result_record
 from batchrun.openai.records import Outcome, Request
 from batchrun.openai.routing import MODEL_NOT_FOUND, KnownModels
-from batchrun.run.model_routes import known_models
+from batchrun.run.model_routes import job_vocabularies, known_models
 from batchrun.run.source import InputIndex, requests
 from batchrun.serve.router import ActiveJob
 
@@ -120,7 +120,7 @@ def unserved(job: ActiveJob, settings: EngineSettings) -> Unserved | None:
     found = Unserved(job.batch_id, served)
     now = round(time.time(), 3)
     # Read by the rules the batch was accepted with: exactly its valid lines, whatever their model.
-    index = InputIndex(accepted) if accepted is not None else None
+    index = InputIndex(accepted, job_vocabularies(job.manifest))
     for request in requests(job.facts.input_path, want, index):
         model = request.body.get("model")
         named = model if isinstance(model, str) and model else None

@@ -37,7 +37,7 @@ from batchrun.engines.base import (
 )
 from batchrun.job.journal import encode_body
 from batchrun.openai.records import Outcome, Request
-from batchrun.openai.responses import failure, holds_no_float
+from batchrun.openai.response_bodies import failure, holds_no_float
 from batchrun.openai.vectors import PLACEHOLDER, split_vectors
 from batchrun.workers.messages import (
     Add,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from batchrun.engine_registry import EngineSpec, engine_spec
 from batchrun.errors import BatchrunError
@@ -41,14 +41,9 @@ class Gpu:
     mig: str | None = None  # the MIG profile (1g.10gb) of a slice; None for a whole GPU
 
     def to_dict(self) -> dict[str, object]:
-        """As `batchrun doctor --json` lists it."""
-        return {
-            "id": self.id,
-            "uuid": self.uuid,
-            "name": self.name,
-            "memory_total_mib": self.memory_total_mib,
-            "mig": self.mig,
-        }
+        """As `batchrun doctor --json` lists it: its fields but `entry` (the parent's own
+        CUDA_VISIBLE_DEVICES entry, which --gpus does not take)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "entry"}
 
     def describe(self) -> str:
         """`0 (4: NVIDIA H100 80GB HBM3)`: the id --gpus takes, the entry, the model."""

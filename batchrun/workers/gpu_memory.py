@@ -10,10 +10,10 @@ there is no reading and the caller falls back to what it had.
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 from collections.abc import Sequence
 from typing import Any
+
+from batchrun import nvml
 
 
 def gpu_memory_mb(devices: Sequence[str]) -> list[float] | None:
@@ -25,27 +25,15 @@ def gpu_memory_mb(devices: Sequence[str]) -> list[float] | None:
     """
     if not devices:
         return None
-    try:
-        # By name: an optional package, with no type information either way.
-        pynvml = importlib.import_module("pynvml")
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # no driver, or a library that does not load: no reading
-        return None
-    try:
-        return [_used_mib(pynvml, device.strip()) for device in devices]
-    except Exception:  # a device NVML does not know (gone, or a name it cannot resolve)
-        return None
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
+    with nvml.opened() as pynvml:
+        if pynvml is None:  # not installed, or no driver: no reading
+            return None
+        try:
+            return [_used_mib(pynvml, device.strip()) for device in devices]
+        except Exception:  # a device NVML does not know (gone, or a name it cannot resolve)
+            return None
 
 
 def _used_mib(pynvml: Any, device: str) -> float:
-    if device.startswith(("GPU-", "MIG-")):
-        handle = pynvml.nvmlDeviceGetHandleByUUID(device)
-    else:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(int(device))
+    handle = nvml.device_handle(pynvml, device)
     return float(pynvml.nvmlDeviceGetMemoryInfo(handle).used) / 2**20

@@ -1,5 +1,5 @@
 """The real-engine multimodal jobs the tests share (conftest.py makes each a session fixture):
-the tiny models built once per session (tests/mm_models.py), and the image job on the tiny
+the tiny models built once per session (scripts/testmodels/multimodal.py), and the image job on the tiny
 Idefics3: sample_data/images.jsonl, then lines with images of their own (file://, http from a
 server on 127.0.0.1, data URLs), then media only the worker finds bad. The job is SIGKILLed once
 results are in the journal and resumed; raw vLLM's `LLM.chat` answers the same messages in a
@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from mm_models import png_bytes, wav_bytes
+from testmodels.multimodal import png_bytes, wav_bytes
 
 from support.cli import cli, start_cli
 from support.jobs import journal_records
@@ -54,7 +54,7 @@ def build_tiny_models(cache: Path) -> dict[str, Path]:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         if not done.exists():
             built = subprocess.run(
-                [sys.executable, str(ROOT / "tests" / "mm_models.py"), str(root)],
+                [sys.executable, str(ROOT / "scripts" / "testmodels" / "multimodal.py"), str(root)],
                 capture_output=True,
                 text=True,
                 cwd=ROOT,
@@ -182,7 +182,7 @@ def run_image_job(tmp: Path, models: dict[str, Path]) -> dict[str, Any]:
         # Raw vLLM runs beside batchrun's job, not after it: an engine start is mostly one
         # process importing and loading, which leaves a core to the other (the suite's time).
         raw = reference_run(
-            [sys.executable, str(ROOT / "tests" / "mm_models.py"), "raw-chat",
+            [sys.executable, str(ROOT / "scripts" / "testmodels" / "multimodal.py"), "raw-chat",
              str(models["image"]), str(raw_in), str(raw_out), str(media)],
             tmp / "raw.log",
         )  # fmt: skip

@@ -13,7 +13,7 @@ from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
 
 from batchrun.openai.records import CHAT, COMPLETIONS, EMBEDDINGS
-from batchrun.openai.responses import decode_base64
+from batchrun.openai.response_bodies import decode_base64
 
 TYPES: dict[str, type[BaseModel]] = {
     CHAT: ChatCompletion,

@@ -1,5 +1,5 @@
-"""The benchmarks that run the real vLLM engine (scripts/bench_pooling.py, scripts/bench_vllm.py
---end-to-end), run small: each runs to its end and prints its ratio and batchrun's timeline."""
+"""The benchmarks that run the real vLLM engine (scripts/bench.py pooling, vllm --end-to-end), run
+small: each runs to its end and prints its ratio and batchrun's timeline."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ import pytest
 from support.cli import run_python as run
 from support.paths import SCRIPTS
 
+BENCH = str(SCRIPTS / "bench.py")
+
 
 @pytest.mark.vllm
 def test_the_pooling_benchmark_runs_small_against_raw_vllm(tmp_path: Path) -> None:
-    """bench_pooling.py on 40 passages: batchrun (submit + export) and raw vLLM's LLM.embed
+    """bench.py pooling on 40 passages: batchrun (submit + export) and raw vLLM's LLM.embed
     each ran to exit 0 on the packaged embedding model, and the ratio line is printed."""
     r = run(
-        str(SCRIPTS / "bench_pooling.py"),
-        "--passages", "40", "--rounds", "1", "--jobs", "embeddings", "--no-docs",
+        BENCH, "pooling", "--passages", "40", "--rounds", "1", "--jobs", "embeddings", "--no-docs",
         "--work-dir", str(tmp_path),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr + r.stdout
@@ -35,11 +36,10 @@ def test_the_pooling_benchmark_runs_small_against_raw_vllm(tmp_path: Path) -> No
 
 @pytest.mark.vllm
 def test_the_end_to_end_benchmark_prints_the_ratio_and_the_timeline(tmp_path: Path) -> None:
-    """bench_vllm.py --end-to-end on 8 requests: batchrun submit and raw vLLM each ran, the
+    """bench.py vllm --end-to-end on 8 requests: batchrun submit and raw vLLM each ran, the
     ratio is printed, and batchrun's timeline runs from validation to the exit in order."""
     r = run(
-        str(SCRIPTS / "bench_vllm.py"),
-        "--end-to-end", "--requests", "8", "--rounds", "1", "--no-docs",
+        BENCH, "vllm", "--end-to-end", "--requests", "8", "--rounds", "1", "--no-docs",
         "--work-dir", str(tmp_path),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr + r.stdout

@@ -12,11 +12,11 @@ import sys
 from typing import Any
 
 import pytest
-from lora_models import make_adapter
 from support.cli import cli
 from support.lines import chat_line, read_jsonl, write_jsonl
 from support.paths import ROOT
 from support.reference import reference_run
+from testmodels.lora import make_adapter
 
 pytestmark = pytest.mark.vllm
 
@@ -63,7 +63,7 @@ def lora_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     raw = reference_run(
         [
             sys.executable,
-            str(ROOT / "tests" / "lora_models.py"),
+            str(ROOT / "scripts" / "testmodels" / "lora.py"),
             str(default_model_dir()),  # converted here, before either uses it
             json.dumps(adapters),
             json.dumps(work),

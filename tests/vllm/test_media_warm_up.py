@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-from mm_models import png_bytes
 from support.cli import cli
 from support.jobs import journal_records
 from support.lines import write_jsonl
 from support.mm_jobs import data_url, image_chat
+from testmodels.multimodal import png_bytes
 
 pytestmark = pytest.mark.vllm
 

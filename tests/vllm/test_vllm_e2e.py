@@ -82,10 +82,13 @@ def test_the_real_poison_lines_fail_alone_and_the_job_finishes(chat_job: dict[st
     assert status["requests"]["pending"] == 0
     # The whole chat job: these 10 lines, the 20 of sample_data/chat_fidelity.jsonl, the
     # 5 of CHAT_PREFIX, the 3 of sample_data/chat_tool_choice.jsonl and the 14 of
-    # sample_data/chat_vllm_extensions.jsonl (2 invalid, 1 refused by the model).
+    # sample_data/chat_vllm_extensions.jsonl (3 invalid: one of them names a token id outside
+    # the model's vocabulary, which validation checks with the size the manifest keeps).
     assert status["requests"] == {
-        "total": 52, "valid": 44, "succeeded": 41, "failed": 3, "invalid": 8, "pending": 0,
+        "total": 52, "valid": 43, "succeeded": 41, "failed": 2, "invalid": 9, "pending": 0,
     }  # fmt: skip
+    manifest = json.loads((chat_job["job"] / "manifest.json").read_text())
+    assert manifest["vocab_sizes"] == {manifest["model"]: 49152}  # SmolLM2's config.json
     errors = {e["custom_id"]: e for e in read_jsonl(chat_job["job"] / "errors.jsonl")}
     sur, seed = errors["sur"]["error"], errors["bigseed"]["error"]
     assert (sur["line"], seed["line"]) == (9, 10)

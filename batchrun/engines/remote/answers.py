@@ -22,7 +22,7 @@ from typing import Any
 
 from batchrun.job.journal import encode_body
 from batchrun.openai.records import EMBEDDINGS, Outcome, Request
-from batchrun.openai.responses import failure
+from batchrun.openai.response_bodies import answered, failure
 from batchrun.openai.vectors import FLOAT_MARK, base64_of, float32_bytes
 
 # Statuses that say the server (or the way to it) is overloaded or restarting, not the line.
@@ -85,13 +85,12 @@ def verdict(
     if isinstance(usage, dict):
         prompt_tokens = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
         completion_tokens = _count(usage.get("completion_tokens", usage.get("output_tokens")))
-    return Outcome(
-        custom_id=request.custom_id,
-        ok=True,
-        status_code=200,
+    return answered(
+        request,
         # Pre-encoded here, checked for floats (a server's body may hold any): the worker's
-        # shortcut for bodies batchrun built itself (responses.holds_no_float) does not apply.
-        body=encode_body(body),
+        # shortcut for bodies batchrun built itself (response_bodies.holds_no_float) does not
+        # apply.
+        encode_body(body),
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         latency_s=latency_s,

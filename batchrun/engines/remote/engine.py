@@ -30,7 +30,7 @@ from batchrun.engines.remote.answers import AuthRefused, Retry, verdict
 from batchrun.engines.remote.flow import FlowWindow
 from batchrun.engines.remote.urls import api_key, endpoint_url, headers
 from batchrun.openai.records import Outcome, Request
-from batchrun.openai.responses import failure
+from batchrun.openai.response_bodies import failure
 
 # How long one line waits out a server that throttles or cannot be reached (a restart, a
 # network cut) before the attempt fails (retryable: a retry pass sends it again); the

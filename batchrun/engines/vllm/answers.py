@@ -10,7 +10,7 @@ from batchrun.engines.vllm.reasoning import Reasoner
 from batchrun.engines.vllm.tokens import TokenText
 from batchrun.engines.vllm.tools import parse_tool_calls
 from batchrun.openai.params import Sampling
-from batchrun.openai.responses import Choice, response_id
+from batchrun.openai.response_bodies import Choice, response_id
 from batchrun.openai.toolchoice import forced_answer
 
 # OpenAI knows "stop" and "length"; vLLM's "repetition" (an early stop on a detected loop, only

@@ -31,6 +31,7 @@ from batchrun.config import EngineSettings
 from batchrun.engines.vllm.errors import BadRequest
 from batchrun.openai.media import DEFAULT_FETCH_TIMEOUTS
 from batchrun.openai.records import TRANSLATIONS, Outcome, Request
+from batchrun.openai.response_bodies import answered
 
 # The body fields vLLM's speech-to-text request takes (file_url read here; model reported).
 _FIELDS = (
@@ -78,11 +79,9 @@ class AudioWork:
             if not self.translate:
                 # Rounded up, as OpenAI (and vLLM) count audio.
                 body["usage"] = {"type": "duration", "seconds": math.ceil(self.duration_s)}
-        return Outcome(
-            custom_id=request.custom_id,
-            ok=True,
-            status_code=200,
-            body=body,
+        return answered(
+            request,
+            body,
             prompt_tokens=prompt_tokens,
             completion_tokens=tokens,
             latency_s=latency_s,

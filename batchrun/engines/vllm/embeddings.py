@@ -10,7 +10,7 @@ from typing import Any
 from batchrun.engines.vllm.errors import BadRequest
 from batchrun.openai.params import EmbeddingParams, embedding_params
 from batchrun.openai.records import Outcome, Request
-from batchrun.openai.responses import embedding_success
+from batchrun.openai.response_bodies import embedding_success
 
 
 @dataclass

@@ -69,7 +69,7 @@ from batchrun.openai.records import (
     Outcome,
     Request,
 )
-from batchrun.openai.responses import failure, response_model
+from batchrun.openai.response_bodies import failure, response_model
 
 
 @dataclass

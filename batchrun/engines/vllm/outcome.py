@@ -11,7 +11,7 @@ from batchrun.engines.vllm.reasoning import Reasoner
 from batchrun.engines.vllm.tokens import TokenText
 from batchrun.openai.params import Sampling, sampling
 from batchrun.openai.records import CHAT, RESPONSES, Outcome, Request
-from batchrun.openai.responses import failure, response_model, success
+from batchrun.openai.response_bodies import failure, response_model, success
 
 
 def generation_outcome(

@@ -11,6 +11,7 @@ from typing import Any
 
 from batchrun.engines.vllm.errors import BadRequest
 from batchrun.openai.params import Sampling, context_exceeded
+from batchrun.openai.token_ids import outside_vocab
 from batchrun.openai.vllm_sampling import VllmSampling
 
 _NO_EXTENSIONS = VllmSampling()  # vLLM's own defaults: a body that sets none of them
@@ -76,13 +77,11 @@ def sampling_params(
 
 
 def _in_vocab(field: str, tokens: Iterable[int], vocab_size: int) -> None:
-    """Refuse (a 400) a token id of body.`field` outside the model's vocabulary."""
-    for token in tokens:
-        if not 0 <= token < vocab_size:
-            raise BadRequest(
-                f"body.{field} names token id {token}, outside this model's vocabulary "
-                f"(ids 0 to {vocab_size - 1})"
-            )
+    """Refuse (a 400) a token id of body.`field` outside the model's vocabulary, as validation
+    does (openai/token_ids.py): a job submitted before validation checked them."""
+    message = outside_vocab(field, tokens, vocab_size)
+    if message is not None:
+        raise BadRequest(message)
 
 
 def _structured_outputs(params: Sampling) -> Any:

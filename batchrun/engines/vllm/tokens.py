@@ -6,7 +6,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from batchrun.openai.responses import TokenLogprob
+from batchrun.openai.response_bodies import TokenLogprob
 
 
 @lru_cache(maxsize=1)

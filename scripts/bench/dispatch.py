@@ -1,10 +1,10 @@
-"""Benchmark: the dispatch plan (`--order auto`) against raw vLLM on the files people really run,
-all under one KV cache budget smaller than the workload's distinct prefixes (part C of
-scripts/bench.py).
+"""The dispatch plan (`--order auto`) against raw vLLM under a small KV cache budget (part C).
 
-    .venv/bin/python scripts/bench_dispatch.py --rounds 2                       # the full run
-    .venv/bin/python scripts/bench_dispatch.py --dispatch-scale 0.1 --no-docs   # a quick check
-    .venv/bin/python scripts/bench.py --dispatch --rounds 2                     # the same, as before
+    .venv/bin/python scripts/bench.py dispatch --rounds 2                       # the full run
+    .venv/bin/python scripts/bench.py dispatch --dispatch-scale 0.1 --no-docs   # a quick check
+
+On the files people really run, all under one KV cache budget smaller than the workload's
+distinct prefixes.
 
 Workloads (seeded; temperature 0):
 
@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import bench_harness as bench
-from bench_harness import Result, count_output_tokens, run_cmd
+from bench import harness as bench
+from bench.harness import Result, count_output_tokens, run_cmd
 
 MAX_MODEL_LEN = 2048
 # Smaller than any workload's distinct prefixes (20 documents of ~1,000 tokens: about 20,000
@@ -83,6 +83,41 @@ _WORDS = (
     "the a of and in on with from under over near beside after before during while because"
 )
 _VOCAB = _WORDS.split()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
+    p.add_argument(
+        "--dispatch-scale",
+        type=float,
+        default=1.0,
+        help="workload sizes as a fraction of the issue's (1.0: 200/400/200/200 lines)",
+    )
+    p.add_argument(
+        "--kv-cache-bytes",
+        type=int,
+        default=150_000_000,
+        help="the KV cache budget every contender gets (kv_cache_memory_bytes)",
+    )
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a folder holding batchrun's package as it was (`git archive COMMIT batchrun | tar "
+        "-x -C DIR`): the batchrun-before contender runs it, to compare before and after",
+    )
+    p.add_argument(
+        "--section",
+        default="dispatch",
+        help="the section of its results file to write (another keeps the full run's table)",
+    )
+    p.add_argument(
+        "--workloads",
+        default=None,
+        help=f"comma list of workloads to run (default: all of {','.join(WORKLOADS)})",
+    )
+    p.add_argument("--only", default=None, help=f"comma list of contenders: {','.join(CONTENDERS)}")
+    bench.contender_arguments(p, rounds=1)
 
 
 @dataclass
@@ -177,7 +212,7 @@ def run_raw(
     inproc: bool = False,
     sort: bool = False,
 ) -> CResult:
-    """Raw vLLM: one `LLM.chat` call in input order, in a child process (`--_child-raw`);
+    """Raw vLLM: one `LLM.chat` call in input order, in a child process (`child`);
     `inproc`: its engine core in that process (the model on every core of a CPU); `sort`: in
     process, on the lines sorted by prompt."""
     if sort:
@@ -190,21 +225,14 @@ def run_raw(
         res = CResult("raw", "raw vLLM, one LLM.chat call")
     out = work / "raw-result.json"
     out.unlink(missing_ok=True)
-    argv = [sys.executable, str(Path(__file__).resolve()), "--_child-raw", str(inp), model, dtype]
-    env = {bench.INPROC_ENV: "0"} if inproc else None
-    run = run_cmd([*argv, str(kv), str(out)], work / f"{res.name}.log", env=env)
-    res.wall_s, res.cpu_s, res.load = run.wall_s, run.cpu_s, run.load
-    if run.rc != 0 or not out.exists():
-        res.error = f"exited {run.rc}: {run.tail(5)}"
-        return res
-    data = json.loads(out.read_text())
-    res.gen_s, res.tokens, res.succeeded = data["gen_s"], data["tokens"], data["requests"]
-    res.ready_s = data["gen_start_wall"] - run.started_wall
-    res.hit_rate = data["hit_rate"]
+    argv = bench.child_command(__name__, inp=inp, model=model, dtype=dtype, kv=kv, result=out)
+    data = bench.run_raw_child(argv, work / f"{res.name}.log", out, res, inproc)
+    if data is not None:
+        res.hit_rate = data["hit_rate"]
     return res
 
 
-def child_raw(inp: str, model: str, dtype: str, kv: str, result: str) -> None:
+def child(args: argparse.Namespace) -> None:
     """The raw vLLM child: engine start, then the timed `LLM.chat` call over every line."""
     import time
 
@@ -212,15 +240,15 @@ def child_raw(inp: str, model: str, dtype: str, kv: str, result: str) -> None:
     from vllm import LLM, SamplingParams
     from vllm.v1.metrics.reader import Counter
 
-    requests = [json.loads(x) for x in Path(inp).read_text().splitlines() if x.strip()]
+    requests = [json.loads(x) for x in Path(args.inp).read_text().splitlines() if x.strip()]
     kwargs: dict[str, Any] = {
-        "model": model,
+        "model": args.model,
         "max_model_len": MAX_MODEL_LEN,
         "enforce_eager": True,
-        "dtype": dtype,
+        "dtype": args.dtype,
         "max_num_seqs": bench.MAX_NUM_SEQS,
         "seed": bench.SEED,
-        "kv_cache_memory_bytes": int(kv),
+        "kv_cache_memory_bytes": int(args.kv),
         "disable_log_stats": False,  # for the prefix-cache counters, as batchrun runs it
     }
     if not torch.cuda.is_available():
@@ -238,7 +266,7 @@ def child_raw(inp: str, model: str, dtype: str, kv: str, result: str) -> None:
     counters = {m.name: m.value for m in llm.get_metrics() if isinstance(m, Counter)}
     queries = counters.get("vllm:prefix_cache_queries", 0)
     hits = counters.get("vllm:prefix_cache_hits", 0)
-    Path(result).write_text(
+    Path(args.result).write_text(
         json.dumps(
             {
                 "gen_s": gen_s,
@@ -312,15 +340,9 @@ def run_batchrun(
     if export.rc != 0:
         res.error = f"export exited {export.rc}: {export.tail(5)}"
         return res
-    ready = submit.first(r"worker \d+.*? ready \(")
-    times = [
-        float(r["time"])
-        for r in (json.loads(x) for x in (job / "journal.jsonl").read_text().splitlines())
-        if r.get("kind") == "result"
-    ]
-    if ready and times:
-        res.gen_s = max(times) - ready[0]
-        res.ready_s = ready[0] - submit.started_wall
+    span = bench.generation_span(submit, job)
+    if span is not None:
+        res.ready_s, res.gen_s = span
     res.succeeded, res.tokens = count_output_tokens(job / "output.jsonl")
     status = run_cmd([*br, "status", "--job-dir", str(job), "--json"], work / "status.log", env=env)
     text = "\n".join(t for _, s, t in status.lines if s == "out")
@@ -482,8 +504,7 @@ def part_c(args: argparse.Namespace, work: Path, command: str, machine: dict[str
     )
     body = f"""## {title}
 {quick if scale < 1 else ""}
-- Measured: {bench.machine_line(machine)}.
-- Command: `{command}`
+{bench.measured_lines(machine, command)}
 - Workloads ({sizes}; seed {args.seed}; temperature 0): {"; ".join(WORKLOADS[k] for k in inputs)}.
 - The same engine settings for every contender: model {bench.MODEL_NAME}, max_model_len
   {MAX_MODEL_LEN}, enforce_eager, dtype {dtype} ({dtype_note}), max_num_seqs
@@ -505,68 +526,9 @@ def part_c(args: argparse.Namespace, work: Path, command: str, machine: dict[str
 
 {chr(10).join(f"- {v}." for v in found)}
 """
-    bench.replace_section(bench.DOCS, args.section, body)
-    print(f"  wrote {bench.DOCS.relative_to(bench.ROOT)} (section bench:{args.section})")
+    bench.write_results(__name__, args.section, body)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """This benchmark's own options (scripts/bench.py takes them too, with part A's --rounds,
-    --seed, --dtype and --only, which this benchmark also reads)."""
-    p.add_argument(
-        "--dispatch-scale",
-        type=float,
-        default=1.0,
-        help="workload sizes as a fraction of the issue's (1.0: 200/400/200/200 lines)",
-    )
-    p.add_argument(
-        "--kv-cache-bytes",
-        type=int,
-        default=150_000_000,
-        help="the KV cache budget every contender gets (kv_cache_memory_bytes)",
-    )
-    p.add_argument(
-        "--baseline",
-        type=Path,
-        default=None,
-        help="a folder holding batchrun's package as it was (`git archive COMMIT batchrun | tar "
-        "-x -C DIR`): the batchrun-before contender runs it, to compare before and after",
-    )
-    p.add_argument(
-        "--section",
-        default="dispatch",
-        help="the section of docs/benchmarks.md to write (another keeps the full run's table)",
-    )
-    p.add_argument(
-        "--workloads",
-        default=None,
-        help=f"comma list of workloads to run (default: all of {','.join(WORKLOADS)})",
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    p.add_argument("--seed", type=int, default=1234, help="seed of the generated requests")
-    p.add_argument(
-        "--dtype",
-        default=None,
-        help="dtype for every contender (default: what batchrun's auto resolves to here)",
-    )
-    p.add_argument("--only", default=None, help=f"comma list of contenders: {','.join(CONTENDERS)}")
-    p.add_argument(
-        "--rounds", type=int, default=1, help="run every contender this many times, interleaved"
-    )
-    bench.common_arguments(p)
-    args = p.parse_args(argv)
-    bench.run_benchmark(
-        args.work_dir,
-        bench.the_command(__file__, argv),
-        lambda work, command, machine: part_c(args, work, command, machine),
-    )
-    return 0
-
-
-if __name__ == "__main__" and len(sys.argv) == 7 and sys.argv[1] == "--_child-raw":
-    child_raw(*sys.argv[2:])
-elif __name__ == "__main__":
-    sys.exit(main())
+def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
+    """Part C."""
+    part_c(args, work, command, machine)

@@ -168,11 +168,9 @@ def success(
             ],
             "usage": usage,
         }
-    return Outcome(
-        custom_id=request.custom_id,
-        ok=True,
-        status_code=200,
-        body=body,
+    return answered(
+        request,
+        body,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         latency_s=latency_s,
@@ -233,11 +231,9 @@ def embedding_success(
     body["data"] = data
     body["model"] = model
     body["usage"] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
-    return Outcome(
-        custom_id=request.custom_id,
-        ok=True,
-        status_code=200,
-        body=body,
+    return answered(
+        request,
+        body,
         prompt_tokens=prompt_tokens,
         latency_s=latency_s,
     )
@@ -252,6 +248,26 @@ def decode_base64(text: str) -> list[float]:
     """The floats of a base64 embedding (the inverse of `encode_base64`)."""
     raw = base64.b64decode(text)
     return list(struct.unpack(f"<{len(raw) // 4}f", raw))
+
+
+def answered(
+    request: Request,
+    body: dict[str, Any] | msgspec.Raw,
+    *,
+    prompt_tokens: int,
+    completion_tokens: int = 0,
+    latency_s: float,
+) -> Outcome:
+    """A successful outcome (200): `body` answers `request`."""
+    return Outcome(
+        custom_id=request.custom_id,
+        ok=True,
+        status_code=200,
+        body=body,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        latency_s=latency_s,
+    )
 
 
 def failure(

@@ -1,8 +1,9 @@
-"""Benchmark: image chat lines through batchrun against raw vLLM's `LLM.chat` on the same images,
-side by side in one run (each contender in a process of its own, the same engine settings).
+"""Image chat lines through batchrun against raw vLLM's `LLM.chat` on the same images.
 
-    .venv/bin/python scripts/bench_images.py --lines 64 --rounds 3  # the tiny test Idefics3
-    .venv/bin/python scripts/bench_images.py --model DIR --lines 256
+    .venv/bin/python scripts/bench.py images --lines 64 --rounds 3  # the tiny test Idefics3
+    .venv/bin/python scripts/bench.py images --model DIR --lines 256
+
+Side by side in one run (each contender in a process of its own, the same engine settings).
 
 Each line has its own image (a generated PNG, as a data URL) and a short question, temperature
 0. Generation time: raw, the `LLM.chat` call; batchrun, from its worker's "ready" line to its
@@ -11,8 +12,9 @@ answers are compared as well: at temperature 0 they must be the same text.
 
 Two raw contenders: "raw", one cold `LLM.chat` call (what the target is against), and "raw
 warmed", the same after an untimed chat of one small image and one token, which is what
-batchrun's worker does before it says it is ready (engines/vllm/media.py, warm_media_path). Each round runs the three side by side; `--rounds N`
-repeats them and prints the medians.
+batchrun's worker does before it says it is ready (engines/vllm/media.py, warm_media_path). Each
+round runs the three side by side; `--rounds N` repeats them and prints the medians. Nothing is
+written to the results.
 """
 
 from __future__ import annotations
@@ -23,16 +25,14 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "tests"))
+from testmodels.multimodal import build_idefics3, png_bytes
 
-from bench_harness import batchrun_cmd, run_cmd  # noqa: E402
-from mm_models import build_idefics3, png_bytes  # type: ignore[import-not-found]  # noqa: E402
+from bench.harness import ROOT, batchrun_cmd, run_cmd
+
+WRITES_RESULTS = False
 
 _RAW = """
 import json, sys, time
@@ -58,6 +58,15 @@ if __name__ == "__main__":
     print(json.dumps({"gen_s": gen, "tokens": sum(len(o.outputs[0].token_ids) for o in outs),
                       "texts": {x["custom_id"]: o.outputs[0].text for x, o in zip(lines, outs)}}))
 """
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
+    parser.add_argument("--model", type=Path, help="an image-language model directory")
+    parser.add_argument("--lines", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--gpu-memory-utilization", default="0.2")
+    parser.add_argument("--rounds", type=int, default=1)
 
 
 def image_lines(n: int, max_tokens: int) -> list[dict[str, object]]:
@@ -127,41 +136,26 @@ def run_round(work: Path, model: Path, src: Path, args: argparse.Namespace) -> d
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
     """Run both contenders, `--rounds` times side by side, and print their figures."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, help="an image-language model directory")
-    parser.add_argument("--lines", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--gpu-memory-utilization", default="0.2")
-    parser.add_argument("--rounds", type=int, default=1)
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="bench-images-") as tmp:
-        work = Path(tmp)
-        model = args.model or build_idefics3(work / "idefics3")
-        src = work / "images.jsonl"
-        src.write_text(
-            "".join(json.dumps(x) + "\n" for x in image_lines(args.lines, args.max_tokens))
+    model = args.model or build_idefics3(work / "idefics3")
+    src = work / "images.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in image_lines(args.lines, args.max_tokens)))
+    print(f"{args.lines} image lines, max_tokens {args.max_tokens}, model {model}")
+    print(f"{'round':<7}{'raw s':>7}{'tok/s':>8}{'warm s':>8}{'batchrun s':>12}{'tok/s':>8}"
+          f"{'vs raw':>8}{'vs warm':>9}  answers equal")  # fmt: skip
+    ratios: list[float] = []
+    warm_ratios: list[float] = []
+    for i in range(1, args.rounds + 1):
+        r = run_round(work / f"round-{i}", model, src, args)
+        ratios.append(r["raw_s"] / r["batchrun_s"])
+        warm_ratios.append(r["warm_s"] / r["batchrun_s"])
+        print(
+            f"{i:<7}{r['raw_s']:>7.2f}{r['raw_tokens'] / r['raw_s']:>8.1f}{r['warm_s']:>8.2f}"
+            f"{r['batchrun_s']:>12.2f}{r['batchrun_tokens'] / r['batchrun_s']:>8.1f}"
+            f"{ratios[-1]:>7.2f}x{warm_ratios[-1]:>8.2f}x  {r['same']}",
+            flush=True,
         )
-        print(f"{args.lines} image lines, max_tokens {args.max_tokens}, model {model}")
-        print(f"{'round':<7}{'raw s':>7}{'tok/s':>8}{'warm s':>8}{'batchrun s':>12}{'tok/s':>8}"
-              f"{'vs raw':>8}{'vs warm':>9}  answers equal")  # fmt: skip
-        ratios: list[float] = []
-        warm_ratios: list[float] = []
-        for i in range(1, args.rounds + 1):
-            r = run_round(work / f"round-{i}", model, src, args)
-            ratios.append(r["raw_s"] / r["batchrun_s"])
-            warm_ratios.append(r["warm_s"] / r["batchrun_s"])
-            print(
-                f"{i:<7}{r['raw_s']:>7.2f}{r['raw_tokens'] / r['raw_s']:>8.1f}{r['warm_s']:>8.2f}"
-                f"{r['batchrun_s']:>12.2f}{r['batchrun_tokens'] / r['batchrun_s']:>8.1f}"
-                f"{ratios[-1]:>7.2f}x{warm_ratios[-1]:>8.2f}x  {r['same']}",
-                flush=True,
-            )
-        for name, values in (("raw", ratios), ("raw warmed", warm_ratios)):
-            print(f"batchrun / {name} throughput: median {statistics.median(values):.2f}x "
-                  f"(min {min(values):.2f}x, max {max(values):.2f}x, {len(values)} rounds)")  # fmt: skip
-
-
-if __name__ == "__main__":
-    main()
+    for name, values in (("raw", ratios), ("raw warmed", warm_ratios)):
+        print(f"batchrun / {name} throughput: median {statistics.median(values):.2f}x "
+              f"(min {min(values):.2f}x, max {max(values):.2f}x, {len(values)} rounds)")  # fmt: skip

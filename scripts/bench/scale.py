@@ -1,9 +1,9 @@
-"""Benchmark: batchrun at scale with the echo engine: requests/s and the parent's peak memory.
+"""batchrun at scale with the echo engine: requests/s and the parent's peak memory.
 
-    .venv/bin/python scripts/bench_scale.py                        # 1M lines (and a 20k baseline)
-    .venv/bin/python scripts/bench_scale.py --sizes 20000 1000000 10000000
-    .venv/bin/python scripts/bench_scale.py --sizes 2000 20000 --no-docs
-    .venv/bin/python scripts/bench_scale.py --long-prompts      # 2,000 prompts of 250 KB (500 MB)
+    .venv/bin/python scripts/bench.py scale                        # 1M lines (and a 20k baseline)
+    .venv/bin/python scripts/bench.py scale --sizes 20000 1000000 10000000
+    .venv/bin/python scripts/bench.py scale --sizes 2000 20000 --no-docs
+    .venv/bin/python scripts/bench.py scale --long-prompts      # 2,000 prompts of 250 KB (500 MB)
 
 For each size, one job of short /v1/completions requests runs through every command a user runs
 on a big job: submit (`--batch-size 1024`), status, resume (nothing left), retry-failed (nothing
@@ -14,8 +14,8 @@ the growth of each command's peak RSS from the smallest size to each larger one,
 requests added (the goal: at most 40 bytes a request). status's time is also given against
 `batchrun --help`'s (the goal: at most 2x).
 
-Results are printed and, unless --no-docs, written to docs/benchmarks.md between the markers
-`<!-- bench:scale -->` and its closing one.
+Results are printed and, unless --no-docs, written to docs/benchmarks/results/scale.md (section
+`bench:scale`).
 
 --long-prompts instead submits a file of 2,000 chat requests of 250 KB each (500 MB; half prose,
 half one long pasted blob) and prints the parent's peak RSS (the goal: under 300 MiB); with
@@ -30,18 +30,16 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from bench_harness import (
-    DOCS,
+from bench.harness import (
     ROOT,
     machine_line,
     md_table,
     print_table,
-    replace_section,
     write_completion_requests,
+    write_results,
 )
 
 # Runs batchrun's CLI in this process, then prints the process's own peak RSS (KiB; VmHWM, not
@@ -59,6 +57,14 @@ _WRAP = (
 )
 
 PHASES = ["submit", "status", "resume", "retry-failed", "export --parquet", "status --json"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
+    parser.add_argument("--sizes", type=int, nargs="+", default=[20_000, 1_000_000])
+    parser.add_argument(
+        "--long-prompts", action="store_true", help="2,000 prompts of 250 KB instead."
+    )
 
 
 def run_phase(args: list[str]) -> tuple[float, int, int, float]:
@@ -128,7 +134,7 @@ def write_long_prompts(path: Path, lines: int, chars: int) -> None:
             f.write(json.dumps({**line, "body": body}) + "\n")
 
 
-def long_prompts(work: Path, docs: bool, argv: list[str] | None) -> int:
+def long_prompts(work: Path, docs: bool, command: str, machine: dict[str, str]) -> int:
     """Submit 2,000 prompts of 250 KB; print the parent's peak RSS (goal: under 300 MiB)."""
     lines, chars = 2_000, 250_000
     src = work / "long.jsonl"
@@ -143,40 +149,23 @@ def long_prompts(work: Path, docs: bool, argv: list[str] | None) -> int:
     if docs:
         body = (
             "## Long prompts: the parent's peak memory\n\n"
-            f"`{' '.join(['scripts/bench_scale.py', *(argv or sys.argv[1:])])}`; "
-            f"{machine_line_safe()}. {lines:,} chat requests of {chars:,} characters "
+            f"`{command}`; {machine_line(machine)}. {lines:,} chat requests of {chars:,} characters "
             f"({size_mb:,.0f} MB; half prose, half one long pasted blob), echo engine, "
             "`--batch-size 256`: the parent's own peak RSS (its engine worker not counted) "
             f"{mib:,.0f} MiB (goal: under 300 MiB), exit {rc}, {wall:.1f} s.\n"
         )
-        replace_section(DOCS, "long-prompts", body)
+        write_results(__name__, "long-prompts", body)
     return 0 if rc == 0 else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; print the table (and write it into docs/benchmarks.md)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[20_000, 1_000_000])
-    parser.add_argument("--no-docs", action="store_true", help="Do not write docs/benchmarks.md.")
-    parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument(
-        "--long-prompts", action="store_true", help="2,000 prompts of 250 KB instead."
-    )
-    args = parser.parse_args(argv)
+def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> int:
+    """Run the benchmark; print the table (and write it into the results)."""
     if args.long_prompts:
-        work = Path(tempfile.mkdtemp(prefix="bench-long-", dir=args.workdir))
-        try:
-            return long_prompts(work, not args.no_docs, argv)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        return long_prompts(work, not args.no_docs, command, machine)
     sizes = sorted(set(args.sizes))
-    work = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=args.workdir))
-    try:
-        helps = [run_phase(["--help"])[3] for _ in range(3)]
-        help_s = sorted(helps)[1]
-        measured = {n: measure(n, work) for n in sizes}
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    helps = [run_phase(["--help"])[3] for _ in range(3)]
+    help_s = sorted(helps)[1]
+    measured = {n: measure(n, work) for n in sizes}
     base = sizes[0]
     head = ["requests", "command", "wall s", "CPU s", "requests/s", "peak RSS MiB", "bytes/request"]
     rows: list[list[str]] = []
@@ -196,25 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_docs:
         body = (
             "## At scale: the parent's memory per request, status against --help\n\n"
-            f"`{' '.join(['scripts/bench_scale.py', *(argv or sys.argv[1:])])}`; "
-            f"{machine_line_safe()}. Each command a process of its own; peak RSS is that "
+            f"`{command}`; {machine_line(machine)}. Each command a process of its own; peak RSS is that "
             "process's own (its engine workers not counted); bytes/request: its growth from "
             f"{base:,} requests, over the requests added (goal: at most 40). "
             f"`batchrun --help`: {help_s:.2f} CPU s (status goal: at most 2x; CPU time, which "
             "a shared machine's load does not inflate as it does wall time).\n\n"
             + md_table(head, rows)
         )
-        replace_section(DOCS, "scale", body)
+        write_results(__name__, "scale", body)
     print(json.dumps({"help_s": help_s}))
     return 0
-
-
-def machine_line_safe() -> str:
-    """The machine, as the other benchmarks describe it."""
-    from bench_harness import machine_info
-
-    return machine_line(machine_info())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,10 +1,9 @@
-"""Benchmark: batchrun against raw vLLM, vLLM's own batch runner and fixed chunks (part A of
-scripts/bench.py).
+"""batchrun against raw vLLM, vLLM's own batch runner and fixed chunks (part A).
 
-    .venv/bin/python scripts/bench_vllm.py                 # 200 requests
-    .venv/bin/python scripts/bench_vllm.py --quick         # 40 requests
-    .venv/bin/python scripts/bench_vllm.py --rounds 2 --only batchrun,raw-inproc
-
+    .venv/bin/python scripts/bench.py vllm                 # 200 requests
+    .venv/bin/python scripts/bench.py vllm --quick         # 40 requests
+    .venv/bin/python scripts/bench.py vllm --rounds 2 --only batchrun,raw-inproc
+    .venv/bin/python scripts/bench.py vllm --end-to-end    # the user's measure (issue 38)
 
 Part A runs the same generated chat requests (seeded, varied prompts, max_tokens drawn from
 8..128, temperature 0) through four contenders with the same engine settings, each in its own
@@ -31,8 +30,8 @@ batchrun also validation and export). Generation time excludes process and engin
 
 All four get the same dtype: by default the one batchrun's "auto" resolves to on this machine
 
-Results are printed and written to docs/benchmarks.md between the markers `<!-- bench:vllm -->`
-and its closing one; the rest of that file is kept as it is.
+Results are printed and written to docs/benchmarks/results/vllm.md (sections `bench:vllm` and
+`bench:vllm-e2e`).
 """
 
 from __future__ import annotations
@@ -43,13 +42,12 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench_harness import (
+from bench.harness import (
     CPU_MEMORY_UTILIZATION,
-    DOCS,
     INPROC_ENV,
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,
@@ -57,31 +55,50 @@ from bench_harness import (
     MODEL_NAME,
     NAIVE_CHUNK,
     PART_A_CONTENDERS,
-    ROOT,
     SEED,
     Result,
     _f,
     batchrun_cmd,
-    common_arguments,
+    child_command,
+    contender_arguments,
     count_output_tokens,
     default_model_dir,
     effective_dtype,
+    generation_span,
     job_timeline,
-    machine_line,
     make_chat_requests,
     md_table,
+    measured_lines,
     on_cuda,
     print_table,
-    replace_section,
-    run_benchmark,
     run_cmd,
-    the_command,
+    run_raw_child,
     timeline_lines,
     warm_file_cache,
     write_jsonl,
+    write_results,
 )
 
 # -- part A: the contenders ---------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
+    p.add_argument("--requests", type=int, default=None, help="chat requests (200)")
+    p.add_argument("--quick", action="store_true", help="40 requests")
+    p.add_argument(
+        "--only",
+        default=None,
+        help="comma list of contenders: batchrun,raw,run_batch,naive,raw-inproc (default all)",
+    )
+    contender_arguments(p, rounds=1)
+    p.add_argument(
+        "--end-to-end",
+        action="store_true",
+        help="the user's measure instead of part A: `batchrun submit` launch to exit against "
+        "raw vLLM in one process timed from before its import, 300 distinct requests, with "
+        "batchrun's timeline (issue 38)",
+    )
 
 
 def submit_argv(inp: Path, job: Path, dtype: str, max_model_len: int) -> list[str]:
@@ -126,15 +143,9 @@ def contender_batchrun(inp: Path, work: Path, dtype: str) -> Result:
     if export.rc != 0:
         res.error = f"export exited {export.rc}: {export.tail(5)}"
         return res
-    ready = submit.first(r"worker \d+.*? ready \(")
-    times = [
-        float(r["time"])
-        for r in (json.loads(x) for x in (job / "journal.jsonl").read_text().splitlines())
-        if r.get("kind") == "result"
-    ]
-    if ready and times:
-        res.gen_s = max(times) - ready[0]
-        res.ready_s = ready[0] - submit.started_wall
+    span = generation_span(submit, job)
+    if span is not None:
+        res.ready_s, res.gen_s = span
     else:
         res.note = "no 'worker ready' line or no journal records: generation time unknown"
     res.succeeded, res.tokens = count_output_tokens(job / "output.jsonl")
@@ -142,21 +153,24 @@ def contender_batchrun(inp: Path, work: Path, dtype: str) -> Result:
     return res
 
 
-def child_llm_argv(inp: Path, model: str, out: Path, dtype: str) -> list[str]:
-    """The command of a raw-vLLM child process (`child_llm`): its input, model, result file."""
-    return [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--_child-llm",
-        "--input",
-        str(inp),
-        "--model",
-        model,
-        "--result",
-        str(out),
-        "--dtype",
-        dtype,
-    ]
+def child_llm_argv(
+    inp: Path,
+    model: str,
+    out: Path,
+    dtype: str,
+    chunk: int | None = None,
+    max_model_len: int | None = None,
+) -> list[str]:
+    """The command of a raw-vLLM child process (`child`): its input, model, result file."""
+    return child_command(
+        __name__,
+        input=inp,
+        model=model,
+        result=out,
+        dtype=dtype,
+        chunk=chunk,
+        max_model_len=max_model_len,
+    )
 
 
 def contender_llm(
@@ -172,19 +186,9 @@ def contender_llm(
         name, label = "naive", f"(d) naive: LLM.chat per chunk of {chunk}"
     res = Result(name, label)
     out = work / f"{name}-result.json"
-    argv = child_llm_argv(inp, model, out, dtype)
-    if chunk is not None:
-        argv += ["--chunk", str(chunk)]
-    env = {INPROC_ENV: "0"} if inproc else None
-    run = run_cmd(argv, work / f"{name}.log", env=env)
-    res.wall_s, res.cpu_s, res.load = run.wall_s, run.cpu_s, run.load
-    if run.rc != 0 or not out.exists():
-        res.error = f"exited {run.rc}: {run.tail(5)}"
-        return res
-    data = json.loads(out.read_text())
-    res.gen_s, res.tokens, res.succeeded = data["gen_s"], data["tokens"], data["requests"]
-    res.ready_s = data["gen_start_wall"] - run.started_wall
-    if chunk is not None:
+    argv = child_llm_argv(inp, model, out, dtype, chunk)
+    data = run_raw_child(argv, work / f"{name}.log", out, res, inproc)
+    if data is not None and chunk is not None:
         res.note = f"{data['calls']} calls"
     return res
 
@@ -232,7 +236,7 @@ def contender_run_batch(inp: Path, work: Path, model: str, on_cuda: bool, dtype:
     return res
 
 
-def child_llm(args: argparse.Namespace) -> None:
+def child(args: argparse.Namespace) -> None:
     """Raw vLLM in this process (a fresh one): engine start, then the timed chat call(s)."""
     t0_wall = time.time()
     t0 = time.monotonic()
@@ -435,8 +439,7 @@ def part_a(args: argparse.Namespace, work: Path, command: str, machine: dict[str
         if not args.quick
         else chr(10) + "**Quick run (--quick): small sample, for development only.**" + chr(10)
     }
-- Measured: {machine_line(machine)}.
-- Command: `{command}`
+{measured_lines(machine, command)}
 - Workload: {n} chat requests (seed {args.seed}; varied prompts, some with a system message),
   `max_tokens` drawn uniformly from {MAX_TOKENS_RANGE[0]}..{MAX_TOKENS_RANGE[1]} ({asked:,} tokens
   asked for in all), temperature 0.
@@ -484,8 +487,7 @@ How the times are measured:
 - A command whose children are not waited for (vLLM's engine processes in (c)) shows less CPU
   time than it used.
 """
-    replace_section(DOCS, "vllm", body)
-    print(f"  wrote {DOCS.relative_to(ROOT)} (section bench:vllm)")
+    write_results(__name__, "vllm", body)
 
 
 # -- the user's measure: submit launch to exit against raw vLLM from before its import --------------
@@ -533,7 +535,7 @@ def e2e_raw(inp: Path, work: Path, model: str, dtype: str, round_: int) -> dict[
     to the call's end (the issue's measure), and the whole process."""
     out = work / f"e2e-raw-{round_}.json"
     out.unlink(missing_ok=True)
-    argv = [*child_llm_argv(inp, model, out, dtype), "--max-model-len", str(E2E_MAX_MODEL_LEN)]
+    argv = child_llm_argv(inp, model, out, dtype, max_model_len=E2E_MAX_MODEL_LEN)
     run = run_cmd(argv, work / f"e2e-raw-{round_}.log", env={INPROC_ENV: "0"})
     if run.rc != 0 or not out.exists():
         return {"rc": run.rc or 1, "tail": run.tail(5)}
@@ -633,8 +635,7 @@ def part_e2e(args: argparse.Namespace, work: Path, command: str, machine: dict[s
         return
     body = f"""## End to end: `batchrun submit` against raw vLLM, the way a user times them
 
-- Measured: {machine_line(machine)}.
-- Command: `{command}`
+{measured_lines(machine, command)}
 - Workload: {n} distinct chat requests (seed {args.seed}; each prompt numbered, so nothing is
   shared), `max_tokens` {MAX_TOKENS_RANGE[0]}..{MAX_TOKENS_RANGE[1]}, temperature 0.
 - batchrun: `batchrun submit` (batch size {MAX_NUM_SEQS}, max_model_len {E2E_MAX_MODEL_LEN}, eager,
@@ -652,72 +653,9 @@ def part_e2e(args: argparse.Namespace, work: Path, command: str, machine: dict[s
 
 {chr(10).join(timelines)}
 """
-    replace_section(DOCS, "vllm-e2e", body)
-    print(f"  wrote {DOCS.relative_to(ROOT)} (section bench:vllm-e2e)")
+    write_results(__name__, "vllm-e2e", body)
 
 
-# The targets of part B: submit + export (JSONL) within this many times the floor's wall time, and
-# the peak RSS of every phase's process tree under this many KiB (at 1M requests).
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """This benchmark's options (scripts/bench.py takes them too)."""
-    p.add_argument("--requests", type=int, default=None, help="chat requests (200)")
-    p.add_argument("--seed", type=int, default=1234, help="seed of the generated requests")
-    p.add_argument(
-        "--dtype",
-        default=None,
-        help="dtype for every contender (default: what batchrun's auto resolves to here; "
-        "'auto' hands vLLM's own auto to all of them)",
-    )
-    p.add_argument(
-        "--only",
-        default=None,
-        help="comma list of contenders: batchrun,raw,run_batch,naive,raw-inproc (default all)",
-    )
-    p.add_argument(
-        "--rounds",
-        type=int,
-        default=1,
-        help="run the contenders this many times, interleaved (median ratio reported)",
-    )
-    p.add_argument(
-        "--end-to-end",
-        action="store_true",
-        help="the user's measure instead of part A: `batchrun submit` launch to exit against "
-        "raw vLLM in one process timed from before its import, 300 distinct requests, with "
-        "batchrun's timeline (issue 38)",
-    )
-
-
-def add_child_arguments(p: argparse.ArgumentParser) -> None:
-    """The hidden options of one contender's child process (`--_child-llm`)."""
-    p.add_argument("--_child-llm", dest="child_llm", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--input", help=argparse.SUPPRESS)
-    p.add_argument("--model", help=argparse.SUPPRESS)
-    p.add_argument("--result", help=argparse.SUPPRESS)
-    p.add_argument("--chunk", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--max-model-len", type=int, default=None, help=argparse.SUPPRESS)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    p.add_argument("--quick", action="store_true", help="40 requests")
-    common_arguments(p)
-    add_child_arguments(p)
-    args = p.parse_args(argv)
-    if args.child_llm:
-        child_llm(args)
-        return 0
-    part = part_e2e if args.end_to_end else part_a
-    run_benchmark(
-        args.work_dir,
-        the_command(__file__, argv),
-        lambda work, command, machine: part(args, work, command, machine),
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
+    """Part A, or with --end-to-end the user's measure."""
+    (part_e2e if args.end_to_end else part_a)(args, work, command, machine)

@@ -95,7 +95,7 @@ def raw_answers(model: str, adapters: dict[str, str], work: dict[str, list[str]]
 
 
 if __name__ == "__main__":
-    # python tests/lora_models.py MODEL ADAPTERS_JSON WORK_JSON: the raw answers as JSON on stdout.
+    # python scripts/testmodels/lora.py MODEL ADAPTERS_JSON WORK_JSON: the raw answers as JSON on stdout.
     import sys
 
     result = raw_answers(sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]))

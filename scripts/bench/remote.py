@@ -1,9 +1,11 @@
-"""Benchmark: the remote engine (issue 48), batchrun `--base-url` against an asyncio client
-posting every line at a fixed concurrency, side by side on one warm server.
+"""The remote engine (`--base-url`) against a client posting at a fixed concurrency (issue 48).
 
-    .venv/bin/python scripts/bench_remote.py                       # starts a vllm serve itself
-    .venv/bin/python scripts/bench_remote.py --base-url http://127.0.0.1:8000/v1 --requests 150
-    .venv/bin/python scripts/bench_remote.py --requests 60 --concurrency 16,64 --no-docs
+    .venv/bin/python scripts/bench.py remote                       # starts a vllm serve itself
+    .venv/bin/python scripts/bench.py remote --base-url http://127.0.0.1:8000/v1 --requests 150
+    .venv/bin/python scripts/bench.py remote --requests 60 --concurrency 16,64 --no-docs
+
+batchrun against an asyncio client posting every line at a fixed concurrency, side by side on one
+warm server.
 
 The server is warmed first (a few requests, untimed). Then, `--rounds` times, each contender
 runs the same chat lines (varied prompts, max_tokens 8-128, temperature 0; `--duplicates`
@@ -16,7 +18,7 @@ makes that share of them copies of other lines, which batchrun runs once):
 
 The ratio is the best fixed concurrency's wall time over batchrun's (1.0: as fast as the best
 fixed client; the issue's target is at least 0.95). Results are printed and written to
-docs/benchmarks.md between `<!-- bench:remote -->` and its closing marker.
+docs/benchmarks/results/remote.md (section `bench:remote`).
 """
 
 from __future__ import annotations
@@ -31,24 +33,19 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench_harness import (
-    DOCS,
+from bench.harness import (
     _f,
     _x,
     batchrun_cmd,
-    common_arguments,
     default_model_dir,
     machine_line,
     make_chat_requests,
     md_table,
     print_table,
-    replace_section,
-    run_benchmark,
-    the_command,
+    write_results,
 )
 
 SERVED = "m"
@@ -225,22 +222,4 @@ def _report(
             md_table(head, rows),
         ]
     )
-    replace_section(DOCS, "remote", body)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    common_arguments(p)
-    args = p.parse_args(argv)
-    run_benchmark(
-        args.work_dir,
-        the_command(__file__, argv),
-        lambda work, command, machine: run(args, work, command, machine),
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    write_results(__name__, "remote", body)

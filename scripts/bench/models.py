@@ -1,15 +1,13 @@
-"""Benchmark: two base models in one batchrun job against the same lines as two separate jobs,
-one per model (issue 24).
+"""Two base models in one batchrun job against the same lines as two jobs, one a model (issue 24).
 
-    .venv/bin/python scripts/bench_models.py                          # 256 lines, 2 rounds
-    .venv/bin/python scripts/bench_models.py --models-lines 128 --rounds 1
-    .venv/bin/python scripts/bench.py --models                        # the same through bench.py
-    .venv/bin/python scripts/bench_models.py --models-echo --no-docs  # dry: echo engine
+    .venv/bin/python scripts/bench.py models                          # 256 lines, 2 rounds
+    .venv/bin/python scripts/bench.py models --models-lines 128 --rounds 1
+    .venv/bin/python scripts/bench.py models --models-echo --no-docs  # dry: echo engine
 
 The two models: the packaged default model (`python -m batchrun.models`) served as `smol-a`, and
 a second directory that is a symbolic link to it, served as `smol-b`: batchrun sees two models
 (two names, two paths, an engine start each) without a second model to build, and both answer
-alike, so the contenders do the same work. N chat lines (scripts/bench_harness.py's prompts, each
+alike, so the contenders do the same work. N chat lines (scripts/bench/harness.py's prompts, each
 made unique), each naming one of the two drawn at random (fixed seed), temperature 0, short
 max_tokens. Contenders, each command a fresh process, the rounds alternating which goes first:
 
@@ -21,81 +19,52 @@ max_tokens. Contenders, each command a fresh process, the rounds alternating whi
 The ratio one job / two jobs, of wall times (target <= 1.1x), and of generation times: the sum,
 over each model's pass, of the time from that pass's "worker 0 ready" line to its last result in
 the journal (engine starts and shutdowns left out). Results are printed and written to
-docs/benchmarks.md (section `bench:models`) unless --no-docs.
+docs/benchmarks/results/models.md (section `bench:models`) unless --no-docs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
-import shutil
 import statistics
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from bench_harness import (  # noqa: E402
+from bench.harness import (
     CPU_MEMORY_UTILIZATION,
-    DOCS,
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,
     SEED,
     _f,
-    batchrun_cmd,
-    common_arguments,
+    alternating_rounds,
     default_model_dir,
-    effective_dtype,
-    machine_line,
-    make_chat_requests,
+    engine_options,
+    engine_setup,
     md_table,
-    on_cuda,
+    measured_lines,
     print_table,
-    replace_section,
-    run_benchmark,
-    run_cmd,
-    the_command,
+    ratio_of,
+    routed_arguments,
+    routed_chat_requests,
+    submit_and_export,
     write_jsonl,
+    write_results,
 )
 
 NAMES = ("smol-a", "smol-b")
 
 
-def model_lines(n: int, names: Sequence[str], seed: int, max_tokens: int) -> list[dict[str, Any]]:
-    """`n` chat lines, each naming one of `names` drawn at random (seeded), all prompts unique."""
-    rng = random.Random(seed)
-    lines = make_chat_requests(n, seed)
-    for i, line in enumerate(lines):
-        body = line["body"]
-        body["model"] = rng.choice(list(names))
-        body["max_tokens"] = max_tokens
-        # Unique prompts: no request is merged with another in either contender.
-        body["messages"][-1]["content"] += f" (item {i})"
-    return lines
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
+    routed_arguments(p, "models", "every job on the echo engine (no model loaded, no docs)")
 
 
 def run_job(
     inp: Path, job: Path, log: Path, models: dict[str, str], engine_args: list[str]
 ) -> dict[str, Any]:
     """`batchrun submit` + `export` of `inp` on `models`: wall, per-pass generation, tokens."""
-    shutil.rmtree(job, ignore_errors=True)
     model_args = [x for name, path in models.items() for x in ("--model", f"{name}={path}")]
-    submit = run_cmd(
-        [*batchrun_cmd(), "submit", str(inp), "--job-dir", str(job), *model_args, *engine_args,
-         "--no-progress"],
-        log,
-    )  # fmt: skip
-    if submit.rc != 0:
-        raise SystemExit(f"batchrun submit exited {submit.rc}; see {log}:\n{submit.tail(8)}")
-    export = run_cmd(
-        [*batchrun_cmd(), "export", "--job-dir", str(job)], log.with_suffix(".export.log")
-    )
-    if export.rc != 0:
-        raise SystemExit(f"batchrun export exited {export.rc}:\n{export.tail(8)}")
+    submit, export = submit_and_export(inp, job, log, [*model_args, *engine_args])
     readies = [t for t, _, x in submit.lines if " ready (" in x]
     last: dict[str, float] = {}
     for raw in (job / "journal.jsonl").read_text().splitlines():
@@ -127,36 +96,23 @@ def _add(a: float | None, b: float | None) -> float | None:
     return a + b if a is not None and b is not None else None
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
-def part_models(
-    args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]
-) -> None:
+def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
     """Make the second model's link and the file, run both contenders in rounds, report."""
     echo = bool(args.models_echo)
-    cuda = False if echo else on_cuda()
-    dtype = "auto" if echo else effective_dtype(args.dtype, cuda)[0]
+    cuda, dtype = engine_setup(args.dtype, echo)
     base = Path(default_model_dir())
     link = work / "smol-b"
     if not link.exists():
         link.symlink_to(base, target_is_directory=True)
     models = {NAMES[0]: str(base), NAMES[1]: str(link)}
-    lines = model_lines(args.models_lines, NAMES, args.seed, args.models_max_tokens)
+    lines = routed_chat_requests(args.models_lines, NAMES, args.seed, args.models_max_tokens)
     whole = work / "models.jsonl"
     write_jsonl(whole, lines)
     parts = {name: work / f"{name}.jsonl" for name in NAMES}
     for name, path in parts.items():
         write_jsonl(path, [x for x in lines if x["body"]["model"] == name])
     counts = {name: sum(1 for x in lines if x["body"]["model"] == name) for name in NAMES}
-    if echo:
-        engine = ["--engine", "echo", "--batch-size", str(MAX_NUM_SEQS)]
-    else:
-        engine = ["--batch-size", str(MAX_NUM_SEQS), "--max-model-len", str(MAX_MODEL_LEN),
-                  "--enforce-eager", "--dtype", dtype, "--seed", str(SEED)]  # fmt: skip
-        if not cuda:
-            engine += ["--gpu-memory-utilization", str(CPU_MEMORY_UTILIZATION)]
+    engine = engine_options(dtype, cuda, echo)
     print(
         f"{args.models_lines} lines ({', '.join(f'{k} {v}' for k, v in counts.items())}), "
         f"max_tokens {args.models_max_tokens}, dtype {dtype}"
@@ -164,8 +120,7 @@ def part_models(
     rows: list[list[str]] = []
     wall_ratios: list[float] = []
     gen_ratios: list[float] = []
-    for rnd in range(1, args.rounds + 1):
-        order = ["one", "two"] if rnd % 2 else ["two", "one"]
+    for rnd, order in alternating_rounds(args.rounds, ["one", "two"]):
         res: dict[str, dict[str, Any]] = {}
         for which in order:
             print(f"round {rnd}: {'one job' if which == 'one' else 'two jobs'} ...", flush=True)
@@ -195,8 +150,8 @@ def part_models(
                  r.get("note", "") + "generation " + ", ".join(
                      f"{k} {v:.1f} s" for k, v in r["passes"].items())]
             )  # fmt: skip
-        w = _ratio(res["one"]["wall_s"], res["two"]["wall_s"])
-        g = _ratio(res["one"]["gen_s"], res["two"]["gen_s"])
+        w = ratio_of(res["one"]["wall_s"], res["two"]["wall_s"])
+        g = ratio_of(res["one"]["gen_s"], res["two"]["gen_s"])
         if w is not None:
             wall_ratios.append(w)
         if g is not None:
@@ -220,12 +175,11 @@ def part_models(
         return
     body = f"""## Two base models in one job against two separate jobs
 
-- Measured: {machine_line(machine)}.
-- Command: `{command}`
+{measured_lines(machine, command)}
 - Models: `smol-a`, the packaged SmolLM2-135M-Instruct directory, and `smol-b`, a symbolic link
   to that directory under another name (two models to batchrun: two names, two engine starts;
   the same work for both contenders, since both answer alike).
-- Workload: {args.models_lines} chat lines (scripts/bench_harness.py's prompts, seed {args.seed},
+- Workload: {args.models_lines} chat lines (scripts/bench/harness.py's prompts, seed {args.seed},
   each made unique; {", ".join(f"{k}: {v}" for k, v in counts.items())} lines), each naming one of
   the two drawn at random, temperature 0, max_tokens {args.models_max_tokens}.
 - Engine settings for every job: dtype {dtype}, max_model_len {MAX_MODEL_LEN}, enforce_eager,
@@ -243,37 +197,4 @@ def part_models(
 
 - {verdict}.
 """
-    replace_section(DOCS, "models", body)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """This benchmark's own options (scripts/bench.py takes them too)."""
-    p.add_argument("--models-lines", type=int, default=256, help="chat lines in the file (256)")
-    p.add_argument("--models-max-tokens", type=int, default=16, help="max_tokens of each line (16)")
-    p.add_argument(
-        "--models-echo",
-        action="store_true",
-        help="dry run: every job on the echo engine (no model loaded, no docs)",
-    )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    p.add_argument("--rounds", type=int, default=2, help="rounds, alternating the order (2)")
-    p.add_argument("--seed", type=int, default=1234, help="seed of the lines and their models")
-    p.add_argument("--dtype", default=None, help="dtype for every job (default: batchrun's auto)")
-    common_arguments(p)
-    args = p.parse_args(argv)
-    if args.models_echo:
-        args.no_docs = True
-    run_benchmark(
-        args.work_dir,
-        the_command(__file__, argv),
-        lambda work, command, machine: part_models(args, work, command, machine),
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    write_results(__name__, "models", body)

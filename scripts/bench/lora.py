@@ -1,13 +1,13 @@
-"""Benchmark: LoRA adapters chosen per line, interleaved at random, through batchrun against raw
-vLLM's `LLM.chat` with one `LoRARequest` per request in the file's order (issue 24).
+"""LoRA adapters interleaved at random per line, batchrun against raw `LLM.chat` (issue 24).
 
-    .venv/bin/python scripts/bench_lora.py                          # 256 lines, 2 rounds
-    .venv/bin/python scripts/bench_lora.py --lora-lines 128 --rounds 1
-    .venv/bin/python scripts/bench.py --lora                        # the same through bench.py
-    .venv/bin/python scripts/bench_lora.py --lora-echo --no-docs    # dry: echo engine, no vLLM
+    .venv/bin/python scripts/bench.py lora                          # 256 lines, 2 rounds
+    .venv/bin/python scripts/bench.py lora --lora-lines 128 --rounds 1
+    .venv/bin/python scripts/bench.py lora --lora-echo --no-docs    # dry: echo engine, no vLLM
 
-The workload: N chat lines (the generated prompts of scripts/bench_harness.py, each made unique)
-over 4 rank-8 adapters on the packaged SmolLM2 model (tests/lora_models.py's make_adapter: random
+Raw vLLM's `LLM.chat` gets one `LoRARequest` per request in the file's order.
+
+The workload: N chat lines (the generated prompts of scripts/bench/harness.py, each made unique)
+over 4 rank-8 adapters on the packaged SmolLM2 model (scripts/testmodels/lora.py's make_adapter: random
 weights, seeds 1-4), each line's adapter drawn at random (fixed seed), temperature 0, short
 max_tokens. Two contenders, each in a process of its own, with the same engine settings (model,
 dtype, max_model_len, max_num_seqs, seed, KV budget, enable_lora, max_loras, max_lora_rank), the
@@ -23,48 +23,42 @@ rounds alternating which goes first:
 Times: *wall*, the whole command(s); *generation*, raw: the `LLM.chat` call; batchrun: from its
 "worker 0 ready" line (time-stamped here as it arrives) to the last result in its journal. The
 ratio raw / batchrun (of times: >= 1.0x means batchrun is no slower). The answers are compared too.
-Results are printed and written to docs/benchmarks.md (section `bench:lora`) unless --no-docs.
+Results are printed and written to docs/benchmarks/results/lora.md (section `bench:lora`) unless
+--no-docs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
-import shutil
 import statistics
-import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from bench_harness import (  # noqa: E402
+from bench.harness import (
     CPU_MEMORY_UTILIZATION,
-    DOCS,
     INPROC_ENV,
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,
     SEED,
     _f,
-    batchrun_cmd,
-    common_arguments,
+    alternating_rounds,
+    child_command,
     default_model_dir,
-    effective_dtype,
-    machine_line,
-    make_chat_requests,
+    engine_options,
+    engine_setup,
+    generation_span,
     md_table,
-    on_cuda,
+    measured_lines,
     print_table,
-    replace_section,
-    run_benchmark,
+    ratio_of,
+    routed_arguments,
+    routed_chat_requests,
     run_cmd,
-    the_command,
+    submit_and_export,
     write_jsonl,
+    write_results,
 )
 
 ADAPTERS = 4
@@ -73,22 +67,16 @@ RANK = 8
 ADAPTER_SCALE = 0.08
 
 
-def lora_lines(n: int, adapters: Sequence[str], seed: int, max_tokens: int) -> list[dict[str, Any]]:
-    """`n` chat lines, each naming one of `adapters` drawn at random (seeded), all prompts unique."""
-    rng = random.Random(seed)
-    lines = make_chat_requests(n, seed)
-    for i, line in enumerate(lines):
-        body = line["body"]
-        body["model"] = rng.choice(list(adapters))
-        body["max_tokens"] = max_tokens
-        # Unique prompts: neither contender gets to merge identical requests.
-        body["messages"][-1]["content"] += f" (item {i})"
-    return lines
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
+    routed_arguments(
+        p, "lora", "batchrun with the echo engine only (no model, no raw vLLM, no docs)"
+    )
 
 
 def make_adapters(directory: Path, count: int) -> dict[str, str]:
     """`count` adapters (name -> directory), random weights under seeds 1..count."""
-    from lora_models import make_adapter  # type: ignore[import-not-found]
+    from testmodels.lora import make_adapter
 
     return {
         f"adapter{i}": str(
@@ -115,45 +103,15 @@ def read_output(path: Path) -> tuple[dict[str, str], int]:
     return texts, tokens
 
 
-def journal_last_time(job: Path) -> float | None:
-    """The time of the last result record in a job's journal."""
-    times = [
-        float(r["time"])
-        for r in (json.loads(x) for x in (job / "journal.jsonl").read_text().splitlines())
-        if r.get("kind") == "result"
-    ]
-    return max(times) if times else None
-
-
-def run_batchrun(
-    inp: Path,
-    job: Path,
-    log: Path,
-    engine_args: list[str],
-    *,
-    gpu_args: list[str],
-) -> dict[str, Any]:
+def run_batchrun(inp: Path, job: Path, log: Path, options: list[str]) -> dict[str, Any]:
     """`batchrun submit` then `export` on `inp`: wall, generation time, answers, tokens, load."""
-    shutil.rmtree(job, ignore_errors=True)
-    submit = run_cmd(
-        [*batchrun_cmd(), "submit", str(inp), "--job-dir", str(job), *engine_args, *gpu_args,
-         "--no-progress"],
-        log,
-    )  # fmt: skip
-    if submit.rc != 0:
-        raise SystemExit(f"batchrun submit exited {submit.rc}; see {log}:\n{submit.tail(8)}")
-    export = run_cmd(
-        [*batchrun_cmd(), "export", "--job-dir", str(job)], log.with_suffix(".export.log")
-    )
-    if export.rc != 0:
-        raise SystemExit(f"batchrun export exited {export.rc}:\n{export.tail(8)}")
-    ready = submit.first(r"worker \d+.*? ready \(")
-    last = journal_last_time(job)
+    submit, export = submit_and_export(inp, job, log, options)
+    start_s, gen_s = generation_span(submit, job) or (None, None)
     texts, tokens = read_output(job / "output.jsonl")
     return {
         "wall_s": submit.wall_s + export.wall_s,
-        "start_s": ready[0] - submit.started_wall if ready else None,
-        "gen_s": last - ready[0] if ready and last else None,
+        "start_s": start_s,
+        "gen_s": gen_s,
         "tokens": tokens,
         "texts": texts,
         "load": submit.load,
@@ -169,26 +127,20 @@ def contender_batchrun(
     args += ["--max-loras", str(max_loras(len(adapters), cuda))]
     for name, path in adapters.items():
         args += ["--lora-modules", f"{name}={path}"]
-    if echo:
-        args += ["--engine", "echo", "--batch-size", str(MAX_NUM_SEQS)]
-        return run_batchrun(inp, work / "job", work / "batchrun.log", args, gpu_args=[])
-    args += ["--batch-size", str(MAX_NUM_SEQS), "--max-model-len", str(MAX_MODEL_LEN)]
-    args += ["--enforce-eager", "--dtype", dtype, "--seed", str(SEED)]
-    gpu = [] if cuda else ["--gpu-memory-utilization", str(CPU_MEMORY_UTILIZATION)]
-    return run_batchrun(inp, work / "job", work / "batchrun.log", args, gpu_args=gpu)
+    options = [*args, *engine_options(dtype, cuda, echo)]
+    return run_batchrun(inp, work / "job", work / "batchrun.log", options)
 
 
 def contender_raw(
     inp: Path, work: Path, model: str, adapters: dict[str, str], dtype: str, cuda: bool
 ) -> dict[str, Any]:
-    """Raw vLLM in a child process of its own (this script with --_child-raw)."""
+    """Raw vLLM in a child process of its own (`child`)."""
     out = work / "raw-result.json"
     out.unlink(missing_ok=True)
-    argv = [
-        sys.executable, str(Path(__file__).resolve()), "--_child-raw", "--input", str(inp),
-        "--model", model, "--result", str(out), "--dtype", dtype,
-        "--adapters", json.dumps(adapters), "--max-loras", str(max_loras(len(adapters), cuda)),
-    ]  # fmt: skip
+    argv = child_command(
+        __name__, input=inp, model=model, result=out, dtype=dtype, adapters=adapters,
+        max_loras=max_loras(len(adapters), cuda),
+    )  # fmt: skip
     run = run_cmd(argv, work / "raw.log", env={INPROC_ENV: "0"})
     if run.rc != 0 or not out.exists():
         raise SystemExit(f"raw vLLM exited {run.rc}; see {work / 'raw.log'}:\n{run.tail(8)}")
@@ -199,14 +151,14 @@ def contender_raw(
     return data
 
 
-def child_raw(args: argparse.Namespace) -> None:
+def child(args: argparse.Namespace) -> None:
     """Raw vLLM in this (fresh) process: engine start, then one timed `LLM.chat` call."""
     import torch
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
 
     requests = [json.loads(x) for x in Path(args.input).read_text().splitlines() if x.strip()]
-    adapters: dict[str, str] = json.loads(args.adapters)
+    adapters: dict[str, str] = args.adapters
     kwargs: dict[str, Any] = {
         "model": args.model,
         "max_model_len": MAX_MODEL_LEN,
@@ -250,19 +202,16 @@ def child_raw(args: argparse.Namespace) -> None:
     )
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
-def part_lora(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
+def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
     """Build the adapters and the file, run the contenders in alternating rounds, report."""
     echo = bool(args.lora_echo)
-    cuda = False if echo else on_cuda()
-    dtype = "auto" if echo else effective_dtype(args.dtype, cuda)[0]
+    cuda, dtype = engine_setup(args.dtype, echo)
     model = default_model_dir()
     adapters = make_adapters(work / "adapters", ADAPTERS)
     inp = work / "lora.jsonl"
-    write_jsonl(inp, lora_lines(args.lora_lines, list(adapters), args.seed, args.lora_max_tokens))
+    write_jsonl(
+        inp, routed_chat_requests(args.lora_lines, list(adapters), args.seed, args.lora_max_tokens)
+    )
     print(
         f"{args.lora_lines} lines over {len(adapters)} adapters (rank {RANK}), max_tokens "
         f"{args.lora_max_tokens}, dtype {dtype}, max_loras {max_loras(len(adapters), cuda)}"
@@ -271,8 +220,7 @@ def part_lora(args: argparse.Namespace, work: Path, command: str, machine: dict[
     gen_ratios: list[float] = []
     wall_ratios: list[float] = []
     equal_notes: list[str] = []
-    for rnd in range(1, args.rounds + 1):
-        order = ["batchrun", "raw"] if rnd % 2 else ["raw", "batchrun"]
+    for rnd, order in alternating_rounds(args.rounds, ["batchrun", "raw"]):
         if echo:
             order = ["batchrun"]
         results: dict[str, dict[str, Any]] = {}
@@ -286,11 +234,11 @@ def part_lora(args: argparse.Namespace, work: Path, command: str, machine: dict[
             r = results[name]
             rows.append(
                 [name, str(rnd), _f(r["wall_s"]), _f(r["start_s"]), _f(r["gen_s"]),
-                 f"{r['tokens']:,}", _f(_ratio(r["tokens"], r["gen_s"])), f"{r['load']:.2f}"]
+                 f"{r['tokens']:,}", _f(ratio_of(r["tokens"], r["gen_s"])), f"{r['load']:.2f}"]
             )  # fmt: skip
         if "raw" in results:
             b, raw = results["batchrun"], results["raw"]
-            g, w = _ratio(raw["gen_s"], b["gen_s"]), _ratio(raw["wall_s"], b["wall_s"])
+            g, w = ratio_of(raw["gen_s"], b["gen_s"]), ratio_of(raw["wall_s"], b["wall_s"])
             if g is not None and w is not None:
                 gen_ratios.append(g)
                 wall_ratios.append(w)
@@ -317,15 +265,14 @@ def part_lora(args: argparse.Namespace, work: Path, command: str, machine: dict[
         return
     body = f"""## LoRA: 4 adapters interleaved at random, batchrun against raw `LLM.chat`
 
-- Measured: {machine_line(machine)}.
-- Command: `{command}`
-- Workload: {args.lora_lines} chat lines (scripts/bench_harness.py's prompts, seed {args.seed},
+{measured_lines(machine, command)}
+- Workload: {args.lora_lines} chat lines (scripts/bench/harness.py's prompts, seed {args.seed},
   each made unique), each naming one of 4 rank-{RANK} LoRA adapters on SmolLM2-135M-Instruct
-  drawn at random (tests/lora_models.py's `make_adapter`, random weights, seeds 1-4, scale
+  drawn at random (scripts/testmodels/lora.py's `make_adapter`, random weights, seeds 1-4, scale
   {ADAPTER_SCALE}), temperature 0, max_tokens {args.lora_max_tokens}.
 - Engine settings, the same for both: dtype {dtype}, max_model_len {MAX_MODEL_LEN}, enforce_eager,
   max_num_seqs {MAX_NUM_SEQS}, seed {SEED}, enable_lora, max_loras {max_loras(len(adapters), cuda)}
-  (the adapters + 1 on a CPU: [adapters](adapters.md#vllms-cpu-bug-and-what-batchrun-does-about-it)),
+  (the adapters + 1 on a CPU: [adapters](../../adapters.md#vllms-cpu-bug-and-what-batchrun-does-about-it)),
   max_lora_rank {RANK}, gpu_memory_utilization {CPU_MEMORY_UTILIZATION} (of CPU memory).
 - batchrun: `batchrun submit --lora-modules adapterN=DIR x4 --max-loras ... --batch-size
   {MAX_NUM_SEQS}` then `batchrun export` (the plan, `--order auto`, groups the lines by adapter).
@@ -341,45 +288,4 @@ def part_lora(args: argparse.Namespace, work: Path, command: str, machine: dict[
 - {verdict}.
 - {same_line}.
 """
-    replace_section(DOCS, "lora", body)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """This benchmark's own options (scripts/bench.py takes them too)."""
-    p.add_argument("--lora-lines", type=int, default=256, help="chat lines in the file (256)")
-    p.add_argument("--lora-max-tokens", type=int, default=16, help="max_tokens of each line (16)")
-    p.add_argument(
-        "--lora-echo",
-        action="store_true",
-        help="dry run: batchrun with the echo engine only (no model, no raw vLLM, no docs)",
-    )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    p.add_argument("--rounds", type=int, default=2, help="rounds, alternating the order (2)")
-    p.add_argument("--seed", type=int, default=1234, help="seed of the lines and their adapters")
-    p.add_argument("--dtype", default=None, help="dtype for both (default: batchrun's auto here)")
-    common_arguments(p)
-    # internal: the raw contender's child process
-    p.add_argument("--_child-raw", dest="child_raw", action="store_true", help=argparse.SUPPRESS)
-    for hidden in ("--input", "--model", "--result", "--adapters"):
-        p.add_argument(hidden, help=argparse.SUPPRESS)
-    p.add_argument("--max-loras", type=int, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.child_raw:
-        child_raw(args)
-        return 0
-    if args.lora_echo:
-        args.no_docs = True
-    run_benchmark(
-        args.work_dir,
-        the_command(__file__, argv),
-        lambda work, command, machine: part_lora(args, work, command, machine),
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    write_results(__name__, "lora", body)

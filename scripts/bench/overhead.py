@@ -1,8 +1,8 @@
-"""Benchmark: batchrun's own overhead with the echo engine, no model (part B of scripts/bench.py).
+"""batchrun's own overhead with the echo engine, no model, against a Python floor (part B).
 
-    .venv/bin/python scripts/bench_overhead.py                          # a million requests
-    .venv/bin/python scripts/bench_overhead.py --quick --no-docs        # 20,000
-    .venv/bin/python scripts/bench_overhead.py --overhead-requests 200000 --no-docs
+    .venv/bin/python scripts/bench.py overhead                          # a million requests
+    .venv/bin/python scripts/bench.py overhead --quick --no-docs        # 20,000
+    .venv/bin/python scripts/bench.py overhead --overhead-requests 200000 --no-docs
 
 Part B measures batchrun's own overhead with the echo engine (no model): submit, export and
 export --parquet of a million short completion requests, with wall time and peak memory per phase,
@@ -16,8 +16,8 @@ wall time is also given as a ratio to the floor's (the median of `--floor-runs` 
 between the phases); the targets: submit + export (JSONL) within 3x the floor, and every phase's
 process tree under 512 MiB of peak RSS.
 
-Results are printed and written to docs/benchmarks.md between the markers
-`<!-- bench:overhead -->` and its closing one; the rest of that file is kept as it is.
+Results are printed and written to docs/benchmarks/results/overhead.md (section
+`bench:overhead`).
 """
 
 from __future__ import annotations
@@ -27,32 +27,38 @@ import json
 import re
 import shutil
 import statistics
-import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_harness import (
-    DOCS,
-    ROOT,
+from bench.harness import (
     _f,
     _mib,
     _x,
     batchrun_cmd,
-    common_arguments,
-    machine_line,
+    child_command,
     md_table,
+    measured_lines,
     print_table,
-    replace_section,
-    run_benchmark,
     run_cmd,
-    the_command,
     write_completion_requests,
+    write_results,
 )
 
 # -- part B: overhead ----------------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """This benchmark's options."""
+    p.add_argument("--overhead-requests", type=int, default=None, help="requests (1,000,000)")
+    p.add_argument("--quick", action="store_true", help="20,000 requests")
+    p.add_argument(
+        "--floor-runs",
+        type=int,
+        default=3,
+        help="runs of the floor (median taken), spread between the phases (3)",
+    )
 
 
 def child_floor(inp: Path, out: Path) -> None:
@@ -222,15 +228,7 @@ def run_overhead(n: int, work: Path, floor_runs: int = 3) -> Overhead:
 
     def floor() -> None:
         k = len(floors) + 1
-        argv = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--_child-floor",
-            "--input",
-            str(inp),
-            "--result",
-            str(floor_out),
-        ]
+        argv = child_command(__name__, input=inp, result=floor_out)
         measure(f"floor (run {k})", argv, work / f"overhead-floor-{k}.log", floors, loop=True)
 
     # Where the floor's runs go: before submit, after export (JSONL), after export --parquet.
@@ -257,6 +255,8 @@ def run_overhead(n: int, work: Path, floor_runs: int = 3) -> Overhead:
     return Overhead(phases, floors, gen_s, inp.stat().st_size, sizes, shape)
 
 
+# The targets: submit + export (JSONL) within this many times the floor's wall time, and the peak
+# RSS of every phase's process tree under this many KiB (at 1M requests).
 FLOOR_RATIO_TARGET = 3.0
 RSS_TARGET_KB = 512 * 1024
 
@@ -387,14 +387,13 @@ def part_b(args: argparse.Namespace, work: Path, command: str, machine: dict[str
     verdict_lines = "\n".join(f"- {v}." for v in verdict)
     body = f"""## batchrun's own overhead (echo engine, no model)
 {"" if not args.quick else chr(10) + "**Quick run (--quick): small sample, for development only.**" + chr(10)}
-- Measured: {machine_line(machine)}.
-- Command: `{command}`
+{measured_lines(machine, command)}
 - Workload: {n:,} short `/v1/completions` requests ({o.input_bytes / 2**20:,.0f} MiB of
   input, generated in {o.gen_s:.1f} s, not counted) through
   `batchrun submit --engine echo --batch-size 1024 --no-progress`, then `batchrun export` and
   `batchrun export --parquet`. Output sizes: {sizes}.
 - The floor: the least any Python tool does to turn this file into OpenAI batch output, in a
-  process of its own on the same input file (`scripts/bench_overhead.py --_child-floor`): per line, read
+  process of its own on the same input file (`child_floor`): per line, read
   it, `json.loads`, build the output record batchrun writes for it (`id`, `custom_id`,
   `response: {{status_code, request_id, body: a Completion echoing the prompt}}`, `error: null`;
   {shape}), `json.dumps` (one compact encoder, as batchrun's export uses), write it to a file.
@@ -418,48 +417,15 @@ def part_b(args: argparse.Namespace, work: Path, command: str, machine: dict[str
 
 {verdict_lines}
 """
-    replace_section(DOCS, "overhead", body)
-    print(f"  wrote {DOCS.relative_to(ROOT)} (section bench:overhead)")
+    write_results(__name__, "overhead", body)
     return ratio_ok and rss_ok
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """This benchmark's options (scripts/bench.py takes them too)."""
-    p.add_argument("--overhead-requests", type=int, default=None, help="requests (1,000,000)")
-    p.add_argument(
-        "--floor-runs",
-        type=int,
-        default=3,
-        help="runs of the floor (median taken), spread between the phases (3)",
-    )
+def child(args: argparse.Namespace) -> None:
+    """The floor's child process."""
+    child_floor(Path(args.input), Path(args.result))
 
 
-def add_child_arguments(p: argparse.ArgumentParser) -> None:
-    """The hidden options of the floor's child process (`--_child-floor`)."""
-    p.add_argument(
-        "--_child-floor", dest="child_floor", action="store_true", help=argparse.SUPPRESS
-    )
-    p.add_argument("--input", help=argparse.SUPPRESS)
-    p.add_argument("--result", help=argparse.SUPPRESS)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    p.add_argument("--quick", action="store_true", help="20,000 requests")
-    common_arguments(p)
-    add_child_arguments(p)
-    args = p.parse_args(argv)
-    if args.child_floor:
-        child_floor(Path(args.input), Path(args.result))
-        return 0
-    run_benchmark(
-        args.work_dir,
-        the_command(__file__, argv),
-        lambda work, command, machine: part_b(args, work, command, machine),
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, str]) -> None:
+    """Part B."""
+    part_b(args, work, command, machine)
