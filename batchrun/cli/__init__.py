@@ -7,27 +7,18 @@ and exit codes; `jobs`: submit, tune, resume, retry-failed; `results`: export, s
 
 from __future__ import annotations
 
-import typer
-
 from batchrun import stopping
 from batchrun.cli.cache import app as cache_app
 from batchrun.cli.doctor import doctor
-from batchrun.cli.helpformat import HelpCommand, HelpGroup
+from batchrun.cli.helpformat import HelpCommand, typer_app
 from batchrun.cli.jobs import resume, retry_failed, submit, tune
 from batchrun.cli.report import report
 from batchrun.cli.results import export, status
 from batchrun.cli.serve import serve
 from batchrun.stopping import EXIT_INTERRUPTED
 
-app = typer.Typer(
-    name="batchrun",
-    help="Run OpenAI Batch API JSONL files through vLLM on your own GPUs, crash-safe.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    cls=HelpGroup,
-    # Help as wide as the terminal (click would stop at 80); helpformat keeps it whole at 80.
-    context_settings={"max_content_width": 400},
+app = typer_app(
+    "batchrun", "Run OpenAI Batch API JSONL files through vLLM on your own GPUs, crash-safe."
 )
 for _name, _command in (
     ("submit", submit),

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from batchrun.cli.exits import fail
-from batchrun.cli.helpformat import HelpCommand, HelpGroup
+from batchrun.cli.helpformat import HelpCommand, typer_app
 from batchrun.errors import BatchrunError
 
 CacheDir = Annotated[
@@ -24,13 +24,7 @@ CacheDir = Annotated[
     ),
 ]
 
-app = typer.Typer(
-    name="cache",
-    help="See and bound a --cache-dir of answers reused across jobs.",
-    no_args_is_help=True,
-    add_completion=False,
-    cls=HelpGroup,
-)
+app = typer_app("cache", "See and bound a --cache-dir of answers reused across jobs.")
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 

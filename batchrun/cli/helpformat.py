@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import inspect
 import re
+from typing import Any
 
+import typer
 from typer._click.core import Context, Parameter
 from typer._click.formatting import HelpFormatter
 from typer.core import TyperCommand, TyperGroup
@@ -107,3 +109,19 @@ class HelpGroup(TyperGroup):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+
+# How every command group of ours behaves (typer_app).
+_GROUP_SETTINGS: dict[str, Any] = {
+    "no_args_is_help": True,
+    "add_completion": False,
+    "pretty_exceptions_enable": False,
+    "context_settings": {"max_content_width": 400},
+}
+
+
+def typer_app(name: str, help: str) -> typer.Typer:
+    """A command group of ours: plain help (HelpGroup), as wide as the terminal (click would stop
+    at 80; this module keeps it whole at 80), shown when no command is given; no shell-completion
+    options, no rich tracebacks (an error is one line of ours)."""
+    return typer.Typer(name=name, help=help, cls=HelpGroup, **_GROUP_SETTINGS)

@@ -85,6 +85,7 @@ from batchrun.openai.response_bodies import (
     answered,
     embedding_success,
     failure,
+    refused,
     response_model,
     success,
 )
@@ -266,14 +267,7 @@ class EchoEngine:
             None if limit is None else context_exceeded(prompt_words, params.max_tokens, limit)
         )
         if too_long is not None:  # as the vLLM engine refuses it, words counted as tokens
-            return failure(
-                request,
-                "context_length_exceeded",
-                too_long,
-                status_code=400,
-                retryable=False,
-                latency_s=latency_s,
-            )
+            return refused(request, "context_length_exceeded", too_long, latency_s)
         text, finish_reason = _limit(params, prompt, prompt_words)
         tokens = max(1, prompt_words if text is prompt else len(text.split()))
         prompt_tokens = max(1, prompt_words)
@@ -318,14 +312,12 @@ class EchoEngine:
         dimensions = fields.dimensions
         size = dimensions if dimensions is not None else ECHO_DIMENSIONS
         if not 1 <= size <= ECHO_MAX_DIMENSIONS:
-            return failure(
+            return refused(
                 request,
                 "invalid_request",
                 f"body.dimensions must be between 1 and {ECHO_MAX_DIMENSIONS} for the echo "
                 f"engine's embeddings, got {dimensions}",
-                status_code=400,
-                retryable=False,
-                latency_s=latency_s,
+                latency_s,
             )
         vectors = [echo_vector_bytes(item, size) for item in inputs]
         if self.nan_on and plain_id(request.custom_id) in self.nan_on:

@@ -4,28 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchrun.openai.fields import FieldCheck, check_string, int_in
+from batchrun.openai.fields import FieldCheck, check_string, input_items, int_in
 from batchrun.openai.invalid import bad, describe, show
 
 MAX_EMBEDDING_INPUTS = 2048
 ENCODING_FORMATS = ("float", "base64")
+# What body.input must be, as its error messages say.
+_NEEDS = "an embeddings request needs a string or an array of them"
+_KINDS = "a string, an array of strings, an array of token ids or an array of token id arrays"
 
 
 def check_input(body: dict[str, Any]) -> None:
-    if "input" not in body:
-        bad("body.input is missing; an embeddings request needs a string or an array of them")
-    value = body["input"]
-    if isinstance(value, str):
-        if not value:
-            bad("body.input must not be empty")
+    value = input_items(body, _NEEDS, _KINDS)
+    if value is None:
         return
-    if not isinstance(value, list):
-        bad(
-            "body.input must be a string, an array of strings, an array of token ids or an "
-            f"array of token id arrays, got {describe(value)}"
-        )
-    if not value:
-        bad("body.input must not be an empty array")
     if len(value) > MAX_EMBEDDING_INPUTS:
         bad(f"body.input may hold at most {MAX_EMBEDDING_INPUTS} items, got {len(value)}")
     first = value[0]

@@ -137,6 +137,25 @@ def check_metadata(key: str, value: object) -> None:
             )
 
 
+def input_items(body: Mapping[str, Any], needs: str, kinds: str) -> list[Any] | None:
+    """body.input of an endpoint that takes a string or an array: None for a non-empty string
+    (all there is to check), else the non-empty array, for the endpoint's checks of its items.
+    Missing or null (`needs`: what a request needs), empty, or neither (`kinds`: what it may
+    be): an invalid line."""
+    value = body.get("input")
+    if value is None:
+        bad(f"body.input is missing; {needs}")
+    if isinstance(value, str):
+        if not value:
+            bad("body.input must not be empty")
+        return None
+    if not isinstance(value, list):
+        bad(f"body.input must be {kinds}, got {describe(value)}")
+    if not value:
+        bad("body.input must not be an empty array")
+    return value
+
+
 def format_object(where: str, value: object, formats: Sequence[str]) -> dict[str, Any]:
     """The response format object at `where` (chat's body.response_format, the Responses API's
     body.text.format); raises unless it is an object whose type is one of `formats`."""

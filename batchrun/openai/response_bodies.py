@@ -290,6 +290,11 @@ def failure(
     )
 
 
+def refused(request: Request, code: str, message: str, latency_s: float = 0.0) -> Outcome:
+    """The outcome of a request the engine refuses as written: a 400 no retry can fix."""
+    return failure(request, code, message, status_code=400, retryable=False, latency_s=latency_s)
+
+
 # -- shapes ---------------------------------------------------------------------------------------
 
 

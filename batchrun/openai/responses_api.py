@@ -23,6 +23,7 @@ from batchrun.openai.fields import (
     check_strict,
     check_string,
     format_object,
+    input_items,
     int_in,
     number_in,
     refuse,
@@ -39,19 +40,15 @@ TEXT_FORMATS = ("text", "json_object", "json_schema")
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
+# What a request without body.input is told it needs.
+_NEEDS = "a responses request needs a string or a list of input items"
+
+
 def check_input(body: dict[str, Any]) -> None:
     """Raise unless body.input is a non-empty string or a list of supported input items."""
-    if "input" not in body or body["input"] is None:
-        bad("body.input is missing; a responses request needs a string or a list of input items")
-    value = body["input"]
-    if isinstance(value, str):
-        if not value:
-            bad("body.input must not be empty")
+    value = input_items(body, _NEEDS, "a string or an array of input items")
+    if value is None:
         return
-    if not isinstance(value, list):
-        bad(f"body.input must be a string or an array of input items, got {describe(value)}")
-    if not value:
-        bad("body.input must not be an empty array")
     counts: dict[str, int] = {}  # image parts, over the whole request
     for i, item in enumerate(value):
         _check_item(f"body.input[{i}]", item, counts)

@@ -3,7 +3,7 @@ worker's start says, and why one started before starts again (`start_events`, `r
 
 An object the Scheduler (run/scheduler.py) holds and calls, given what it works on when it is
 made: the workers, the suspects, where a worker's requests go back to, and how an outcome is
-journaled (`Journaling`).
+journaled (the scheduler's `Recording`, run/recording.py).
 
 - A death during start-up is answered by its cause (engines/startup.py), with the line its cause
   calls for (run/start_advice.py): too little free memory (held by other processes, at start or
@@ -32,13 +32,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from batchrun.console.text import plural
 from batchrun.engines import startup
 from batchrun.engines.startup import StartFailure, StartKind
 from batchrun.errors import BatchrunError
-from batchrun.job.journal_records import ResultRecord
 from batchrun.job.paths import command
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.poison import (
@@ -55,6 +54,7 @@ from batchrun.workers.process import Worker, WorkerDeath
 
 if TYPE_CHECKING:
     from batchrun.run.parts import Events, RunFigures
+    from batchrun.run.recording import Recording
     from batchrun.run.reporting import Reporter, RunStats
 
 # A worker that dies this many times in a row holding no request and finishing none is given up on.
@@ -71,24 +71,6 @@ START_RETRY_WAITS_S = (3.0, 10.0)
 SMALL_OOM = 4
 
 
-class Journaling(Protocol):
-    """How the policies journal an outcome they decide (the scheduler's run/recording.py)."""
-
-    def record_outcome(self, outcome: Outcome, request: Request, index: int) -> ResultRecord:
-        """The journal record of one outcome, counted in the job's state."""
-        ...
-
-    def journal_records(
-        self,
-        records: list[ResultRecord],
-        outcomes: list[Outcome],
-        stats: RunStats,
-        plain: bool = False,
-    ) -> None:
-        """Append records to the journal and count their outcomes."""
-        ...
-
-
 class RestartPolicy:
     """Dead workers: back off, isolate, or give up."""
 
@@ -97,7 +79,7 @@ class RestartPolicy:
         workers: list[Worker],
         isolator: Isolator,
         reporter: Reporter,
-        journaling: Journaling,
+        journaling: Recording,
         pending_for: Callable[[Worker], deque[Request]],
         *,
         job_dir: Path | str,

@@ -69,7 +69,7 @@ from batchrun.openai.records import (
     Outcome,
     Request,
 )
-from batchrun.openai.response_bodies import failure, response_model
+from batchrun.openai.response_bodies import failure, refused, response_model
 
 
 @dataclass
@@ -231,7 +231,7 @@ class VllmEngine:
                     lora=self._lora.request_for(request.body.get("model")),
                 )
         except BadRequest as exc:
-            return failure(request, exc.code, exc.message, status_code=400, retryable=False)
+            return refused(request, exc.code, exc.message)
         self._in_flight[request.custom_id] = pending
         return None
 
@@ -406,9 +406,7 @@ class VllmEngine:
                 self._submit_parts(pending, pending.work.finish(output))
             except BadRequest as exc:
                 self._in_flight.pop(custom_id)
-                return failure(
-                    pending.request, exc.code, exc.message, status_code=400, retryable=False
-                )
+                return refused(pending.request, exc.code, exc.message)
             return None
         # A clip's whole RequestOutput (its text and tokens); an input's pooled data.
         pending.parts[index] = (
