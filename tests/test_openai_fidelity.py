@@ -304,9 +304,13 @@ def test_fields_that_cannot_be_honoured_are_refused_with_the_field_and_why(
     assert line_error(tmp_path, line(url, **body)) == LineError(1, "a", "invalid_request", message)
 
 
-def test_embeddings_input_is_required(tmp_path: Path) -> None:
+@pytest.mark.parametrize("null", [False, True])
+def test_embeddings_input_is_required(tmp_path: Path, null: bool) -> None:
     obj = line(EMBEDDINGS)
-    del obj["body"]["input"]
+    if null:  # as an unset field: null means not set
+        obj["body"]["input"] = None
+    else:
+        del obj["body"]["input"]
     assert line_error(tmp_path, obj).message == (
         "body.input is missing; an embeddings request needs a string or an array of them"
     )
