@@ -162,9 +162,12 @@ def test_kill_9_while_validating_then_while_finalizing_then_restart(tmp_path: Pa
 
 def test_kill_9_keeps_the_killed_runs_time_in_the_batchs_wall_time(tmp_path: Path) -> None:
     """The killed server's run of the batch ends, in its manifest, when its run clock last saw it
-    (status `killed`, all but the last seconds); the batch's wall time is both runs'."""
+    (status `killed`, all but the last seconds); the batch's wall time is both runs', and so is
+    its cost (--gpu-hour-cost, remembered by the root for the second server)."""
     root = tmp_path / "root"
-    first = serving.start_server(root, *serving.SLOW_ENGINE, env=serving.SLOW_ENV)
+    first = serving.start_server(
+        root, *serving.SLOW_ENGINE, "--gpu-hour-cost", "36", env=serving.SLOW_ENV
+    )
     batch = serving.create_batch(first.client(), serving.requests_file(tmp_path / "in.jsonl", 1600))
     job = first.batch_dir(batch.id)
     wait_until(results_at_least(job, 40), "40 requests of the batch finish")
@@ -197,7 +200,11 @@ def test_kill_9_keeps_the_killed_runs_time_in_the_batchs_wall_time(tmp_path: Pat
     assert status.returncode == 0, status.stderr
     shown = json.loads(status.stdout)
     assert shown["runs"] == 2
-    assert shown["wall_s"] == pytest.approx(runs[0]["wall_s"] + runs[1]["wall_s"], abs=0.002)
+    wall = runs[0]["wall_s"] + runs[1]["wall_s"]
+    assert shown["wall_s"] == pytest.approx(wall, abs=0.002)
+    # A CPU machine: one unit, at 36 USD an hour (a cent a second), over both runs.
+    assert [(r["usd_per_hour"], r["units"]) for r in runs] == [(36.0, 1), (36.0, 1)]
+    assert shown["cost"]["usd"] == pytest.approx(wall / 100, abs=1e-4)
 
 
 def test_sigterm_closes_the_servers_run_as_interrupted_with_its_time(tmp_path: Path) -> None:

@@ -233,3 +233,16 @@ def test_a_key_in_the_keys_file_and_given_with_api_key_is_refused(tmp_path: Path
     again = resolve(tmp_path / "root", Given(GivenOptions(), api_keys=["sk-1", "sk-2"]))
     assert again.changes == ["--api-key: 2 given (this root had 1 other)"]
     assert again.keys[0] == first.keys[0]  # sk-1 keeps its tenant
+
+
+def test_the_gpu_hour_cost_is_remembered_and_a_new_one_applies_from_then_on(
+    tmp_path: Path,
+) -> None:
+    first = resolve(tmp_path, Given(GivenOptions(engine="echo"), gpu_hour_cost=2.5))
+    assert first.gpu_hour_cost == 2.5 and first.changes == []
+    save(tmp_path, first.saved)
+    again = resolve(tmp_path, Given(GivenOptions()))
+    assert again.gpu_hour_cost == 2.5 and again.changes == []
+    changed = resolve(tmp_path, Given(GivenOptions(), gpu_hour_cost=4.0))
+    assert changed.gpu_hour_cost == 4.0
+    assert changed.changes == ["--gpu-hour-cost 4.0 (this root had 2.5)"]

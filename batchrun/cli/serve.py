@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +12,14 @@ from batchrun.cli.cache import CacheDir
 from batchrun.cli.exits import guarded
 from batchrun.cli.options import RayAddress, engine_options
 from batchrun.config import GivenOptions
+from batchrun.options.metrics import GPU_HOUR_COST
+
+# serve's --gpu-hour-cost: the same option as submit's, pricing each batch's runs.
+_COST = dataclasses.replace(
+    GPU_HOUR_COST,
+    help="USD per GPU-hour (per machine-hour on a CPU): each batch's cost in its job's status "
+    "and report, over every run of it (a killed server's included). Remembered by the root.",
+).info(override=False)
 
 
 @engine_options(override=False)
@@ -77,6 +86,7 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    gpu_hour_cost: Annotated[float | None, _COST] = None,
     ray: RayAddress = None,
     cache_dir: CacheDir = None,
     *,
@@ -107,6 +117,7 @@ def serve(
             cache_dir=cache_dir,
             api_keys=[k.strip() for k in api_key] if api_key else None,
             api_keys_file=api_keys_file,
+            gpu_hour_cost=gpu_hour_cost,
         )
         run_serve(root, given)
 

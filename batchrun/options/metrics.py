@@ -22,6 +22,17 @@ def _finite_cost(value: float | None) -> float | None:
     return value
 
 
+GPU_HOUR_COST = Option(
+    "gpu_hour_cost",
+    float,
+    "USD per GPU-hour (per machine-hour on a CPU): the run's cost in /metrics, status and "
+    "the summary.",
+    min=0.0,
+    callback=_finite_cost,
+    panel=PANEL,
+    replaces=False,
+)
+
 METRICS_OPTIONS = (
     Option(
         "metrics_port",
@@ -51,14 +62,5 @@ METRICS_OPTIONS = (
         panel=PANEL,
         replaces=False,
     ),
-    Option(
-        "gpu_hour_cost",
-        float,
-        "USD per GPU-hour (per machine-hour on a CPU): the run's cost in /metrics, status and "
-        "the summary.",
-        min=0.0,
-        callback=_finite_cost,
-        panel=PANEL,
-        replaces=False,
-    ),
+    GPU_HOUR_COST,
 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,8 +49,22 @@ def job_facts(manifest: Manifest) -> JobFacts:
     )
 
 
+@dataclass(frozen=True)
+class Price:
+    """What a server's run of a batch costs an hour: --gpu-hour-cost, and the GPUs (or 1, the
+    machine) its engines hold, None until its first engine pool is made (job/cost.py)."""
+
+    usd_per_hour: float | None = None
+    units: int | None = None
+
+
 def stamp_job(
-    paths: JobPaths, manifest: Manifest, status: str, state: JobState, ray: str | None = None
+    paths: JobPaths,
+    manifest: Manifest,
+    status: str,
+    state: JobState,
+    ray: str | None = None,
+    price: Price = Price(),
 ) -> None:
     """Write the job's status and counts into its manifest, as `run_job` does for a CLI run.
 
@@ -61,7 +76,16 @@ def stamp_job(
     now = time.time()
     if status == "running":
         settle_runs(paths, manifest)
-        manifest.runs.append(Run(mode="serve", started_at=now, pid=os.getpid(), ray=ray))
+        manifest.runs.append(
+            Run(
+                mode="serve",
+                started_at=now,
+                pid=os.getpid(),
+                ray=ray,
+                usd_per_hour=price.usd_per_hour,
+                units=price.units,
+            )
+        )
     elif manifest.runs and _ours(manifest.runs[-1]):
         run = manifest.runs[-1]
         run.ended_at, run.status, run.wall_s = now, status, round(now - run.started_at, 3)
@@ -76,6 +100,16 @@ def stamp_job(
     manifest.tokens = {"prompt": state.prompt_tokens, "completion": state.completion_tokens}
     with contextlib.suppress(BatchrunError):  # a full disk must not stop the other batches
         save_manifest(paths, manifest)
+
+
+def price_open_runs(jobs: Iterable[tuple[JobPaths, Manifest]], units: int) -> None:
+    """Give this server's open runs of `jobs` that began before its first engine pool the GPUs
+    its engines hold (saved at once: a kill -9 next keeps them)."""
+    for paths, manifest in jobs:
+        if manifest.runs and _ours(manifest.runs[-1]) and manifest.runs[-1].units is None:
+            manifest.runs[-1].units = units
+            with contextlib.suppress(BatchrunError):
+                save_manifest(paths, manifest)
 
 
 def _ours(run: Run) -> bool:

@@ -10,6 +10,7 @@ is simply opened again, and its journal says what is left to run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import queue
 import threading
@@ -19,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from batchrun.errors import BatchrunError
+from batchrun.job.cost import gpu_units
 from batchrun.job.manifest import Run
 from batchrun.job.paths import JobPaths
 from batchrun.job.run_clock import see
@@ -31,7 +33,7 @@ from batchrun.serve.batches import CANCELLABLE, BatchRecord, BatchStore
 from batchrun.serve.clocks import Clocks
 from batchrun.serve.ending import JobEnding
 from batchrun.serve.files import FileStore
-from batchrun.serve.jobview import stamp_job
+from batchrun.serve.jobview import Price, price_open_runs, stamp_job
 from batchrun.serve.kind_switch import KindSwitch
 from batchrun.serve.kinds import kind_switch_after
 from batchrun.serve.metrics import Metrics
@@ -73,8 +75,11 @@ class Runner(JobEnding):
         batches: BatchStore,
         metrics: Metrics,
         say: Callable[[str], None],
+        gpu_hour_cost: float | None = None,
     ) -> None:
         self.root, self.options, self.files, self.batches = root, options, files, batches
+        # What each run of a batch costs an hour (--gpu-hour-cost; the GPUs once a pool is made).
+        self.price = Price(gpu_hour_cost)
         self.metrics, self.say = metrics, say
         self.lock = threading.RLock()
         self._wake = threading.Condition(self.lock)
@@ -236,7 +241,9 @@ class Runner(JobEnding):
             job.models = job_models(job.manifest, self.route.names, self.route.known.base_of)
         # Restarted with other models: its lines of models this server lacks end (unserved_models.py).
         unserved = unserved_models.unserved(job, self.options.settings)
-        stamp_job(job.paths, job.manifest, "running", job.state, ray=self.options.ray)
+        stamp_job(
+            job.paths, job.manifest, "running", job.state, ray=self.options.ray, price=self.price
+        )
         see(job.paths, job.manifest.runs[-1])  # its clock from the start: a kill keeps its time
         with self.lock:
             # Decided against the record as it is now (a cancel may have come since it was read).
@@ -318,6 +325,10 @@ class Runner(JobEnding):
         )
         self.metrics.watch(pool, self.active)
         self.pool, self._pool_kind = pool, kind
+        if self.price.units is None:  # every pool holds the same GPUs: the first one says
+            units = gpu_units([w.env for w in pool.workers])
+            self.price = dataclasses.replace(self.price, units=units)
+            price_open_runs([(j.paths, j.manifest) for j in self.active.values()], units)
         self._switch.new_pool()
         return pool
 

@@ -149,7 +149,7 @@ def serve(root: Path, given: Given) -> None:
             say(f"{change}: applied from now on")
         keys = Keys(settings.keys, required=bool(settings.keys) or settings.keys_file is not None)
         files, batches, metrics = FileStore(root), BatchStore(root), Metrics()
-        runner = Runner(root, options, files, batches, metrics, say)
+        runner = Runner(root, options, files, batches, metrics, say, settings.gpu_hour_cost)
         metrics.gauges = runner.gauges
         services = Services(
             files,

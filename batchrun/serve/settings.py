@@ -2,8 +2,8 @@
 `batchrun serve --root R` alone brings back the same service.
 
 The root keeps the engine options as they were given (engine, models, adapters, batch options),
-the address (host and port), the upload limit, --ray and --cache-dir, the keys file's path, and
-each API key as a salted hash (serve/keys.py), never in clear. A start takes the root's settings
+the address (host and port), the upload limit, --ray, --cache-dir and --gpu-hour-cost, the keys
+file's path, and each API key as a salted hash (serve/keys.py), never in clear. A start takes the root's settings
 and puts over them the options given now. An option given with another value than the root's is
 applied from now on and said in the log, except one that changes which model answers a line
 (the engine, a model name's model, an adapter name's path, the revision, tokenizer or dtype)
@@ -54,6 +54,7 @@ class Saved(msgspec.Struct, kw_only=True):
     cache_dir: str | None = None
     keys_file: str | None = None
     keys: list[KeyEntry] = msgspec.field(default_factory=list)
+    gpu_hour_cost: float | None = None
 
 
 @dataclass
@@ -68,6 +69,7 @@ class Given:
     cache_dir: Path | None = None
     api_keys: list[str] | None = None
     api_keys_file: Path | None = None
+    gpu_hour_cost: float | None = None
 
 
 @dataclass
@@ -83,6 +85,8 @@ class Settings:
     saved: Saved
     # The log's lines for each option given with another value than the root's.
     changes: list[str] = field(default_factory=list)
+    # USD per GPU-hour the batches' runs are priced at (job/cost.py); None: not priced.
+    gpu_hour_cost: float | None = None
 
 
 def load(root: Path) -> Saved | None:
@@ -138,6 +142,7 @@ def resolve(root: Path, given: Given) -> Settings:
         "max_file_bytes": given.max_file_bytes,
         "ray": given.ray,
         "cache_dir": str(given.cache_dir.absolute()) if given.cache_dir is not None else None,
+        "gpu_hour_cost": given.gpu_hour_cost,
     }
     for name, value in serve_given.items():
         before = getattr(saved, name)
@@ -146,6 +151,7 @@ def resolve(root: Path, given: Given) -> Settings:
     host = given.host or saved.host or DEFAULT_HOST
     port = given.port or saved.port or DEFAULT_PORT
     max_file_bytes = given.max_file_bytes or saved.max_file_bytes or DEFAULT_MAX_FILE_BYTES
+    cost = given.gpu_hour_cost if given.gpu_hour_cost is not None else saved.gpu_hour_cost
     keys_file = given.api_keys_file or (Path(saved.keys_file) if saved.keys_file else None)
     keys = _keys(saved, given, keys_file, changes if loaded is not None else [])
     new_saved = Saved(
@@ -157,8 +163,9 @@ def resolve(root: Path, given: Given) -> Settings:
         cache_dir=str(options.cache_dir) if options.cache_dir is not None else None,
         keys_file=str(keys_file.absolute()) if keys_file is not None else None,
         keys=keys,
+        gpu_hour_cost=cost,
     )
-    return Settings(options, host, port, max_file_bytes, keys, keys_file, new_saved, changes)
+    return Settings(options, host, port, max_file_bytes, keys, keys_file, new_saved, changes, cost)
 
 
 def reread_keys(root: Path, saved: Saved, keys_file: Path) -> list[KeyEntry]:
