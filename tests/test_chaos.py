@@ -323,7 +323,7 @@ if __name__ == "__main__":
     import batchrun.run.jobs as real
 
     def __getattr__(name):
-        if name == "resume":
+        if name == "continue_job":
             # SIGTERM while the command is being set up, before it is under way.
             os.kill(os.getpid(), signal.SIGTERM)
         return getattr(real, name)

@@ -18,8 +18,14 @@ def reference_run(command: list[str], log: Path) -> Iterator[Callable[[], str]]:
     `log`; yield a function that waits for it and returns its stdout, failing with the end of
     its log if it failed. A test that gives up first kills it."""
     out_path = log.with_suffix(".stdout")
+    # The test's import path (pytest's pythonpath): a helper of tests/support run as a script
+    # imports the others as `support.<module>`.
+    path = [str(ROOT / "tests"), str(ROOT / "scripts"), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
     with log.open("w") as err, out_path.open("w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=err, cwd=ROOT, start_new_session=True)
+        proc = subprocess.Popen(
+            command, stdout=out, stderr=err, cwd=ROOT, env=env, start_new_session=True
+        )
 
     def finish() -> str:
         proc.wait(timeout=900)

@@ -14,7 +14,8 @@ tests/vllm/test_vllm_score.py reads, and the references their scores are checked
 The references are computed with transformers alone, never with vLLM: MiniLM's sentence
 embedding is the mean of its last hidden states over the prompt's tokens (its
 sentence-transformers pooling), and the cross-encoder's score the sigmoid of its one logit.
-Except `raw-embed` (run as a script: `python tests/support/vllm_pooling.py raw-embed MODEL IN OUT`):
+Except `raw-embed` (run as a script with tests/ on the path: `PYTHONPATH=tests python
+tests/support/vllm_pooling.py raw-embed MODEL IN OUT`, as support/reference.py runs it):
 raw vLLM's own `LLM.embed` of the inputs, the reference that embeddings are compared with bit
 for bit (tests/vllm/test_vllm_fidelity.py, tests/vllm/test_vllm_embeddings.py).
 
@@ -210,7 +211,7 @@ def run_embedding_kill_job(tmp: Path) -> dict[str, Any]:
     job = tmp / "job"
     # Raw vLLM runs beside the job: an engine start is mostly one process loading.
     reference = reference_run(
-        [sys.executable, str(ROOT / "tests" / "vllm_pooling.py"), "raw-embed", str(model),
+        [sys.executable, str(ROOT / "tests" / "support" / "vllm_pooling.py"), "raw-embed", str(model),
          str(raw_in), str(raw_out)],
         tmp / "raw.log",
     )  # fmt: skip

@@ -315,7 +315,7 @@ def test_embeddings_are_vllms_float32_values_bit_for_bit(
     src = tmp_path / "inputs.json"
     src.write_text(json.dumps([item for _, _, item in items]))
     out = tmp_path / "raw.json"
-    command = [sys.executable, str(ROOT / "tests" / "vllm_pooling.py"), "raw-embed",
+    command = [sys.executable, str(ROOT / "tests" / "support" / "vllm_pooling.py"), "raw-embed",
                str(embedding_model_dir()), str(src), str(out)]  # fmt: skip
     with reference_run(command, tmp_path / "raw.log") as finish:
         finish()
