@@ -103,14 +103,18 @@ def vocabularies(settings: EngineSettings) -> Vocabularies | None:
     return Vocabularies(sizes, known_models(settings)) if sizes else None
 
 
+def submitted_models(manifest: Manifest) -> KnownModels | None:
+    """The names a job's lines were checked against when it was submitted (None: one model
+    without adapters, any one name)."""
+    return known_models(EngineSettings.from_dict(manifest.engine))
+
+
 def job_vocabularies(manifest: Manifest) -> Vocabularies | None:
     """The vocabulary sizes a job's lines were checked against when it was submitted (None: a
     job from before they were, or whose models' sizes were not known)."""
     if not manifest.vocab_sizes:
         return None
-    return Vocabularies(
-        manifest.vocab_sizes, known_models(EngineSettings.from_dict(manifest.engine))
-    )
+    return Vocabularies(manifest.vocab_sizes, submitted_models(manifest))
 
 
 class ModelRoute:

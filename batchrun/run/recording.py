@@ -65,11 +65,11 @@ def counted_records(
     index: int | None,
     now: float,
     record_model: Callable[[Request], str] | None,
-) -> tuple[list[ResultRecord], bool]:
+) -> tuple[list[Outcome], list[ResultRecord], bool]:
     """Count worker `index`'s outcomes (None: the answer cache's) in the job's state and make
-    their journal records, at `now`; returns them and whether they are all `plain` (see
-    journal.encode_records). `record_model`: the name a request's record gives as its model
-    (None: records name none)."""
+    their journal records, at `now`; returns the outcomes, their records and whether they are
+    all `plain` (see journal.encode_records). `record_model`: the name a request's record gives
+    as its model (None: records name none)."""
     done = [outcome for outcome, _ in pairs]
     lines = [request.line for _, request in pairs]
     models = [record_model(r) for _, r in pairs] if record_model is not None else None
@@ -84,7 +84,7 @@ def counted_records(
             rec["model"] = models[i]
         records.append(rec)
         plain = plain and plain_result(outcome)
-    return records, plain
+    return done, records, plain
 
 
 class JournalSink:
@@ -115,9 +115,9 @@ class JournalSink:
         duplicates' copies) to `outcomes` and `records`; return whether they are `plain` (see
         journal.encode_records)."""
         now = round(time.time(), 3)
-        counted, plain = counted_records(self.state, pairs, index, now, self.record_model)
+        done, counted, plain = counted_records(self.state, pairs, index, now, self.record_model)
         records += counted
-        outcomes += [outcome for outcome, _ in pairs]
+        outcomes += done
         if self.duplicates is not None and self.duplicates.held:
             # In the same journal append as their representatives' records: a kill leaves
             # either both or a duplicate with no record, which then simply runs again.

@@ -248,9 +248,8 @@ class BatchJournals:
             if job.duplicates is not None and job.duplicates.held:
                 # (Counted as copies by the state's fold: job/tally.py.)
                 group += job.duplicates.answer(group)
-            done = [outcome for outcome, _ in group]
             ok_before, failed_before = job.state.ok, job.state.failed
-            recs, plain = counted_records(job.state, group, index, now, self.record_model)
+            done, recs, plain = counted_records(job.state, group, index, now, self.record_model)
             ok_added = job.state.ok - ok_before
             failed_added = job.state.failed - failed_before
             job.journal.append(recs, plain=plain)

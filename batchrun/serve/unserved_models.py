@@ -24,7 +24,7 @@ from batchrun.job.journal_records import ResultRecord, result_record
 from batchrun.job.manifest import Manifest
 from batchrun.openai.records import Outcome, Request
 from batchrun.openai.routing import MODEL_NOT_FOUND, KnownModels
-from batchrun.run.model_routes import job_vocabularies, known_models
+from batchrun.run.model_routes import job_vocabularies, known_models, submitted_models
 from batchrun.run.source import InputIndex, requests
 from batchrun.serve.router import ActiveJob
 
@@ -34,10 +34,9 @@ NOT_FOUND_STATUS = 404
 APPEND_EVERY = 1024
 
 
-def accepted_models(manifest: Manifest) -> KnownModels | None:
-    """The names a batch's lines were checked against when it was accepted (None: one model
-    without adapters, any one name)."""
-    return known_models(EngineSettings.from_dict(manifest.engine))
+# The names a batch's lines were checked against when it was accepted (None: one model
+# without adapters, any one name).
+accepted_models = submitted_models
 
 
 def served_models(settings: EngineSettings, manifest: Manifest) -> KnownModels | None:

@@ -105,7 +105,6 @@ class Worker:
     settings: EngineSettings
     env: dict[str, str]
     process: Any = None
-    conn: Connection | None = None
     ready: bool = False
     pid: int | None = None
     start_s: float = 0.0
@@ -145,6 +144,11 @@ class Worker:
     _channel: _Channel | None = field(default=None, repr=False)
 
     @property
+    def conn(self) -> Connection | None:
+        """The parent's end of the current process's pipe (None: no process, or let go of)."""
+        return self._channel.conn if self._channel is not None else None
+
+    @property
     def log(self) -> str | None:
         """The file the worker's own output goes to, if any."""
         return self.env.get("BATCHRUN_WORKER_LOG")
@@ -182,7 +186,6 @@ class Worker:
             raise
         self.process = process
         child_conn.close()
-        self.conn = parent_conn
         self._channel = _Channel(parent_conn)
         self.pid = self.process.pid
         _GROUPS.add(self.pid)  # the worker makes its pid its group's id first thing
@@ -281,7 +284,6 @@ class Worker:
         if self._channel is not None:
             self._channel.let_go()
         self._channel = None
-        self.conn = None
 
     def describe(self) -> dict[str, Any]:
         """Where the worker runs, for `status`."""

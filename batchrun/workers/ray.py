@@ -304,7 +304,6 @@ class RayWorker(Worker):
         self.process = (
             ray.remote(EngineActor).options(**options).remote(self.settings.to_dict(), self.env)
         )
-        self.conn = None
         self.pid = None
         self.node: str | None = None
         self.ready = False
