@@ -98,5 +98,13 @@ if __name__ == "__main__":
     # python scripts/testmodels/lora.py MODEL ADAPTERS_JSON WORK_JSON: the raw answers as JSON on stdout.
     import sys
 
+    if len(sys.argv) != 4 or sys.argv[1].startswith("-"):
+        help_asked = sys.argv[1:2] in (["-h"], ["--help"])
+        print(
+            "usage: python scripts/testmodels/lora.py MODEL ADAPTERS_JSON WORK_JSON\n"
+            "Prints the raw answers vLLM gives with each adapter, as RAW <json>.",
+            file=sys.stdout if help_asked else sys.stderr,
+        )
+        sys.exit(0 if help_asked else 2)
     result = raw_answers(sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]))
     print("RAW " + json.dumps(result))

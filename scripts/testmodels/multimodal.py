@@ -279,8 +279,20 @@ def raw_chat(model: Path, requests: Path, out: Path, *, root: Path | None = None
     out.write_text(json.dumps(texts))
 
 
+USAGE = """usage: python scripts/testmodels/multimodal.py OUT_DIR
+       python scripts/testmodels/multimodal.py raw-chat MODEL LINES OUT ROOT
+Builds the tiny Idefics3 and Whisper test models into OUT_DIR/idefics3 and OUT_DIR/whisper;
+raw-chat answers LINES (JSON) with vLLM itself into OUT (the tests' reference)."""
+
+
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = sys.argv[1:]
+    # A flag is never a directory to build into ("--help" made a folder of that name).
+    if not args or args[0].startswith("-") or (args[0] == "raw-chat" and len(args) != 5):
+        help_asked = args[:1] in (["-h"], ["--help"])
+        print(USAGE, file=sys.stdout if help_asked else sys.stderr)
+        sys.exit(0 if help_asked else 2)
     if sys.argv[1] == "raw-chat":
         raw_chat(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), root=Path(sys.argv[5]))
     else:
