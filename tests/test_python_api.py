@@ -383,9 +383,41 @@ def main():
     batchrun.run(requests(int(sys.argv[2])), job_dir=sys.argv[1], engine="echo", batch_size=4,
                  progress=False)
 """
-# The guard every script that starts processes needs (multiprocessing's spawn runs a script's
-# top level again in each child).
 KILLED_RUN = SCRIPT + 'if __name__ == "__main__":\n    main()\n'
+# No guard, two workers, and a line the top level prints each time it runs.
+UNGUARDED = SCRIPT.replace(
+    "    batchrun.run(", "    print('top level', flush=True)\n    batchrun.run("
+)
+UNGUARDED += "main()\nprint(batchrun.Job(sys.argv[1]).status()['requests']['succeeded'])\n"
+
+
+@pytest.mark.parametrize("how", ["file", "stdin"])
+def test_a_script_without_the_main_guard_or_from_stdin_runs_its_job_once(
+    tmp_path: Path, how: str
+) -> None:
+    """multiprocessing's spawn runs the script that started a process again in each child (its
+    top level, where no `if __name__ == "__main__":` guards it), and a script read from stdin
+    not at all (the child dies looking for a file `<stdin>`): batchrun's workers are spawned
+    without it, so both run their job once and the top level once."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED.replace("batch_size=4,", "batch_size=4, workers=2,"), "utf-8")
+    job = tmp_path / "job"
+    argv = [str(script)] if how == "file" else ["-"]
+    ran = subprocess.run(
+        [sys.executable, *argv, str(job), "30"],
+        stdin=script.open("rb") if how == "stdin" else subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout.splitlines() == ["top level", "30"], ran.stdout
+    # Both spawned, neither died (the second may start after the last answer: its "ready" then
+    # goes unsaid).
+    assert ran.stderr.count("starting echo engine") == 2, ran.stderr[-3000:]
+    assert "could not start" not in ran.stderr and "Traceback" not in ran.stderr, ran.stderr
+    assert answered(job) == {f"r{i}": 1 for i in range(30)}
 
 
 @pytest.mark.slow

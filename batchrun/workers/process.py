@@ -9,6 +9,7 @@ import multiprocessing.util  # registers its exit handler now, so that ours runs
 import operator
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -41,6 +42,7 @@ from batchrun.workers.messages import (
 from batchrun.workers.process_group import kill_group, wait_group_gone
 
 _QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
+_NONE = object()  # an attribute a module does not have
 _CUSTOM_ID = operator.attrgetter("custom_id")
 # The process groups of the workers started and not yet seen gone (each named by its worker's
 # pid): what kill_all_workers kills, ranks of workers already dead included.
@@ -391,8 +393,32 @@ def start_shielded(process: BaseProcess) -> None:
     # whatever the mask was before: inside our block, the worker would be spawned with them open
     # (a Ctrl-C while it imports: a traceback on the terminal). Started first, it leaves ours be.
     resource_tracker.ensure_running()
-    with _stop_signals_blocked():
+    with _stop_signals_blocked(), _callers_script_kept_out():
         process.start()
+
+
+@contextlib.contextmanager
+def _callers_script_kept_out() -> Iterator[None]:
+    """Spawn a worker without the caller's `__main__`: multiprocessing's spawn runs the script
+    that started the parent again in each child (its top level, unless guarded by `if __name__
+    == "__main__"`), and a script read from stdin not at all (the child looks for a file named
+    `<stdin>` and dies). A worker needs nothing of it (its target and arguments are batchrun's),
+    so the spawn is told of no main module: its preparation reads `__main__.__spec__` and
+    `__file__`, hidden from it here for the moment of the start."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    spec, file = main.__dict__.get("__spec__"), main.__dict__.get("__file__", _NONE)
+    main.__spec__ = None
+    if file is not _NONE:
+        del main.__file__
+    try:
+        yield
+    finally:
+        main.__spec__ = spec
+        if file is not _NONE:
+            main.__file__ = file
 
 
 @contextlib.contextmanager
