@@ -103,7 +103,8 @@ def test_the_embeddings_benchmark_runs_small(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_parent_benchmark_runs_small(tmp_path: Path) -> None:
     """bench.py parent on 300 requests of each kind, 2 workers: both submits exited 0, the
-    parent's CPU per request and the job directory's size against float32 are printed."""
+    parent's CPU per request, where it goes, and the job directory's size against float32 are
+    printed."""
     r = run(
         BENCH, "parent", "--requests", "300", "--no-docs", "--work-dir", str(tmp_path),
     )  # fmt: skip
@@ -114,6 +115,11 @@ def test_the_parent_benchmark_runs_small(tmp_path: Path) -> None:
     assert per is not None and float(per.group(1)) > 0 and float(per.group(2)) > 0, r.stdout
     size = re.search(r"embeddings job directory: ([\d.]+)x", r.stdout)
     assert size is not None and float(size.group(1)) > 1.0, r.stdout
+    # Where the parent's CPU goes: the validation column of each job's row of that table.
+    parts = r.stdout[r.stdout.index("validation us") :]
+    for job in ("embeddings", "chat"):
+        row = re.search(rf"^\s*{job}\s+([-\d.]+)\s+([-\d.]+)\s+([\d.]+)\s", parts, re.MULTILINE)
+        assert row is not None and float(row.group(3)) > 0, parts
 
 
 @pytest.mark.slow
