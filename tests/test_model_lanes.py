@@ -112,7 +112,10 @@ def test_a_worker_whose_model_ran_out_moves_to_the_one_with_most_left(tmp_path: 
     models = ["small"] * 8 + ["large"] * 400
     src, model_of = _input(tmp_path, models)
     record, job = tmp_path / "record", tmp_path / "job"
-    r = submit_echo(src, job, *BATCHES_OF_8, "--workers", "2", env=_env(record))
+    # Steps of 100 ms: large's 50 batches take one worker 5 s, time enough for the other to
+    # move even on a loaded machine (at 20 ms the first worker once ran them all alone).
+    env = _env(record, BATCHRUN_ECHO_DELAY_MS="100")
+    r = submit_echo(src, job, *BATCHES_OF_8, "--workers", "2", env=env)
     assert r.returncode == 0, r.stderr
     assert re.search(r"worker \d moving to model large", r.stderr), r.stderr
     received = _received(record)
