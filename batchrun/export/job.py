@@ -3,6 +3,7 @@ what they hold."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -19,7 +20,7 @@ from batchrun.export.jsonl import ERRORS_NAME, OUTPUT_NAME, write_errors, write_
 from batchrun.export.parquet import PARQUET_NAME, write_parquet
 from batchrun.job.files import atomic_write, make_dirs
 from batchrun.job.inputmap import load_input_map
-from batchrun.job.manifest import Manifest, load_manifest, recorded_runner
+from batchrun.job.manifest import Manifest, find_input, load_manifest, recorded_runner
 from batchrun.job.paths import JobPaths
 from batchrun.job.served import ENDED, ServedBatch, served_batch
 from batchrun.job.state import INVALID, OK, PENDING
@@ -106,6 +107,9 @@ def export_job(
         # No manifest (a submit killed as it began): the journal's results, count of pending unknown.
     input_map = load_input_map(paths, manifest) if manifest is not None else None
     _prepare(out_dir)  # before the journal pass: a bad --output-dir fails at once
+    if manifest is not None:
+        names = (PARQUET_NAME,) if parquet else (OUTPUT_NAME, ERRORS_NAME)
+        _refuse_writing_over_input(find_input(paths, manifest), out_dir, names)
     index = latest_by_request(paths.journal, input_map, shapes=parquet)
     pending: int | None = None
     running: int | None = None
@@ -196,6 +200,21 @@ def _summary(index: JournalIndex, paths: tuple[Path, ...]) -> ExportSummary:
         failed=index.count(*FAILED),
         invalid=index.count(INVALID),
     )
+
+
+def _refuse_writing_over_input(source: Path | None, out_dir: Path, names: tuple[str, ...]) -> None:
+    """Refuse an export whose file would replace the job's input (an input named output.jsonl
+    in the output directory): the input is what resume and retry-failed read again."""
+    if source is None:
+        return
+    for name in names:
+        target = out_dir / name
+        with contextlib.suppress(OSError):  # no such file: nothing to write over
+            if os.path.samefile(target, source):
+                raise BatchrunError(
+                    f"exporting would write over the job's input file {source}; "
+                    "choose another directory with --output-dir"
+                )
 
 
 def _prepare(out_dir: Path) -> None:

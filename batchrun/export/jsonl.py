@@ -26,11 +26,10 @@ from batchrun.export.index import (
     read_back,
 )
 from batchrun.job.journal import encode_record
+from batchrun.job.paths import ERRORS_NAME as ERRORS_NAME
+from batchrun.job.paths import OUTPUT_NAME as OUTPUT_NAME
 from batchrun.job.state import INVALID, OK
 from batchrun.openai.vectors import FLOAT_MARK_PREFIX
-
-OUTPUT_NAME = "output.jsonl"
-ERRORS_NAME = "errors.jsonl"
 
 _CHUNK = 4096  # output lines encoded (and written) at a time
 _MARK_LEN = len(FLOAT_MARK_PREFIX)

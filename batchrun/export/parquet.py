@@ -45,10 +45,9 @@ from batchrun.export.index import (
 )
 from batchrun.export.json_rows import json_row, logprob_rows
 from batchrun.export.parquet_meta import pandas_metadata
+from batchrun.job.paths import PARQUET_NAME as PARQUET_NAME
 from batchrun.job.state import INVALID, OK
 from batchrun.openai.usage import DetailedUsage
-
-PARQUET_NAME = "results.parquet"
 
 _BASE_COLUMNS = (
     ("custom_id", "string"),

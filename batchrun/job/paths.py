@@ -13,6 +13,11 @@ MANIFEST_NAME = "manifest.json"
 
 
 LOCK_NAME = "lock"
+# What export and report write into the job directory unless told another place.
+OUTPUT_NAME = "output.jsonl"
+ERRORS_NAME = "errors.jsonl"
+PARQUET_NAME = "results.parquet"
+REPORT_NAME = "report.html"
 
 
 # input-map-<generation>.jsonl: the input file as a forced resume found it (see InputMap).

@@ -6,10 +6,9 @@ from pathlib import Path
 
 from batchrun.errors import BatchrunError
 from batchrun.job.files import atomic_write
+from batchrun.job.paths import REPORT_NAME as REPORT_NAME
 from batchrun.report.data import gather
 from batchrun.report.page import render
-
-REPORT_NAME = "report.html"
 
 
 def write_report(job_dir: Path, output: Path | None = None) -> tuple[Path, int]:

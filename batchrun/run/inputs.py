@@ -10,8 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from batchrun.errors import BatchrunError
+from batchrun.job.cost import COST_NAME
+from batchrun.job.events import EVENTS_NAME
 from batchrun.job.inputmap import write_input_map
-from batchrun.job.journal import JournalWriter, read_records
+from batchrun.job.journal import JOURNAL_NAME, JournalWriter, read_records
 from batchrun.job.journal_records import InvalidRecord, invalid_record
 from batchrun.job.manifest import (
     InputMapRef,
@@ -21,12 +23,52 @@ from batchrun.job.manifest import (
     new_job_id,
     save_manifest,
 )
-from batchrun.job.paths import INPUT_MAP_PREFIX, JobPaths, command
+from batchrun.job.paths import (
+    ERRORS_NAME,
+    INPUT_MAP_PREFIX,
+    LOCK_NAME,
+    MANIFEST_NAME,
+    OUTPUT_NAME,
+    PARQUET_NAME,
+    REPORT_NAME,
+    JobPaths,
+    command,
+)
+from batchrun.job.run_clock import CLOCK_NAME
+from batchrun.job.summary import SUMMARY_NAME
+from batchrun.job.vectors import vectors_path
 from batchrun.openai.reader import check_input_file, hash_file, holds_json_array, read_input
 from batchrun.openai.records import LineError, Request
 from batchrun.openai.routing import count_model
 from batchrun.run.options import RunOptions
 from batchrun.run.source import InputIndex
+
+# The files batchrun writes into a job directory (besides its logs/ and input maps): an input
+# at one of these places would be deleted or written over by the job itself.
+JOB_FILE_NAMES = frozenset(
+    {
+        JOURNAL_NAME, vectors_path(Path(JOURNAL_NAME)).name, MANIFEST_NAME, LOCK_NAME, SUMMARY_NAME, EVENTS_NAME,
+        CLOCK_NAME, COST_NAME, OUTPUT_NAME, ERRORS_NAME, PARQUET_NAME, REPORT_NAME,
+    }
+)  # fmt: skip
+
+
+def refuse_input_among_job_files(input_path: Path, paths: JobPaths) -> None:
+    """Refuse an input file that lies where the job keeps one of its own files (its journal,
+    an export's output.jsonl, a worker's log): the job would delete it or write over it."""
+    try:
+        source, root = input_path.resolve(), paths.root.resolve()
+    except OSError:
+        return  # unresolvable: the input's own checks say why
+    inside = source.parent == root and (
+        source.name in JOB_FILE_NAMES or source.name.startswith(INPUT_MAP_PREFIX)
+    )
+    if inside or source.is_relative_to(paths.logs.resolve()):
+        raise BatchrunError(
+            f"the input file {input_path} lies where the job keeps its own "
+            f"{source.relative_to(root)}, which the job would write over; move the input "
+            "out of the job directory, or give it another name"
+        )
 
 
 def discard_unfinished_validation(paths: JobPaths) -> None:
@@ -34,11 +76,19 @@ def discard_unfinished_validation(paths: JobPaths) -> None:
 
     Such a journal holds only invalid-line records, which validating again writes anew; keeping
     them would count every invalid line twice. A journal with anything else in it is finished
-    work whose manifest went missing: never thrown away.
+    work whose manifest went missing: never thrown away; and a file that is not a journal of
+    batchrun's (a line that is no record of it) is someone else's, never deleted either.
     """
     if not paths.journal.exists():
         return
-    kinds = {rec.get("kind") for rec in read_records(paths.journal, strict=False)}
+    try:
+        kinds = {rec.get("kind") for rec in read_records(paths.journal)}
+    except BatchrunError:
+        raise BatchrunError(
+            f"{paths.journal} is not a journal of batchrun's (a line of it is no batchrun "
+            "record), and the job would keep its own there; move that file, or choose "
+            "another --job-dir"
+        ) from None
     if kinds <= {"invalid"}:
         paths.journal.unlink()
         paths.vectors.unlink(missing_ok=True)
@@ -148,6 +198,7 @@ def check_input_unchanged(
     """
     if new_input is not None:
         check_input_file(new_input)
+        refuse_input_among_job_files(new_input, paths)
         path = new_input
     else:
         found = find_input(paths, manifest)

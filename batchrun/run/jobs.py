@@ -22,6 +22,7 @@ from batchrun.run.early_start import StartedWorkers, start_continued_early, star
 from batchrun.run.inputs import (
     check_input_unchanged,
     discard_unfinished_validation,
+    refuse_input_among_job_files,
     validate_into_job,
 )
 from batchrun.run.model_prep import prepare_model
@@ -84,6 +85,8 @@ def submit(
     else:
         check_remote_input(url)  # a missing object or a store out of reach: before anything
     paths = JobPaths(job_dir)
+    if url is None:
+        refuse_input_among_job_files(input_path, paths)
     refuse_existing_job(job_dir)
     for line in warnings:
         (notify or _to_stderr)(line)
