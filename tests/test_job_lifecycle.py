@@ -113,6 +113,57 @@ def test_export_while_the_job_runs_is_read_only_and_says_it_runs(tmp_path: Path)
         p.wait()
 
 
+# --- a submit still validating its input ---------------------------------------------------
+
+# What a submit holds while it validates: the job's lock and its journal, no manifest yet.
+_VALIDATING = (
+    "import sys, time; from pathlib import Path; from batchrun.job.lock import job_lock; "
+    "from batchrun.job.paths import JobPaths\n"
+    "paths = JobPaths(Path(sys.argv[1])); paths.root.mkdir()\n"
+    "with job_lock(paths):\n"
+    "    paths.journal.touch(); print('validating', flush=True); time.sleep(60)"
+)
+
+
+def test_a_job_whose_submit_validates_is_being_submitted_not_broken(tmp_path: Path) -> None:
+    """While a live submit validates (no manifest yet), status says so and exits 0; what needs
+    the manifest names that process instead of sending the user to run the submit again; once
+    the process is gone, the job is the stopped submit it then is."""
+    import batchrun
+
+    job = tmp_path / "job"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _VALIDATING, str(job)], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "validating"
+        r = cli("status", "--job-dir", str(job))
+        assert (r.returncode, r.stdout, r.stderr) == (
+            0,
+            f"{job}: being submitted, validating its input (pid {holder.pid}); status shows its "
+            "counts once it starts running\n",
+            "",
+        )
+        shown = {"job_id": None, "job_dir": str(job), "status": "validating", "pid": holder.pid}
+        assert status_json(job) == shown
+        assert batchrun.Job(job).status() == shown
+        for command in ("resume", "retry-failed", "export"):
+            r = cli(command, "--job-dir", str(job))
+            assert (r.returncode, r.stderr) == (
+                1,
+                f"error: the job at {job} is being submitted by process {holder.pid}, which is "
+                f"still validating its input; `batchrun status --job-dir {job}` shows when it "
+                "runs\n",
+            ), command
+        assert not (job / "output.jsonl").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # Killed: its pid is still in the lock file, and the job is a submit stopped while validating.
+    r = cli("status", "--job-dir", str(job))
+    assert r.returncode == 1 and "If a submit was stopped while validating" in r.stderr, r.stderr
+
+
 # --- resume --force recounts from the file as it is now -------------------------------------
 
 

@@ -266,6 +266,47 @@ def test_an_input_that_cannot_be_read_is_one_line_and_no_job(
     no_job(job)
 
 
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    """Python's file server without its request log: the command's stderr is what is checked."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("where", "why"),
+    [
+        ("{served}/missing.jsonl", "no such object"),
+        ("http://127.0.0.1:{closed}/in.jsonl", "the endpoint does not answer (Cannot connect to host 127.0.0.1:{closed} "),
+        # The resolver's own words differ (no such name, or no resolver at all): the start is ours.
+        ("http://no-such-host.invalid/in.jsonl", "the host is not known (Cannot connect to host no-such-host.invalid:80 "),
+    ],
+    ids=["missing", "server-down", "host-not-known"],
+)  # fmt: skip
+def test_an_http_input_not_there_is_told_from_a_server_not_there(
+    tmp_path: Path, where: str, why: str
+) -> None:
+    """fsspec's HTTP filesystem raises FileNotFoundError for a server it cannot reach too: only
+    the server's own 404 is "no such object"."""
+    served = tmp_path / "site"
+    served.mkdir()
+    handler = functools.partial(_Quiet, directory=str(served))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    (closed,) = free_ports(1)  # nothing listens there
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    url = where.format(served=base, closed=closed)
+    job = tmp_path / "job"
+    try:
+        r = submit_echo(url, job)
+    finally:
+        server.shutdown()
+    assert (r.returncode, r.stdout) == (1, ""), r.stderr
+    assert r.stderr.startswith(f"error: cannot read {url}: {why.format(closed=closed)}"), r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
+    no_job(job)
+
+
 @pytest.mark.parametrize(
     ("content", "cause"),
     [

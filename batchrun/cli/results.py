@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from batchrun.cli.exits import fail, out
+from batchrun.cli.exits import fail, out, plain
 from batchrun.cli.options import JobDir
 from batchrun.errors import BatchrunError
 
@@ -93,6 +93,12 @@ def status(
         from batchrun.job.strict_json import strict_dumps
 
         sys.stdout.write(strict_dumps(s) + "\n")
+        return
+    if s["status"] == "validating":  # no manifest yet: no table to show
+        plain(
+            f"{job_dir}: being submitted, validating its input (pid {s['pid']}); status shows "
+            "its counts once it starts running"
+        )
         return
     from batchrun.console.render import print_probes, print_status, print_workers
 

@@ -20,7 +20,13 @@ from batchrun.export.jsonl import ERRORS_NAME, OUTPUT_NAME, write_errors, write_
 from batchrun.export.parquet import PARQUET_NAME, write_parquet
 from batchrun.job.files import atomic_write, make_dirs
 from batchrun.job.inputmap import load_input_map
-from batchrun.job.manifest import Manifest, find_input, load_manifest, recorded_runner
+from batchrun.job.manifest import (
+    JobValidating,
+    Manifest,
+    find_input,
+    load_manifest,
+    recorded_runner,
+)
 from batchrun.job.paths import JobPaths
 from batchrun.job.served import ENDED, ServedBatch, served_batch
 from batchrun.job.state import INVALID, OK, PENDING
@@ -97,6 +103,8 @@ def export_job(
     manifest: Manifest | None = None
     try:
         manifest = load_manifest(paths)
+    except JobValidating:
+        raise  # its journal holds only what validation found so far
     except BatchrunError as e:
         if not paths.journal.exists():
             raise  # not a job at all

@@ -35,6 +35,26 @@ def lock_holder(paths: JobPaths) -> int | None:
         os.close(fd)
 
 
+def live_holder(paths: JobPaths) -> int | None:
+    """The pid of the process holding the job's lock, or None; the lock is probed only when the
+    pid its file names is alive, so a reader beside a stopped job never takes it, even briefly."""
+    pid = _read_pid(paths.lock)
+    if pid is None or not _alive(pid):
+        return None
+    holder = lock_holder(paths)
+    return holder if holder is not None and holder > 0 else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    return True
+
+
 def _write_pid(fd: int) -> None:
     """Put the holder's pid into the lock file, for the "already running in process N" message."""
     os.write(fd, f"{os.getpid()}\n".encode())

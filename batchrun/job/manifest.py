@@ -15,7 +15,8 @@ import msgspec
 from batchrun.config import DEFAULT_MAX_ATTEMPTS
 from batchrun.errors import BatchrunError
 from batchrun.job.files import atomic_write
-from batchrun.job.paths import MANIFEST_NAME, JobPaths
+from batchrun.job.lock import live_holder
+from batchrun.job.paths import MANIFEST_NAME, JobPaths, command
 
 FORMAT_VERSION = 1
 
@@ -111,6 +112,17 @@ class Manifest(msgspec.Struct, kw_only=True):
     served_by: ServedBy | None = None
 
 
+class JobValidating(BatchrunError):
+    """The job has no manifest yet because process `pid` is submitting it: validating its input."""
+
+    def __init__(self, root: Path, pid: int) -> None:
+        super().__init__(
+            f"the job at {root} is being submitted by process {pid}, which is still validating "
+            f"its input; `{command('status', root)}` shows when it runs"
+        )
+        self.pid = pid
+
+
 _DECODER = msgspec.json.Decoder(Manifest)
 _ENCODER = msgspec.json.Encoder()
 
@@ -127,6 +139,10 @@ def load_manifest(paths: JobPaths) -> Manifest:
     if not paths.root.is_dir():
         raise BatchrunError(f"no job at {paths.root}: the directory does not exist")
     if not paths.manifest.exists():
+        # A submit writes the manifest once its input is validated; until then it holds the lock.
+        pid = live_holder(paths)
+        if pid is not None:
+            raise JobValidating(paths.root, pid)
         if paths.journal.exists():
             raise BatchrunError(
                 f"the job at {paths.root} has a journal but no {MANIFEST_NAME}; it cannot be "

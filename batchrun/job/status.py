@@ -8,7 +8,7 @@ from typing import Any
 from batchrun.job.figures import job_figures
 from batchrun.job.lasting import lasting_failures
 from batchrun.job.lock import lock_holder
-from batchrun.job.manifest import Manifest, find_input, load_manifest
+from batchrun.job.manifest import JobValidating, Manifest, find_input, load_manifest
 from batchrun.job.model_counts import model_counts
 from batchrun.job.paths import JobPaths
 
@@ -20,7 +20,11 @@ def job_status(job_dir: Path) -> dict[str, Any]:
     every figure from job/figures.py.
     """
     paths = JobPaths(job_dir)
-    manifest = load_manifest(paths)
+    try:
+        manifest = load_manifest(paths)
+    except JobValidating as e:
+        # A submit still validating its input: nothing to count yet, and nothing wrong.
+        return {"job_id": None, "job_dir": str(job_dir), "status": "validating", "pid": e.pid}
     # Where resume would find the input: a job moved together with its input finds it there.
     found = find_input(paths, manifest)
     status, live = run_state(paths, manifest)

@@ -120,9 +120,19 @@ def _options(scheme: str) -> dict[str, Any]:
     return options
 
 
+# A store not reached, or lost on the way: aiohttp's errors, the socket's, a time-out.
+_UNREACHED = {
+    "ClientConnectionError",
+    "ConnectionError",
+    "gaierror",
+    "TimeoutError",
+    "FSTimeoutError",
+}
+
+
 def cause(error: BaseException) -> str:
     """Why a store refused or failed, in words (one line), from the error its client raised."""
-    names = {cls.__name__ for cls in type(error).__mro__}
+    names = _names(error)
     text = " ".join(str(error).split()) or type(error).__name__
     if names & {"NoCredentialsError", "PartialCredentialsError"}:
         return (
@@ -131,18 +141,28 @@ def cause(error: BaseException) -> str:
         )
     if names & {"ProfileNotFound"}:
         return f"{text} (AWS_PROFILE names a profile ~/.aws/config does not have)"
+    if names & {"gaierror", "ClientConnectorDNSError"}:  # a host name that does not resolve
+        return f"the host is not known ({text})"
     if names & {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError"}:
         return f"the endpoint does not answer ({text})"
     if names & {"ClientPayloadError", "IncompleteRead", "ServerDisconnectedError", "ClientOSError"}:
         return f"the connection was lost ({text})"
     if names & {"ReadTimeoutError", "TimeoutError", "FSTimeoutError", "ConnectionRefusedError"}:
         return f"the endpoint does not answer ({text})"
-    if names & {"gaierror"}:  # socket's: a host name that does not resolve
-        return f"the host is not known ({text})"
     if isinstance(error, PermissionError):
         return f"access denied ({text}); check the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE)"
     if isinstance(error, FileNotFoundError):
+        # fsspec's HTTP filesystem says FileNotFoundError for any look-up that failed, a server
+        # that is down or a host not known too: the connection's error, its cause, says which.
+        reason = error.__cause__
+        if reason is not None and _names(reason) & _UNREACHED:
+            return cause(reason)
         if "bucket" in text.lower():
             return "the bucket does not exist"
         return "no such object"
     return text
+
+
+def _names(error: BaseException) -> set[str]:
+    """The names of the error's class and its bases: each client's errors, without importing it."""
+    return {cls.__name__ for cls in type(error).__mro__}
