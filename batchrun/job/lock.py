@@ -39,13 +39,14 @@ def live_holder(paths: JobPaths) -> int | None:
     """The pid of the process holding the job's lock, or None; the lock is probed only when the
     pid its file names is alive, so a reader beside a stopped job never takes it, even briefly."""
     pid = _read_pid(paths.lock)
-    if pid is None or not _alive(pid):
+    if pid is None or not process_alive(pid):
         return None
     holder = lock_holder(paths)
     return holder if holder is not None and holder > 0 else None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists (another user's included)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -15,7 +15,7 @@ import msgspec
 from batchrun.config import DEFAULT_MAX_ATTEMPTS
 from batchrun.errors import BatchrunError
 from batchrun.job.files import atomic_write
-from batchrun.job.lock import live_holder
+from batchrun.job.lock import live_holder, process_alive
 from batchrun.job.paths import MANIFEST_NAME, JobPaths, command
 
 FORMAT_VERSION = 1
@@ -213,12 +213,5 @@ def recorded_runner(manifest: Manifest) -> int | None:
     if manifest.status != "running" or not manifest.runs:
         return None
     pid = manifest.runs[-1].pid
-    if pid <= 0:
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None  # killed: the job is interrupted, not running
-    except PermissionError:
-        pass  # alive, another user's
-    return pid
+    # Not alive: killed, so the job is interrupted, not running.
+    return pid if pid > 0 and process_alive(pid) else None
