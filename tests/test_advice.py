@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from support.advice import advised, follow, last_line
-from support.cli import cli, start_cli
+from support.cli import cli, error_line, start_cli
 from support.jobs import ECHO, journal_records, rerun, start_echo, status_json, submit_echo
 from support.lines import chat_input, chat_line, read_jsonl, write_jsonl
 from support.processes import kill_group
@@ -307,6 +307,36 @@ def test_a_stopped_retry_failed_s_advice_runs_what_it_left_failed(
         ran = follow(command, "--no-progress")
     assert ran.returncode == 0, ran.stderr
     assert status_json(job)["requests"]["succeeded"] == 60
+
+
+@pytest.mark.parametrize("command", ["submit", "retry-failed"])
+def test_an_engine_that_cannot_start_s_advice_continues_the_job_once_the_cause_is_fixed(
+    tmp_path: Path, command: str
+) -> None:
+    """The engine fails its three starts: the one error line ends with the command that goes
+    on (retry-failed for failures a retry-failed left), which, followed once the engine starts
+    again, answers every request."""
+    ids = [f"r{i}" for i in range(6)]
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(i, "hi") for i in ids])
+    job = tmp_path / "my job"
+    broken = {"BATCHRUN_ECHO_START_ERROR": "NCCL error boom", "BATCHRUN_START_RETRY_DELAY_S": "0"}
+    if command == "submit":
+        r = submit_echo(src, job, env=broken)
+    else:
+        failing = {"BATCHRUN_ECHO_FAIL": ",".join(ids[::2])}
+        assert submit_echo(src, job, "--max-attempts", "1", env=failing).returncode == 1
+        r = rerun("retry-failed", job, env=broken)
+    assert r.returncode == 1, r.stderr
+    said = error_line(r.stderr)
+    assert said.startswith(
+        "error: the engine failed to start 3 times in a row: RuntimeError: NCCL error boom. "
+        "Everything finished so far is saved; once the cause is fixed, continue with: "
+    ), said
+    (then,) = advised(said)
+    assert then[0] == ("resume" if command == "submit" else "retry-failed"), said
+    ran = follow(then, "--no-progress")
+    assert ran.returncode == 0, ran.stderr
+    assert status_json(job)["requests"]["succeeded"] == 6
 
 
 @pytest.mark.slow
