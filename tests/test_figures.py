@@ -162,6 +162,28 @@ def test_the_error_rate_counts_duplicates_copies_as_the_attempts_do(tmp_path: Pa
     assert report_data(job)["errors_rate"] == 0.25
 
 
+def test_a_duplicate_copied_again_in_each_retry_pass_is_one_request_deduplicated(
+    tmp_path: Path,
+) -> None:
+    """Three deterministic questions, each asked three times (6 duplicates); the one whose
+    representative fails copies its failure to its 2 duplicates in every pass (3 by default,
+    then retry-failed's): still 6 requests answered from an identical one, in the summary,
+    status and the page, while the attempts count every copy."""
+    lines = [chat_line(f"{q}{i}", f"question {q}", temperature=0) for q in "abc" for i in range(3)]
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    job = tmp_path / "job"
+    r = submit_echo(src, job, env={"BATCHRUN_ECHO_FAIL": "a0", "COLUMNS": "200"})
+    assert r.returncode == 1, r.stderr
+    assert "│ deduplicated │ 6 requests answered from an identical one (" in r.stdout
+    assert "15 attempts in" in r.stdout and "(5 by the engine)" in r.stdout
+    status = status_json(job)
+    assert status["deduplicated"] == report_data(job)["deduplicated"] == 6
+    assert (status["attempts"], status["engine_attempts"]) == (15, 5)
+    r = cli("retry-failed", "--job-dir", str(job), *ECHO[2:], env={"BATCHRUN_ECHO_FAIL": "a0"})
+    assert "3 attempts in" in r.stdout and "(1 by the engine)" in r.stdout
+    assert status_json(job)["deduplicated"] == 6
+
+
 def test_a_short_job_s_page_draws_from_one_point_with_distinct_labels(tmp_path: Path) -> None:
     src = chat_input(tmp_path / "in.jsonl", 30, "q")
     job = tmp_path / "job"

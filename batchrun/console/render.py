@@ -32,14 +32,12 @@ class JobSummary:
     wall_s: float
     run_completion_tokens: int = 0
     run_outcomes: int = 0
-    # This run's prefix-cache counters (vLLM's: prompt tokens looked up, found cached) and the
-    # results it copied from identical requests.
+    # This run's prefix-cache counters (vLLM's: prompt tokens looked up, found cached).
     run_cache_queries: int = 0
     run_cache_hits: int = 0
-    run_deduplicated: int = 0
-    # This run's answers from the answer cache (--cache-dir), and generated tokens of the
-    # attempts its engine ran (neither copies nor cache hits).
-    run_cached: int = 0
+    # The attempts this run's engine ran and their generated tokens (neither a duplicate's copy
+    # nor an answer from the answer cache, --cache-dir).
+    run_engine_attempts: int = 0
     run_engine_tokens: int = 0
     # The options resume or retry-failed replaced, as `--dtype bfloat16 (was banana)`.
     overrides: list[str] = field(default_factory=list)
@@ -82,12 +80,11 @@ def print_summary(console: Console, summary: JobSummary, title: str) -> None:
     table.add_row(
         "tokens", f"{figures.prompt_tokens:,} prompt, {figures.completion_tokens:,} generated"
     )
-    saved = summary.run_cached + summary.run_deduplicated
-    engine = summary.run_outcomes - saved
+    engine = summary.run_engine_attempts
     table.add_row(
         "this run",
         f"{plural(summary.run_outcomes, 'attempt')} in {summary.wall_s:,.1f}s"
-        + (f" ({engine:,} by the engine)" if saved else ""),
+        + (f" ({engine:,} by the engine)" if engine != summary.run_outcomes else ""),
     )
     wall = max(summary.wall_s, 1e-9)
     # Over the run's whole time, engine start included (status gives first to last result);
@@ -291,7 +288,7 @@ def _kv_cache(tokens: int) -> str:
 
 
 def _deduplicated(count: int) -> str:
-    """How many results were copied from an identical deterministic request."""
+    """How many requests were first answered with a copy of an identical deterministic one's."""
     return (
         f"{plural(count, 'request')} answered from an identical one "
         f"({'its' if count == 1 else 'their'} engine runs saved)"
