@@ -54,6 +54,10 @@ class JobSummary:
         return 0 if ok else 1
 
 
+# The error codes the error rate row names, the most frequent first (status --json has all).
+CODES_SHOWN = 5
+
+
 def _fmt_rate(value: float | None, unit: str) -> str:
     return f"{value:,.1f} {unit}" if value else "-"
 
@@ -140,11 +144,7 @@ def _timing_rows(table: Table, s: dict[str, Any]) -> None:
             table.add_row(name, f"p50 {_seconds(q['p50'])}, p99 {_seconds(q['p99'])} ({what})")
     errors = s.get("errors") or {}
     if errors.get("rate"):
-        codes = ", ".join(
-            f"{code} {e['count']:,} ({e['rate']:.2%})"
-            for code, e in list(errors["by_code"].items())[:5]
-        )
-        table.add_row("error rate", f"{errors['rate']:.2%} of attempts and invalid lines: {codes}")
+        table.add_row("error rate", _error_rate(errors))
     cost = s.get("cost")
     if cost:
         per = cost.get("usd_per_million_tokens")
@@ -152,6 +152,28 @@ def _timing_rows(table: Table, s: dict[str, Any]) -> None:
             "cost",
             f"${cost['usd']:,.4f}" + (f" (${per:,.4f} per million tokens)" if per else ""),
         )
+
+
+def _error_rate(errors: dict[str, Any]) -> str:
+    """`2.50% of attempts and invalid lines: engine_error 4 (2.00%), ...`: the most frequent
+    codes, then how many more codes (and their failed attempts, invalid lines) were left out."""
+    by_code = list(errors["by_code"].items())
+    shown, rest = by_code[:CODES_SHOWN], by_code[CODES_SHOWN:]
+    said = f"{errors['rate']:.2%} of attempts and invalid lines: " + ", ".join(
+        f"{code} {e['count']:,} ({e['rate']:.2%})" for code, e in shown
+    )
+    if not rest:
+        return said
+    # by_code counts both; failed_by_code the failed attempts alone (job/timing.py).
+    failed_by_code = errors.get("failed_by_code") or {}
+    failed = sum(failed_by_code.get(code, 0) for code, _ in rest)
+    lines = sum(e["count"] for _, e in rest) - failed
+    what = [plural(failed, "failed attempt")] if failed else []
+    what += [plural(lines, "invalid line")] if lines else []
+    return (
+        f"{said}, and {plural(len(rest), 'more code')} ({', '.join(what)}): "
+        "batchrun status --json lists them"
+    )
 
 
 def _seconds(value: float) -> str:
