@@ -13,6 +13,11 @@ class BatchrunError(Exception):
         self.exit_code = exit_code
 
 
+class GaveUp(BatchrunError):
+    """A run stopped for a cause that no restart fixes, everything finished saved: the job goes
+    on once the cause is fixed, and the CLI names the command that continues it."""
+
+
 class OptionError(BatchrunError):
     """A bad option value. `options` names the options involved (e.g. `--dtype`); the message
     says what is wrong without naming them. Exit 2: a usage error."""

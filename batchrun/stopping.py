@@ -17,9 +17,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import shlex
 import signal
 import threading
+from pathlib import Path
 from types import FrameType
 
 EXIT_INTERRUPTED = 130
@@ -34,13 +34,15 @@ _first: int | None = None  # the signal that started the graceful stop
 _job_dir: str | None = None
 _again: str | None = None
 _resume: str | None = None  # the command that continues, when it is not `batchrun resume`
+_retry = False  # the command run is retry-failed: what it leaves failed, only it runs again
 
 
-def set_job(job_dir: object, again: str | None = None) -> None:
+def set_job(job_dir: object, again: str | None = None, *, retry: bool = False) -> None:
     """Name the job being run, for the message of an immediate stop; `again` is the command
-    that starts over while the job does not exist yet (a submit still validating)."""
-    global _job_dir, _again
-    _job_dir, _again = str(job_dir), again
+    that starts over while the job does not exist yet (a submit still validating); `retry`:
+    the command is retry-failed."""
+    global _job_dir, _again, _retry
+    _job_dir, _again, _retry = str(job_dir), again, retry
 
 
 def set_resume(command: str) -> None:
@@ -57,7 +59,39 @@ def next_command() -> tuple[bool, str]:
         return True, _resume
     if _job_dir and _again and not os.path.exists(os.path.join(_job_dir, "manifest.json")):
         return False, _again
-    return True, "batchrun resume" + (f" --job-dir {shlex.quote(_job_dir)}" if _job_dir else "")
+    if not _job_dir:
+        return True, "batchrun resume"
+    from batchrun.job.paths import command
+
+    resume = command("resume", _job_dir)
+    if not _retry:
+        return True, resume
+    # resume runs only requests with no finished attempt (and retries within --max-attempts),
+    # so what a stopped retry-failed leaves failed is run again by retry-failed alone; the
+    # order is the summary's advice's (console/render.py next_step): the pending ones first.
+    pending, failed = _left(_job_dir)
+    retry = command("retry-failed", _job_dir)
+    if pending and failed:
+        return True, f"{resume}, then {retry}"
+    return True, resume if pending or not failed else retry
+
+
+def _left(job_dir: str) -> tuple[int, int]:
+    """The job's pending and failed requests, as its manifest has them: counted when a run
+    stops gracefully, as the run before left them when it stops at once (a retry-failed never
+    adds to either). A manifest that cannot be read says none pending, some failed: a
+    retry-failed runs only while failures are left."""
+    from batchrun.errors import BatchrunError
+    from batchrun.job.manifest import load_manifest
+    from batchrun.job.paths import JobPaths
+
+    try:
+        counts = load_manifest(JobPaths(Path(job_dir))).counts
+    except BatchrunError:
+        counts = {}
+    if not counts:
+        return 0, 1
+    return counts.get("pending", 0), counts.get("failed", 0)
 
 
 def install() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from support.advice import advised, follow, last_line
-from support.cli import cli
+from support.cli import cli, error_line, start_cli
 from support.jobs import ECHO, journal_records, rerun, start_echo, status_json, submit_echo
 from support.lines import chat_input, chat_line, read_jsonl, write_jsonl
 from support.processes import kill_group
@@ -265,6 +265,78 @@ def test_ctrl_c_s_advice_continues_the_job_and_answers_each_request_once(
     assert ran.returncode == 0, ran.stderr
     ids = [x["custom_id"] for x in journal_records(job)]
     assert sorted(ids) == sorted(f"r{i}" for i in range(60))  # each once
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("stop", "pending"),
+    [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True)],
+    ids=["ctrl-c", "sigterm", "ctrl-c-with-pending"],
+)
+def test_a_stopped_retry_failed_s_advice_runs_what_it_left_failed(
+    tmp_path: Path, stop: signal.Signals, pending: bool
+) -> None:
+    """retry-failed stopped mid-pass leaves failures that resume does not run (it runs requests
+    with no finished attempt): the advice names retry-failed for them, after resume for the
+    requests not run yet; followed as printed, every request is answered."""
+    ids = [f"r{i}" for i in range(60)]
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(i, "hi") for i in ids])
+    job = tmp_path / "my job"
+    failing = {"BATCHRUN_ECHO_FAIL": ",".join(ids[::2])}
+    assert submit_echo(src, job, "--max-attempts", "1", env=failing).returncode == 1
+    if pending:  # as after a kill: two answers never journaled
+        kept = [x for x in journal_records(job) if x["custom_id"] not in ("r1", "r3")]
+        write_jsonl(job / "journal.jsonl", kept)
+    before = len(journal_records(job))
+    p = start_cli(
+        "retry-failed", "--job-dir", str(job), "--no-progress", "--batch-size", "2",
+        env={"BATCHRUN_ECHO_DELAY_MS": "100"},
+    )  # fmt: skip
+    try:
+        wait_until(results_at_least(job, before + 4), "4 failures retried", timeout=120)
+        os.killpg(p.pid, stop)
+        _, stderr = p.communicate(timeout=60)
+    finally:
+        kill_group(p)
+    assert p.returncode == (143 if stop == signal.SIGTERM else 130), stderr
+    said = stderr.strip().splitlines()[-1]
+    commands = advised(said)
+    assert [c[0] for c in commands] == (["resume"] if pending else []) + ["retry-failed"], said
+    assert status_json(job)["requests"]["failed"] > 0  # the pass was stopped with some left
+    for command in commands:
+        ran = follow(command, "--no-progress")
+    assert ran.returncode == 0, ran.stderr
+    assert status_json(job)["requests"]["succeeded"] == 60
+
+
+@pytest.mark.parametrize("command", ["submit", "retry-failed"])
+def test_an_engine_that_cannot_start_s_advice_continues_the_job_once_the_cause_is_fixed(
+    tmp_path: Path, command: str
+) -> None:
+    """The engine fails its three starts: the one error line ends with the command that goes
+    on (retry-failed for failures a retry-failed left), which, followed once the engine starts
+    again, answers every request."""
+    ids = [f"r{i}" for i in range(6)]
+    src = write_jsonl(tmp_path / "in.jsonl", [chat_line(i, "hi") for i in ids])
+    job = tmp_path / "my job"
+    broken = {"BATCHRUN_ECHO_START_ERROR": "NCCL error boom", "BATCHRUN_START_RETRY_DELAY_S": "0"}
+    if command == "submit":
+        r = submit_echo(src, job, env=broken)
+    else:
+        failing = {"BATCHRUN_ECHO_FAIL": ",".join(ids[::2])}
+        assert submit_echo(src, job, "--max-attempts", "1", env=failing).returncode == 1
+        r = rerun("retry-failed", job, env=broken)
+    assert r.returncode == 1, r.stderr
+    said = error_line(r.stderr)
+    assert said.startswith(
+        "error: the engine failed to start 3 times in a row: RuntimeError: NCCL error boom. "
+        "Everything finished so far is saved; once the cause is fixed, continue with: "
+    ), said
+    (then,) = advised(said)
+    assert then[0] == ("resume" if command == "submit" else "retry-failed"), said
+    ran = follow(then, "--no-progress")
+    assert ran.returncode == 0, ran.stderr
+    assert status_json(job)["requests"]["succeeded"] == 6
 
 
 @pytest.mark.slow

@@ -162,6 +162,60 @@ def test_the_error_rate_counts_duplicates_copies_as_the_attempts_do(tmp_path: Pa
     assert report_data(job)["errors_rate"] == 0.25
 
 
+def test_the_error_rate_row_says_how_many_codes_it_leaves_out(tmp_path: Path) -> None:
+    """Eight error codes: the row names the five most frequent, then how many more codes, with
+    their failed attempts and invalid lines, which status --json lists."""
+    kinds: list[tuple[int, Any]] = [
+        (7, lambda i: f"{{not json {i}"),
+        (6, lambda i: {**chat_line(f"m{i}", "hi"), "method": "GET"}),
+        (5, lambda i: {**chat_line(f"u{i}", "hi"), "url": "/v1/nope"}),
+        (4, lambda i: {**chat_line(f"b{i}", "hi"), "body": [i]}),
+        (3, lambda i: chat_line(f"q{i}", "hi", temperature="hot")),
+        (2, lambda i: {k: v for k, v in chat_line("", f"hi {i}").items() if k != "custom_id"}),
+        (1, lambda i: {**chat_line("", "hi"), "custom_id": i}),
+    ]
+    lines = [chat_line("fails", "hi")] + [make(i) for n, make in kinds for i in range(n)]
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    job = tmp_path / "job"
+    env = {"BATCHRUN_ECHO_FAIL": "fails", "COLUMNS": "400"}
+    r = submit_echo(src, job, "--max-attempts", "1", env=env)
+    assert r.returncode == 1, r.stderr
+    by_code = status_json(job)["errors"]["by_code"]
+    assert {code: e["count"] for code, e in by_code.items()} == {
+        "invalid_json": 7, "invalid_method": 6, "invalid_url": 5, "invalid_body": 4,
+        "invalid_request": 3, "missing_custom_id": 2, "invalid_custom_id": 1, "engine_error": 1,
+    }  # fmt: skip
+    left_out = (
+        ", and 3 more codes (1 failed attempt, 3 invalid lines): batchrun status --json lists them"
+    )
+    plain = cli("status", "--job-dir", str(job), env={"COLUMNS": "400"}).stdout
+    for output in (r.stdout, plain):
+        (row,) = [line for line in output.splitlines() if line.startswith("│ error rate ")]
+        assert row.split("│")[2].strip().endswith(f"invalid_request 3 (10.34%){left_out}"), row
+
+
+def test_a_duplicate_copied_again_in_each_retry_pass_is_one_request_deduplicated(
+    tmp_path: Path,
+) -> None:
+    """Three deterministic questions, each asked three times (6 duplicates); the one whose
+    representative fails copies its failure to its 2 duplicates in every pass (3 by default,
+    then retry-failed's): still 6 requests answered from an identical one, in the summary,
+    status and the page, while the attempts count every copy."""
+    lines = [chat_line(f"{q}{i}", f"question {q}", temperature=0) for q in "abc" for i in range(3)]
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    job = tmp_path / "job"
+    r = submit_echo(src, job, env={"BATCHRUN_ECHO_FAIL": "a0", "COLUMNS": "200"})
+    assert r.returncode == 1, r.stderr
+    assert "│ deduplicated │ 6 requests answered from an identical one (" in r.stdout
+    assert "15 attempts in" in r.stdout and "(5 by the engine)" in r.stdout
+    status = status_json(job)
+    assert status["deduplicated"] == report_data(job)["deduplicated"] == 6
+    assert (status["attempts"], status["engine_attempts"]) == (15, 5)
+    r = cli("retry-failed", "--job-dir", str(job), *ECHO[2:], env={"BATCHRUN_ECHO_FAIL": "a0"})
+    assert "3 attempts in" in r.stdout and "(1 by the engine)" in r.stdout
+    assert status_json(job)["deduplicated"] == 6
+
+
 def test_a_short_job_s_page_draws_from_one_point_with_distinct_labels(tmp_path: Path) -> None:
     src = chat_input(tmp_path / "in.jsonl", 30, "q")
     job = tmp_path / "job"

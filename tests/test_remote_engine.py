@@ -14,6 +14,8 @@ from support.fakes.openai_server import MODEL, answer, chat_body_line, fake_open
 from support.jobs import journal_records, rerun
 from support.processes import kill_9_after
 
+from batchrun.job.paths import command
+
 KEY = "sk-test-secret-4711"
 
 
@@ -227,7 +229,8 @@ def test_a_refused_key_mid_job_stops_it_and_keeps_what_was_answered(tmp_path: Pa
         assert code == 1
         assert _errors(err) == [
             "error: the server refused the API key (HTTP 401: bad key); pass --api-key or set "
-            "OPENAI_API_KEY, then resume the job. Everything finished so far is saved"
+            "OPENAI_API_KEY, then resume the job. Everything finished so far is saved; once the "
+            f"cause is fixed, continue with: {command('resume', job)}"
         ]
         answered = [r["custom_id"] for r in journal_records(job)]
         assert len(answered) == 9 and all(r["ok"] for r in journal_records(job))

@@ -35,6 +35,7 @@ from batchrun.engines.startup import (
 )
 from batchrun.errors import BatchrunError
 from batchrun.job.journal import JournalWriter
+from batchrun.job.paths import command
 from batchrun.job.state import JobState
 from batchrun.run.recording import JournalSink
 from batchrun.run.scheduler import Scheduler
@@ -223,6 +224,14 @@ def submit(tmp_path: Path, env: dict[str, str], n: int = 20, *extra: str) -> tup
     return r, job
 
 
+def saved(job: Path) -> str:
+    """How a start failure's line ends: what is kept, then the command that goes on."""
+    return (
+        "Everything finished so far is saved; once the cause is fixed, continue with: "
+        + command("resume", job)
+    )
+
+
 def starts(stderr: str) -> int:
     return len(re.findall(r"^\[batchrun\] worker 0 starting echo engine", stderr, re.M))
 
@@ -235,7 +244,7 @@ def test_free_memory_at_start_three_starts_then_one_line_naming_the_option_and_t
         "BATCHRUN_ECHO_START_ERROR": FREE_MEMORY,
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
     }
-    r, _ = submit(tmp_path, env, 20, "--gpu-memory-utilization", "0.9")
+    r, job = submit(tmp_path, env, 20, "--gpu-memory-utilization", "0.9")
     assert r.returncode == 1, r.stderr
     assert starts(r.stderr) == 3, r.stderr
     assert "batch size 16 (start 2 of 3)" in r.stderr and "backing off" not in r.stderr
@@ -243,7 +252,7 @@ def test_free_memory_at_start_three_starts_then_one_line_naming_the_option_and_t
         "error: not enough free memory to start the engine, 3 starts in a row (RuntimeError: "
         "Free memory on device cuda:0 (10.5/79.19 GiB) on startup is less than desired GPU "
         "memory utilization (0.9, 71.27 GiB)); held by pid 4242 python3 (70000 MiB). Free that "
-        "memory, or lower --gpu-memory-utilization (now 0.9). Everything finished so far is saved"
+        f"memory, or lower --gpu-memory-utilization (now 0.9). {saved(job)}"
     )
     assert "Traceback" not in r.stderr
 
@@ -268,7 +277,7 @@ def test_max_seq_len_too_large_stops_at_once_naming_max_model_len_and_the_estima
     # (conftest.py): the fix then names --gpu-memory-utilization.
     monkeypatch.delenv("BATCHRUN_KV_CACHE_MEMORY_BYTES", raising=False)
     env = {"BATCHRUN_ECHO_START_ERROR": MAX_SEQ_LEN}
-    r, _ = submit(tmp_path, env, 5, "--max-model-len", "131072")
+    r, job = submit(tmp_path, env, 5, "--max-model-len", "131072")
     assert r.returncode == 1, r.stderr
     assert starts(r.stderr) == 1, r.stderr
     assert error_line(r.stderr) == (
@@ -276,7 +285,7 @@ def test_max_seq_len_too_large_stops_at_once_naming_max_model_len_and_the_estima
         "request with the model's max seq len (131072), (16.0 GiB KV cache is needed, which is "
         "larger than the available KV cache memory (2.1 GiB)); vLLM estimates the longest that "
         "fits at 17344 tokens: set --max-model-len 17344 or lower, or raise "
-        "--gpu-memory-utilization. Everything finished so far is saved"
+        f"--gpu-memory-utilization. {saved(job)}"
     )
 
 
@@ -287,21 +296,20 @@ def test_a_fraction_below_the_models_own_need_stops_at_once_saying_to_raise_it(
     wait or second start changes it."""
     monkeypatch.delenv("BATCHRUN_KV_CACHE_MEMORY_BYTES", raising=False)
     env = {"BATCHRUN_ECHO_START_ERROR": CPU_NEGATIVE_KV}
-    r, _ = submit(tmp_path, env, 5, "--gpu-memory-utilization", "0.1")
+    r, job = submit(tmp_path, env, 5, "--gpu-memory-utilization", "0.1")
     assert r.returncode == 1, r.stderr
     assert starts(r.stderr) == 1, r.stderr
     assert error_line(r.stderr) == (
         "error: --gpu-memory-utilization (now 0.1) is below what the model and the engine take "
         "(1.49 of 11.96 GiB), which leaves the KV cache nothing (RuntimeError: Available memory "
         "on node 0 (5.85/11.96 GiB) on kv cache allocation is less than requested memory for kv "
-        "(-0.32/1.17 GiB)); raise --gpu-memory-utilization above 0.13. Everything finished so "
-        "far is saved"
+        f"(-0.32/1.17 GiB)); raise --gpu-memory-utilization above 0.13. {saved(job)}"
     )
 
 
 def test_a_kv_cache_over_free_memory_is_retried_then_names_the_kv_option(tmp_path: Path) -> None:
     env = {"BATCHRUN_ECHO_START_ERROR": CPU_KV_BYTES.format(free="0.5", kv="2.0")}
-    r, _ = submit(tmp_path, env, 5, "--kv-cache-memory-bytes", "2147483648")
+    r, job = submit(tmp_path, env, 5, "--kv-cache-memory-bytes", "2147483648")
     assert r.returncode == 1, r.stderr
     assert starts(r.stderr) == 3, r.stderr
     assert "(not enough free memory for the KV cache: RuntimeError:" in r.stderr
@@ -309,21 +317,19 @@ def test_a_kv_cache_over_free_memory_is_retried_then_names_the_kv_option(tmp_pat
         "error: not enough free memory for the KV cache, 3 starts in a row (RuntimeError: "
         "Available memory on node 0 (0.5/11.96 GiB) on kv cache allocation is less than "
         "requested memory for kv (2.0 GiB)); other processes on this machine hold its memory. "
-        "Free that memory, or lower --kv-cache-memory-bytes (now 2,147,483,648). Everything "
-        "finished so far is saved"
+        f"Free that memory, or lower --kv-cache-memory-bytes (now 2,147,483,648). {saved(job)}"
     )
     # More than the whole memory: no wait can help, one start.
     env = {"BATCHRUN_ECHO_START_ERROR": CPU_KV_BYTES.format(free="10.5", kv="20.0")}
     (tmp_path / "whole").mkdir()
-    r, _ = submit(tmp_path / "whole", env, 5, "--kv-cache-memory-bytes", str(20 * 2**30))
+    r, job = submit(tmp_path / "whole", env, 5, "--kv-cache-memory-bytes", str(20 * 2**30))
     assert r.returncode == 1, r.stderr
     assert starts(r.stderr) == 1, r.stderr
     assert error_line(r.stderr).startswith(
         "error: the KV cache asked for is more than the whole memory (11.96 GiB) (RuntimeError: "
     )
     assert error_line(r.stderr).endswith(
-        "; give --kv-cache-memory-bytes less (now 21,474,836,480). Everything finished so far "
-        "is saved"
+        f"; give --kv-cache-memory-bytes less (now 21,474,836,480). {saved(job)}"
     )
 
 

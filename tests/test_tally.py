@@ -67,9 +67,22 @@ def test_a_group_counts_as_each_of_its_results_would() -> None:
                 t, worker, len(results), sum(r[3] for r in results), sum(r[4] for r in results),
                 sum(r[1] for r in results), sum(r[2] for r in results), len(engine),
                 sum(r[2] for r in engine), sum(r[5] == COPY for r in results),
-                max((r[0] for r in engine), default=0.0),
+                sum(r[5] == COPY and r[3] for r in results), max((r[0] for r in engine), default=0.0),
             )  # fmt: skip
         assert grouped == one_by_one
+
+
+def test_a_duplicate_copied_again_in_each_retry_pass_is_deduplicated_once() -> None:
+    """A failed representative's retries copy their failure to its duplicate again: one request
+    answered from an identical one, three attempts that no engine ran."""
+    tally = Tally()
+    for attempt in (1, 2, 3):
+        t = 100.0 + attempt
+        tally.add(t, 0.5, 3, 0, attempt == 1, 0, ENGINE, 0, None)  # the representative
+        tally.add(t, 0.5, 3, 0, attempt == 1, 0, COPY, 0, None)  # its duplicate
+    assert (tally.attempts, tally.engine_attempts, tally.deduplicated, tally.cache_hits) == (
+        6, 3, 1, 0,
+    )  # fmt: skip
 
 
 def test_a_worker_counts_only_what_its_engine_ran() -> None:

@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from batchrun import stopping
 from batchrun.config import OptionError
-from batchrun.errors import BatchrunError
+from batchrun.errors import BatchrunError, GaveUp
 from batchrun.stopping import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated
 
 if TYPE_CHECKING:
@@ -68,6 +68,10 @@ def guarded(ctx: typer.Context, call: Callable[[], T]) -> T:
         return call()
     except OptionError as e:
         _bad_option(ctx, e)
+    except GaveUp as e:
+        # The Ctrl-C advice's command: resume, or retry-failed for what a retry left failed.
+        _, then = stopping.next_command()
+        fail(f"{e}; once the cause is fixed, continue with: {then}", e.exit_code)
     except BatchrunError as e:
         fail(str(e), e.exit_code)
     except KeyboardInterrupt as e:

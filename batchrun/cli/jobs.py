@@ -200,7 +200,7 @@ def _continue(
     """resume and retry-failed: continue the job with the run's metrics, print the summary."""
     from batchrun.run.jobs import continue_job
 
-    stopping.set_job(job_dir)
+    stopping.set_job(job_dir, retry=mode == "retry")
     monitoring = metrics.monitoring()
     try:
         summary = guarded(

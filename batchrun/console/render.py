@@ -32,14 +32,12 @@ class JobSummary:
     wall_s: float
     run_completion_tokens: int = 0
     run_outcomes: int = 0
-    # This run's prefix-cache counters (vLLM's: prompt tokens looked up, found cached) and the
-    # results it copied from identical requests.
+    # This run's prefix-cache counters (vLLM's: prompt tokens looked up, found cached).
     run_cache_queries: int = 0
     run_cache_hits: int = 0
-    run_deduplicated: int = 0
-    # This run's answers from the answer cache (--cache-dir), and generated tokens of the
-    # attempts its engine ran (neither copies nor cache hits).
-    run_cached: int = 0
+    # The attempts this run's engine ran and their generated tokens (neither a duplicate's copy
+    # nor an answer from the answer cache, --cache-dir).
+    run_engine_attempts: int = 0
     run_engine_tokens: int = 0
     # The options resume or retry-failed replaced, as `--dtype bfloat16 (was banana)`.
     overrides: list[str] = field(default_factory=list)
@@ -54,6 +52,10 @@ class JobSummary:
         """0 when every request succeeded, 1 otherwise."""
         ok = self.state.succeeded == self.manifest.requests and self.state.invalid == 0
         return 0 if ok else 1
+
+
+# The error codes the error rate row names, the most frequent first (status --json has all).
+CODES_SHOWN = 5
 
 
 def _fmt_rate(value: float | None, unit: str) -> str:
@@ -82,12 +84,11 @@ def print_summary(console: Console, summary: JobSummary, title: str) -> None:
     table.add_row(
         "tokens", f"{figures.prompt_tokens:,} prompt, {figures.completion_tokens:,} generated"
     )
-    saved = summary.run_cached + summary.run_deduplicated
-    engine = summary.run_outcomes - saved
+    engine = summary.run_engine_attempts
     table.add_row(
         "this run",
         f"{plural(summary.run_outcomes, 'attempt')} in {summary.wall_s:,.1f}s"
-        + (f" ({engine:,} by the engine)" if saved else ""),
+        + (f" ({engine:,} by the engine)" if engine != summary.run_outcomes else ""),
     )
     wall = max(summary.wall_s, 1e-9)
     # Over the run's whole time, engine start included (status gives first to last result);
@@ -143,11 +144,7 @@ def _timing_rows(table: Table, s: dict[str, Any]) -> None:
             table.add_row(name, f"p50 {_seconds(q['p50'])}, p99 {_seconds(q['p99'])} ({what})")
     errors = s.get("errors") or {}
     if errors.get("rate"):
-        codes = ", ".join(
-            f"{code} {e['count']:,} ({e['rate']:.2%})"
-            for code, e in list(errors["by_code"].items())[:5]
-        )
-        table.add_row("error rate", f"{errors['rate']:.2%} of attempts and invalid lines: {codes}")
+        table.add_row("error rate", _error_rate(errors))
     cost = s.get("cost")
     if cost:
         per = cost.get("usd_per_million_tokens")
@@ -155,6 +152,28 @@ def _timing_rows(table: Table, s: dict[str, Any]) -> None:
             "cost",
             f"${cost['usd']:,.4f}" + (f" (${per:,.4f} per million tokens)" if per else ""),
         )
+
+
+def _error_rate(errors: dict[str, Any]) -> str:
+    """`2.50% of attempts and invalid lines: engine_error 4 (2.00%), ...`: the most frequent
+    codes, then how many more codes (and their failed attempts, invalid lines) were left out."""
+    by_code = list(errors["by_code"].items())
+    shown, rest = by_code[:CODES_SHOWN], by_code[CODES_SHOWN:]
+    said = f"{errors['rate']:.2%} of attempts and invalid lines: " + ", ".join(
+        f"{code} {e['count']:,} ({e['rate']:.2%})" for code, e in shown
+    )
+    if not rest:
+        return said
+    # by_code counts both; failed_by_code the failed attempts alone (job/timing.py).
+    failed_by_code = errors.get("failed_by_code") or {}
+    failed = sum(failed_by_code.get(code, 0) for code, _ in rest)
+    lines = sum(e["count"] for _, e in rest) - failed
+    what = [plural(failed, "failed attempt")] if failed else []
+    what += [plural(lines, "invalid line")] if lines else []
+    return (
+        f"{said}, and {plural(len(rest), 'more code')} ({', '.join(what)}): "
+        "batchrun status --json lists them"
+    )
 
 
 def _seconds(value: float) -> str:
@@ -291,7 +310,7 @@ def _kv_cache(tokens: int) -> str:
 
 
 def _deduplicated(count: int) -> str:
-    """How many results were copied from an identical deterministic request."""
+    """How many requests were first answered with a copy of an identical deterministic one's."""
     return (
         f"{plural(count, 'request')} answered from an identical one "
         f"({'its' if count == 1 else 'their'} engine runs saved)"

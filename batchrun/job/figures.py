@@ -10,8 +10,9 @@ that reading it costs O(1)); the run times come from the manifest and the run cl
 - `succeeded`, `failed`: valid requests whose last attempt succeeded, failed; `pending`: valid
   requests with no finished attempt;
 - `attempts`: every result journaled for the job's requests, a duplicate's copy and an answer
-  from the answer cache included; `engine_attempts`: those the engine ran (attempts less
-  `deduplicated` less `cache_hits`);
+  from the answer cache included; `engine_attempts`: those the engine ran (attempts less the
+  copies less `cache_hits`); `deduplicated`: requests first answered with a copy of an
+  identical one's outcome, each once however many of its attempts were copies;
 - error rate: failed attempts plus invalid lines, over attempts plus invalid lines;
 - `wall_s` (run time): the runs' wall time, killed runs included, never a gap between runs;
   cost: that time priced (job/cost.py);

@@ -32,7 +32,7 @@ class Run(msgspec.Struct, kw_only=True):
     wall_s: float | None = None
     status: str | None = None
     # This run's prefix-cache counters ({"queries", "hits"}: vLLM's, in prompt tokens) and the
-    # results it copied from an identical request instead of running them.
+    # requests it first answered with a copy of an identical one's outcome (the job's figure).
     prefix_cache: dict[str, int] | None = None
     deduplicated: int | None = None
     # What the run's time costs (job/cost.py): --gpu-hour-cost (USD an hour per GPU, or per

@@ -368,6 +368,7 @@ class JobState(TallyTotals):
         tally = self.tally
         numbers: list[int] = []
         ok = done = counted = prompt = completion = engine = engine_tokens = copies = 0
+        first_copies = 0
         longest = 0.0
         for i, (outcome, key) in enumerate(zip(outcomes, keys, strict=True)):
             if key is None:
@@ -429,6 +430,7 @@ class JobState(TallyTotals):
                     longest = latency
             elif source == COPY:
                 copies += 1
+                first_copies += old is None
         table.done += done
         self.ok += ok
         self.tried += counted
@@ -436,7 +438,7 @@ class JobState(TallyTotals):
             # (The longest latency as journaled: rounding keeps order, so once is enough.)
             tally.add_group(
                 t, worker, counted, done, ok, prompt, completion, engine, engine_tokens, copies,
-                round(longest, 6),
+                first_copies, round(longest, 6),
             )  # fmt: skip
         return numbers
 

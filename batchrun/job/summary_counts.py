@@ -21,7 +21,7 @@ from batchrun.job.tally import (
 from batchrun.job.timing import LightRecord, LogHistogram, Timing
 
 # Bumped whenever a field's meaning changes: a summary of another version is rebuilt.
-SUMMARY_VERSION = 5
+SUMMARY_VERSION = 6
 
 
 class SummaryRecord(LightRecord):
@@ -53,7 +53,6 @@ class Summary(TallyTotals):
     done = TallyFigure[int]()  # requests with a finished attempt
     succeeded = TallyFigure[int]()  # requests whose last attempt succeeded
     attempts = TallyFigure[int]()  # every result journaled, copies and cache hits included
-    engine_attempts = TallyFigure[int]()  # results the engine ran (neither copies nor hits)
     first_time = TallyFigure[float | None]()  # when the first record counted was journaled
     last_time = TallyFigure[float | None]()  # when the last record counted was journaled
     # Per model a record names (several models, or adapters: run/model_routes.py).
@@ -136,7 +135,8 @@ class Summary(TallyTotals):
         # counted as one group, the same step `Tally.add` takes for each (job/tally.py).
         at: float | None = None
         by: int | None = None
-        n = new = ok = prompt = completion = engine = engine_tokens = copies = 0
+        n = new = ok = prompt = completion = engine = engine_tokens = 0
+        copies = first_copies = 0
         longest = 0.0
         done, succeeded = tally.done, tally.succeeded  # as the group's counts will leave them
         for rec in records:
@@ -163,9 +163,11 @@ class Summary(TallyTotals):
             if model is not None:
                 if n:  # (never both in one journal: kept in order all the same)
                     add_group(
-                        at, by, n, new, ok, prompt, completion, engine, engine_tokens, copies, longest,  # type: ignore[arg-type]
+                        at, by, n, new, ok, prompt, completion, engine, engine_tokens,  # type: ignore[arg-type]
+                        copies, first_copies, longest,
                     )  # fmt: skip
-                    n = new = ok = prompt = completion = engine = engine_tokens = copies = 0
+                    n = new = ok = prompt = completion = engine = engine_tokens = 0
+                    copies = first_copies = 0
                     longest = 0.0
                 tally.add(
                     t, rec.latency_s or 0.0, rec.prompt_tokens, rec.completion_tokens,
@@ -175,9 +177,11 @@ class Summary(TallyTotals):
                 continue
             if n and (t != at or worker != by):
                 add_group(
-                    at, by, n, new, ok, prompt, completion, engine, engine_tokens, copies, longest,  # type: ignore[arg-type]
+                    at, by, n, new, ok, prompt, completion, engine, engine_tokens,  # type: ignore[arg-type]
+                    copies, first_copies, longest,
                 )  # fmt: skip
-                n = new = ok = prompt = completion = engine = engine_tokens = copies = 0
+                n = new = ok = prompt = completion = engine = engine_tokens = 0
+                copies = first_copies = 0
                 longest = 0.0
             at, by = t, worker
             n += 1
@@ -190,6 +194,7 @@ class Summary(TallyTotals):
             completion += tokens
             if rec.copy_of is not None:
                 copies += 1
+                first_copies += attempt == 1
             elif not rec.cached:
                 engine += 1
                 engine_tokens += tokens
@@ -199,7 +204,8 @@ class Summary(TallyTotals):
         else:
             if n:
                 add_group(
-                    at, by, n, new, ok, prompt, completion, engine, engine_tokens, copies, longest,  # type: ignore[arg-type]
+                    at, by, n, new, ok, prompt, completion, engine, engine_tokens,  # type: ignore[arg-type]
+                    copies, first_copies, longest,
                 )  # fmt: skip
             return counted
         return None  # a record that cannot follow what the summary says: not to be used

@@ -233,6 +233,9 @@ class Tally(_Dumped):
         self.attempts = 0  # every result journaled, copies and cache hits included
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        # Requests whose first finished attempt copied an identical one's outcome: each once,
+        # however many of its attempts were copies (a failed representative's retries copy
+        # their failure again).
         self.deduplicated = 0
         self.cache_hits = 0
         self.engine_attempts = 0
@@ -273,10 +276,10 @@ class Tally(_Dumped):
         `ok_change` what it does to the succeeded count (+1, 0, -1), `source` ENGINE, COPY or
         CACHED, `latency` its time in the engine, `worker` who ran it, `model` the name its
         record gives (None: the job's one)."""
-        engine = source == ENGINE
+        engine, copy = source == ENGINE, source == COPY
         self.add_group(
-            t, worker, 1, int(new), ok_change, prompt, completion,
-            int(engine), completion if engine else 0, int(source == COPY), latency if engine else 0.0,
+            t, worker, 1, int(new), ok_change, prompt, completion, int(engine),
+            completion if engine else 0, int(copy), int(copy and new), latency if engine else 0.0,
         )  # fmt: skip
         if model is not None:
             counts = self.per_model.get(model)
@@ -304,12 +307,14 @@ class Tally(_Dumped):
         engine: int,
         engine_tokens: int,
         copies: int,
+        first_copies: int,
         latency: float,
     ) -> None:
         """Results journaled together at `t` (one worker's, of no model named), as sums: `new`
         of them their requests' first finished attempt, `ok_change` to the succeeded count,
         `engine` of them run by the engine (generating `engine_tokens`; the longest in the
-        engine for `latency`), `copies` copied from a duplicate, the rest from the cache.
+        engine for `latency`), `copies` copied from a duplicate (`first_copies` of them their
+        requests' first finished attempt), the rest from the cache.
 
         The step every fold takes for every result (`add` is a group of one): the worker's
         active time gains [t - latency, t], the union of its results' own time in the engine,
@@ -324,7 +329,7 @@ class Tally(_Dumped):
         self.completion_tokens += completion
         self.engine_attempts += engine
         self.engine_completion_tokens += engine_tokens
-        self.deduplicated += copies
+        self.deduplicated += first_copies
         self.cache_hits += results - engine - copies
         if engine and worker is not None and t > 0:
             stats = self._by_index.get(worker)
@@ -404,7 +409,9 @@ class TallyTotals:
     completion_tokens = TallyFigure[int]()  # of every result, copies and cache hits included
     # Generated tokens of the attempts the engine ran (neither copies nor cache hits).
     engine_completion_tokens = TallyFigure[int]()
-    deduplicated = TallyFigure[int]()  # results copied from an identical request's (run/dedup.py)
+    engine_attempts = TallyFigure[int]()  # results the engine ran (neither copies nor hits)
+    # Requests first answered with a copy of an identical one's outcome (run/dedup.py), once each.
+    deduplicated = TallyFigure[int]()
     cache_hits = TallyFigure[int]()  # results from the cross-job cache (run/answer_cache.py)
     # Per worker index: its engine attempts, their tokens, its active time.
     per_worker = TallyFigure[dict[str, WorkerFigures]]()

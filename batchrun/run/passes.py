@@ -257,6 +257,7 @@ class _Counts:
     """The job's counters as a run began, so that its summary says what this run added."""
 
     outcomes: int
+    engine_attempts: int
     completion_tokens: int
     engine_completion_tokens: int
     deduplicated: int
@@ -267,6 +268,7 @@ class _Counts:
         """The counters of `state` now."""
         return cls(
             outcomes=state.attempts.total(),
+            engine_attempts=state.engine_attempts,
             completion_tokens=state.completion_tokens,
             engine_completion_tokens=state.engine_completion_tokens,
             deduplicated=state.deduplicated,
@@ -287,8 +289,7 @@ class _Counts:
             run_outcomes=state.attempts.total() - self.outcomes,
             run_cache_queries=cache.get("queries", 0),
             run_cache_hits=cache.get("hits", 0),
-            run_deduplicated=run_info.deduplicated or 0,
-            run_cached=state.cache_hits - self.cache_hits,
+            run_engine_attempts=state.engine_attempts - self.engine_attempts,
             run_engine_tokens=state.engine_completion_tokens - self.engine_completion_tokens,
         )
 

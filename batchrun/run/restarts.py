@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from batchrun.console.text import plural
 from batchrun.engines import startup
 from batchrun.engines.startup import StartFailure, StartKind
-from batchrun.errors import BatchrunError
+from batchrun.errors import BatchrunError, GaveUp
 from batchrun.job.paths import command
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.poison import (
@@ -274,6 +274,7 @@ class RestartPolicy:
                     f"{death.message}); they are recorded as failed ({code}). Once the "
                     f"engine is fixed, `{command('resume', self.job_dir)}` runs the rest and "
                     f"`{command('retry-failed', self.job_dir)}` runs them again",
+                    says_how=True,
                 )
                 return []
             return [(outcome, request)]
@@ -289,12 +290,15 @@ class RestartPolicy:
         )
         return []
 
-    def give_up(self, w: Worker, reason: str) -> None:
+    def give_up(self, w: Worker, reason: str, *, says_how: bool = False) -> None:
+        """Retire `w` for `reason`; the last one stops the run (`says_how`: `reason` names the
+        commands that go on, else the CLI adds the one that does)."""
         w.retired = True
         if any(not other.retired for other in self.workers):
             self.reporter.event(f"{w.label} retired: {reason}; the other workers go on")
             return
-        raise BatchrunError(f"{reason}. Everything finished so far is saved")
+        stop = BatchrunError if says_how else GaveUp
+        raise stop(f"{reason}. Everything finished so far is saved")
 
 
 def _log_death(w: Worker, death: WorkerDeath, held: Sequence[Request]) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from batchrun.cache_home import cache_root
 from batchrun.config import EngineSettings
 from batchrun.console.text import plural
-from batchrun.errors import BatchrunError
+from batchrun.errors import BatchrunError, GaveUp
 from batchrun.job.files import write_json_atomic
 from batchrun.openai.records import POOLING_ENDPOINTS, Request
 from batchrun.run.reporting import Reporter
@@ -79,7 +79,7 @@ def search_batch_size(
             break  # the job ran out of requests: measuring further would measure nothing
     best = search.best()
     if best is None:
-        raise BatchrunError(
+        raise GaveUp(
             f"out of memory at every batch size down to {lo}; lower --max-model-len or "
             "--gpu-memory-utilization, or use a smaller model. Everything finished so far is saved"
         )

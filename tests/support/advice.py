@@ -9,9 +9,10 @@ import subprocess
 
 from support.cli import cli
 
-# A command in back-quotes, or one after "... with: " up to ", or ..." or the end of the line.
+# A command in back-quotes, or one after "... with: " (or the ", then " that names a second one)
+# up to ", or ...", ", then ..." or the end of the line.
 _QUOTED = re.compile(r"`(batchrun [^`]+)`")
-_AFTER_COLON = re.compile(r"with: (batchrun .+?)(?=, or |\.?$)", re.M)
+_AFTER_COLON = re.compile(r"(?:with:|, then) (batchrun .+?)(?=, or |, then |\.?$)", re.M)
 
 
 def advised(text: str) -> list[list[str]]:

@@ -113,6 +113,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         gpu_release._BASELINES.clear()
         gpu_release._BASELINES.update(baselines)
         stopping._first = stopping._job_dir = stopping._again = stopping._resume = None
+        stopping._retry = False
         for sig, handler in saved_signals.items():
             signal.signal(sig, handler)
         os.chdir(saved_cwd)

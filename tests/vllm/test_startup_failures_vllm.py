@@ -13,6 +13,8 @@ from support.cli import cli, error_line
 from support.jobs import journal_records
 from support.lines import chat_line, read_jsonl, write_jsonl
 
+from batchrun.job.paths import command
+
 
 @pytest.mark.vllm
 def test_the_real_engine_below_the_models_own_memory_starts_once_and_says_raise_it(
@@ -42,7 +44,8 @@ def test_the_real_engine_below_the_models_own_memory_starts_once_and_says_raise_
         r"take \(\d+\.\d\d of [\d.]+ GiB\), which leaves the KV cache nothing \(ValueError: "
         r"Available memory on node \S+ \([\d.]+/[\d.]+ GiB\) on kv cache allocation is less than "
         r"requested memory for kv \(-[\d.]+/[\d.]+ GiB\)\); raise --gpu-memory-utilization "
-        r"above 0\.\d+\. Everything finished so far is saved",
+        r"above 0\.\d+\. Everything finished so far is saved; once the cause is fixed, continue "
+        rf"with: {re.escape(command('resume', job))}",
         line,
     ), line
     found = re.search(r"take \((\d+\.\d\d) of ([\d.]+) GiB\).*above (0\.\d+)\.", line)
