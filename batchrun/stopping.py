@@ -63,17 +63,22 @@ def next_command() -> tuple[bool, str]:
         return True, "batchrun resume"
     from batchrun.job.paths import command
 
-    resume = command("resume", _job_dir)
-    if not _retry:
-        return True, resume
+    return True, ", then ".join(command(name, _job_dir) for name in ways_on(_job_dir, _retry))
+
+
+def ways_on(job_dir: str, retry: bool) -> list[str]:
+    """The commands that continue a job stopped mid-run, in order: `resume`, unless the run was
+    a retry-failed (`retry`) that left failures: then `retry-failed`, after `resume` where
+    requests are pending too."""
+    if not retry:
+        return ["resume"]
     # resume runs only requests with no finished attempt (and retries within --max-attempts),
     # so what a stopped retry-failed leaves failed is run again by retry-failed alone; the
     # order is the summary's advice's (console/render.py next_step): the pending ones first.
-    pending, failed = _left(_job_dir)
-    retry = command("retry-failed", _job_dir)
+    pending, failed = _left(job_dir)
     if pending and failed:
-        return True, f"{resume}, then {retry}"
-    return True, resume if pending or not failed else retry
+        return ["resume", "retry-failed"]
+    return ["resume"] if pending or not failed else ["retry-failed"]
 
 
 def _left(job_dir: str) -> tuple[int, int]:

@@ -318,6 +318,44 @@ def test_ctrl_c_stops_a_python_run_and_the_cli_resumes_it(
     assert answered(job) == {f"r{i}": 1 for i in range(60)}
 
 
+@pytest.mark.slow
+def test_ctrl_c_in_a_python_retry_failed_says_to_retry_failed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A retry_failed stopped by Ctrl-C leaves failures that only retry-failed runs again (resume
+    would run nothing): its advice names it, from Python and the CLI, and following it
+    finishes the job."""
+    job = tmp_path / "job"
+    failing = [f"r{i}" for i in range(0, 60, 2)]
+    monkeypatch.setenv("BATCHRUN_ECHO_FAIL", ",".join(failing))
+    batchrun.run(chat_requests(60), job_dir=job, max_attempts=1, **ECHO)
+    assert batchrun.Job(job).status()["requests"]["failed"] == 30
+    monkeypatch.delenv("BATCHRUN_ECHO_FAIL")
+    monkeypatch.setenv("BATCHRUN_ECHO_DELAY_MS", "200")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def interrupt_once_retrying() -> None:
+        wait_until(results_at_least(job, 64), "the retry has answered a few", timeout=60)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    stopper = threading.Thread(target=interrupt_once_retrying, daemon=True)
+    stopper.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            batchrun.Job(job).retry_failed(batch_size=2, progress=False)
+    finally:
+        stopper.join(timeout=5)
+        signal.signal(signal.SIGINT, previous)
+    assert capsys.readouterr().err.endswith(
+        "\ninterrupted: the journal is flushed; nothing finished is lost. Continue with: "
+        f"batchrun.Job({str(job)!r}).retry_failed(), or batchrun retry-failed --job-dir {job}\n"
+    )
+    monkeypatch.setenv("BATCHRUN_ECHO_DELAY_MS", "0")
+    assert batchrun.Job(job).status()["requests"]["failed"] > 0
+    batchrun.Job(job).retry_failed(progress=False)
+    assert batchrun.Job(job).status()["requests"]["succeeded"] == 60
+
+
 def test_import_batchrun_imports_no_engine_nor_dataframes() -> None:
     heavy = ["vllm", "torch", "pandas", "pyarrow", "numpy", "typer", "batchrun.api"]
     code = (

@@ -20,6 +20,7 @@ from batchrun.api.options import cli_lines
 from batchrun.config import OptionError
 from batchrun.engines.remote.urls import API_KEY_VARS
 from batchrun.job.paths import JobPaths, command
+from batchrun.stopping import ways_on
 from batchrun.workers.cpu_claims import release_claim
 
 # Where --api-key goes for the workers (the remote engine reads it there first).
@@ -27,7 +28,7 @@ _KEY_VAR = API_KEY_VARS[0]
 
 
 @contextmanager
-def in_process(job_dir: Path, api_key: str | None = None) -> Iterator[None]:
+def in_process(job_dir: Path, api_key: str | None = None, *, retry: bool = False) -> Iterator[None]:
     """Run a core command on `job_dir` here: its OptionError as the CLI's line; Ctrl-C said as
     the CLI says it, with how to go on, and raised again; `api_key` (the remote
     engine's, `--api-key`) in this process's environment for the run's workers, as the CLI puts
@@ -51,7 +52,7 @@ def in_process(job_dir: Path, api_key: str | None = None) -> Iterator[None]:
                 os.environ[_KEY_VAR] = api_key
             yield
     except KeyboardInterrupt:
-        _say_how_to_go_on(job_dir)
+        _say_how_to_go_on(job_dir, retry)
         raise
     finally:
         if saved is None:
@@ -73,13 +74,18 @@ def _importing_the_callers_script() -> bool:
     return False
 
 
-def _say_how_to_go_on(job_dir: Path) -> None:
+def _say_how_to_go_on(job_dir: Path, retry: bool) -> None:
     """After Ctrl-C, the CLI's line: the job is safe and how to continue it (from Python or the
-    CLI), or, stopped before it was made, that nothing was."""
+    CLI; after a retry_failed that left failures, retry_failed), or, stopped before it was
+    made, that nothing was."""
     if JobPaths(job_dir).manifest.exists():
+        names = ways_on(str(job_dir), retry)
+        job = f"batchrun.Job({str(job_dir)!r})"
+        python = ", then ".join(f"{job}.{name.replace('-', '_')}()" for name in names)
+        cli = ", then ".join(command(name, job_dir) for name in names)
         message = (
             "interrupted: the journal is flushed; nothing finished is lost. Continue with: "
-            f"batchrun.Job({str(job_dir)!r}).resume(), or {command('resume', job_dir)}"
+            f"{python}, or {cli}"
         )
     else:
         message = "interrupted: stopped before the job was created; nothing was made"

@@ -111,7 +111,7 @@ class Job:
         run's metrics started, the job continued in this process."""
         from batchrun.run.jobs import continue_job
 
-        with in_process(self.job_dir, api_key):
+        with in_process(self.job_dir, api_key, retry=function == "retry_failed"):
             given = given_options(function, options, override=True)
             asked = monitoring(*metrics)
             with started(asked) as run_metrics:
