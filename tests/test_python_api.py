@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -283,6 +284,26 @@ def test_a_job_of_the_cli_is_resumed_from_python(tmp_path: Path) -> None:
     assert answered(job.job_dir) == {f"r{i}": 1 for i in range(100)}
 
 
+def _ctrl_c_once_journaled(job: Path, records: int, call: Callable[[], object]) -> None:
+    """Run `call` under Python's own Ctrl-C handler (a notebook kernel's; a test runner may have
+    changed it) and SIGINT this process once the job's journal holds `records` records: the
+    KeyboardInterrupt must come out of `call`."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def interrupt_once_journaled() -> None:
+        wait_until(results_at_least(job, records), f"{records} records journaled", timeout=60)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    stopper = threading.Thread(target=interrupt_once_journaled, daemon=True)
+    stopper.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            call()
+    finally:
+        stopper.join(timeout=5)
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_a_python_run_and_the_cli_resumes_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -290,23 +311,10 @@ def test_ctrl_c_stops_a_python_run_and_the_cli_resumes_it(
     """Ctrl-C (SIGINT, a KeyboardInterrupt in the main thread) stops the job as the CLI's does,
     and goes on to the caller; the CLI's resume finishes it, each request answered once."""
     monkeypatch.setenv("BATCHRUN_ECHO_DELAY_MS", "200")
-    # Python's own Ctrl-C, as a notebook's kernel has it (a test runner may have changed it).
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     job = tmp_path / "job"
-
-    def interrupt_once_running() -> None:
-        wait_until(results_at_least(job, 4),
-                   "the run has answered a few requests", timeout=60)  # fmt: skip
-        os.kill(os.getpid(), signal.SIGINT)
-
-    stopper = threading.Thread(target=interrupt_once_running, daemon=True)
-    stopper.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            batchrun.run(chat_requests(60), job_dir=job, batch_size=2, **ECHO)
-    finally:
-        stopper.join(timeout=5)
-        signal.signal(signal.SIGINT, previous)
+    _ctrl_c_once_journaled(
+        job, 4, lambda: batchrun.run(chat_requests(60), job_dir=job, batch_size=2, **ECHO)
+    )
     assert capsys.readouterr().err.endswith(
         "\ninterrupted: the journal is flushed; nothing finished is lost. Continue with: "
         f"batchrun.Job({str(job)!r}).resume(), or batchrun resume --job-dir {job}\n"
@@ -332,20 +340,9 @@ def test_ctrl_c_in_a_python_retry_failed_says_to_retry_failed_again(
     assert batchrun.Job(job).status()["requests"]["failed"] == 30
     monkeypatch.delenv("BATCHRUN_ECHO_FAIL")
     monkeypatch.setenv("BATCHRUN_ECHO_DELAY_MS", "200")
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    def interrupt_once_retrying() -> None:
-        wait_until(results_at_least(job, 64), "the retry has answered a few", timeout=60)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    stopper = threading.Thread(target=interrupt_once_retrying, daemon=True)
-    stopper.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            batchrun.Job(job).retry_failed(batch_size=2, progress=False)
-    finally:
-        stopper.join(timeout=5)
-        signal.signal(signal.SIGINT, previous)
+    _ctrl_c_once_journaled(
+        job, 64, lambda: batchrun.Job(job).retry_failed(batch_size=2, progress=False)
+    )
     assert capsys.readouterr().err.endswith(
         "\ninterrupted: the journal is flushed; nothing finished is lost. Continue with: "
         f"batchrun.Job({str(job)!r}).retry_failed(), or batchrun retry-failed --job-dir {job}\n"
