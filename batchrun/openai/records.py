@@ -89,3 +89,6 @@ class Outcome(msgspec.Struct, gc=False):
     # (openai/vectors.py split_vectors: each embedding there an empty text, in order): the
     # journal keeps them once, as binary, in its side file (job/vectors.py). None: `body` is whole.
     vectors: list[bytes] | None = None
+    # Where a worker wrote `body` and `vectors` itself (job/shards.py): ``[shard, at, body
+    # bytes, vector bytes...]``, both then None. None: they travel here.
+    stored: list[str | int] | None = None
