@@ -45,6 +45,9 @@ class ResultRecord(TypedDict):
     # float32 bytes until the journal writes them to its side file, then where they are there,
     # `[at, n1, n2, ...]`, the record's last field (job/vectors.py).
     vectors: NotRequired[list[bytes] | list[int]]
+    # Where its worker wrote the body (then null here) and vectors: `[shard, at, body bytes,
+    # vector bytes...]`, the record's last field (job/shards.py).
+    shard: NotRequired[list[str | int]]
 
 
 class InvalidRecord(TypedDict):

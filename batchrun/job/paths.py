@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchrun.job.journal import JOURNAL_NAME
+from batchrun.job.shards import shards_dir
 from batchrun.job.vectors import vectors_path
 
 MANIFEST_NAME = "manifest.json"
@@ -49,6 +50,11 @@ class JobPaths:
     def vectors(self) -> Path:
         """The journal's side file of vectors (job/vectors.py)."""
         return vectors_path(self.journal)
+
+    @property
+    def shards(self) -> Path:
+        """Where the workers write their results' bodies (job/shards.py)."""
+        return shards_dir(self.root)
 
     @property
     def lock(self) -> Path:

@@ -159,3 +159,33 @@ class ShardWriter:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+class ShardReader:
+    """TEMPORARY stand-in until the reader lands (helper)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._fds: dict[str, int] = {}
+
+    def read(self, name: str, at: int, size: int) -> bytes:
+        """`size` bytes at `at` of shard `name`."""
+        fd = self._fds.get(name)
+        if fd is None:
+            fd = self._fds[name] = os.open(shard_path(self.directory, name), os.O_RDONLY)
+        return os.pread(fd, size, at)
+
+    def fill(self, outcome: Outcome) -> None:
+        """Read `outcome`'s body and vectors back from its shard."""
+        ref = outcome.stored
+        assert ref is not None
+        name, at, size, *sizes = ref
+        assert isinstance(name, str) and isinstance(at, int) and isinstance(size, int)
+        data = self.read(name, at, size + sum(int(s) for s in sizes))
+        outcome.body = msgspec.Raw(data[:size])
+        vectors, pos = [], size
+        for s in sizes:
+            vectors.append(data[pos : pos + int(s)])
+            pos += int(s)
+        outcome.vectors = vectors or None
+        outcome.stored = None

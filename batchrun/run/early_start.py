@@ -33,6 +33,7 @@ from pathlib import Path
 from batchrun.config import EngineSettings
 from batchrun.job.manifest import Manifest, find_input
 from batchrun.job.paths import JobPaths
+from batchrun.job.shards import shards_dir
 from batchrun.job.summary import saved_summary
 from batchrun.openai.reader import read_input
 from batchrun.openai.records import Request
@@ -96,7 +97,12 @@ def start_early(
         return None
     settings = dataclasses.replace(settings, endpoint=endpoint)
     worker_class, envs = plan_workers(
-        settings, ray=None, gpus=options.gpus, workers=options.workers, logs=paths.logs
+        settings,
+        ray=None,
+        gpus=options.gpus,
+        workers=options.workers,
+        logs=paths.logs,
+        shards=shards_dir(paths.root),
     )
     if search:
         size = search_top(options, settings, envs)

@@ -4,6 +4,7 @@ changed file adopted as the job's input (resume --force)."""
 from __future__ import annotations
 
 import shlex
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -92,6 +93,7 @@ def discard_unfinished_validation(paths: JobPaths) -> None:
     if kinds <= {"invalid"}:
         paths.journal.unlink()
         paths.vectors.unlink(missing_ok=True)
+        shutil.rmtree(paths.shards, ignore_errors=True)
         return
     raise BatchrunError(
         f"{paths.root} holds a journal with finished requests but no {paths.manifest.name}; "

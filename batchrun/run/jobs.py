@@ -133,6 +133,7 @@ def submit(
                 fetched = [paths.root / FETCHED_NAME] if url is not None else []
                 for p in (paths.journal, paths.vectors, paths.lock, *fetched):
                     p.unlink(missing_ok=True)
+                shutil.rmtree(paths.shards, ignore_errors=True)
             raise
         mode: RunMode = "tune" if tune_only else "submit"
         return run_job(

@@ -25,6 +25,7 @@ from batchrun.job.journal import JournalWriter
 from batchrun.job.manifest import Manifest, Run, save_manifest
 from batchrun.job.paths import JobPaths
 from batchrun.job.run_clock import RunClock, settle_runs
+from batchrun.job.shards import shards_dir
 from batchrun.job.state import JobState, replay
 from batchrun.job.summary import keep_summary
 from batchrun.models.named import settings_for
@@ -160,6 +161,7 @@ def _workers_of(
         gpus=options.gpus,
         workers=options.workers,
         logs=paths.logs,
+        shards=shards_dir(paths.root),
     )
 
 

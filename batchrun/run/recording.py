@@ -13,12 +13,13 @@ from __future__ import annotations
 import itertools
 import operator
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from batchrun import timeline
 from batchrun.job.journal import JournalWriter, plain_result
 from batchrun.job.journal_records import ResultRecord, result_record
+from batchrun.job.shards import ShardReader, shards_dir
 from batchrun.job.state import JobState
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.answer_cache import AnswerCache
@@ -58,6 +59,11 @@ class ResultSink(Protocol):
         """Each custom_id's attempts so far (for the metrics' final failures)."""
         ...
 
+    def whole(self, outcomes: Iterable[Outcome]) -> None:
+        """Read back the bodies of `outcomes` that their workers wrote to shards
+        (job/shards.py), for what needs them in the parent (the answer cache)."""
+        ...
+
 
 def counted_records(
     state: JobState,
@@ -82,6 +88,8 @@ def counted_records(
             rec["worker"] = index
         if models is not None:  # status counts per model and adapter
             rec["model"] = models[i]
+        if outcome.stored is not None:  # its worker wrote the body: the record's last field
+            rec["shard"] = outcome.stored
         records.append(rec)
         plain = plain and plain_result(outcome)
     return done, records, plain
@@ -100,6 +108,9 @@ class JournalSink:
         self.journal = journal
         self.state = state
         self.duplicates = duplicates
+        # The bodies the workers wrote (job/shards.py), read back only where the parent needs
+        # one: a representative's, to answer its duplicates; an answer to store in the cache.
+        self.shards = ShardReader(shards_dir(journal.path.parent))
         # The name a request's record gives as its model (a job of several models, or adapters:
         # status counts per model, run/model_routes.py); None: records name none.
         self.record_model = record_model
@@ -119,6 +130,10 @@ class JournalSink:
         records += counted
         outcomes += done
         if self.duplicates is not None and self.duplicates.held:
+            held = self.duplicates.held
+            for outcome, request in pairs:
+                if outcome.stored is not None and request.custom_id in held:
+                    self.shards.fill(outcome)  # its record, made above, names the shard still
             # In the same journal append as their representatives' records: a kill leaves
             # either both or a duplicate with no record, which then simply runs again.
             copies = self.duplicates.answer(pairs)
@@ -136,6 +151,12 @@ class JournalSink:
     def attempts(self) -> Mapping[str, int]:
         """The job's attempts so far."""
         return self.state.attempts
+
+    def whole(self, outcomes: Iterable[Outcome]) -> None:
+        """Read back the bodies their workers wrote."""
+        for outcome in outcomes:
+            if outcome.stored is not None:
+                self.shards.fill(outcome)
 
 
 class Recording:
@@ -197,6 +218,7 @@ class Recording:
         if self._unstored:
             assert self.answers is not None
             # After the journal write: a kill in between leaves an answer journaled, not stored.
+            self.sink.whole(outcome for outcome, _ in self._unstored)
             self.answers.store(self._unstored)
             self._unstored = []
         if outcomes:

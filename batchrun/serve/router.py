@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -269,6 +269,9 @@ class BatchJournals:
     def attempts(self) -> Mapping[str, int]:
         """None counted here: each batch's attempts are its own job's."""
         return {}
+
+    def whole(self, outcomes: Iterable[Outcome]) -> None:
+        """Nothing to read back: serve's workers send their results whole (job/shards.py)."""
 
 
 def build_pool(

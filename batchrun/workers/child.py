@@ -20,6 +20,7 @@ import time
 import traceback
 import warnings
 from collections import deque
+from pathlib import Path
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, assert_never
@@ -36,6 +37,7 @@ from batchrun.engines.base import (
     StopsJob,
 )
 from batchrun.job.journal import encode_body
+from batchrun.job.shards import SHARD_DIR_ENV, ShardWriter, new_shard_name
 from batchrun.openai.records import Outcome, Request
 from batchrun.openai.response_bodies import failure, holds_no_float
 from batchrun.openai.vectors import PLACEHOLDER, split_vectors
@@ -52,6 +54,7 @@ from batchrun.workers.messages import (
     ToWorker,
     Window,
 )
+from batchrun.workers.outbox import Outbox
 from batchrun.workers.platform_env import apply_worker_environment
 from batchrun.workers.process_group import die_with_parent, lead_own_group
 
@@ -155,19 +158,23 @@ def worker_main(
             timeline=_ready_marks(),
         )
     )
+    # A job's run has the worker write its results' bodies itself (job/shards.py).
+    shards = env.get(SHARD_DIR_ENV)
+    outbox = Outbox(conn, ShardWriter(Path(shards), new_shard_name(name)) if shards else None)
     try:
         # An engine with its own flow control times its own requests (engines/base.py).
         timeout = None if isinstance(engine, FlowControlled) else settings.request_timeout
-        _loop(conn, engine, settings.window, timeout)
+        _loop(outbox, engine, settings.window, timeout)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent went away: nothing left to report to
     except BaseException as e:
+        outbox.close()  # the results that finished first: the parent journals them
         _send_fatal(conn, e)
-        _exit(engine, conn, 4)
-    _exit(engine, conn, 0)
+        _exit(engine, conn, 4, outbox)
+    _exit(engine, conn, 4 if outbox.failed else 0, outbox)
 
 
-def _exit(engine: Any, conn: Connection, code: int) -> None:
+def _exit(engine: Any, conn: Connection, code: int, outbox: Outbox | None = None) -> None:
     """End the worker process. Every result is with the parent by now, so nothing the engine
     holds is worth a wait: an engine that runs in this process alone (vLLM's engine core on a
     CPU) is not shut down, since the exit frees all it holds and its shutdown cost the user 1.9 s
@@ -175,6 +182,9 @@ def _exit(engine: Any, conn: Connection, code: int) -> None:
     GPU) is, so that they end cleanly (the parent kills what is left of the group either way).
     The channel is closed before the exit, so that the parent knows at once that all is said:
     the kernel's freeing of the process's memory (0.6 s for 9 GB) comes before its files close."""
+    if outbox is not None:
+        with contextlib.suppress(Exception):
+            outbox.close()  # what is queued goes first
     if multiprocessing.active_children():
         with contextlib.suppress(Exception):
             engine.close()
@@ -352,11 +362,12 @@ def encode_outcome(outcome: Outcome, body: dict[str, Any]) -> dict[str, Any] | m
     return encode_body(body, floats=not holds_no_float(body))
 
 
-def _loop(conn: Connection, engine: Any, window: int, request_timeout: float | None = None) -> None:
+def _loop(outbox: Outbox, engine: Any, window: int, request_timeout: float | None = None) -> None:
+    conn = outbox.conn  # heard from here; said through the outbox, in order
     feeder = Feeder(engine, window, request_timeout)
     # The parent watches a worker that beats (run/watchdog.py): say so before the first step,
     # which may be the one that never returns.
-    conn.send(Heartbeat(HEARTBEAT_S))
+    outbox.send(Heartbeat(HEARTBEAT_S))
     last_stats = time.monotonic()
     # An engine with a prefix cache counts its lookups (engines/base.py, CacheCounting).
     counters = engine.prefix_cache_counters if isinstance(engine, CacheCounting) else None
@@ -379,20 +390,22 @@ def _loop(conn: Connection, engine: Any, window: int, request_timeout: float | N
         out = feeder.pump()
         if out:
             if counters is not None and (cache := counters()) != cache_sent:
-                conn.send(Cache(*cache))
+                outbox.send(Cache(*cache))
                 cache_sent = cache
             if flow is not None and (window := flow()) != window_sent:
                 # Before the results, so the parent has it with the last one (its batch size).
-                conn.send(Stats(window=window))
+                outbox.send(Stats(window=window))
                 window_sent = window
             for part in _messages(out):
-                conn.send(Results(part))
+                outbox.send(Results(part))
             if feeder.restart is not None:
-                conn.send(Restart(feeder.restart))
+                outbox.send(Restart(feeder.restart))
                 feeder.restart = None
         now = time.monotonic()
         if now - last_stats >= HEARTBEAT_S:
             # Also the heartbeat: sent between steps, so a step that never returns stops it.
             # With a flow-controlled engine's window: the batch size the job shows.
-            conn.send(Stats(peak_memory_mb(), window=flow() if flow is not None else None))
+            outbox.send(Stats(peak_memory_mb(), window=flow() if flow is not None else None))
             last_stats = now
+        if outbox.failed:
+            return  # the shard cannot be written (the parent was told), or the parent is gone

@@ -6,6 +6,7 @@ import contextlib
 from pathlib import Path
 
 from batchrun.config import EngineSettings
+from batchrun.job.shards import SHARD_DIR_ENV
 from batchrun.workers.devices import DEVICE_KEY_ENV, worker_envs
 from batchrun.workers.process import Worker
 
@@ -17,9 +18,11 @@ def plan_workers(
     gpus: list[str] | None,
     workers: int | None,
     logs: Path,
+    shards: Path | None = None,
 ) -> tuple[type[Worker], list[dict[str, str]]]:
     """The worker class and one environment per worker: one actor per GPU group (or `workers`)
-    on the Ray cluster `ray`, else local processes, each writing its output to logs/worker-N.log."""
+    on the Ray cluster `ray`, else local processes, each writing its output to logs/worker-N.log
+    and, given `shards` (a job's run), its results' bodies to a shard there (job/shards.py)."""
     if ray:
         from batchrun.workers import ray as ray_backend
 
@@ -39,4 +42,8 @@ def plan_workers(
         logs.mkdir(exist_ok=True)
         for i, env in enumerate(envs):
             env["BATCHRUN_WORKER_LOG"] = str((logs / f"worker-{i}.log").resolve())
+    if shards is not None:
+        # (Ray actors, above, send their results whole: their node may not see this directory.)
+        for env in envs:
+            env[SHARD_DIR_ENV] = str(shards.resolve())
     return Worker, envs
