@@ -14,6 +14,8 @@ bodies, as before shards.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from collections import deque
 from multiprocessing.connection import Connection
@@ -88,11 +90,12 @@ class Outbox:
             except BatchrunError as e:
                 self.failed = True
                 # No restart can help a full or read-only job directory: the job stops, saying why.
-                try:
+                with contextlib.suppress(OSError):
                     self.conn.send(Fatal(oom=False, message=str(e), stops_job=True))
-                except OSError:
-                    pass
-                return
+                    self.conn.close()
+                # The engine's loop may be waiting for requests that will never come: end the
+                # worker from here (the parent kills what is left of its group).
+                os._exit(4)
             try:
                 for message in items:
                     self.conn.send(message)
