@@ -35,6 +35,7 @@ import msgspec
 
 from batchrun.config import EngineSettings
 from batchrun.errors import BatchrunError
+from batchrun.job.shards import ShardReader, stored_ref
 from batchrun.openai.answers import answer_problem
 from batchrun.openai.records import Outcome, Request
 from batchrun.openai.vectors import fill_vectors
@@ -161,18 +162,28 @@ class AnswerCache:
             return None
         return entry
 
-    def store(self, pairs: Iterable[tuple[Outcome, Request]]) -> None:
-        """Keep the successful answers of deterministic requests (already journaled)."""
+    def store(
+        self, pairs: Iterable[tuple[Outcome, Request]], shards: ShardReader | None = None
+    ) -> None:
+        """Keep the successful answers of deterministic requests (already journaled); an answer
+        whose worker stored its body in a shard (job/shards.py) is read from `shards` (without
+        them, it is not kept: a later job misses and runs it)."""
         for outcome, request in pairs:
-            if not outcome.ok or outcome.extra or outcome.body is None:
+            stored = outcome.stored
+            if not outcome.ok or outcome.extra or (outcome.body is None and stored is None):
                 continue  # failures are not answers; copies and hits are stored already
             key = self.key(request)
             if key is None:
                 continue
-            body = outcome.body
-            if outcome.vectors is not None and isinstance(body, msgspec.Raw):
+            body, vectors = outcome.body, outcome.vectors
+            if stored is not None:
+                if shards is None:
+                    continue
+                text, split = shards.load(stored_ref(stored))
+                body, vectors = msgspec.Raw(text), split or None
+            if vectors is not None and isinstance(body, msgspec.Raw):
                 # An entry holds its answer whole: the vectors back in as base64.
-                body = msgspec.Raw(fill_vectors(bytes(body), outcome.vectors))
+                body = msgspec.Raw(fill_vectors(bytes(body), vectors))
             data: Any = _DECODE.decode(body) if isinstance(body, msgspec.Raw) else body
             entry = {
                 "batchrun": __version__,

@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from batchrun.job.journal import encode_body
+from batchrun.job.shards import ShardReader, stored_ref
 from batchrun.openai.media import media_identity
 from batchrun.openai.records import POOLING_ENDPOINTS, Outcome, Request
 from batchrun.openai.response_bodies import holds_no_float, response_id
@@ -60,8 +61,11 @@ def dedup_key(request: Request) -> bytes | None:
 class Duplicates:
     """The duplicates held back, by the custom_id of the representative that runs for them."""
 
-    def __init__(self) -> None:
+    def __init__(self, shards: ShardReader | None = None) -> None:
         self.held: dict[str, list[Request]] = {}
+        # The job's result shards, where a representative's worker may have written its body
+        # (job/shards.py): a copy is read from there. None: bodies travel whole (serve).
+        self.shards = shards
 
     def split(self, window: Sequence[Request]) -> list[Request]:
         """The requests of `window` that must run (one per set of identical deterministic ones,
@@ -90,14 +94,23 @@ class Duplicates:
         for outcome, request in pairs:
             waiting = held.pop(request.custom_id, None)
             if waiting is not None:
-                copies += [(copy_outcome(outcome, d), d) for d in waiting]
+                copies += [(copy_outcome(outcome, d, self.shards), d) for d in waiting]
         return copies
 
 
-def copy_outcome(outcome: Outcome, duplicate: Request) -> Outcome:
+def copy_outcome(
+    outcome: Outcome, duplicate: Request, shards: ShardReader | None = None
+) -> Outcome:
     """`outcome` as the answer to `duplicate`: its own custom_id, a fresh response id (and fresh
-    tool-call ids); `extra["copy_of"]` names the representative."""
-    body = outcome.body
+    tool-call ids); `extra["copy_of"]` names the representative. An outcome whose body its
+    worker stored in a shard (`stored`) is read from `shards`: the copy holds its body itself
+    (its ids are its own, so it cannot name the representative's bytes)."""
+    body, vectors = outcome.body, outcome.vectors
+    if outcome.stored is not None:
+        if shards is None:
+            raise AssertionError("a stored result to copy, and no shards to read it from")
+        text, split = shards.load(stored_ref(outcome.stored))
+        body, vectors = msgspec.Raw(text), split or None
     if body is not None:
         data: Any = _DECODE.decode(body) if isinstance(body, msgspec.Raw) else body
         if isinstance(data, dict):
@@ -114,7 +127,7 @@ def copy_outcome(outcome: Outcome, duplicate: Request) -> Outcome:
         latency_s=outcome.latency_s,
         retryable=outcome.retryable,
         extra={"copy_of": outcome.custom_id},
-        vectors=outcome.vectors,  # the placeholders stay where they were: they pair up still
+        vectors=vectors,  # the placeholders stay where they were: they pair up still
     )
 
 

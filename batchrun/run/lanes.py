@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from batchrun.config import EngineSettings
+from batchrun.job.shards import ShardReader
 from batchrun.openai.records import Outcome, Request
 from batchrun.run.answer_cache import AnswerCache
 from batchrun.run.poison import Isolator
@@ -162,13 +163,15 @@ class RoutedAnswers(AnswerCache):
             hits += h
         return run, hits
 
-    def store(self, pairs: Iterable[tuple[Outcome, Request]]) -> None:
+    def store(
+        self, pairs: Iterable[tuple[Outcome, Request]], shards: ShardReader | None = None
+    ) -> None:
         """Each answer stored in its model's cache."""
         by: dict[str, list[tuple[Outcome, Request]]] = {}
         for outcome, request in pairs:
             by.setdefault(self.lane_of(request), []).append((outcome, request))
         for name, group in by.items():
-            self.caches[name].store(group)
+            self.caches[name].store(group, shards)
 
 
 def _by_lane(
