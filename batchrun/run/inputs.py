@@ -45,8 +45,7 @@ from batchrun.run.options import RunOptions
 from batchrun.run.source import InputIndex
 
 # The files batchrun writes into a job directory (besides those in logs/ and shards/, and its
-# input maps): an input
-# at one of these places would be deleted or written over by the job itself.
+# input maps): an input at one of these places would be deleted or written over by the job.
 JOB_FILE_NAMES = frozenset(
     {
         JOURNAL_NAME, vectors_path(Path(JOURNAL_NAME)).name, MANIFEST_NAME, LOCK_NAME, SUMMARY_NAME, EVENTS_NAME,
