@@ -24,6 +24,7 @@ from batchrun.errors import BatchrunError
 from batchrun.export.job import export_job
 from batchrun.job.journal import JournalWriter
 from batchrun.job.journal_records import ResultRecord, result_record
+from batchrun.job.paths import JobPaths
 from batchrun.job.shards import (
     ShardReader,
     ShardRef,
@@ -38,6 +39,7 @@ from batchrun.openai.records import EMBEDDINGS, Outcome, Request
 from batchrun.openai.response_bodies import embedding_success
 from batchrun.run.answer_cache import AnswerCache, check_cache_dir
 from batchrun.run.dedup import copy_outcome
+from batchrun.run.inputs import refuse_input_among_job_files
 from batchrun.workers.child import encode_outcome
 
 _NOW = 1_700_000_000.125
@@ -308,3 +310,14 @@ def test_shard_ref_reads_only_the_records_own_last_field() -> None:
     assert shard_ref(b'{"kind":"result","shard":["w0-ab",1]}\n') is None
     assert shard_ref(b'{"kind":"result","shard":["w0-ab",1,,2]}\n') is None
     assert shard_ref(b'{"kind":"result","vectors":[0,4]}\n') is None
+
+
+def test_an_input_among_the_shards_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "shards").write_text("{}\n")  # where the workers' folder would be
+    with pytest.raises(BatchrunError, match="lies where the job keeps its own shards,"):
+        refuse_input_among_job_files(tmp_path / "shards", JobPaths(tmp_path))
+    (tmp_path / "shards").unlink()
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "in.jsonl").write_text("{}\n")
+    with pytest.raises(BatchrunError, match=r"lies where the job keeps its own shards/in\.jsonl"):
+        refuse_input_among_job_files(tmp_path / "shards" / "in.jsonl", JobPaths(tmp_path))
