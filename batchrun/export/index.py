@@ -27,6 +27,7 @@ import msgspec
 from batchrun.errors import BatchrunError
 from batchrun.export.embeddings import embedding, raw_embedding_size
 from batchrun.job.inputmap import InputMap
+from batchrun.job.shards import ShardReader, restore, shard_path, shard_ref, shards_dir
 from batchrun.job.state import (
     FAILED_FINAL,
     FAILED_RETRYABLE,
@@ -35,7 +36,7 @@ from batchrun.job.state import (
     PENDING,
     attempt_status,
 )
-from batchrun.job.vectors import VectorReader, inline
+from batchrun.job.vectors import VectorReader
 
 # A request's status in the index is job/state.py's RequestStatus: PENDING is a request of a
 # forced resume's input map with no finished attempt, never written out.
@@ -133,6 +134,8 @@ class _IndexRecord(msgspec.Struct):
     generation: Any = None
     # Where a record's vectors are in the side file (job/vectors.py); None: its body is whole.
     vectors: Any = None
+    # Where a record's body is in a result shard (job/shards.py); None: in the record.
+    shard: Any = None
 
 
 class _Message(msgspec.Struct):
@@ -182,6 +185,7 @@ class _ShapedRecord(_IndexRecord):
 
 _INDEX_DECODER = msgspec.json.Decoder(_IndexRecord)
 _SHAPED_DECODER = msgspec.json.Decoder(_ShapedRecord)
+_BODY_DECODER = msgspec.json.Decoder(_Body)
 
 
 def latest_by_request(
@@ -216,13 +220,16 @@ def latest_by_request(
     except OSError as e:
         raise BatchrunError(f"cannot read the journal {journal_path}: {e.strerror or e}") from e
     decoder = _SHAPED_DECODER if shapes else _INDEX_DECODER
+    # The bodies workers wrote to their shards (job/shards.py): read for their shapes, and for
+    # the salt's line.
+    shards = ShardReader(shards_dir(journal_path.parent))
     offsets, lengths, attempts, statuses = (
         index.offsets,
         index.lengths,
         index.attempts,
         index.statuses,
     )
-    with f:
+    with f, shards:
         offset = 0
         for lineno, raw in enumerate(f, start=1):
             start, offset = offset, offset + len(raw)
@@ -252,7 +259,7 @@ def latest_by_request(
             if not index.job_salt:
                 # Of the line as an earlier version wrote it: ids stay what they were.
                 with VectorReader(journal_path) as vectors:
-                    index.job_salt = hashlib.sha256(inline(raw, vectors)).digest()
+                    index.job_salt = hashlib.sha256(restore(raw, vectors, shards)).digest()
             if status == INVALID:
                 # Untagged: submit's reading of the file; tagged: a forced resume's (see InputMap).
                 if rec.generation != generation:
@@ -267,7 +274,10 @@ def latest_by_request(
             if not 0 <= line <= MAX_LINE:
                 raise _corrupt(journal_path, lineno)
             if status == OK and shapes and isinstance(rec, _ShapedRecord | _JsonRecord):
-                _note_body(index, rec.body)
+                if rec.shard is not None:
+                    _note_shard_body(index, raw, shards, journal_path, lineno)
+                else:
+                    _note_body(index, rec.body)
                 if type(rec.vectors) is list:  # split out: the sizes are the record's
                     index.embedding_dims.update(size // 4 for size in rec.vectors[1:])
             if line >= len(statuses):
@@ -302,6 +312,7 @@ class _JsonRecord:
     retryable: Any
     generation: Any
     vectors: Any
+    shard: Any
 
 
 def _json_index_record(raw: bytes) -> _JsonRecord:
@@ -317,6 +328,7 @@ def _json_index_record(raw: bytes) -> _JsonRecord:
         retryable=rec.get("retryable"),
         generation=rec.get("generation"),
         vectors=rec.get("vectors"),
+        shard=rec.get("shard"),
     )
 
 
@@ -357,6 +369,32 @@ def _note_body(index: JournalIndex, body: object) -> None:
         index.has_reasoning = index.has_reasoning or any(
             item.type == "reasoning" for item in body.output
         )
+
+
+def _note_shard_body(
+    index: JournalIndex, raw: bytes, shards: ShardReader, journal_path: Path, lineno: int
+) -> None:
+    """`_note_body` for a record whose body is in a result shard: its JSON read from there and
+    decoded as the record's would be, and its vectors' sizes from the record."""
+    ref = shard_ref(raw)
+    if ref is None:
+        raise _corrupt(journal_path, lineno)
+    data = shards.read(ref.name, ref.at, ref.body)
+    try:
+        if not data.isascii():
+            data.decode("utf-8")
+        body: object = _BODY_DECODER.decode(data)
+    except ValueError:  # as for a whole record: json reads what msgspec refuses
+        try:
+            body = json.loads(data.decode("utf-8"))
+        except ValueError:
+            raise BatchrunError(
+                f"the result shard {shard_path(shards.directory, ref.name)} holds no body "
+                f"where line {lineno} of the journal {journal_path} says: it was written "
+                "over; restore it from a backup"
+            ) from None
+    _note_body(index, body)
+    index.embedding_dims.update(size // 4 for size in ref.vectors)
 
 
 def _note_decoded_body(index: JournalIndex, body: object) -> None:
@@ -418,8 +456,10 @@ def read_back(index: JournalIndex, statuses: Collection[int]) -> Iterator[tuple[
         raise BatchrunError(f"cannot read the journal {index.path}: {e.strerror or e}") from e
     offsets, lengths, attempts = index.offsets, index.lengths, index.attempts
     pread = os.pread
-    # Lines whose vectors are in the side file come back whole: as an earlier version wrote them.
+    # Lines whose vectors are in the side file, or whose body is in a result shard, come back
+    # whole: as an earlier version wrote them.
     vectors = VectorReader(index.path)
+    shards = ShardReader(shards_dir(index.path.parent))
     try:
         for line, status in enumerate(index.statuses):
             if status not in wanted:
@@ -430,11 +470,12 @@ def read_back(index: JournalIndex, statuses: Collection[int]) -> Iterator[tuple[
             offset = offsets[line]
             raw = pread(fd, lengths[line], offset)
             if raw.endswith(b"]}\n"):  # (the cheap test first: see job/vectors.py)
-                raw = inline(raw, vectors)
+                raw = restore(raw, vectors, shards)
             yield Entry(offset, line, attempts[line], status), raw
     finally:
         os.close(fd)
         vectors.close()
+        shards.close()
 
 
 def changed(index: JournalIndex) -> BatchrunError:

@@ -30,12 +30,15 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 
 from batchrun.errors import BatchrunError
 from batchrun.job.files import fsync_dir
+from batchrun.job.vectors import VectorReader, inline
 from batchrun.openai.records import Outcome
+from batchrun.openai.vectors import fill_vectors
 
 SHARDS_DIR = "shards"
 SHARD_SUFFIX = ".res"
@@ -161,31 +164,149 @@ class ShardWriter:
             self._fd = None
 
 
+# --- reading results back -----------------------------------------------------------------
+
+# How a record that names its shard ends: the field is always written last.
+_FIELD = b',"shard":["'
+_END = b"]}\n"
+_DIGITS = frozenset(b"0123456789,")
+# Where a shard record's body goes back: its first `"body"` (the fields before it are the
+# journal's own and a custom_id, in which a quote is always escaped).
+_NULL_BODY = b',"body":null'
+_BODY = b',"body":'
+
+
+class ShardRef(NamedTuple):
+    """Where a record's result is: shard `name`, from byte `at`, `body` bytes of JSON and then
+    each vector's float32 bytes (`vectors`, their lengths)."""
+
+    name: str
+    at: int
+    body: int
+    vectors: list[int]
+
+    @property
+    def size(self) -> int:
+        """The bytes of the body and its vectors together."""
+        return self.body + sum(self.vectors)
+
+
+def stored_ref(stored: Sequence[str | int]) -> ShardRef:
+    """An outcome's `stored` (`ShardWriter.store`) as a ShardRef."""
+    name, at, body, *vectors = stored
+    return ShardRef(str(name), int(at), int(body), [int(v) for v in vectors])
+
+
+def shard_ref(line: bytes) -> ShardRef | None:
+    """Where the result of a journal line is; None when the line names no shard (its body is
+    in the line, or it has none). BatchrunError for a shard name no worker gives."""
+    if not line.endswith(_END):
+        return None
+    start = line.rfind(_FIELD)
+    if start < 0:
+        return None
+    name, sep, numbers = line[start + len(_FIELD) : -len(_END)].partition(b'",')
+    # (Only the record's own last field reaches the line's end in this shape: a body's text is
+    # followed by the record's other fields.)
+    if not sep or not numbers or not _DIGITS.issuperset(numbers):
+        return None
+    try:
+        at, body, *vectors = map(int, numbers.split(b","))
+    except ValueError:  # an empty number (",,"), or one of them only
+        return None
+    text = name.decode("utf-8", "replace")
+    if not _NAME.match(text):
+        shard_path(Path(), text)  # raises, naming it
+    return ShardRef(text, at, body, vectors)
+
+
 class ShardReader:
-    """TEMPORARY stand-in until the reader lands (helper)."""
+    """Reads results back from a job's shards (one open file a shard, kept until `close`)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._fds: dict[str, int] = {}
 
-    def read(self, name: str, at: int, size: int) -> bytes:
-        """`size` bytes at `at` of shard `name`."""
+    def _fd(self, name: str) -> int:
         fd = self._fds.get(name)
         if fd is None:
-            fd = self._fds[name] = os.open(shard_path(self.directory, name), os.O_RDONLY)
-        return os.pread(fd, size, at)
+            path = shard_path(self.directory, name)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError as e:
+                raise BatchrunError(
+                    f"cannot read the result shard {path}, which holds results the journal "
+                    f"names ({e.strerror or e}): it was removed; restore it from a backup"
+                ) from None
+            self._fds[name] = fd
+        return fd
+
+    def read(self, name: str, at: int, size: int) -> bytes:
+        """`size` bytes of shard `name` from `at`; BatchrunError when the shard lacks them."""
+        fd = self._fd(name)
+        data = os.pread(fd, size, at)
+        while 0 < len(data) < size:  # (a read may stop short of a large size: go on)
+            more = os.pread(fd, size - len(data), at + len(data))
+            if not more:
+                break
+            data += more
+        if len(data) != size:
+            raise BatchrunError(
+                f"the result shard {shard_path(self.directory, name)} ends before the result "
+                f"the journal names (byte {at + size}): it was truncated; restore it from a "
+                "backup"
+            )
+        return data
+
+    def load(self, ref: ShardRef) -> tuple[bytes, list[bytes]]:
+        """The body's JSON and each vector's float32 bytes at `ref`."""
+        data = self.read(ref.name, ref.at, ref.size)
+        body, pos = data[: ref.body], ref.body
+        vectors = []
+        for size in ref.vectors:
+            vectors.append(data[pos : pos + size])
+            pos += size
+        return body, vectors
 
     def fill(self, outcome: Outcome) -> None:
-        """Read `outcome`'s body and vectors back from its shard."""
-        ref = outcome.stored
-        assert ref is not None
-        name, at, size, *sizes = ref
-        assert isinstance(name, str) and isinstance(at, int) and isinstance(size, int)
-        data = self.read(name, at, size + sum(int(s) for s in sizes))
-        outcome.body = msgspec.Raw(data[:size])
-        vectors, pos = [], size
-        for s in sizes:
-            vectors.append(data[pos : pos + int(s)])
-            pos += int(s)
-        outcome.vectors = vectors or None
+        """Give an outcome whose worker stored its result (`stored`) its body and vectors back."""
+        if outcome.stored is None:
+            return
+        data, split = self.load(stored_ref(outcome.stored))
+        outcome.body = msgspec.Raw(data)
+        outcome.vectors = split or None
         outcome.stored = None
+
+    def close(self) -> None:
+        """Close every shard opened."""
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+    def __enter__(self) -> ShardReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def restore(line: bytes, vectors: VectorReader, shards: ShardReader) -> bytes:
+    """A journal line as an earlier version wrote it: a shard's body put back in its place (and
+    its vectors as base64), or a side file's vectors (job/vectors.py `inline`); a line that
+    names neither is returned as it is."""
+    ref = shard_ref(line)
+    if ref is None:
+        return inline(line, vectors)
+    body, split = shards.load(ref)
+    if split:
+        try:
+            body = fill_vectors(body, split)
+        except ValueError as e:
+            raise BatchrunError(f"a journal record does not match its result shard: {e}") from None
+    head = line[: line.rfind(_FIELD)]
+    at = head.find(_NULL_BODY)
+    if at < 0:
+        raise BatchrunError(
+            f"a journal record names the result shard {ref.name} but holds a body of its own"
+        )
+    return b"".join((head[:at], _BODY, body, memoryview(head)[at + len(_NULL_BODY) :], b"}\n"))

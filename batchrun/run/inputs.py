@@ -36,6 +36,7 @@ from batchrun.job.paths import (
     command,
 )
 from batchrun.job.run_clock import CLOCK_NAME
+from batchrun.job.shards import SHARDS_DIR, shards_dir
 from batchrun.job.summary import SUMMARY_NAME
 from batchrun.job.vectors import vectors_path
 from batchrun.openai.reader import check_input_file, hash_file, holds_json_array, read_input
@@ -44,12 +45,12 @@ from batchrun.openai.routing import count_model
 from batchrun.run.options import RunOptions
 from batchrun.run.source import InputIndex
 
-# The files batchrun writes into a job directory (besides its logs/ and input maps): an input
-# at one of these places would be deleted or written over by the job itself.
+# The files batchrun writes into a job directory (besides those in logs/ and shards/, and its
+# input maps): an input at one of these places would be deleted or written over by the job.
 JOB_FILE_NAMES = frozenset(
     {
         JOURNAL_NAME, vectors_path(Path(JOURNAL_NAME)).name, MANIFEST_NAME, LOCK_NAME, SUMMARY_NAME, EVENTS_NAME,
-        CLOCK_NAME, COST_NAME, OUTPUT_NAME, ERRORS_NAME, PARQUET_NAME, REPORT_NAME,
+        CLOCK_NAME, COST_NAME, OUTPUT_NAME, ERRORS_NAME, PARQUET_NAME, REPORT_NAME, SHARDS_DIR,
     }
 )  # fmt: skip
 
@@ -64,7 +65,8 @@ def refuse_input_among_job_files(input_path: Path, paths: JobPaths) -> None:
     inside = source.parent == root and (
         source.name in JOB_FILE_NAMES or source.name.startswith(INPUT_MAP_PREFIX)
     )
-    if inside or source.is_relative_to(paths.logs.resolve()):
+    ours = (paths.logs, shards_dir(paths.root))  # the workers' folders
+    if inside or any(source.is_relative_to(p.resolve()) for p in ours):
         raise BatchrunError(
             f"the input file {input_path} lies where the job keeps its own "
             f"{source.relative_to(root)}, which the job would write over; move the input "
