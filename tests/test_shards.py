@@ -6,7 +6,6 @@ of a shard that no record names are never read; a record cannot name a file outs
 from __future__ import annotations
 
 import copy
-import json
 import math
 import struct
 from pathlib import Path
@@ -37,8 +36,6 @@ from batchrun.job.shards import (
 from batchrun.job.vectors import VectorReader, vectors_path
 from batchrun.openai.records import EMBEDDINGS, Outcome, Request
 from batchrun.openai.response_bodies import embedding_success
-from batchrun.run.answer_cache import AnswerCache, check_cache_dir
-from batchrun.run.dedup import copy_outcome
 from batchrun.run.inputs import refuse_input_among_job_files
 from batchrun.workers.child import encode_outcome
 
@@ -245,33 +242,6 @@ def test_fill_gives_an_outcome_its_body_and_vectors_back(tmp_path: Path) -> None
     assert stored == sent
     assert all(type(o.body) is msgspec.Raw for o in stored if o.ok)
     assert [o.vectors is not None for o in stored] == [False] * 3 + [True] * 3 + [False]
-
-
-def test_copies_and_the_answer_cache_read_a_stored_body(tmp_path: Path) -> None:
-    (whole,) = _sent([_embeddings("emb", [echo_vector_bytes("x", 16)])])
-    stored = copy.deepcopy(whole)
-    writer = ShardWriter(tmp_path / "shards", "w0-abc")
-    writer.store([stored])
-    writer.sync()
-    request = Request(custom_id="dup", line=2, url=EMBEDDINGS, body={"model": "m", "input": "t"})
-    with ShardReader(tmp_path / "shards") as reader:
-        copied = copy_outcome(stored, request, reader)
-        assert copied == copy_outcome(whole, request)
-        with pytest.raises(AssertionError):
-            copy_outcome(stored, request)  # a stored body and nothing to read it with
-        for name in ("whole", "stored", "none"):
-            check_cache_dir(tmp_path / name)
-        caches = [AnswerCache(tmp_path / name, "m") for name in ("whole", "stored")]
-        caches[0].store([(whole, request)])
-        caches[1].store([(stored, request)], reader)
-    entries = [
-        json.loads(next((tmp_path / name).rglob("*.json")).read_bytes())
-        for name in ("whole", "stored")
-    ]
-    assert entries[0]["body"] == entries[1]["body"]
-    assert entries[0]["body"]["data"][0]["embedding"] != ""  # whole: its vector back in
-    AnswerCache(tmp_path / "none", "m").store([(stored, request)])  # no shards: not kept
-    assert not list((tmp_path / "none").rglob("*.json"))
 
 
 def _named(job: Path, name: str) -> None:

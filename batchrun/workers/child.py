@@ -20,9 +20,9 @@ import time
 import traceback
 import warnings
 from collections import deque
-from pathlib import Path
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, assert_never
 
 import msgspec

@@ -7,7 +7,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from batchrun.job.vectors import VectorReader, inline
+from batchrun.job.shards import ShardReader, restore, shards_dir
+from batchrun.job.vectors import VectorReader
 from support.cli import cli, cli_process, start_cli
 from support.lines import read_jsonl
 
@@ -52,10 +53,16 @@ def journal_records(job_dir: Path) -> list[dict[str, Any]]:
     one yet, as the journal's own reader says), their vectors in their bodies."""
     data = (job_dir / "journal.jsonl").read_bytes()
     whole = data[: data.rfind(b"\n") + 1]
-    # Each line with its vectors back from the side file (job/vectors.py): the record as an
-    # earlier version wrote it, its embeddings base64 in the body.
-    with VectorReader(job_dir / "journal.jsonl") as vectors:
-        return [json.loads(inline(x + b"\n", vectors)) for x in whole.split(b"\n") if x.strip()]
+    # Each line with its body back from its worker's shard and its vectors from the side file
+    # (job/shards.py, job/vectors.py): the record as an earlier version wrote it, its
+    # embeddings base64 in the body.
+    with (
+        VectorReader(job_dir / "journal.jsonl") as vectors,
+        ShardReader(shards_dir(job_dir)) as shards,
+    ):
+        return [
+            json.loads(restore(x + b"\n", vectors, shards)) for x in whole.split(b"\n") if x.strip()
+        ]
 
 
 def status_json(job: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
