@@ -335,13 +335,15 @@ def test_a_full_disk_stops_the_job_clearly_and_resume_completes_it(tmp_path: Pat
         env={**os.environ, "BATCHRUN_ECHO_DELAY_MS": "5"},
     )
     assert proc.returncode == 1, proc.stderr
-    assert "cannot write the journal" in proc.stderr and "Traceback" not in proc.stderr
+    # Whichever file filled first: a worker's shard of bodies, or the journal (whose torn last
+    # line is cut when it opens again).
+    (said,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert "cannot write the result shard" in said or "cannot write the journal" in said, said
+    assert "Traceback" not in proc.stderr
     from batchrun.job.journal import read_records
 
-    raw = (job / "journal.jsonl").read_bytes()
-    assert not raw.endswith(b"\n")  # the failed write left a torn last line...
     partial = {x["custom_id"] for x in read_records(job / "journal.jsonl")}
-    assert 0 < len(partial) < 400  # ...and every whole line before it is kept
+    assert 0 < len(partial) < 400  # every whole line before it is kept
     r = rerun("resume", job)  # space is back
     assert r.returncode == 0, r.stderr
     ids = [x["custom_id"] for x in journal_records(job)]
