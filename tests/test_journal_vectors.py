@@ -27,6 +27,7 @@ from support.vectors import (
 from batchrun.engines.echo import echo_vector_bytes
 from batchrun.job.journal import JournalWriter, encode_record
 from batchrun.job.journal_records import result_record
+from batchrun.job.shards import ShardReader, restore, shards_dir
 from batchrun.job.vectors import (
     VectorReader,
     VectorWriter,
@@ -155,15 +156,18 @@ def test_export_of_a_job_is_the_same_bytes_as_of_its_old_format_copy(tmp_path: P
     run = submit_echo(src, new)
     assert run.returncode == 0, run.stderr
     raw = (new / "journal.jsonl").read_bytes()
-    assert raw.count(b'"vectors":[') == len(rows) and (new / "journal.f32").exists()
+    # Each record names where its vectors are: its worker's shard, or (a copy the parent made
+    # for a duplicate) the journal's side file.
+    assert raw.count(b'"shard":[') + raw.count(b'"vectors":[') == len(rows)
+    assert b'"shard":[' in raw and (new / "journal.f32").exists()
     copies = [r for r in journal_records(new) if "copy_of" in r]
     assert len(copies) >= 2  # the duplicates were answered by copies, with their own vectors
     old = tmp_path / "old"
     old.mkdir()
     (old / "manifest.json").write_bytes((new / "manifest.json").read_bytes())
-    with VectorReader(new / "journal.jsonl") as reader:
+    with VectorReader(new / "journal.jsonl") as reader, ShardReader(shards_dir(new)) as shards:
         (old / "journal.jsonl").write_bytes(
-            b"".join(inline(x, reader) for x in raw.splitlines(keepends=True))
+            b"".join(restore(x, reader, shards) for x in raw.splitlines(keepends=True))
         )
     assert b'"vectors":[' not in (old / "journal.jsonl").read_bytes()
     by_new, _ = export_all(new)
@@ -174,7 +178,7 @@ def test_export_of_a_job_is_the_same_bytes_as_of_its_old_format_copy(tmp_path: P
     assert vector_of(by_new["multi"], 2) == echo_vector_bytes("three", 256)
 
 
-def test_the_journal_and_its_side_file_hold_at_most_1_15x_the_vectors_bytes(
+def test_the_journal_and_its_shards_hold_at_most_1_15x_the_vectors_bytes(
     tmp_path: Path,
 ) -> None:
     n = 200
@@ -183,8 +187,10 @@ def test_the_journal_and_its_side_file_hold_at_most_1_15x_the_vectors_bytes(
     run = submit_echo(src, job)
     assert run.returncode == 0, run.stderr
     vectors = n * 1024 * 4
-    assert (job / "journal.f32").stat().st_size == vectors
-    held = (job / "journal.jsonl").stat().st_size + vectors
+    shards = list(shards_dir(job).glob("*.res"))  # the workers' bodies, their vectors once
+    assert shards
+    assert not (job / "journal.f32").exists()  # no duplicates: the parent wrote no vectors
+    held = (job / "journal.jsonl").stat().st_size + sum(p.stat().st_size for p in shards)
     assert held <= 1.15 * vectors, held / vectors
 
 
@@ -201,6 +207,27 @@ def test_a_kill_9_with_torn_tails_of_both_files_resumes_exactly_once(tmp_path: P
     with journal.open("ab") as f:
         f.write(last[: len(last) // 2])
     assert not set(resume_recording(tmp_path, job, whole)) & done  # nothing journaled ran again
+    each_answered_once_bit_for_bit(job, n)
+
+
+def test_a_kill_9_with_torn_shard_tails_resumes_exactly_once(tmp_path: Path) -> None:
+    n = 600
+    job, done = embeddings_job_killed_mid_run(tmp_path, n)
+    journal = job / "journal.jsonl"
+    whole = journal.read_bytes()
+    # A worker killed mid-write: bytes past what any record names, in every shard; and a line
+    # the parent was writing, half of it.
+    shards = sorted(shards_dir(job).glob("*.res"))
+    assert shards
+    for shard in shards:
+        with shard.open("ab") as f:
+            f.write(os.urandom(5000))
+    last = whole[whole.rstrip(b"\n").rfind(b"\n") + 1 :]
+    with journal.open("ab") as f:
+        f.write(last[: len(last) // 2])
+    assert not set(resume_recording(tmp_path, job, whole)) & done  # nothing journaled ran again
+    # The resumed workers wrote shards of their own: no file was appended to after garbage.
+    assert len(list(shards_dir(job).glob("*.res"))) > len(shards)
     each_answered_once_bit_for_bit(job, n)
 
 

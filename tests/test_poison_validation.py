@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 import pytest
 from support.cli import cli
-from support.jobs import submit_echo
+from support.jobs import journal_records, submit_echo
 from support.lines import chat_line, read_jsonl, write_jsonl
 
 from batchrun.engines.echo import echo_text
@@ -362,12 +362,12 @@ def test_the_raw_text_check_never_misses_a_lone_surrogate() -> None:
 
 def test_export_writes_a_journal_whose_records_hold_lone_surrogates(tmp_path: Path) -> None:
     # Journals written before validation caught them may hold such text: export must not stop.
-    from batchrun.job.journal import JournalWriter, read_records
+    from batchrun.job.journal import JournalWriter
 
     src = write_jsonl(tmp_path / "in.jsonl", [chat_line(c, f"hello {c}") for c in "abc"])
     job = tmp_path / "job"
     assert submit_echo(src, job, progress=True).returncode == 0
-    recs = {r["custom_id"]: r for r in read_records(job / "journal.jsonl")}
+    recs = {r["custom_id"]: r for r in journal_records(job)}  # (bodies back from the shards)
     sick = dict(recs["b"], attempt=2)
     sick["body"] = json.loads(json.dumps(sick["body"]))
     sick["body"]["choices"][0]["message"]["content"] = "cut \ud83d here"

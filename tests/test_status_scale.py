@@ -279,10 +279,11 @@ def _io_read_bytes() -> int:
 
 
 def test_status_reads_the_summary_and_the_tail_not_the_whole_journal(tmp_path: Path) -> None:
+    # (The bodies, prompts echoed, are in the workers' shards: the journal holds the rest.)
     job = echo_job(tmp_path, 3000, prompt="x" * 600)
     journal = job / "journal.jsonl"
     size = journal.stat().st_size
-    assert size > 2_000_000
+    assert size > 700_000
     job_status(job)  # imports and the like out of the way
     before = _io_read_bytes()
     s = job_status(job)
