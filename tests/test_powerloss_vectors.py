@@ -1,7 +1,8 @@
-"""Power cuts through an embeddings job, whose vectors live in the journal's side file
-(job/vectors.py): after every cut at a seeded moment, on a file system that keeps only what a
-disk keeps (tests/support/powerloss/), every journaled record's vectors are there and exact, the job
-resumes, and every request comes out once with its own vector."""
+"""Power cuts through an embeddings job, whose bodies and vectors its workers write to their
+shards (job/shards.py; a duplicate's copy, to the journal's side file, job/vectors.py): after
+every cut at a seeded moment, on a file system that keeps only what a disk keeps
+(tests/support/powerloss/), every journaled record's body and vectors are there and exact, the
+job resumes, and every request comes out once with its own vector."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from support.vectors import embedding_lines
 
 from batchrun.engines.echo import echo_vector_bytes
 from batchrun.errors import BatchrunError
-from batchrun.job.vectors import VectorReader, inline
+from batchrun.job.shards import ShardReader, restore, shards_dir
+from batchrun.job.vectors import VectorReader
 
 pytestmark = [pytest.mark.slow, pytest.mark.powerloss]
 
@@ -46,10 +48,10 @@ def vectors_answered(job: Path, where: str) -> set[str]:
         return set()
     data = path.read_bytes()
     done: set[str] = set()
-    with VectorReader(path) as reader:
+    with VectorReader(path) as reader, ShardReader(shards_dir(job)) as shards:
         for n, raw in enumerate(data[: data.rfind(b"\n") + 1].splitlines(keepends=True), 1):
             try:
-                rec = json.loads(inline(raw, reader))
+                rec = json.loads(restore(raw, reader, shards))
             except (BatchrunError, ValueError) as e:
                 raise Violation(f"{where}: journal line {n} cannot be read whole: {e}") from None
             if rec["kind"] != "result" or not rec["ok"]:
