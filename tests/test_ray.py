@@ -75,19 +75,23 @@ def test_ray_results_match_a_single_machine_run(tmp_path: Path) -> None:
     assert sum(w["requests"] for w in workers) == 300
 
 
-def test_an_embeddings_job_on_ray_keeps_its_vectors_in_the_side_file(tmp_path: Path) -> None:
-    """An actor splits the vectors out as a worker process does (job/vectors.py): the journal
-    names them in journal.f32, 4 bytes a value, and export writes each request's own."""
+def test_an_embeddings_job_on_ray_keeps_its_vectors_in_the_actors_shards(tmp_path: Path) -> None:
+    """An actor whose node sees the job directory (here, every one: the cluster is this machine)
+    writes its results' bodies and vectors to a shard of its own there, as a worker process does
+    (job/shards.py): the journal names them, 4 bytes a value, and export writes each one's own."""
     from support.vectors import embedding_lines, vector_of
 
     from batchrun.engines.echo import echo_vector_bytes
+    from batchrun.job.shards import shards_dir
 
     src = write_jsonl(tmp_path / "in.jsonl", embedding_lines(40, 256))
     job = tmp_path / "job"
     r = submit_echo(src, job, "--ray", "local", "--workers", "2")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert (job / "journal.jsonl").read_bytes().count(b'"vectors":[') == 40
-    assert (job / "journal.f32").stat().st_size == 40 * 256 * 4
+    assert (job / "journal.jsonl").read_bytes().count(b'"shard":["wray-') == 40
+    assert not (job / "journal.f32").exists()
+    shards = list(shards_dir(job).glob("wray-*.res"))
+    assert shards and 40 * 256 * 4 < sum(p.stat().st_size for p in shards) < 40 * 256 * 4 * 1.1
     assert cli("export", "--job-dir", str(job)).returncode == 0
     outputs = {o["custom_id"]: o for o in read_jsonl(job / "output.jsonl")}
     for i in range(40):

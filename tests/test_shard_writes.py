@@ -13,7 +13,14 @@ from support.cli import cli
 from support.jobs import exported, journal_records, rerun, submit_echo
 from support.lines import chat_line, write_jsonl
 
-from batchrun.job.shards import shard_ref, shards_dir
+from batchrun.job.shards import (
+    SHARD_DIR_ENV,
+    SHARD_PROBE_ENV,
+    leave_probe,
+    seen_shards,
+    shard_ref,
+    shards_dir,
+)
 
 
 def _raw_records(job: Path) -> list[dict[str, object]]:
@@ -122,3 +129,21 @@ def test_a_shard_that_cannot_be_written_stops_the_job_in_one_line(tmp_path: Path
     assert sorted(o["custom_id"] for o in exported(job)) == sorted(f"r{i}" for i in range(20))
     status = cli("status", "--job-dir", str(job), "--json")
     assert json.loads(status.stdout)["requests"]["succeeded"] == 20
+
+
+def test_a_worker_writes_a_shard_only_where_it_reads_the_parents_token_back(
+    tmp_path: Path,
+) -> None:
+    # A Ray actor's node may not see the job directory, or see another one at the same path.
+    directory = tmp_path / "job" / "shards"
+    (tmp_path / "job").mkdir()
+    token = leave_probe(directory)
+    assert token is not None
+    env = {SHARD_DIR_ENV: str(directory)}
+    assert seen_shards(env) == directory  # a local worker process: no token asked
+    assert seen_shards({**env, SHARD_PROBE_ENV: token}) == directory
+    assert seen_shards({**env, SHARD_PROBE_ENV: "another job's"}) is None
+    gone = {SHARD_DIR_ENV: str(tmp_path / "elsewhere"), SHARD_PROBE_ENV: token}
+    assert seen_shards(gone) is None  # a node without the directory
+    assert seen_shards({}) is None  # serve's workers: results travel whole
+    assert leave_probe(tmp_path / "no" / "such" / "place") is None  # cannot write: travel whole

@@ -45,6 +45,11 @@ SHARD_SUFFIX = ".res"
 # The environment variable that tells a worker process where to write its shard (the job's
 # run sets it; without it, results travel whole).
 SHARD_DIR_ENV = "BATCHRUN_SHARD_DIR"
+# A Ray actor's node may not see the job directory (or see another one at the same path): the
+# parent leaves a token in a file there (`PROBE_NAME`), and an actor writes a shard only where it
+# reads the same token back (`seen_shards`); elsewhere its results travel whole.
+SHARD_PROBE_ENV = "BATCHRUN_SHARD_PROBE"
+PROBE_NAME = ".probe"
 # What a shard's name may hold: it becomes a file name, and a journal names it.
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 # The most buffers one writev takes (Linux's IOV_MAX).
@@ -62,6 +67,34 @@ def shard_path(directory: Path, name: str) -> Path:
     if not _NAME.match(name):
         raise BatchrunError(f"a journal record names a result shard {name!r}, which is no name")
     return directory / f"{name}{SHARD_SUFFIX}"
+
+
+def leave_probe(directory: Path) -> str | None:
+    """Make the shards' directory and leave a fresh token in it for Ray actors to read back
+    (`seen_shards`); None when the directory cannot be written (results then travel whole)."""
+    token = secrets.token_hex(8)
+    try:
+        directory.mkdir(exist_ok=True)
+        (directory / PROBE_NAME).write_text(token)
+    except OSError:
+        return None
+    return token
+
+
+def seen_shards(env: dict[str, str]) -> Path | None:
+    """Where this worker writes its shard, from its environment: the directory, if it is given
+    and (a Ray actor's, given a token) it holds the parent's token; None: results travel whole."""
+    directory = env.get(SHARD_DIR_ENV)
+    if not directory:
+        return None
+    token = env.get(SHARD_PROBE_ENV)
+    if token is not None:
+        try:
+            if (Path(directory) / PROBE_NAME).read_text() != token:
+                return None  # another directory at the same path, on the actor's node
+        except (OSError, UnicodeDecodeError):
+            return None  # this node does not see the job directory
+    return Path(directory)
 
 
 def new_shard_name(worker: str) -> str:

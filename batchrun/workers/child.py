@@ -22,7 +22,6 @@ import warnings
 from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any, assert_never
 
 import msgspec
@@ -37,7 +36,7 @@ from batchrun.engines.base import (
     StopsJob,
 )
 from batchrun.job.journal import encode_body
-from batchrun.job.shards import SHARD_DIR_ENV, ShardWriter, new_shard_name
+from batchrun.job.shards import ShardWriter, new_shard_name, seen_shards
 from batchrun.openai.records import Outcome, Request
 from batchrun.openai.response_bodies import failure, holds_no_float
 from batchrun.openai.vectors import PLACEHOLDER, split_vectors
@@ -159,8 +158,8 @@ def worker_main(
         )
     )
     # A job's run has the worker write its results' bodies itself (job/shards.py).
-    shards = env.get(SHARD_DIR_ENV)
-    outbox = Outbox(conn, ShardWriter(Path(shards), new_shard_name(name)) if shards else None)
+    shards = seen_shards(env)
+    outbox = Outbox(conn, ShardWriter(shards, new_shard_name(name)) if shards else None)
     try:
         # An engine with its own flow control times its own requests (engines/base.py).
         timeout = None if isinstance(engine, FlowControlled) else settings.request_timeout

@@ -6,7 +6,7 @@ import contextlib
 from pathlib import Path
 
 from batchrun.config import EngineSettings
-from batchrun.job.shards import SHARD_DIR_ENV
+from batchrun.job.shards import SHARD_DIR_ENV, SHARD_PROBE_ENV, leave_probe
 from batchrun.workers.devices import DEVICE_KEY_ENV, worker_envs
 from batchrun.workers.process import Worker
 
@@ -33,7 +33,15 @@ def plan_workers(
         count = ray_backend.actor_count(gpus_per_node, tp, workers)
         # The actors' devices are the cluster's, not this machine's (devices.device_key).
         key = ray_backend.cluster_device_key(resources, tp)
-        return ray_backend.RayWorker, [{DEVICE_KEY_ENV: key} for _ in range(count)]
+        envs = [{DEVICE_KEY_ENV: key} for _ in range(count)]
+        # An actor whose node sees the job directory writes its shard there; the others send
+        # their results whole (job/shards.py `seen_shards`).
+        token = leave_probe(shards) if shards is not None else None
+        if shards is not None and token is not None:
+            for env in envs:
+                env[SHARD_DIR_ENV] = str(shards.resolve())
+                env[SHARD_PROBE_ENV] = token
+        return ray_backend.RayWorker, envs
     job = str(logs.parent.resolve())
     envs = worker_envs(
         settings.engine, gpus, settings.tensor_parallel_size, workers, job, device=settings.device
@@ -43,7 +51,6 @@ def plan_workers(
         for i, env in enumerate(envs):
             env["BATCHRUN_WORKER_LOG"] = str((logs / f"worker-{i}.log").resolve())
     if shards is not None:
-        # (Ray actors, above, send their results whole: their node may not see this directory.)
         for env in envs:
             env[SHARD_DIR_ENV] = str(shards.resolve())
     return Worker, envs

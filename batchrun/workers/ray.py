@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 from batchrun.config import EngineSettings
 from batchrun.engines.base import CacheCounting
 from batchrun.errors import BatchrunError
+from batchrun.job.shards import ShardWriter, new_shard_name, seen_shards
 from batchrun.openai.records import Outcome, Request
 from batchrun.workers import ray_start
 from batchrun.workers.messages import (
@@ -185,6 +186,10 @@ class EngineActor:
         else:
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # as in a local worker
         self.settings = EngineSettings.from_dict(settings)
+        # Where this actor writes its results' bodies, if its node sees the job directory
+        # (job/shards.py); None: they travel whole, in its replies.
+        shards = seen_shards(env)
+        self.shard = ShardWriter(shards, new_shard_name("ray")) if shards else None
         self.feeder: Any = None
         # The engine's prefix-cache counters, when it counts its lookups (engines/base.py).
         self.counters: Any = None
@@ -254,8 +259,13 @@ class EngineActor:
                     out.extend(self.feeder.pump())
                 if out or time.monotonic() >= deadline:
                     _encode_bodies(out)
+                    if self.shard is not None and self.shard.store(out):
+                        # On the disk before the parent hears where (job/shards.py).
+                        self.shard.sync()
                     counters = self.counters() if self.counters is not None else None
                     return PollReply(out, cache=None if counters is None else Cache(*counters))
+        except BatchrunError as e:  # the shard cannot be written: no restart can help
+            return PollReply([], fatal=Fatal(oom=False, message=str(e), stops_job=True))
         except BaseException as e:  # the engine is broken: say so, then die
             return PollReply(out, fatal=Fatal(oom=is_oom(e), message=f"{type(e).__name__}: {e}"))
 
