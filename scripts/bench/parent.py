@@ -91,7 +91,7 @@ def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, s
     n, dims = args.requests, args.dimensions
     inputs = write_inputs(work, n, dims)
     head = ["job", "wall s", "requests/s", "parent CPU s", "parent CPU us/request",
-            "job dir / float32", "journal + side file / float32"]  # fmt: skip
+            "job dir / float32", "journal, side file and shards / float32"]  # fmt: skip
     rows: list[list[str]] = []
     per_request: dict[str, float] = {}
     dir_ratio = 0.0
@@ -111,6 +111,8 @@ def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, s
             held = (job / "journal.jsonl").stat().st_size + (
                 side.stat().st_size if side.exists() else 0
             )
+            # The workers' bodies and vectors (job/shards.py).
+            held += tree_bytes(job / "shards") if (job / "shards").exists() else 0
             dir_ratio = tree_bytes(job) / vectors
             sizes = [f"{dir_ratio:.3f}x", f"{held / vectors:.3f}x"]
         rows.append([kind + ("" if rc == 0 else f" (exit {rc})"), f"{wall:.2f}",
@@ -134,7 +136,15 @@ def run(args: argparse.Namespace, work: Path, command: str, machine: dict[str, s
                            *(f"{us[k]:.1f}" for k in ("validation", "second read", "plan")),
                            f"{rest:.1f}"])  # fmt: skip
     met = all(x <= TARGET_US for x in per_request.values())
+    # What one parent keeps up with: its own CPU a request, all of it (a parent with a core of
+    # its own), and the results' part alone (were the input's work done elsewhere).
+    rests = {row[0]: float(row[-1]) for row in parts_rows}
     lines = [
+        "one parent keeps up with: "
+        + ", ".join(
+            f"{k} {1e6 / v:,.0f} requests/s ({1e6 / max(rests[k], 0.1):,.0f}/s on the results' part alone)"
+            for k, v in per_request.items()
+        ),
         "parent CPU per request: "
         + ", ".join(f"{k} {v:.1f} us" for k, v in per_request.items())
         + f" (target at most {TARGET_US:g}): "
