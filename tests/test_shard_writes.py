@@ -7,20 +7,29 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 from support.cli import cli
 from support.jobs import exported, journal_records, rerun, submit_echo
 from support.lines import chat_line, write_jsonl
+from support.vectors import (
+    each_answered_once_bit_for_bit,
+    embeddings_job_killed_mid_run,
+    resume_recording,
+)
 
 from batchrun.job.shards import (
     SHARD_DIR_ENV,
     SHARD_PROBE_ENV,
+    ShardReader,
     leave_probe,
+    restore,
     seen_shards,
     shard_ref,
     shards_dir,
 )
+from batchrun.job.vectors import VectorReader
 
 
 def _raw_records(job: Path) -> list[dict[str, object]]:
@@ -147,3 +156,23 @@ def test_a_worker_writes_a_shard_only_where_it_reads_the_parents_token_back(
     assert seen_shards(gone) is None  # a node without the directory
     assert seen_shards({}) is None  # serve's workers: results travel whole
     assert leave_probe(tmp_path / "no" / "such" / "place") is None  # cannot write: travel whole
+
+
+def test_a_journal_of_an_earlier_version_resumes_into_shards_and_exports_whole(
+    tmp_path: Path,
+) -> None:
+    n = 600
+    job, done = embeddings_job_killed_mid_run(tmp_path, n)
+    # The journal as a version before shards left it: every body (and vector) in its line.
+    journal = job / "journal.jsonl"
+    with VectorReader(journal) as vectors, ShardReader(shards_dir(job)) as shards:
+        lines = [restore(x, vectors, shards) for x in journal.read_bytes().splitlines(True)]
+    assert lines and not any(b'"shard":[' in x or b'"vectors":[' in x for x in lines)
+    journal.write_bytes(b"".join(lines))
+    shutil.rmtree(shards_dir(job))
+    (job / "journal.f32").unlink(missing_ok=True)
+    ran = resume_recording(tmp_path, job, b"".join(lines))
+    assert not set(ran) & done  # nothing the old journal holds ran again
+    raw = journal.read_bytes()
+    assert raw.count(b'"shard":[') >= n - len(done) - raw.count(b'"copy_of"')  # the new, in shards
+    each_answered_once_bit_for_bit(job, n)
