@@ -60,8 +60,27 @@ def read_journal(path: Path) -> JournalView:
         if not isinstance(rec, dict) or "kind" not in rec:
             bad.append(i)
             continue
+        if "shard" in rec:  # its body is in its worker's shard: a record naming lost bytes is bad
+            body = shard_body(path.parent, rec["shard"])
+            if body is None:
+                bad.append(i)
+                continue
+            rec["body"] = body
         records.append(rec)
     return JournalView(records, bool(tail), bad)
+
+
+def shard_body(job: Path, ref: Any) -> Any:
+    """The body a record's `"shard": [name, at, length, ...]` names, as a reader of the job
+    directory finds it (shards/NAME.res, the body's JSON at `at`); None when it is not there."""
+    try:
+        name, at, length = ref[0], int(ref[1]), int(ref[2])
+        with (job / "shards" / f"{name}.res").open("rb") as f:
+            f.seek(at)
+            data = f.read(length)
+        return json.loads(data) if len(data) == length else None
+    except (OSError, ValueError, TypeError, IndexError):
+        return None
 
 
 def answer_of(body: Any, i: int = 0) -> Any:

@@ -270,7 +270,13 @@ def test_ids_are_data_not_paths(hostile: dict[str, Any]) -> None:
            "logs/worker-0.log", "summary.json", "events.jsonl", "run_clock.json")),
         "peak_kb",
     }  # fmt: skip
-    assert created <= allowed, sorted(created - allowed)
+    # The worker's shard of bodies (job/shards.py), under a name of its own making.
+    shards = {
+        p
+        for p in created
+        if re.fullmatch(r"sandbox/jobs/hostile/shards(/w0-[0-9a-f]{12}\.res)?", p)
+    }
+    assert created - shards <= allowed, sorted(created - shards - allowed)
     ids = {o["custom_id"] for o in hostile["output"]}
     for cid in ("../../etc/passwd", "/etc/shadow", "..", ".", "nul\u0000new\nline\ttab"):
         assert cid in ids

@@ -289,6 +289,21 @@ def test_the_harness_reports_a_missing_fsync(
     record_property("powerloss", f"planted bug (fsyncs of {planted} dropped) reported")
 
 
+@pytest.mark.parametrize("planted", [r"\.res$", "/shards$"], ids=["shard", "shard-name"])
+def test_the_harness_reports_a_shard_whose_fsync_is_missing(
+    tmp_path: Path, spec: Spec, planted: str, record_property: Any
+) -> None:
+    """With the fsyncs of the workers' shards (job/shards.py), or of the directory that holds
+    their names, planted away, a power cut just after a finished submit leaves records naming
+    bodies the disk does not have: reported, since the worker's fsync is what keeps them."""
+    point = submit_point(tmp_path, spec, cuts=0, ignore_fsync=planted)
+    with pytest.raises(Violation) as found:
+        point.run()
+    print(f"[powerloss] planted (fsyncs of {planted} dropped): reported {found.value}")
+    assert "lacks" in str(found.value), found.value
+    record_property("powerloss", f"planted bug (fsyncs of {planted} dropped) reported")
+
+
 def test_the_harness_reports_an_export_whose_bytes_were_not_synced(
     tmp_path: Path, spec: Spec, record_property: Any
 ) -> None:

@@ -84,6 +84,13 @@ def journal_records(job: Path, where: str) -> list[dict[str, Any]]:
             rec = None
         if not isinstance(rec, dict) or "kind" not in rec:
             raise Violation(f"{where}: journal line {n} is not a record: {raw[:120]!r}")
+        if "shard" in rec:  # its body is in its worker's shard (job/shards.py), read as it is
+            name, at, length = rec["shard"][:3]
+            shard = job / "shards" / f"{name}.res"
+            data = shard.read_bytes()[at : at + length] if shard.exists() else b""
+            if len(data) != length:
+                raise Violation(f"{where}: journal line {n} names bytes {shard.name} lacks")
+            rec["body"] = json.loads(data)
         records.append(rec)
     return records
 
