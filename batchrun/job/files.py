@@ -6,7 +6,7 @@ import contextlib
 import json
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -80,3 +80,30 @@ def make_dirs(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
     for created in reversed(missing):
         fsync_dir(created.parent)
+
+
+# The most buffers one writev takes (Linux's IOV_MAX).
+_IOV_MAX = 1024
+
+
+def write_all(fd: int, pieces: Sequence[bytes]) -> int:
+    """Append `pieces` to `fd` in one writev for each 1,024 of them, whatever a short write
+    leaves; return the bytes written (OSError as it comes).
+
+    writev, not a join: a thousand vectors are 4 MB, which a process's malloc would take as
+    fresh pages to fault in and zero (run/memory.py) only to copy them once more.
+    """
+    pending: list[bytes | memoryview] = list(pieces)
+    written = 0
+    while pending:
+        batch = pending[:_IOV_MAX]
+        n = os.writev(fd, batch)
+        written += n
+        for i, chunk in enumerate(batch):  # drop what was written; keep a partial rest
+            if n < len(chunk):
+                pending = [memoryview(chunk)[n:], *batch[i + 1 :], *pending[len(batch) :]]
+                break
+            n -= len(chunk)
+        else:
+            pending = pending[len(batch) :]
+    return written

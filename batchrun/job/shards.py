@@ -35,7 +35,7 @@ from typing import NamedTuple
 import msgspec
 
 from batchrun.errors import BatchrunError
-from batchrun.job.files import fsync_dir
+from batchrun.job.files import fsync_dir, write_all
 from batchrun.job.vectors import VectorReader, inline
 from batchrun.openai.records import Outcome
 from batchrun.openai.vectors import fill_vectors
@@ -52,8 +52,6 @@ SHARD_PROBE_ENV = "BATCHRUN_SHARD_PROBE"
 PROBE_NAME = ".probe"
 # What a shard's name may hold: it becomes a file name, and a journal names it.
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
-# The most buffers one writev takes (Linux's IOV_MAX).
-_IOV_MAX = 1024
 
 
 def shards_dir(job_dir: Path) -> Path:
@@ -159,24 +157,10 @@ class ShardWriter:
 
     def _write(self, pieces: list[bytes]) -> None:
         fd = self._fd if self._fd is not None else self._open()
-        pending: list[bytes | memoryview] = list(pieces)
         try:
-            while pending:
-                batch = pending[:_IOV_MAX]
-                n = os.writev(fd, batch)
-                self.offset += n
-                for i, chunk in enumerate(batch):  # drop what was written; keep a partial rest
-                    if n < len(chunk):
-                        pending = [memoryview(chunk)[n:], *batch[i + 1 :], *pending[len(batch) :]]
-                        break
-                    n -= len(chunk)
-                else:
-                    pending = pending[len(batch) :]
+            self.offset += write_all(fd, pieces)
         except OSError as e:
-            raise BatchrunError(
-                f"cannot write the result shard {shard_path(self.directory, self.name)}: "
-                f"{e.strerror or e}"
-            ) from e
+            raise self._error("write", e) from e
 
     def sync(self) -> None:
         """Put what was stored on the disk (before anyone is told where it is)."""
@@ -185,10 +169,11 @@ class ShardWriter:
         try:
             os.fsync(self._fd)
         except OSError as e:
-            raise BatchrunError(
-                f"cannot sync the result shard {shard_path(self.directory, self.name)}: "
-                f"{e.strerror or e}"
-            ) from e
+            raise self._error("sync", e) from e
+
+    def _error(self, doing: str, e: OSError) -> BatchrunError:
+        path = shard_path(self.directory, self.name)
+        return BatchrunError(f"cannot {doing} the result shard {path}: {e.strerror or e}")
 
     def close(self) -> None:
         """Close the file (callers sync first)."""

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from batchrun.errors import BatchrunError
-from batchrun.job.files import fsync_dir
+from batchrun.job.files import fsync_dir, write_all
 from batchrun.openai.vectors import fill_vectors
 
 VECTORS_SUFFIX = ".f32"
@@ -34,8 +34,6 @@ VECTORS_SUFFIX = ".f32"
 _FIELD = b',"vectors":['
 _END = b"]}\n"
 _DIGITS = frozenset(b"0123456789,")
-# The most buffers one writev takes (Linux's IOV_MAX).
-_IOV_MAX = 1024
 
 
 def vectors_path(journal: Path) -> Path:
@@ -79,22 +77,8 @@ class VectorWriter:
             except OSError as e:
                 raise BatchrunError(f"cannot open {self.path}: {e.strerror or e}") from e
         at = self.offset
-        fd = self._f.fileno()
-        # writev, not a join: a thousand vectors are 4 MB, which the parent's malloc would take
-        # as fresh pages to fault in and zero (run/memory.py) only to copy them once more.
-        pending: list[bytes | memoryview] = list(chunks)
         try:
-            while pending:
-                batch = pending[:_IOV_MAX]
-                n = os.writev(fd, batch)
-                self.offset += n
-                for i, chunk in enumerate(batch):  # drop what was written; keep a partial rest
-                    if n < len(chunk):
-                        pending = [memoryview(chunk)[n:], *batch[i + 1 :], *pending[len(batch) :]]
-                        break
-                    n -= len(chunk)
-                else:
-                    pending = pending[len(batch) :]
+            self.offset += write_all(self._f.fileno(), chunks)
         except OSError as e:
             raise BatchrunError(f"cannot write {self.path}: {e.strerror or e}") from e
         return at
