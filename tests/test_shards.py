@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from batchrun.job.journal import JournalWriter
 from batchrun.job.journal_records import ResultRecord, result_record
 from batchrun.job.paths import JobPaths
 from batchrun.job.shards import (
+    OPEN_SHARDS,
     ShardReader,
     ShardRef,
     ShardWriter,
@@ -291,3 +293,25 @@ def test_an_input_among_the_shards_is_refused(tmp_path: Path) -> None:
     (tmp_path / "shards" / "in.jsonl").write_text("{}\n")
     with pytest.raises(BatchrunError, match=r"lies where the job keeps its own shards/in\.jsonl"):
         refuse_input_among_job_files(tmp_path / "shards" / "in.jsonl", JobPaths(tmp_path))
+
+
+def test_a_reader_of_many_shards_keeps_few_files_open(tmp_path: Path) -> None:
+    # A long job whose workers died many times: a shard each, read back and forth by export.
+    directory = tmp_path / "shards"
+    refs: list[tuple[ShardRef, bytes]] = []
+    for i in range(OPEN_SHARDS * 2 + 5):
+        writer = ShardWriter(directory, f"w0-{i:012x}")
+        body = f'{{"n":{i}}}'.encode()
+        outcome = Outcome(custom_id=f"c{i}", ok=True, status_code=200, body=msgspec.Raw(body))
+        writer.store([outcome])
+        writer.sync()
+        writer.close()
+        assert outcome.stored is not None
+        refs.append((ShardRef(str(outcome.stored[0]), 0, len(body), []), body))
+    before = len(os.listdir("/proc/self/fd"))
+    with ShardReader(directory) as reader:
+        for _ in range(2):
+            for ref, body in [*refs, *reversed(refs)]:
+                assert reader.load(ref) == (body, [])
+                assert len(os.listdir("/proc/self/fd")) <= before + OPEN_SHARDS
+    assert len(os.listdir("/proc/self/fd")) == before

@@ -184,6 +184,10 @@ class ShardWriter:
 
 # --- reading results back -----------------------------------------------------------------
 
+# The most shards a reader keeps open (a worker process a shard: a long job whose workers died
+# many times has hundreds; export reads them in the order of the input, back and forth).
+OPEN_SHARDS = 64
+
 # How a record that names its shard ends: the field is always written last.
 _FIELD = b',"shard":["'
 _END = b"]}\n"
@@ -239,15 +243,21 @@ def shard_ref(line: bytes) -> ShardRef | None:
 
 
 class ShardReader:
-    """Reads results back from a job's shards (one open file a shard, kept until `close`)."""
+    """Reads results back from a job's shards (up to OPEN_SHARDS files open at once, the
+    latest used kept, all of them closed by `close`)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._fds: dict[str, int] = {}
 
     def _fd(self, name: str) -> int:
-        fd = self._fds.get(name)
-        if fd is None:
+        fd = self._fds.pop(name, None)
+        if fd is not None:
+            self._fds[name] = fd  # the most recently used last
+        else:
+            if len(self._fds) >= OPEN_SHARDS:
+                # A job whose workers died often has as many shards: never run out of files.
+                os.close(self._fds.pop(next(iter(self._fds))))
             path = shard_path(self.directory, name)
             try:
                 fd = os.open(path, os.O_RDONLY)

@@ -123,6 +123,7 @@ def run_job(
                 # The command ends here: the workers' exit (the kernel freeing an engine's
                 # memory) is not waited for once they have said all.
                 scheduler.close(leave=True)
+                sink.close()  # (a Python caller runs job after job in one process)
                 timeline.mark("workers_stopped")
         timeline.mark("journal_closed")
         status = "completed"

@@ -158,6 +158,10 @@ class JournalSink:
             if outcome.stored is not None:
                 self.shards.fill(outcome)
 
+    def close(self) -> None:
+        """Close the shards read back."""
+        self.shards.close()
+
 
 class Recording:
     """The scheduler's result recording: its sink, the answer cache, and the run's figures."""
