@@ -27,7 +27,7 @@ import msgspec
 from batchrun.errors import BatchrunError
 from batchrun.export.embeddings import embedding, raw_embedding_size
 from batchrun.job.inputmap import InputMap
-from batchrun.job.shards import ShardReader, restore, shard_path, shard_ref, shards_dir
+from batchrun.job.shards import ShardReader, restore, shard_path, shards_dir, stored_ref
 from batchrun.job.state import (
     FAILED_FINAL,
     FAILED_RETRYABLE,
@@ -207,12 +207,7 @@ def latest_by_request(
     current: dict[str, int] | None = None
     if input_map is not None:
         generation, current = input_map.generation, input_map.lines
-        index.grow(max(current.values(), default=-1))
-        for line in current.values():
-            if index.statuses[line] == NONE:
-                index.entries += 1
-            index.offsets[line] = -1
-            index.statuses[line] = PENDING
+        _hold_pending(index, current)
     if not journal_path.exists():
         return index
     try:
@@ -223,39 +218,16 @@ def latest_by_request(
     # The bodies workers wrote to their shards (job/shards.py): read for their shapes, and for
     # the salt's line.
     shards = ShardReader(shards_dir(journal_path.parent))
-    offsets, lengths, attempts, statuses = (
-        index.offsets,
-        index.lengths,
-        index.attempts,
-        index.statuses,
-    )
     with f, shards:
         offset = 0
         for lineno, raw in enumerate(f, start=1):
             start, offset = offset, offset + len(raw)
             if not raw.endswith(b"\n"):
                 break  # torn by a crash mid-write: never a finished attempt
-            try:
-                if not raw.isascii():
-                    raw.decode("utf-8")  # msgspec checks only the text it decodes, json all
-                try:
-                    rec: _IndexRecord | _JsonRecord = decoder.decode(raw)
-                except ValueError:  # msgspec.DecodeError, or bytes that are not UTF-8: ask json
-                    rec = _json_index_record(raw)
-                kind = rec.kind
-                if rec.line is msgspec.UNSET:
-                    raise KeyError("line")
-                line = int(rec.line)
-                if kind == "result":
-                    if rec.custom_id is msgspec.UNSET or rec.ok is msgspec.UNSET:
-                        raise KeyError("custom_id or ok")
-                    status = attempt_status(rec.ok, rec.retryable)
-                elif kind == "invalid":
-                    status = INVALID
-                else:
-                    continue  # a record kind from a newer batchrun: not a request outcome
-            except (KeyError, TypeError, ValueError):
-                raise _corrupt(journal_path, lineno) from None
+            read = _read_record(raw, decoder, journal_path, lineno)
+            if read is None:
+                continue  # a record kind from a newer batchrun: not a request outcome
+            rec, line, status = read
             if not index.job_salt:
                 # Of the line as an earlier version wrote it: ids stay what they were.
                 with VectorReader(journal_path) as vectors:
@@ -274,23 +246,76 @@ def latest_by_request(
             if not 0 <= line <= MAX_LINE:
                 raise _corrupt(journal_path, lineno)
             if status == OK and shapes and isinstance(rec, _ShapedRecord | _JsonRecord):
-                if rec.shard is not None:
-                    _note_shard_body(index, raw, shards, journal_path, lineno)
-                else:
-                    _note_body(index, rec.body)
-                if type(rec.vectors) is list:  # split out: the sizes are the record's
-                    index.embedding_dims.update(size // 4 for size in rec.vectors[1:])
-            if line >= len(statuses):
-                index.grow(line)
-            if statuses[line] == NONE:
-                index.entries += 1
-            # Invalid lines count no attempts; a new line's count starts at the zero it grew with.
-            offsets[line] = start
-            lengths[line] = len(raw)
-            statuses[line] = status
-            if status != INVALID:
-                attempts[line] += 1
+                _note_shapes(index, rec, shards, journal_path, lineno)
+            _keep(index, line, status, start, len(raw))
     return index
+
+
+def _hold_pending(index: JournalIndex, current: dict[str, int]) -> None:
+    """Every request of a forced resume's input map in the index, PENDING at its line."""
+    index.grow(max(current.values(), default=-1))
+    for line in current.values():
+        if index.statuses[line] == NONE:
+            index.entries += 1
+        index.offsets[line] = -1
+        index.statuses[line] = PENDING
+
+
+def _read_record(
+    raw: bytes, decoder: msgspec.json.Decoder[Any], journal_path: Path, lineno: int
+) -> tuple[_IndexRecord | _JsonRecord, int, int] | None:
+    """A journal line's record, its input line and status; None for a record kind of a newer
+    batchrun. A line that is no record raises the journal's corrupt-line error."""
+    try:
+        if not raw.isascii():
+            raw.decode("utf-8")  # msgspec checks only the text it decodes, json all
+        try:
+            rec: _IndexRecord | _JsonRecord = decoder.decode(raw)
+        except ValueError:  # msgspec.DecodeError, or bytes that are not UTF-8: ask json
+            rec = _json_index_record(raw)
+        kind = rec.kind
+        if rec.line is msgspec.UNSET:
+            raise KeyError("line")
+        line = int(rec.line)
+        if kind == "result":
+            if rec.custom_id is msgspec.UNSET or rec.ok is msgspec.UNSET:
+                raise KeyError("custom_id or ok")
+            return rec, line, attempt_status(rec.ok, rec.retryable)
+        if kind == "invalid":
+            return rec, line, INVALID
+        return None
+    except (KeyError, TypeError, ValueError):
+        raise _corrupt(journal_path, lineno) from None
+
+
+def _note_shapes(
+    index: JournalIndex,
+    rec: _ShapedRecord | _JsonRecord,
+    shards: ShardReader,
+    journal_path: Path,
+    lineno: int,
+) -> None:
+    """What a succeeded record's body holds, wherever the body is, into the index."""
+    if rec.shard is not None:
+        _note_shard_body(index, rec.shard, shards, journal_path, lineno)
+    else:
+        _note_body(index, rec.body)
+    if type(rec.vectors) is list:  # split out: the sizes are the record's
+        index.embedding_dims.update(size // 4 for size in rec.vectors[1:])
+
+
+def _keep(index: JournalIndex, line: int, status: int, start: int, length: int) -> None:
+    """A record at byte `start` as the latest of its input line."""
+    if line >= len(index.statuses):
+        index.grow(line)
+    if index.statuses[line] == NONE:
+        index.entries += 1
+    # Invalid lines count no attempts; a new line's count starts at the zero it grew with.
+    index.offsets[line] = start
+    index.lengths[line] = length
+    index.statuses[line] = status
+    if status != INVALID:
+        index.attempts[line] += 1
 
 
 def _corrupt(journal_path: Path, lineno: int) -> BatchrunError:
@@ -372,13 +397,14 @@ def _note_body(index: JournalIndex, body: object) -> None:
 
 
 def _note_shard_body(
-    index: JournalIndex, raw: bytes, shards: ShardReader, journal_path: Path, lineno: int
+    index: JournalIndex, stored: object, shards: ShardReader, journal_path: Path, lineno: int
 ) -> None:
-    """`_note_body` for a record whose body is in a result shard: its JSON read from there and
-    decoded as the record's would be, and its vectors' sizes from the record."""
-    ref = shard_ref(raw)
-    if ref is None:
-        raise _corrupt(journal_path, lineno)
+    """`_note_body` for a record whose body is in a result shard (its `shard` field, `stored`):
+    its JSON read from there and decoded as the record's would be, and its vectors' sizes."""
+    try:
+        ref = stored_ref(stored)  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # not [name, at, length, ...]
+        raise _corrupt(journal_path, lineno) from None
     data = shards.read(ref.name, ref.at, ref.body)
     try:
         if not data.isascii():

@@ -36,8 +36,7 @@ def plan_workers(
         envs = [{DEVICE_KEY_ENV: key} for _ in range(count)]
         # An actor whose node sees the job directory writes its shard there; the others send
         # their results whole (job/shards.py `seen_shards`).
-        token = leave_probe(shards) if shards is not None else None
-        if shards is not None and token is not None:
+        if shards is not None and (token := leave_probe(shards)) is not None:
             for env in envs:
                 env[SHARD_DIR_ENV] = str(shards.resolve())
                 env[SHARD_PROBE_ENV] = token
